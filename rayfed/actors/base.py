@@ -1,0 +1,146 @@
+"""What every role actor shares: a step context and a ``run(step, ...)`` that executes a step.
+
+Actors hold data and state and run the step functions a protocol module supplies; they make no
+protocol decision. A step is a plain function ``step(ctx, *inputs) -> reply``; a reply that crosses
+a trust boundary is a :class:`Message`, whose size and DP event go into the run's transcript.
+"""
+
+from __future__ import annotations
+
+import pickle
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+from dp_accounting import dp_event
+
+from rayfed import rng
+
+
+@dataclass
+class Message:
+    """A reply that is sent to another role.
+
+    Parameters
+    ----------
+    name:
+        What the message is, e.g. ``"rr_bits"``.
+    payload:
+        The content; its size in bytes is recorded in the transcript.
+    to:
+        A role (``"coordinator"``, ``"parties"``, ``"cohorts"``) or one member's name.
+    dp_event:
+        The noise event the payload carries, if any; it must have been charged to the ledger.
+    scope:
+        Ledger scope of ``dp_event``; defaults to the sender's name.
+    """
+
+    name: str
+    payload: Any
+    to: str = "coordinator"
+    dp_event: dp_event.DpEvent | None = None
+    scope: str | None = None
+
+
+@dataclass(frozen=True)
+class MessageMeta:
+    """The transcript's view of a message: everything but the payload."""
+
+    name: str
+    sender: str
+    to: str
+    nbytes: int
+    dp_event: dp_event.DpEvent | None
+    scope: str | None
+
+
+def nbytes_of(obj: Any) -> int:
+    """Bytes a payload occupies on the wire (arrays and tables by their buffers)."""
+    if obj is None:
+        return 0
+    if isinstance(obj, np.ndarray):
+        return int(obj.nbytes)
+    if isinstance(obj, (pa.Table, pa.RecordBatch, pa.Array, pa.ChunkedArray)):
+        return int(obj.nbytes)
+    if isinstance(obj, (bytes, bytearray, memoryview)):
+        return len(obj)
+    if isinstance(obj, (bool, int, float, np.generic)):
+        return 8
+    if isinstance(obj, str):
+        return len(obj.encode())
+    if isinstance(obj, dict):
+        return sum(nbytes_of(k) + nbytes_of(v) for k, v in obj.items())
+    if isinstance(obj, (list, tuple)):
+        return sum(nbytes_of(v) for v in obj)
+    return len(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
+
+
+@dataclass
+class StepContext:
+    """What a step function sees of the actor that runs it.
+
+    ``table`` is the actor's Arrow partition (None for the coordinator), ``meta`` the public facts
+    about it (declared domains, bounds), ``state`` a dict that persists across the run's steps.
+    """
+
+    name: str
+    role: str
+    seed: int
+    table: pa.Table | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+    state: dict[str, Any] = field(default_factory=dict)
+    ledger: Any = None  # the PrivacyLedger, on the coordinator only
+
+    def rng(self, purpose: str, round: int = 0, ident: Any = None) -> np.random.Generator:
+        """This actor's stream for (purpose, round); keyed by its name unless ``ident`` is given."""
+        return rng.stream(self.seed, purpose, round, self.name if ident is None else ident)
+
+
+class _Slot:
+    """Placeholder for an argument that travels as a top-level Ray argument (so Ray resolves it)."""
+
+    __slots__ = ("index",)
+
+    def __init__(self, index: int):
+        self.index = index
+
+
+def unflatten(spec: Any, flat: tuple) -> Any:
+    if isinstance(spec, _Slot):
+        return flat[spec.index]
+    if isinstance(spec, dict):
+        return {k: unflatten(v, flat) for k, v in spec.items()}
+    if isinstance(spec, tuple):
+        return tuple(unflatten(v, flat) for v in spec)
+    if isinstance(spec, list):
+        return [unflatten(v, flat) for v in spec]
+    return spec
+
+
+class RoleActor:
+    """Base of PartyActor, CoordinatorActor and UserCohortActor; used as a Ray actor or in-process."""
+
+    role = "role"
+
+    def __init__(self, name: str, seed: int, table: pa.Table | None = None, meta: dict | None = None):
+        self.ctx = StepContext(name=name, role=self.role, seed=seed, table=table, meta=dict(meta or {}))
+
+    def ping(self) -> str:
+        return self.ctx.name
+
+    def run(self, step, spec, *flat) -> tuple[MessageMeta | None, Any]:
+        """Execute ``step(ctx, *args, **kwargs)``; return (transcript meta or None, payload)."""
+        args, kwargs = unflatten(spec, flat)
+        reply = step(self.ctx, *args, **kwargs)
+        if not isinstance(reply, Message):
+            return None, reply
+        meta = MessageMeta(
+            name=reply.name,
+            sender=self.ctx.name,
+            to=reply.to,
+            nbytes=nbytes_of(reply.payload),
+            dp_event=reply.dp_event,
+            scope=reply.scope or (self.ctx.name if reply.dp_event is not None else None),
+        )
+        return meta, reply.payload

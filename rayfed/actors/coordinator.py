@@ -1,0 +1,49 @@
+"""CoordinatorActor: the server / central coordinator of a run; it owns the privacy ledger."""
+
+from __future__ import annotations
+
+from rayfed.actors.base import RoleActor
+from rayfed.errors import UnaccountedNoise
+from rayfed.privacy.ledger import Budget, PrivacyLedger, PrivacyReport
+
+
+class CoordinatorActor(RoleActor):
+    """Holds no data partition; holds the run's :class:`PrivacyLedger` in ``ctx.ledger``."""
+
+    role = "coordinator"
+
+    def open_ledger(self, budget: Budget, **declaration) -> None:
+        self.ctx.ledger = PrivacyLedger(budget, **declaration)
+
+    def charge(self, charges: list[tuple], round: int) -> list[float]:
+        """Charge ``(scope, label, event)`` triples in order, before their noise is drawn.
+
+        All or nothing: if one would exceed the budget, none is recorded.
+        """
+        entries = list(self.ctx.ledger.entries)
+        try:
+            return [
+                self.ctx.ledger.charge(event, label=label, scope=scope, round=round).epsilon_after
+                for scope, label, event in charges
+            ]
+        except BaseException:
+            self.ctx.ledger.entries = entries
+            raise
+
+    def note(self, text: str) -> None:
+        self.ctx.ledger.note(text)
+
+    def verify_charged(self, events: list[tuple]) -> None:
+        """Raise UnaccountedNoise unless every ``(scope, round, event)`` is in the ledger."""
+        charged = [(e.scope, e.round, e.event) for e in self.ctx.ledger.entries]
+        for item in events:
+            if item not in charged:
+                scope, round, event = item
+                raise UnaccountedNoise(
+                    f"round {round}: a message from scope {scope!r} carries {event} that was not "
+                    "charged to the privacy ledger before the noise was drawn"
+                )
+            charged.remove(item)
+
+    def privacy_report(self) -> PrivacyReport:
+        return self.ctx.ledger.report()

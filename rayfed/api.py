@@ -1,0 +1,122 @@
+"""``rayfed.run``: one protocol run from configuration to result and run directory."""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from rayfed.config import build_config, load_yaml, merge, parse_assignment, to_dict
+from rayfed.federation import Federation
+from rayfed.protocols import get_protocol
+from rayfed.protocols.base import Plan, Result
+from rayfed.rundir import RunDir, new_run_id, versions
+from rayfed.runtime import ensure_ray
+
+
+def _deep_merge(base: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
+    for key, value in extra.items():
+        if isinstance(value, Mapping) and isinstance(base.get(key), dict):
+            _deep_merge(base[key], value)
+        else:
+            base[key] = copy.deepcopy(value)
+    return base
+
+
+def resolve(protocol: str, config: Mapping[str, Any] | str | Path | None = None, sets: Sequence[str] = (),
+            **options: Any):
+    """(protocol object, RunOptions, protocol config) from a YAML file or mapping, keyword options and
+    ``key=value`` assignments, in that order of precedence (later wins). Raises ConfigError."""
+    proto = get_protocol(protocol)
+    values: dict[str, Any] = {}
+    if isinstance(config, (str, Path)):
+        values = load_yaml(config)
+    elif config is not None:
+        values = copy.deepcopy(dict(config))
+    _deep_merge(values, options)
+    for text in sets:
+        merge(values, *parse_assignment(text))
+    run_opts, cfg = build_config(proto.Config, values)
+    return proto, run_opts, cfg
+
+
+def run(protocol: str, config: Mapping[str, Any] | str | Path | None = None, *, sets: Sequence[str] = (),
+        progress: bool = False, **options: Any) -> Result:
+    """Run one protocol and return its :class:`~rayfed.protocols.base.Result`.
+
+    Parameters
+    ----------
+    protocol:
+        A registered name, e.g. ``"pattern-count"`` (see ``rayfed list``).
+    config:
+        A YAML file or a mapping of options.
+    sets:
+        ``"key=value"`` overrides with dotted keys, e.g. ``"data.path=ratings.csv"``.
+    progress:
+        Show a progress bar over rounds.
+    **options:
+        Options as keywords, e.g. ``epsilon=0.5, seed=3, backend="local"``.
+
+    Raises
+    ------
+    ConfigError, DataError
+        Bad configuration or data, before any actor starts.
+    BudgetExceeded, PartyFailed, RoundTimeout, BelowThreshold
+        During the run; the run directory, if any, is then marked failed.
+    """
+    proto, run_opts, cfg = resolve(protocol, config, sets, **options)
+    plan: Plan = proto.plan(cfg, run_opts.seed)  # bad data fails here, before any actor exists
+    run_id = new_run_id(proto.name)
+    config_record = {"run": to_dict(run_opts), "protocol": to_dict(cfg)}
+    rundir = RunDir(run_opts.out_dir, run_id) if run_opts.out_dir else None
+    manifest: dict[str, Any] = {
+        "run_id": run_id, "protocol": proto.name, "status": "running", "seed": run_opts.seed,
+        "config": config_record, "versions": versions(), "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    if rundir:
+        rundir.write_manifest(manifest)
+    started = time.perf_counter()
+    fed = None
+    bar = tqdm(total=plan.rounds, desc=proto.name, unit="round", disable=not progress, leave=False)
+    try:
+        if run_opts.backend == "ray":
+            ensure_ray(run_opts.address, run_opts.num_cpus)
+        fed = Federation(run_id=run_id, seed=run_opts.seed, parties=plan.parties, cohorts=plan.cohorts,
+                         budget=plan.budget, ledger=plan.ledger, backend=run_opts.backend,
+                         deadline_s=run_opts.deadline_s, progress=bar)
+        fed.start()
+        outcome = proto.drive(fed, cfg, plan)
+        privacy = fed.privacy_report()
+        result = Result(
+            protocol=proto.name, run_id=run_id, seed=run_opts.seed, config=config_record,
+            tables=outcome.tables, metrics=outcome.metrics, privacy=privacy,
+            transcript=fed.transcript.to_table(), transcript_totals=fed.transcript.totals(),
+            timings=fed.timings, seconds=time.perf_counter() - started, headline=outcome.headline,
+            run_dir=str(rundir.path) if rundir else None,
+        )
+    except BaseException as err:
+        if rundir:
+            manifest.update(status="failed", error=f"{type(err).__name__}: {err}",
+                            seconds=time.perf_counter() - started,
+                            timings=fed.timings if fed else [],
+                            transcript=fed.transcript.totals() if fed else None)
+            rundir.write_manifest(manifest)
+        raise
+    finally:
+        bar.close()
+        if fed is not None:
+            fed.shutdown()
+    if rundir:
+        files = {name: rundir.write_table(name, table) for name, table in result.tables.items()}
+        files["transcript"] = rundir.write_table("transcript", result.transcript)
+        manifest.update(
+            status="complete", finished_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"), seconds=result.seconds,
+            headline=result.headline, privacy=result.privacy.to_dict(), metrics=result.metrics,
+            timings=result.timings, transcript=result.transcript_totals, tables=files,
+        )
+        rundir.write_manifest(manifest)
+    return result

@@ -1,0 +1,219 @@
+"""Configuration: what the user wrote (YAML, ``--set key=value``, API keywords) → validated dataclasses.
+
+A run's configuration is two frozen dataclasses: :class:`RunOptions` (seed, deadline, backend,
+address, output) and the protocol's own config (its parameters and a nested :class:`DataConfig`).
+Both hold exactly what the user wrote; :func:`build_config` converts types, rejects unknown keys,
+and calls each config's ``validate()`` — all before any actor starts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from rayfed.errors import ConfigError
+
+
+def option(default: Any, help: str, **kwargs) -> Any:
+    """A dataclass field with a help text (shown by ``rayfed run <protocol> --help``)."""
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: type(default)(default), metadata={"help": help}, **kwargs)
+    return field(default=default, metadata={"help": help}, **kwargs)
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Where a run's data comes from and how it is split among the parties."""
+
+    path: str | None = option(None, "CSV, Parquet or Arrow IPC file; empty: the protocol's synthetic generator")
+    format: Literal["auto", "csv", "parquet", "arrow"] = option("auto", "file format (auto: from the suffix)")
+    key: str | None = option(None, "user key column: aligns rows across parties / deals users to cohorts")
+    columns: dict[str, list[str]] | None = option(
+        None, "vertical split: party name -> its columns (default: columns dealt evenly over the parties)"
+    )
+
+    def validate(self) -> None:
+        if self.path is not None and not Path(self.path).expanduser().exists():
+            raise ConfigError("data.path", f"file {self.path!r} does not exist", "an existing CSV/Parquet/Arrow file")
+        if self.columns is not None:
+            if not self.columns:
+                raise ConfigError("data.columns", "is empty", "a mapping party -> list of columns")
+            for party, cols in self.columns.items():
+                if not cols:
+                    raise ConfigError(f"data.columns.{party}", "lists no column", "one or more column names")
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How a run is executed, common to every protocol."""
+
+    seed: int = option(0, "root seed: every random stream of the run is derived from it")
+    deadline_s: float = option(120.0, "deadline of every remote wait, in seconds")
+    backend: Literal["ray", "local"] = option("ray", "ray: Ray actors; local: same drivers in-process, no Ray")
+    address: str | None = option(None, "Ray cluster address (default: RAY_ADDRESS, else an embedded local Ray)")
+    num_cpus: int | None = option(None, "CPUs of the embedded local Ray (default: all)")
+    out_dir: str | None = option("runs", "where run directories are written; empty: write nothing")
+
+    def validate(self) -> None:
+        if self.seed < 0:
+            raise ConfigError("seed", f"must be >= 0, got {self.seed}")
+        if not (math.isfinite(self.deadline_s) and self.deadline_s > 0):
+            raise ConfigError("deadline_s", f"must be a number of seconds > 0, got {self.deadline_s!r}")
+        if self.num_cpus is not None and self.num_cpus < 1:
+            raise ConfigError("num_cpus", f"must be >= 1, got {self.num_cpus}")
+
+
+# --- conversion ----------------------------------------------------------------------------------
+def _type_name(tp: Any) -> str:
+    if typing.get_origin(tp) is Literal:
+        return "one of " + "|".join(str(a) for a in typing.get_args(tp))
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def coerce(value: Any, tp: Any, name: str) -> Any:
+    """Convert ``value`` (from YAML or ``--set``) to the annotated type ``tp``, or raise ConfigError."""
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if tp is Any:
+        return value
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in (a for a in args if a is not type(None)):
+            try:
+                return coerce(value, arg, name)
+            except ConfigError as err:
+                errors.append(err.problem)
+        raise ConfigError(name, f"{value!r} is not a valid {_type_name(tp)}")
+    if origin is Literal:
+        if value not in args:
+            raise ConfigError(name, f"{value!r} is not an allowed value", [repr(a) for a in args])
+        return value
+    if dataclasses.is_dataclass(tp):
+        if isinstance(value, tp):
+            return value
+        if not isinstance(value, dict):
+            raise ConfigError(name, f"expected a mapping, got {value!r}")
+        return from_mapping(tp, value, prefix=f"{name}.")
+    if origin in (list, tuple):
+        if isinstance(value, str):
+            value = [v.strip() for v in value.split(",") if v.strip()]
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(name, f"expected a list, got {value!r}")
+        item = args[0] if args else Any
+        return [coerce(v, item, f"{name}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(name, f"expected a mapping, got {value!r}")
+        kt, vt = args if args else (Any, Any)
+        return {coerce(k, kt, name): coerce(v, vt, f"{name}.{k}") for k, v in value.items()}
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(name, f"expected true or false, got {value!r}")
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            if isinstance(value, float) and value.is_integer():
+                return int(value)
+            raise ConfigError(name, f"expected an integer, got {value!r}")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(name, f"expected a number, got {value!r}")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, (str, int, float)) or isinstance(value, bool):
+            raise ConfigError(name, f"expected a string, got {value!r}")
+        return str(value)
+    return value
+
+
+def from_mapping(cls: type, values: dict[str, Any], prefix: str = "") -> Any:
+    """Build dataclass ``cls`` from a mapping; unknown keys are a ConfigError naming the allowed ones."""
+    hints = typing.get_type_hints(cls)
+    known = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    for key in values:
+        if key not in known:
+            raise ConfigError(f"{prefix}{key}", "unknown configuration key", sorted(known))
+    kwargs = {k: coerce(v, hints[k], f"{prefix}{k}") for k, v in values.items()}
+    obj = cls(**kwargs)
+    if hasattr(obj, "validate"):
+        obj.validate()
+    return obj
+
+
+def parse_assignment(text: str) -> tuple[list[str], Any]:
+    """``"data.path=x.csv"`` → (["data", "path"], "x.csv"); the value is parsed as YAML."""
+    if "=" not in text:
+        raise ConfigError("--set", f"expected key=value, got {text!r}")
+    key, raw = text.split("=", 1)
+    key = key.strip()
+    if not key:
+        raise ConfigError("--set", f"empty key in {text!r}")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError:
+        value = raw
+    return key.split("."), value
+
+
+def merge(base: dict[str, Any], path: list[str], value: Any) -> None:
+    node = base
+    for part in path[:-1]:
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise ConfigError(".".join(path), f"{part!r} is not a mapping")
+    node[path[-1]] = value
+
+
+def load_yaml(path: str | Path) -> dict[str, Any]:
+    try:
+        text = Path(path).read_text()
+    except OSError as err:
+        raise ConfigError("--config", f"cannot read {path}: {err}") from err
+    try:
+        data = yaml.safe_load(text) or {}
+    except yaml.YAMLError as err:
+        raise ConfigError("--config", f"{path} is not valid YAML: {err}") from err
+    if not isinstance(data, dict):
+        raise ConfigError("--config", f"{path} must hold a mapping of option: value")
+    return data
+
+
+def build_config(config_cls: type, values: dict[str, Any]) -> tuple[RunOptions, Any]:
+    """Split ``values`` into RunOptions and the protocol's config; validate both."""
+    run_keys = {f.name for f in dataclasses.fields(RunOptions)}
+    proto_keys = {f.name for f in dataclasses.fields(config_cls)}
+    for key in values:
+        if key not in run_keys and key not in proto_keys:
+            raise ConfigError(key, "unknown configuration key", sorted(run_keys | proto_keys))
+    run = from_mapping(RunOptions, {k: v for k, v in values.items() if k in run_keys})
+    proto = from_mapping(config_cls, {k: v for k, v in values.items() if k not in run_keys})
+    return run, proto
+
+
+def describe(cls: type, prefix: str = "") -> list[tuple[str, str, str, str]]:
+    """(name, type, default, help) for every option of ``cls``, nested dataclasses expanded."""
+    hints = typing.get_type_hints(cls)
+    rows = []
+    for f in dataclasses.fields(cls):
+        tp = hints[f.name]
+        if dataclasses.is_dataclass(tp):
+            rows.extend(describe(tp, prefix=f"{prefix}{f.name}."))
+            continue
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+        rows.append((prefix + f.name, _type_name(tp), repr(default), f.metadata.get("help", "")))
+    return rows
+
+
+def to_dict(obj: Any) -> Any:
+    """A JSON-ready dict of a config dataclass (for manifest.json)."""
+    return dataclasses.asdict(obj) if dataclasses.is_dataclass(obj) else obj

@@ -1,0 +1,69 @@
+"""Loading tables from CSV, Parquet or Arrow IPC files, and checking them against the config."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+
+from rayfed.errors import DataError
+
+SUFFIXES = {".csv": "csv", ".parquet": "parquet", ".pq": "parquet", ".arrow": "arrow", ".feather": "arrow", ".ipc": "arrow"}
+
+
+def load_table(path: str | Path, format: str = "auto") -> pa.Table:
+    """Read a whole file into a pyarrow.Table (format from the suffix unless given)."""
+    path = Path(path).expanduser()
+    if format == "auto":
+        format = SUFFIXES.get(path.suffix.lower(), "")
+        if not format:
+            raise DataError("data.format", f"cannot tell the format of {path.name!r} from its suffix", ["csv", "parquet", "arrow"])
+    try:
+        if format == "csv":
+            return pacsv.read_csv(path)
+        if format == "parquet":
+            return pq.read_table(path)
+        if format == "arrow":
+            with pa.memory_map(str(path)) as source:
+                try:
+                    return pa.ipc.open_file(source).read_all()
+                except pa.ArrowInvalid:
+                    source.seek(0)
+                    return pa.ipc.open_stream(source).read_all()
+    except (OSError, pa.ArrowException) as err:
+        raise DataError("data.path", f"cannot read {path} as {format}: {err}") from err
+    raise DataError("data.format", f"unknown format {format!r}", ["auto", "csv", "parquet", "arrow"])
+
+
+def require_columns(table: pa.Table, columns: list[str], field: str) -> None:
+    """DataError naming ``field`` if any of ``columns`` is missing from ``table``."""
+    missing = [c for c in columns if c not in table.column_names]
+    if missing:
+        raise DataError(field, f"column(s) {missing} not in the data", table.column_names)
+
+
+def require_clean(table: pa.Table, columns: list[str], field: str = "data") -> None:
+    """DataError if a column has missing values, or NaN/inf in a floating-point column."""
+    for name in columns:
+        col = table.column(name)
+        if col.null_count:
+            raise DataError(f"{field}.{name}", f"{col.null_count} missing value(s)", "fill or drop them before the run")
+        if pa.types.is_floating(col.type):
+            values = col.to_numpy()
+            bad = int(np.count_nonzero(~np.isfinite(values)))
+            if bad:
+                raise DataError(f"{field}.{name}", f"{bad} NaN or infinite value(s)", "finite numbers only")
+
+
+def sort_by_key(table: pa.Table, key: str | None) -> pa.Table:
+    """Rows in ascending key order (the order every party and reduction uses); unique keys required."""
+    if key is None:
+        return table
+    require_columns(table, [key], "data.key")
+    if pc.count_distinct(table.column(key)).as_py() != table.num_rows:
+        raise DataError("data.key", f"column {key!r} has duplicate values", "one row per user")
+    return table.sort_by(key)

@@ -1,0 +1,403 @@
+"""The actors of one run, how the driver talks to them, and what it records.
+
+A :class:`Federation` holds three role groups — the coordinator, the parties and the user cohorts —
+on one of two backends with the same interface:
+
+* ``"ray"``: each member is a Ray actor; every wait has a deadline (``ray.wait`` with a timeout);
+  a member that dies or times out ends the phase with :class:`PartyFailed` / :class:`RoundTimeout`,
+  or, for cohorts, turns into dropouts.
+* ``"local"``: each member is a plain object in this process; the same drivers and step functions
+  run without Ray, for unit tests and debugging (deadlines cannot pre-empt a step there).
+
+Every message a step returns is recorded in the :class:`Transcript` (round, phase, sender, receiver,
+name, bytes, DP event); messages' payloads stay in the object store and travel by reference.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+
+from rayfed.actors.base import MessageMeta, RoleActor, _Slot
+from rayfed.actors.cohort import UserCohortActor
+from rayfed.actors.coordinator import CoordinatorActor
+from rayfed.actors.party import PartyActor
+from rayfed.errors import ConfigError, PartyFailed, RayfedError, RoundTimeout
+from rayfed.privacy.ledger import Budget, event_to_dict
+
+BACKENDS = ("ray", "local")
+
+
+@dataclass
+class Replies:
+    """What one phase returned: payload (or its object ref) and transcript meta per member."""
+
+    payloads: dict[str, Any]
+    metas: dict[str, MessageMeta | None]
+    failed: list[str] = field(default_factory=list)
+
+    def names(self) -> list[str]:
+        return sorted(self.payloads)
+
+
+@dataclass
+class Transcript:
+    """Every cross-role message of a run, in the order the driver received them."""
+
+    rows: list[dict[str, Any]] = field(default_factory=list)
+
+    def record(self, round: int, phase: str, meta: MessageMeta, receivers: list[str]) -> None:
+        event = event_to_dict(meta.dp_event) if meta.dp_event is not None else None
+        for receiver in receivers:
+            self.rows.append(
+                dict(round=round, phase=phase, sender=meta.sender, receiver=receiver, name=meta.name,
+                     bytes=meta.nbytes, dp_event=None if event is None else repr(event))
+            )
+
+    def to_table(self) -> pa.Table:
+        columns = ["round", "phase", "sender", "receiver", "name", "bytes", "dp_event"]
+        types = [pa.int64(), pa.string(), pa.string(), pa.string(), pa.string(), pa.int64(), pa.string()]
+        schema = pa.schema(list(zip(columns, types, strict=True)))
+        return pa.Table.from_pylist(self.rows, schema=schema)
+
+    def totals(self) -> dict[str, Any]:
+        by_sender: dict[str, int] = {}
+        for row in self.rows:
+            by_sender[row["sender"]] = by_sender.get(row["sender"], 0) + row["bytes"]
+        return {
+            "messages": len(self.rows),
+            "bytes": sum(r["bytes"] for r in self.rows),
+            "dp_messages": sum(r["dp_event"] is not None for r in self.rows),
+            "bytes_by_sender": dict(sorted(by_sender.items())),
+        }
+
+
+def _flatten(obj: Any, flat: list) -> Any:
+    """Replace object refs and Replies by slots so that Ray resolves them as top-level arguments."""
+    import ray
+
+    if isinstance(obj, Replies):
+        return {name: _flatten(obj.payloads[name], flat) for name in obj.names()}
+    if isinstance(obj, ray.ObjectRef):
+        flat.append(obj)
+        return _Slot(len(flat) - 1)
+    if isinstance(obj, dict):
+        return {k: _flatten(v, flat) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_flatten(v, flat) for v in obj)
+    return obj
+
+
+def _plain(obj: Any) -> Any:
+    """The local backend's flattening: Replies become plain dicts of payloads."""
+    if isinstance(obj, Replies):
+        return {name: obj.payloads[name] for name in obj.names()}
+    if isinstance(obj, dict):
+        return {k: _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_plain(v) for v in obj)
+    return obj
+
+
+def _cause(err: BaseException) -> BaseException:
+    """The original exception inside a Ray task error (or the error itself)."""
+    cause = getattr(err, "cause", None)
+    return cause if isinstance(cause, BaseException) else err
+
+
+class Group:
+    """The members of one role; ``run`` executes a step on all (or some) of them in parallel."""
+
+    def __init__(self, fed: Federation, role: str, handles: dict[str, Any]):
+        self.fed, self.role, self.handles = fed, role, dict(sorted(handles.items()))
+
+    @property
+    def names(self) -> list[str]:
+        return list(self.handles)
+
+    def __len__(self) -> int:
+        return len(self.handles)
+
+    def run(
+        self,
+        step,
+        *args,
+        phase: str,
+        members: list[str] | None = None,
+        deadline_s: float | None = None,
+        on_failure: str = "raise",
+        **kwargs,
+    ) -> Replies:
+        """Run ``step(ctx, *args, **kwargs)`` on every member (or ``members``) and gather replies.
+
+        Replies from an earlier phase (or object refs) may be passed as arguments: they reach the
+        actors as plain payloads, without passing through the driver. ``on_failure="drop"`` turns a
+        member that dies or misses the deadline into a dropout (listed in ``Replies.failed``)
+        instead of raising PartyFailed / RoundTimeout.
+        """
+        names = members if members is not None else self.names
+        deadline = self.fed.deadline_s if deadline_s is None else deadline_s
+        started = time.perf_counter()
+        if self.fed.backend == "local":
+            replies = self._run_local(step, names, args, kwargs, phase, on_failure)
+        else:
+            replies = self._run_ray(step, names, args, kwargs, phase, deadline, on_failure)
+        self.fed._after_phase(self.role, phase, replies, time.perf_counter() - started)
+        return replies
+
+    def _fail(self, name: str, phase: str, reason: str, err: BaseException | None = None):
+        failure = PartyFailed(name, self.fed.round_no, f"{self.role}:{phase}", reason)
+        if err is not None:
+            raise failure from err
+        raise failure
+
+    def _run_local(self, step, names, args, kwargs, phase, on_failure) -> Replies:
+        spec = (_plain(args), _plain(kwargs))
+        payloads, metas, failed = {}, {}, []
+        for name in names:
+            try:
+                metas[name], payloads[name] = self.handles[name].run(step, spec)
+            except RayfedError:
+                raise
+            except Exception as err:
+                if on_failure == "drop":
+                    failed.append(name)
+                    continue
+                self._fail(name, phase, f"{type(err).__name__}: {err}", err)
+        return Replies(payloads, metas, failed)
+
+    def _run_ray(self, step, names, args, kwargs, phase, deadline, on_failure) -> Replies:
+        import ray
+
+        flat: list = []
+        spec = (_flatten(args, flat), _flatten(kwargs, flat))
+        step_ref = self.fed._put_step(step)
+        refs = {
+            name: self.handles[name].run.options(num_returns=2).remote(step_ref, spec, *flat)
+            for name in names
+        }
+        meta_refs = {refs[name][0]: name for name in names}
+        ready, not_ready = ray.wait(list(meta_refs), num_returns=len(meta_refs), timeout=deadline)
+        late = sorted(meta_refs[r] for r in not_ready)
+        if late and on_failure != "drop":
+            raise RoundTimeout(late, self.fed.round_no, f"{self.role}:{phase}", deadline)
+        payloads, metas, failed = {}, {}, list(late)
+        for name in names:
+            if name in late:
+                continue
+            meta_ref, payload_ref = refs[name]
+            try:
+                metas[name] = ray.get(meta_ref, timeout=deadline)
+            except ray.exceptions.RayActorError as err:
+                if on_failure == "drop":
+                    failed.append(name)
+                    continue
+                self._fail(name, phase, "the actor died", err)
+            except ray.exceptions.RayTaskError as err:
+                cause = _cause(err)
+                if isinstance(cause, RayfedError):
+                    raise cause from err
+                if on_failure == "drop":
+                    failed.append(name)
+                    continue
+                self._fail(name, phase, f"{type(cause).__name__}: {cause}", err)
+            payloads[name] = payload_ref
+        return Replies(payloads, metas, sorted(failed))
+
+    def call(self, method: str, *args, deadline_s: float | None = None) -> list[Any]:
+        """Call a built-in actor method (not a step) on every member; return values in name order."""
+        deadline = self.fed.deadline_s if deadline_s is None else deadline_s
+        if self.fed.backend == "local":
+            return [getattr(h, method)(*args) for h in self.handles.values()]
+        refs = [getattr(h, method).remote(*args) for h in self.handles.values()]
+        return self.fed.get(refs, phase=f"{self.role}:{method}", deadline_s=deadline)
+
+
+class Federation:
+    """The actors of one run: a coordinator, parties and user cohorts, and what crosses between them.
+
+    Parameters
+    ----------
+    run_id:
+        Names the run (and its actors' log lines).
+    seed:
+        The run's root seed; every actor derives its streams from it.
+    parties, cohorts:
+        ``{name: (table, meta)}`` — each member's Arrow partition and public facts about it.
+    budget, ledger:
+        The privacy budget and the ledger declaration (accountant, relation, composition,
+        statement) the coordinator opens.
+    backend:
+        ``"ray"`` (default) or ``"local"`` (in-process, no Ray).
+    deadline_s:
+        Deadline of every remote wait, in seconds.
+    actor_options:
+        Extra ``ray.remote`` options per role (e.g. resources for placement).
+    """
+
+    def __init__(
+        self,
+        *,
+        run_id: str,
+        seed: int,
+        parties: Mapping[str, tuple[pa.Table, dict]] | None = None,
+        cohorts: Mapping[str, tuple[pa.Table, dict]] | None = None,
+        budget: Budget,
+        ledger: dict[str, Any] | None = None,
+        backend: str = "ray",
+        deadline_s: float = 120.0,
+        actor_options: dict[str, dict] | None = None,
+        progress=None,
+    ):
+        if backend not in BACKENDS:
+            raise ConfigError("backend", f"unknown backend {backend!r}", BACKENDS)
+        if not deadline_s > 0:
+            raise ConfigError("deadline_s", f"must be > 0 seconds, got {deadline_s!r}")
+        self.run_id, self.seed, self.backend, self.deadline_s = run_id, seed, backend, float(deadline_s)
+        self._specs = {"party": dict(parties or {}), "cohort": dict(cohorts or {})}
+        self._budget, self._ledger_decl = budget, dict(ledger or {})
+        self._actor_options = actor_options or {}
+        self.transcript = Transcript()
+        self.timings: list[dict[str, Any]] = []
+        self.round_no = 0
+        self.progress = progress
+        self._step_refs: dict[Any, Any] = {}
+        self._started = False
+
+    # --- lifecycle ---------------------------------------------------------------------------
+    def start(self) -> Federation:
+        """Create the actors, load their partitions, open the ledger; wait (with deadline) for all."""
+        make = self._make_local if self.backend == "local" else self._make_ray
+        coordinator = {"coordinator": make(CoordinatorActor, "coordinator", None, {})}
+        parties = {n: make(PartyActor, n, t, m) for n, (t, m) in self._specs["party"].items()}
+        cohorts = {n: make(UserCohortActor, n, t, m) for n, (t, m) in self._specs["cohort"].items()}
+        self.coordinator = Group(self, "coordinator", coordinator)
+        self.parties = Group(self, "parties", parties)
+        self.cohorts = Group(self, "cohorts", cohorts)
+        self._started = True
+        for group in (self.coordinator, self.parties, self.cohorts):
+            if len(group):
+                group.call("ping")
+        self._call_coordinator("open_ledger", self._budget, **self._ledger_decl)
+        return self
+
+    def _make_local(self, cls, name, table, meta) -> RoleActor:
+        return cls(name, self.seed, table, meta)
+
+    def _make_ray(self, cls, name, table, meta):
+        import ray
+
+        role = cls.role
+        n_actors = 1 + sum(len(v) for v in self._specs.values())
+        cpus = float(ray.cluster_resources().get("CPU", 1.0))
+        options = {"num_cpus": min(1.0, cpus / n_actors), "max_restarts": 0, "max_task_retries": 0}
+        options.update(self._actor_options.get(role, {}))
+        return ray.remote(cls).options(**options).remote(name, self.seed, table, meta)
+
+    def shutdown(self) -> None:
+        """Kill every actor of this run (idempotent). Ray itself keeps running for the next run."""
+        if not self._started:
+            return
+        self._started = False
+        if self.backend == "ray":
+            import ray
+
+            for group in (self.coordinator, self.parties, self.cohorts):
+                for handle in group.handles.values():
+                    with contextlib.suppress(Exception):
+                        ray.kill(handle, no_restart=True)
+        self._step_refs.clear()
+
+    def __enter__(self) -> Federation:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()
+
+    # --- driver helpers ----------------------------------------------------------------------
+    @contextlib.contextmanager
+    def round(self, number: int) -> Iterator[None]:
+        """Mark the driver's current round (for errors, transcript and timings); advance progress."""
+        self.round_no = number
+        started = time.perf_counter()
+        yield
+        self.timings.append({"round": number, "phase": "(round)", "role": "", "seconds": time.perf_counter() - started})
+        if self.progress is not None:
+            self.progress.update(1)
+
+    def get(self, value: Any, *, phase: str = "fetch", deadline_s: float | None = None) -> Any:
+        """Bring payloads to the driver: a Replies (→ dict by name), an object ref or a list of refs."""
+        deadline = self.deadline_s if deadline_s is None else deadline_s
+        if isinstance(value, Replies):
+            names = value.names()
+            fetched = self.get([value.payloads[n] for n in names], phase=phase, deadline_s=deadline)
+            return dict(zip(names, fetched, strict=True))
+        if self.backend == "local":
+            return value
+        import ray
+
+        single = isinstance(value, ray.ObjectRef)
+        refs = [value] if single else list(value)
+        if any(not isinstance(r, ray.ObjectRef) for r in refs):
+            return value
+        try:
+            out = ray.get(refs, timeout=deadline)
+        except ray.exceptions.GetTimeoutError as err:
+            raise RoundTimeout(["(object store)"], self.round_no, phase, deadline) from err
+        except ray.exceptions.RayTaskError as err:
+            cause = _cause(err)
+            if isinstance(cause, RayfedError):
+                raise cause from err
+            raise PartyFailed("(unknown)", self.round_no, phase, f"{type(cause).__name__}: {cause}") from err
+        return out[0] if single else out
+
+    def one(self, replies: Replies) -> Any:
+        """The payload of a single-member phase (e.g. the coordinator's), fetched to the driver."""
+        (name,) = replies.names()
+        return self.get(replies, phase=f"fetch:{name}")[name]
+
+    def charge(self, charges: list[tuple[str, str, Any]]) -> list[float]:
+        """Charge ``(scope, label, event)`` to the coordinator's ledger before the noise is drawn."""
+        return self._call_coordinator("charge", charges, self.round_no)
+
+    def note(self, text: str) -> None:
+        """Add a statement to the privacy report (e.g. a paper's claim beside the true guarantee)."""
+        self._call_coordinator("note", text)
+
+    def privacy_report(self):
+        return self._call_coordinator("privacy_report")
+
+    def _call_coordinator(self, method: str, *args, **kwargs):
+        handle = self.coordinator.handles["coordinator"]
+        if self.backend == "local":
+            return getattr(handle, method)(*args, **kwargs)
+        return self.get(getattr(handle, method).remote(*args, **kwargs), phase=f"coordinator:{method}")
+
+    def _put_step(self, step):
+        import ray
+
+        if step not in self._step_refs:
+            self._step_refs[step] = ray.put(step)
+        return self._step_refs[step]
+
+    def _receivers(self, to: str) -> list[str]:
+        groups = {"coordinator": self.coordinator, "parties": self.parties, "cohorts": self.cohorts}
+        return groups[to].names if to in groups else [to]
+
+    def _after_phase(self, role: str, phase: str, replies: Replies, seconds: float) -> None:
+        self.timings.append({"round": self.round_no, "phase": phase, "role": role, "seconds": seconds})
+        dp_items = []
+        for name in sorted(replies.metas):
+            meta = replies.metas[name]
+            if meta is None:
+                continue
+            self.transcript.record(self.round_no, phase, meta, self._receivers(meta.to))
+            if meta.dp_event is not None:
+                dp_items.append((meta.scope, self.round_no, meta.dp_event))
+        if dp_items:
+            self._call_coordinator("verify_charged", dp_items)

@@ -1,0 +1,35 @@
+"""Noise mechanisms and the privacy ledger."""
+
+from rayfed.privacy.ledger import (
+    Budget,
+    EpsilonDeltaDpEvent,
+    PrivacyLedger,
+    PrivacyReport,
+    PureDpAccountant,
+    check_budget,
+    event_to_dict,
+)
+from rayfed.privacy.mechanisms import (
+    binary_randomized_response,
+    discrete_laplace,
+    gaussian,
+    kary_randomized_response,
+    laplace,
+    rr_keep_probability,
+)
+
+__all__ = [
+    "Budget",
+    "EpsilonDeltaDpEvent",
+    "PrivacyLedger",
+    "PrivacyReport",
+    "PureDpAccountant",
+    "binary_randomized_response",
+    "check_budget",
+    "discrete_laplace",
+    "event_to_dict",
+    "gaussian",
+    "kary_randomized_response",
+    "laplace",
+    "rr_keep_probability",
+]

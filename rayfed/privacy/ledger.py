@@ -1,0 +1,284 @@
+"""The privacy ledger of a run, over ``dp_accounting``.
+
+A protocol declares its budget (ε, δ), the accountant (``pure``: basic composition of pure/approximate
+DP; ``rdp``; ``pld``), the neighbouring relation, and whether its scopes compose in parallel (disjoint
+data: e.g. "DP in VFL", where a neighbour changes one party's data only) or sequentially. Every
+noise event is charged *before* the noise is drawn; a charge that would exceed the budget raises
+:class:`~rayfed.errors.BudgetExceeded` and records nothing.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import attr
+from dp_accounting import dp_event, pld, rdp
+from dp_accounting.privacy_accountant import NeighboringRelation, PrivacyAccountant
+
+from rayfed.errors import BudgetExceeded, ConfigError, RayfedError
+
+# Relative slack for comparing floating-point ε against the budget: a protocol that calibrates
+# its noise to spend exactly the budget must not be refused for a rounding error.
+_RTOL = 1e-9
+
+
+@attr.s(frozen=True, slots=True, auto_attribs=True)
+class EpsilonDeltaDpEvent(dp_event.DpEvent):
+    """A black-box (ε, δ)-DP mechanism, for steps with no finer description (e.g. a DP
+    clustering subroutine). Only the ``pure`` accountant (basic composition) supports it."""
+
+    epsilon: float
+    delta: float
+
+
+class PureDpAccountant(PrivacyAccountant):
+    """Basic composition (Dwork–Roth Thm 3.16): ε and δ add up.
+
+    Supports Laplace (ε = 1/noise_multiplier), discrete Laplace (ε = a·Δ), k-ary randomized
+    response (ε = ln(1 + k(1-p)/p)), :class:`EpsilonDeltaDpEvent`, and their compositions.
+    """
+
+    def __init__(self, neighboring_relation: NeighboringRelation = NeighboringRelation.REPLACE_ONE):
+        super().__init__(neighboring_relation)
+        self._epsilon = 0.0
+        self._delta = 0.0
+
+    def _maybe_compose(self, event, count, do_compose):
+        def add(eps: float, delta: float = 0.0) -> None:
+            if do_compose:
+                self._epsilon += count * eps
+                self._delta += count * delta
+
+        if isinstance(event, dp_event.NoOpDpEvent):
+            return None
+        if isinstance(event, dp_event.NonPrivateDpEvent):
+            add(math.inf)
+        elif isinstance(event, dp_event.LaplaceDpEvent):
+            add(1.0 / event.noise_multiplier)
+        elif isinstance(event, dp_event.DiscreteLaplaceDpEvent):
+            add(event.noise_parameter * event.sensitivity)
+        elif isinstance(event, dp_event.RandomizedResponseDpEvent):
+            p, k = event.noise_parameter, event.num_buckets
+            add(math.inf if p == 0 else math.log1p(k * (1.0 - p) / p))
+        elif isinstance(event, EpsilonDeltaDpEvent):
+            add(event.epsilon, event.delta)
+        elif isinstance(event, dp_event.SelfComposedDpEvent):
+            return self._maybe_compose(event.event, count * event.count, do_compose)
+        elif isinstance(event, dp_event.ComposedDpEvent):
+            for sub in event.events:
+                error = self._maybe_compose(sub, count, do_compose)
+                if error is not None:
+                    return error
+        else:
+            return self.CompositionErrorDetails(
+                invalid_event=event, error_message="the pure-DP accountant cannot account this event"
+            )
+        return None
+
+    def get_epsilon(self, target_delta: float) -> float:
+        return self._epsilon if self._delta <= target_delta + 1e-15 else math.inf
+
+    def get_delta(self, target_epsilon: float) -> float:
+        return self._delta if self._epsilon <= target_epsilon else 1.0
+
+
+ACCOUNTANTS = ("pure", "rdp", "pld")
+RELATIONS = {
+    "replace_one": NeighboringRelation.REPLACE_ONE,
+    "add_or_remove_one": NeighboringRelation.ADD_OR_REMOVE_ONE,
+    "replace_special": NeighboringRelation.REPLACE_SPECIAL,
+}
+
+
+@dataclass(frozen=True)
+class Budget:
+    """A declared privacy budget: ε > 0 and 0 <= δ < 1."""
+
+    epsilon: float
+    delta: float = 0.0
+
+    def __post_init__(self):
+        check_budget(self.epsilon, self.delta)
+
+
+def check_budget(epsilon: Any, delta: Any, *, eps_field: str = "epsilon", delta_field: str = "delta"):
+    """Raise ConfigError unless ε is a finite number > 0 and δ is in [0, 1)."""
+    if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)) or not math.isfinite(epsilon) or epsilon <= 0:
+        raise ConfigError(eps_field, f"must be a finite number > 0, got {epsilon!r}", "e.g. 0.5, 1, 4")
+    if isinstance(delta, bool) or not isinstance(delta, (int, float)) or not 0 <= delta < 1:
+        raise ConfigError(delta_field, f"must be in [0, 1), got {delta!r}", "0 for pure DP, e.g. 1e-5")
+
+
+def make_accountant(kind: str, relation: str) -> PrivacyAccountant:
+    rel = RELATIONS[relation]
+    if kind == "pure":
+        return PureDpAccountant(rel)
+    if kind == "rdp":
+        return rdp.RdpAccountant(neighboring_relation=rel)
+    if kind == "pld":
+        return pld.PLDAccountant(neighboring_relation=rel)
+    raise ConfigError("accountant", f"unknown accountant {kind!r}", ACCOUNTANTS)
+
+
+def event_to_dict(event: dp_event.DpEvent) -> dict[str, Any]:
+    """A JSON-ready form of a DpEvent (class name + fields, nested events expanded)."""
+
+    def convert(value):
+        if isinstance(value, dp_event.DpEvent):
+            return event_to_dict(value)
+        if isinstance(value, (list, tuple)):
+            return [convert(v) for v in value]
+        return value
+
+    out: dict[str, Any] = {"type": type(event).__name__}
+    out.update({k: convert(v) for k, v in attr.asdict(event, recurse=False).items()})
+    return out
+
+
+@dataclass(frozen=True)
+class LedgerEntry:
+    round: int
+    scope: str
+    label: str
+    event: dp_event.DpEvent
+    epsilon_after: float  # ε of the entry's scope (or of the whole run, if sequential) after it
+
+
+@dataclass
+class PrivacyReport:
+    """The guarantee a run actually achieved, as stated in its result and manifest."""
+
+    epsilon: float
+    delta: float
+    budget_epsilon: float
+    budget_delta: float
+    accountant: str
+    neighboring_relation: str
+    composition: str
+    statement: str
+    per_scope: dict[str, float] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    entries: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+    def summary(self) -> str:
+        text = f"epsilon={self.epsilon:.4g}, delta={self.delta:.3g} ({self.accountant}, {self.composition})"
+        return text + f" of budget epsilon={self.budget_epsilon:g}, delta={self.budget_delta:g}"
+
+
+class PrivacyLedger:
+    """Records, composes and bounds every noise event of one run.
+
+    Parameters
+    ----------
+    budget:
+        The declared (ε, δ).
+    accountant:
+        ``"pure"``, ``"rdp"`` or ``"pld"``.
+    relation:
+        Neighbouring relation the sensitivities refer to: ``"replace_one"``, ``"add_or_remove_one"``
+        or ``"replace_special"``.
+    composition:
+        ``"sequential"`` (all events compose) or ``"parallel"`` (events compose within a scope; the
+        guarantee is the worst scope, because a neighbour changes the data of one scope only).
+    statement:
+        One sentence saying what the guarantee protects (e.g. "DP in VFL, Def. 1.2").
+    """
+
+    def __init__(
+        self,
+        budget: Budget,
+        *,
+        accountant: str = "pure",
+        relation: str = "replace_one",
+        composition: str = "sequential",
+        statement: str = "",
+    ):
+        if accountant not in ACCOUNTANTS:
+            raise ConfigError("accountant", f"unknown accountant {accountant!r}", ACCOUNTANTS)
+        if relation not in RELATIONS:
+            raise ConfigError("relation", f"unknown neighbouring relation {relation!r}", RELATIONS)
+        if composition not in ("sequential", "parallel"):
+            raise ConfigError("composition", f"unknown composition {composition!r}", ["sequential", "parallel"])
+        self.budget = budget
+        self.accountant = accountant
+        self.relation = relation
+        self.composition = composition
+        self.statement = statement
+        self.entries: list[LedgerEntry] = []
+        self.notes: list[str] = []
+
+    def _events(self, scope: str | None) -> list[dp_event.DpEvent]:
+        if self.composition == "sequential" or scope is None:
+            return [e.event for e in self.entries]
+        return [e.event for e in self.entries if e.scope == scope]
+
+    def _epsilon_of(self, events: list[dp_event.DpEvent]) -> float:
+        acc = make_accountant(self.accountant, self.relation)
+        try:
+            for event in events:
+                acc.compose(event)
+        except Exception as err:  # UnsupportedEventError and the accountants' own value checks
+            raise RayfedError(f"the {self.accountant} accountant cannot account {events[-1]}: {err}") from err
+        return float(acc.get_epsilon(self.budget.delta))
+
+    def _delta_of(self, events: list[dp_event.DpEvent]) -> float:
+        if self.accountant != "pure":
+            return self.budget.delta if events else 0.0
+        acc = PureDpAccountant(RELATIONS[self.relation])
+        for event in events:
+            acc.compose(event)
+        return acc._delta
+
+    def charge(self, event: dp_event.DpEvent, *, label: str, scope: str = "run", round: int = 0) -> LedgerEntry:
+        """Record ``event`` or raise BudgetExceeded (recording nothing) if it would exceed the budget."""
+        would = self._epsilon_of(self._events(scope) + [event])
+        if not would <= self.budget.epsilon * (1 + _RTOL):
+            raise BudgetExceeded(scope, label, would, self.budget.epsilon, self.budget.delta)
+        entry = LedgerEntry(round=round, scope=scope, label=label, event=event, epsilon_after=would)
+        self.entries.append(entry)
+        return entry
+
+    def scopes(self) -> list[str]:
+        return sorted({e.scope for e in self.entries})
+
+    def spent(self, scope: str | None = None) -> tuple[float, float]:
+        """(ε, δ) spent in one scope, or the run's guarantee when ``scope`` is None."""
+        if scope is not None or self.composition == "sequential":
+            events = self._events(scope)
+            return (self._epsilon_of(events), self._delta_of(events)) if events else (0.0, 0.0)
+        per = [self.spent(s) for s in self.scopes()]
+        return (max((p[0] for p in per), default=0.0), max((p[1] for p in per), default=0.0))
+
+    def note(self, text: str) -> None:
+        """Attach a statement to the report (e.g. a paper's claim next to the true guarantee)."""
+        self.notes.append(text)
+
+    def report(self) -> PrivacyReport:
+        eps, delta = self.spent()
+        return PrivacyReport(
+            epsilon=eps,
+            delta=delta,
+            budget_epsilon=self.budget.epsilon,
+            budget_delta=self.budget.delta,
+            accountant=self.accountant,
+            neighboring_relation=self.relation,
+            composition=self.composition,
+            statement=self.statement,
+            per_scope={s: self.spent(s)[0] for s in self.scopes()},
+            notes=list(self.notes),
+            entries=[
+                {
+                    "round": e.round,
+                    "scope": e.scope,
+                    "label": e.label,
+                    "epsilon_after": e.epsilon_after,
+                    **event_to_dict(e.event),
+                }
+                for e in self.entries
+            ],
+        )

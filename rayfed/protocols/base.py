@@ -1,0 +1,92 @@
+"""Protocol plumbing: the interface a protocol module implements and the result of a run.
+
+A protocol is one module in ``rayfed/protocols/`` with a config dataclass, pure step functions for
+each role, and a subclass of :class:`Protocol` with two methods:
+
+* ``plan(cfg, run)`` loads or generates the data, checks it against the config, partitions it
+  and declares the privacy budget — everything that can fail on bad input, before any actor starts;
+* ``drive(fed, cfg, plan)`` runs the rounds on a started :class:`~rayfed.federation.Federation`
+  and returns an :class:`Outcome` (tables and metrics).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import pyarrow as pa
+
+from rayfed.privacy.ledger import Budget, PrivacyReport
+
+
+@dataclass
+class Plan:
+    """Everything a run needs before its actors start.
+
+    ``evaluation`` holds ground truth computed from the raw data for the result's error metrics;
+    it is never given to an actor and never part of the protocol's transcript.
+    """
+
+    budget: Budget
+    ledger: dict[str, Any]
+    parties: dict[str, tuple[pa.Table, dict]] = field(default_factory=dict)
+    cohorts: dict[str, tuple[pa.Table, dict]] = field(default_factory=dict)
+    rounds: int = 1
+    evaluation: Any = None
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Outcome:
+    """What a driver returns: result tables (written as Parquet) and scalar metrics."""
+
+    tables: dict[str, pa.Table]
+    metrics: dict[str, Any] = field(default_factory=dict)
+    headline: str = ""
+
+
+@dataclass
+class Result:
+    """The result of one run: output, metrics, privacy actually spent, transcript and timings."""
+
+    protocol: str
+    run_id: str
+    seed: int
+    config: dict[str, Any]
+    tables: dict[str, pa.Table]
+    metrics: dict[str, Any]
+    privacy: PrivacyReport
+    transcript: pa.Table
+    transcript_totals: dict[str, Any]
+    timings: list[dict[str, Any]]
+    seconds: float
+    headline: str = ""
+    run_dir: str | None = None
+
+    def summary(self) -> str:
+        """A few lines for the end of a CLI run."""
+        totals = self.transcript_totals
+        lines = [
+            f"{self.protocol} run {self.run_id} (seed {self.seed})",
+            f"  result:  {self.headline}" if self.headline else None,
+            f"  privacy: {self.privacy.summary()}",
+            *(f"           {note}" for note in self.privacy.notes),
+            f"  time:    {self.seconds:.2f} s",
+            f"  moved:   {totals['bytes']:,} bytes in {totals['messages']} messages",
+            f"  output:  {self.run_dir}" if self.run_dir else None,
+        ]
+        return "\n".join(line for line in lines if line is not None)
+
+
+class Protocol:
+    """Base of every protocol; subclasses set the class attributes and implement plan and drive."""
+
+    name: ClassVar[str]
+    summary: ClassVar[str]
+    Config: ClassVar[type]
+
+    def plan(self, cfg: Any, seed: int) -> Plan:
+        raise NotImplementedError
+
+    def drive(self, fed, cfg: Any, plan: Plan) -> Outcome:
+        raise NotImplementedError

@@ -1,0 +1,66 @@
+"""Starting or connecting Ray.
+
+By default rayfed starts an embedded local Ray, quiet and sized to the machine. With an address
+(``--address``, the ``address`` option, or the RAY_ADDRESS environment variable) it connects to an
+existing cluster instead. A Ray that is already initialised in this process is reused, so several
+runs in one process share it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+from rayfed.errors import ConfigError
+
+_started_here = False
+
+
+def ensure_ray(address: str | None = None, num_cpus: int | None = None) -> dict[str, Any]:
+    """Make sure Ray is initialised and return ``ray.cluster_resources()``.
+
+    Parameters
+    ----------
+    address:
+        A Ray address (``"auto"``, ``"ray://host:10001"``, ``"host:6379"``); ``None`` means
+        RAY_ADDRESS if set, otherwise an embedded local Ray.
+    num_cpus:
+        CPUs of the embedded Ray (default: all of this machine's); ignored when connecting.
+    """
+    global _started_here
+    import ray
+
+    if ray.is_initialized():
+        return ray.cluster_resources()
+    address = address or os.environ.get("RAY_ADDRESS") or None
+    if num_cpus is not None and (not isinstance(num_cpus, int) or num_cpus < 1):
+        raise ConfigError("num_cpus", f"must be an integer >= 1, got {num_cpus!r}")
+    quiet = dict(log_to_driver=False, logging_level=logging.ERROR, configure_logging=True)
+    # Ray warns on every local start that token authentication is on by default; that is noise
+    # for an embedded single-machine run, so it is muted for the duration of init only.
+    ray_logger = logging.getLogger("ray")
+    level = ray_logger.level
+    ray_logger.setLevel(logging.ERROR)
+    try:
+        if address:
+            ray.init(address=address, **quiet)
+        else:
+            ray.init(num_cpus=num_cpus or os.cpu_count() or 1, include_dashboard=False, **quiet)
+            _started_here = True
+    except ConnectionError as err:
+        raise ConfigError("address", f"cannot connect to a Ray cluster at {address!r}: {err}",
+                          "a running cluster's address, or nothing for an embedded local Ray") from err
+    finally:
+        ray_logger.setLevel(level)
+    return ray.cluster_resources()
+
+
+def shutdown() -> None:
+    """Shut Ray down if this module started it (a cluster connection is simply closed)."""
+    global _started_here
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()
+    _started_here = False
