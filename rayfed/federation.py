@@ -31,6 +31,7 @@ from rayfed.errors import ConfigError, PartyFailed, RayfedError, RoundTimeout
 from rayfed.privacy.ledger import Budget, event_to_dict
 
 BACKENDS = ("ray", "local")
+STARTUP_DEADLINE_S = 60.0
 
 
 @dataclass
@@ -214,8 +215,13 @@ class Group:
         deadline = self.fed.deadline_s if deadline_s is None else deadline_s
         if self.fed.backend == "local":
             return [getattr(h, method)(*args) for h in self.handles.values()]
-        refs = [getattr(h, method).remote(*args) for h in self.handles.values()]
-        return self.fed.get(refs, phase=f"{self.role}:{method}", deadline_s=deadline)
+        import ray
+
+        refs = {getattr(h, method).remote(*args): name for name, h in self.handles.items()}
+        _, not_ready = ray.wait(list(refs), num_returns=len(refs), timeout=deadline)
+        if not_ready:
+            raise RoundTimeout(sorted(refs[r] for r in not_ready), self.fed.round_no, f"{self.role}:{method}", deadline)
+        return self.fed.get(list(refs), phase=f"{self.role}:{method}", deadline_s=deadline)
 
 
 class Federation:
@@ -280,9 +286,11 @@ class Federation:
         self.parties = Group(self, "parties", parties)
         self.cohorts = Group(self, "cohorts", cohorts)
         self._started = True
+        # Starting an actor is a process spawn (about a second each here, longer under load), so the
+        # first contact gets at least STARTUP_DEADLINE_S whatever the per-phase deadline is.
         for group in (self.coordinator, self.parties, self.cohorts):
             if len(group):
-                group.call("ping")
+                group.call("ping", deadline_s=max(self.deadline_s, STARTUP_DEADLINE_S))
         self._call_coordinator("open_ledger", self._budget, **self._ledger_decl)
         return self
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 from rayfed.actors.base import RoleActor
 from rayfed.errors import UnaccountedNoise
 from rayfed.privacy.ledger import Budget, PrivacyLedger, PrivacyReport
@@ -20,14 +22,14 @@ class CoordinatorActor(RoleActor):
 
         All or nothing: if one would exceed the budget, none is recorded.
         """
-        entries = list(self.ctx.ledger.entries)
+        saved = copy.deepcopy(self.ctx.ledger)
         try:
             return [
                 self.ctx.ledger.charge(event, label=label, scope=scope, round=round).epsilon_after
                 for scope, label, event in charges
             ]
         except BaseException:
-            self.ctx.ledger.entries = entries
+            self.ctx.ledger = saved
             raise
 
     def note(self, text: str) -> None:

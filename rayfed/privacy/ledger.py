@@ -9,6 +9,7 @@ noise event is charged *before* the noise is drawn; a charge that would exceed t
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -211,34 +212,32 @@ class PrivacyLedger:
         self.statement = statement
         self.entries: list[LedgerEntry] = []
         self.notes: list[str] = []
+        self._accountants: dict[str, PrivacyAccountant] = {}
 
-    def _events(self, scope: str | None) -> list[dp_event.DpEvent]:
-        if self.composition == "sequential" or scope is None:
-            return [e.event for e in self.entries]
-        return [e.event for e in self.entries if e.scope == scope]
+    def _key(self, scope: str) -> str:
+        return scope if self.composition == "parallel" else "run"
 
-    def _epsilon_of(self, events: list[dp_event.DpEvent]) -> float:
-        acc = make_accountant(self.accountant, self.relation)
+    def _compose(self, acc: PrivacyAccountant, event: dp_event.DpEvent) -> PrivacyAccountant:
         try:
-            for event in events:
-                acc.compose(event)
-        except Exception as err:  # UnsupportedEventError and the accountants' own value checks
-            raise RayfedError(f"the {self.accountant} accountant cannot account {events[-1]}: {err}") from err
-        return float(acc.get_epsilon(self.budget.delta))
-
-    def _delta_of(self, events: list[dp_event.DpEvent]) -> float:
-        if self.accountant != "pure":
-            return self.budget.delta if events else 0.0
-        acc = PureDpAccountant(RELATIONS[self.relation])
-        for event in events:
             acc.compose(event)
-        return acc._delta
+        except Exception as err:  # UnsupportedEventError and the accountants' own value checks
+            raise RayfedError(f"the {self.accountant} accountant cannot account {event}: {err}") from err
+        return acc
+
+    def _guarantee(self, acc: PrivacyAccountant) -> tuple[float, float]:
+        eps = float(acc.get_epsilon(self.budget.delta))
+        delta = acc._delta if isinstance(acc, PureDpAccountant) else self.budget.delta
+        return eps, delta
 
     def charge(self, event: dp_event.DpEvent, *, label: str, scope: str = "run", round: int = 0) -> LedgerEntry:
         """Record ``event`` or raise BudgetExceeded (recording nothing) if it would exceed the budget."""
-        would = self._epsilon_of(self._events(scope) + [event])
+        key = self._key(scope)
+        current = self._accountants.get(key) or make_accountant(self.accountant, self.relation)
+        trial = self._compose(copy.deepcopy(current), event)
+        would = self._guarantee(trial)[0]
         if not would <= self.budget.epsilon * (1 + _RTOL):
             raise BudgetExceeded(scope, label, would, self.budget.epsilon, self.budget.delta)
+        self._accountants[key] = trial
         entry = LedgerEntry(round=round, scope=scope, label=label, event=event, epsilon_after=would)
         self.entries.append(entry)
         return entry
@@ -247,12 +246,13 @@ class PrivacyLedger:
         return sorted({e.scope for e in self.entries})
 
     def spent(self, scope: str | None = None) -> tuple[float, float]:
-        """(ε, δ) spent in one scope, or the run's guarantee when ``scope`` is None."""
-        if scope is not None or self.composition == "sequential":
-            events = self._events(scope)
-            return (self._epsilon_of(events), self._delta_of(events)) if events else (0.0, 0.0)
-        per = [self.spent(s) for s in self.scopes()]
-        return (max((p[0] for p in per), default=0.0), max((p[1] for p in per), default=0.0))
+        """(ε, δ) of one scope's accountant, or the run's guarantee (the worst scope) if None.
+
+        Under sequential composition every scope shares one accountant: the run's.
+        """
+        keys = [self._key(scope)] if scope is not None else list(self._accountants)
+        spent = [self._guarantee(self._accountants[k]) for k in keys if k in self._accountants]
+        return (max(s[0] for s in spent), max(s[1] for s in spent)) if spent else (0.0, 0.0)
 
     def note(self, text: str) -> None:
         """Attach a statement to the report (e.g. a paper's claim next to the true guarantee)."""

@@ -1,0 +1,136 @@
+"""Bad input gets an error naming the field and what is allowed, before any actor starts and
+without leaving a run directory behind."""
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pytest
+
+import rayfed
+from rayfed.errors import ConfigError, DataError
+from rayfed.federation import Federation
+
+
+@pytest.fixture(autouse=True)
+def no_actor_may_start(monkeypatch):
+    def refuse(self):
+        raise AssertionError("an actor was started although the input was bad")
+
+    monkeypatch.setattr(Federation, "start", refuse)
+
+
+@pytest.fixture
+def csv_file(tmp_path):
+    def write(columns):
+        path = tmp_path / "data.csv"
+        pacsv.write_csv(pa.table(columns), path)
+        return str(path)
+
+    return write
+
+
+def expect(error, match, out_dir, *args, **kwargs):
+    with pytest.raises(error, match=match) as info:
+        rayfed.run(*args, out_dir=str(out_dir), **kwargs)
+    assert list(out_dir.iterdir()) == []  # nothing written, not even a failed run directory
+    return info.value
+
+
+def test_unknown_protocol(out_dir):
+    err = expect(ConfigError, "protocol", out_dir, "no-such-protocol")
+    assert "pattern-count" in err.allowed
+
+
+def test_unknown_config_key(out_dir):
+    err = expect(ConfigError, "epsilonn", out_dir, "pattern-count", epsilonn=1.0)
+    assert err.field == "epsilonn" and "epsilon" in err.allowed
+    err = expect(ConfigError, "data.pth", out_dir, "pattern-count", sets=["data.pth=x.csv"])
+    assert "path" in err.allowed
+
+
+def test_partition_naming_a_missing_column(out_dir, csv_file):
+    path = csv_file({"a": [0, 1, 2], "b": [1, 0, 1]})
+    err = expect(DataError, "data.columns.p1", out_dir, "pattern-count",
+                 data={"path": path, "columns": {"p0": ["a"], "p1": ["zz"]}}, domains={"a": 3, "zz": 2})
+    assert "a" in err.allowed and "b" in err.allowed
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_nan_or_inf_in_data(out_dir, csv_file, bad):
+    path = csv_file({"a": [0, 1, 2], "b": [1.0, bad, 0.0]})
+    expect(DataError, "data.b", out_dir, "pattern-count", data={"path": path}, domains={"a": 3, "b": 2})
+
+
+def test_missing_values_in_data(out_dir, csv_file):
+    path = csv_file({"a": [0, 1, 2], "b": pa.array([1, None, 0])})
+    expect(DataError, "missing", out_dir, "pattern-count", data={"path": path}, domains={"a": 3, "b": 2})
+
+
+@pytest.mark.parametrize("epsilon", [0, -0.5, float("inf")])
+def test_epsilon_not_positive(out_dir, epsilon):
+    err = expect(ConfigError, "epsilon", out_dir, "pattern-count", epsilon=epsilon)
+    assert err.allowed
+
+
+@pytest.mark.parametrize("delta", [1.0, -1e-9, 2])
+def test_delta_outside_unit_interval(delta):
+    with pytest.raises(ConfigError, match=r"delta.*\[0, 1\)"):
+        rayfed.Budget(1.0, delta)
+
+
+def test_more_parties_than_columns(out_dir, csv_file):
+    path = csv_file({"a": [0, 1], "b": [1, 0]})
+    err = expect(ConfigError, "parties", out_dir, "pattern-count", parties=3, data={"path": path},
+                 domains={"a": 2, "b": 2})
+    assert "at most 2" in err.allowed
+
+
+@pytest.mark.parametrize("deadline", [0, -5])
+def test_deadline_not_positive(out_dir, deadline):
+    expect(ConfigError, "deadline_s", out_dir, "pattern-count", deadline_s=deadline)
+
+
+def test_wrong_types_and_values_name_the_field(out_dir):
+    expect(ConfigError, "users.*integer", out_dir, "pattern-count", sets=["users=many"])
+    expect(ConfigError, "calibration", out_dir, "pattern-count", calibration="tight")
+    expect(ConfigError, "sample_rate", out_dir, "pattern-count", sample_rate=0)
+    expect(ConfigError, "backend", out_dir, "pattern-count", backend="spark")
+    expect(ConfigError, r"patterns\[0\]", out_dir, "pattern-count", patterns=[[0, 1, 2]])
+    expect(ConfigError, r"patterns\[0\]\[1\]", out_dir, "pattern-count", patterns=[[0, 7]])
+    expect(ConfigError, "max_patterns", out_dir, "pattern-count", domain_size=100, parties=4)
+
+
+def test_file_columns_need_declared_domains(out_dir, csv_file):
+    path = csv_file({"a": [0, 1], "b": [1, 0]})
+    expect(ConfigError, "domains", out_dir, "pattern-count", data={"path": path})
+    expect(ConfigError, "domains.b", out_dir, "pattern-count",
+           data={"path": path, "columns": {"p0": ["a"], "p1": ["b"]}}, domains={"a": 2})
+
+
+def test_missing_file_and_unknown_format(out_dir, tmp_path):
+    expect(ConfigError, "data.path", out_dir, "pattern-count", data={"path": str(tmp_path / "nope.csv")})
+    odd = tmp_path / "data.xyz"
+    odd.write_text("a\n1\n")
+    expect(DataError, "data.format", out_dir, "pattern-count", data={"path": str(odd)}, domains={"a": 2})
+
+
+def test_bad_yaml_config(out_dir, tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("- just\n- a list\n")
+    expect(ConfigError, "--config", out_dir, "pattern-count", str(cfg))
+
+
+def test_duplicate_user_keys(out_dir, csv_file):
+    path = csv_file({"id": [1, 1], "a": [0, 1], "b": [1, 0]})
+    expect(DataError, "data.key", out_dir, "pattern-count", data={"path": path, "key": "id"},
+           domains={"a": 2, "b": 2})
+
+
+def test_values_outside_declared_domain_are_not_an_error_but_encode_as_zero():
+    from rayfed.protocols.pattern_count import encode_values
+
+    table = pa.table({"a": [0, 5, 1], "b": ["x", "y", "q"]})
+    values = encode_values(table, ["a", "b"], {"a": 2, "b": ["x", "y"]})
+    assert values.tolist() == [0, -1, -1]
+    assert encode_values(table, ["a"], {"a": 2}).tolist() == [0, -1, 1]
+    assert np.array_equal(encode_values(table, ["b"], {"b": ["x", "y", "q"]}), [0, 1, 2])

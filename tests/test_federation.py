@@ -1,0 +1,161 @@
+"""The federation on both backends: deadlines, typed failures, dropouts, transcript, ledger checks,
+and per-user randomness that does not depend on how users are dealt to cohorts."""
+
+import os
+import sys
+import time
+
+import numpy as np
+import pyarrow as pa
+import pytest
+import ray.cloudpickle
+from dp_accounting import dp_event
+
+from rayfed import rng
+from rayfed.actors import Message
+from rayfed.data import per_user
+from rayfed.errors import BudgetExceeded, DataError, PartyFailed, RoundTimeout, UnaccountedNoise
+from rayfed.federation import Federation
+from rayfed.privacy import Budget, laplace
+
+# Ray workers cannot import this test module: ship its step functions by value.
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+BACKENDS = [pytest.param("local", id="local"), pytest.param("ray", id="ray", marks=pytest.mark.ray)]
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request):
+    if request.param == "ray":
+        request.getfixturevalue("ray_cluster")
+    return request.param
+
+
+def make_fed(backend, parties=2, cohorts=None, deadline_s=30.0, epsilon=1.0, **kw):
+    tables = {f"p{i}": (pa.table({"x": np.arange(10, dtype=np.int64) + 100 * i}), {"i": i}) for i in range(parties)}
+    return Federation(run_id="t", seed=5, parties=tables, cohorts=cohorts or {}, budget=Budget(epsilon),
+                      ledger=dict(composition="parallel"), backend=backend, deadline_s=deadline_s, **kw)
+
+
+# --- steps used by the tests -----------------------------------------------------------------------
+def column_sum(ctx, offset):
+    return Message("sum", np.array([ctx.table.column("x").to_numpy().sum() + offset]), to="coordinator")
+
+
+def add_all(ctx, sums):
+    return Message("total", float(sum(v[0] for v in sums.values())), to="parties")
+
+
+def sleepy(ctx, seconds):
+    time.sleep(seconds if ctx.name == "p1" else 0)
+    return 1
+
+
+def broken(ctx):
+    if ctx.name == "p1":
+        raise ValueError("bad thing")
+    return 1
+
+
+def bad_data(ctx):
+    raise DataError("data.x", "out of bounds")
+
+
+def die(ctx):
+    if ctx.name in ("p1", "c1"):
+        os._exit(1)
+    return ctx.name
+
+
+def noisy_sum(ctx, epsilon):
+    ctx.state["drew"] = True
+    value, event = laplace(np.array([1.0]), l1_sensitivity=1.0, epsilon=epsilon, rng=ctx.rng("laplace"))
+    return Message("noisy", value, to="coordinator", dp_event=event)
+
+
+def drew(ctx):
+    return ctx.state.get("drew", False)
+
+
+def keyed_noise(ctx, round):
+    ids = ctx.table.column("user_id").to_numpy()
+    u = rng.keyed_uniform(ctx.seed, "test", round, ids, 2)
+    return pa.table({"user_id": ids, "u0": u[:, 0], "v": ctx.table.column("v").to_numpy() + u[:, 1]})
+
+
+# --- tests -------------------------------------------------------------------------------------------
+def test_messages_flow_and_transcript(backend):
+    with make_fed(backend, parties=3) as fed:
+        sums = fed.parties.run(column_sum, 1, phase="sum")
+        total = fed.coordinator.run(add_all, sums, phase="add")
+        assert fed.one(total) == pytest.approx(45 * 3 + 1000 + 2000 + 3 * 1.0 + 0)
+        rows = fed.transcript.rows
+        assert [(r["sender"], r["receiver"], r["name"]) for r in rows[:3]] == [
+            ("p0", "coordinator", "sum"), ("p1", "coordinator", "sum"), ("p2", "coordinator", "sum")]
+        assert all(r["bytes"] == 8 for r in rows[:3])
+        assert [r["receiver"] for r in rows[3:]] == ["p0", "p1", "p2"]  # a broadcast reaches each party
+        assert fed.transcript.totals()["messages"] == 6
+        assert {t["phase"] for t in fed.timings} == {"sum", "add"}
+
+
+@pytest.mark.ray
+def test_deadline_raises_round_timeout_naming_the_party(ray_cluster):
+    with make_fed("ray", deadline_s=2.0) as fed:
+        started = time.perf_counter()
+        with pytest.raises(RoundTimeout, match="p1") as info:
+            fed.parties.run(sleepy, 30, phase="slow")
+        assert time.perf_counter() - started < 10
+        assert info.value.parties == ["p1"] and info.value.phase == "parties:slow"
+
+
+def test_exception_in_step_is_party_failed_with_cause(backend):
+    with make_fed(backend) as fed, pytest.raises(PartyFailed, match="p1.*bad thing") as info:
+        fed.parties.run(broken, phase="b")
+    assert info.value.party == "p1"
+
+
+def test_rayfed_errors_keep_their_type_across_actors(backend):
+    with make_fed(backend) as fed, pytest.raises(DataError, match="data.x"):
+        fed.parties.run(bad_data, phase="d")
+
+
+@pytest.mark.ray
+def test_dead_party_is_party_failed_and_dead_cohort_is_a_dropout(ray_cluster):
+    cohorts = {f"c{i}": (pa.table({"user_id": np.arange(i * 5, i * 5 + 5)}), {}) for i in range(3)}
+    with make_fed("ray", cohorts=cohorts) as fed:
+        replies = fed.cohorts.run(die, phase="work", on_failure="drop")
+        assert replies.failed == ["c1"]
+        assert fed.get(replies) == {"c0": "c0", "c2": "c2"}
+        with pytest.raises(PartyFailed, match="died"):
+            fed.parties.run(die, phase="work")
+
+
+def test_noise_must_be_charged_before_it_is_sent(backend):
+    with make_fed(backend, epsilon=1.0) as fed:
+        with pytest.raises(UnaccountedNoise):
+            fed.parties.run(noisy_sum, 0.5, phase="uncharged")
+        fed.charge([(p, "laplace", dp_event.LaplaceDpEvent(noise_multiplier=2.0)) for p in fed.parties.names])
+        fed.parties.run(noisy_sum, 0.5, phase="charged")
+        report = fed.privacy_report()
+        assert report.epsilon == pytest.approx(0.5) and report.per_scope == pytest.approx({"p0": 0.5, "p1": 0.5})
+
+
+def test_budget_exceeded_before_any_noise_is_drawn(backend):
+    with make_fed(backend, epsilon=1.0) as fed:
+        event = dp_event.LaplaceDpEvent(noise_multiplier=0.5)  # ε = 2 > 1
+        with pytest.raises(BudgetExceeded, match="'p0'"):
+            fed.charge([(p, "laplace", event) for p in fed.parties.names])
+        assert fed.get(fed.parties.run(drew, phase="check")) == {"p0": False, "p1": False}
+        assert fed.privacy_report().entries == []  # all or nothing
+
+
+@pytest.mark.parametrize("n_cohorts", [1, 2, 5])
+def test_per_user_randomness_is_independent_of_cohorts(backend, n_cohorts):
+    users = pa.table({"uid": np.arange(103, dtype=np.int64)[::-1].copy(), "v": np.arange(103, dtype=np.float64)})
+    cohorts = {name: (t, {}) for name, t in per_user(users, "uid", n_cohorts).items()}
+    assert len(cohorts) == n_cohorts
+    with make_fed(backend, cohorts=cohorts) as fed:
+        parts = fed.get(fed.cohorts.run(keyed_noise, 4, phase="noise"))
+    table = pa.concat_tables(parts[n] for n in sorted(parts)).sort_by("user_id")
+    reference = keyed_noise(type("Ctx", (), {"seed": 5, "table": users.rename_columns(["user_id", "v"])})(), 4)
+    assert table.equals(reference.sort_by("user_id"))

@@ -1,0 +1,160 @@
+"""Pattern counting (spec vfl-primitives §2.1-2.2, §5 checks 1-7) on the pure step functions.
+
+Every tolerance is derived from the estimator's variance: z-scores against the known mean, and the
+chi-square spread of a sample variance, sd(s²/σ²) = sqrt(2/(R-1)), for R fixed-seed repetitions.
+"""
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+from dp_accounting import dp_event
+
+from rayfed import rng
+from rayfed.privacy import Budget, PrivacyLedger, binary_randomized_response
+from rayfed.protocols.pattern_count import (
+    exact_loss,
+    one_hot,
+    predicted_variance,
+    product_sums,
+    public_sample,
+    raw_counts,
+    rr_event,
+    synthetic_table,
+)
+
+M_USERS, SIZE, V = 2000, 3, 2
+
+
+def _data(m=M_USERS, parties=V, size=SIZE):
+    table = synthetic_table(m, parties, size, 0.5, seed=1)
+    return [one_hot(table.column(f"x{j}").to_numpy(), size) for j in range(parties)]
+
+
+def _simulate(onehots, eps_prime, reps, sample_rate=1.0):
+    """R independent runs of Alg. 1 / B.2 (new RR noise and, if sampling, a new public sample each)."""
+    out = []
+    for r in range(reps):
+        sample = public_sample(1000 + r, onehots[0].shape[1], sample_rate)
+        bits = [
+            binary_randomized_response(o[:, sample], keep_probability=0.5 + eps_prime,
+                                       rng=rng.stream(7, "test", r, j))[0]
+            for j, o in enumerate(onehots)
+        ]
+        out.append(raw_counts(bits, eps_prime, None, sample_rate).ravel())
+    return np.array(out)
+
+
+def test_product_sums_equals_brute_force():
+    gen = np.random.default_rng(0)
+    mats = [gen.random((s, 40)) < 0.4 for s in (2, 3, 2)]
+    base, scale = -1.5, 4.0
+    full = product_sums(mats, base, scale, None)
+    for rho in itertools.product(range(2), range(3), range(2)):
+        brute = sum(math.prod(base + scale * mats[j][rho[j], i] for j in range(3)) for i in range(40))
+        assert full[rho] == pytest.approx(brute, rel=1e-12, abs=1e-9)
+    patterns = np.array([[1, 2, 0], [0, 0, 1]])
+    assert np.allclose(product_sums(mats, base, scale, patterns), [full[1, 2, 0], full[0, 0, 1]])
+
+
+@pytest.mark.parametrize("epsilon", [0.5, 2.0, 4.0])
+def test_raw_estimate_is_unbiased_with_the_predicted_variance(epsilon):
+    """§5 checks 1 and 2: z-test of the mean and chi-square test of the variance, all 9 patterns."""
+    eps_prime, reps = epsilon / 16, 1500
+    onehots = _data()
+    raws = _simulate(onehots, eps_prime, reps)
+    true = product_sums(onehots, 0.0, 1.0, None).ravel()
+    var = predicted_variance(onehots, eps_prime, None, 1.0).ravel()
+    z = (raws.mean(axis=0) - true) / np.sqrt(var / reps)
+    assert np.all(np.abs(z) < 4), z  # 9 patterns, family-wise false alarm ~ 6e-4
+    ratio = raws.var(axis=0, ddof=1) / var
+    assert np.all(np.abs(ratio - 1) < 4 * math.sqrt(2 / (reps - 1))), ratio
+
+
+def test_predicted_sd_matches_the_spec_reference_values():
+    """§5 check 2: predicted sd of pattern (0,0) at m=2·10^4 ≈ sqrt(m)(4/ε)^2 (spec: 9062, 575, 145.5
+    on its data; sqrt(m)(4/ε)^2 = 9051, 566, 141)."""
+    onehots = _data(m=20_000)
+    for epsilon, approx in [(0.5, 9051), (2.0, 566), (4.0, 141)]:
+        sd = math.sqrt(predicted_variance(onehots, epsilon / 16, None, 1.0)[0, 0])
+        assert sd == pytest.approx(approx, rel=0.05)
+
+
+def test_sampled_variant_variance_and_sqrt_m_over_p_law():
+    """§2.2 and §5 check 3: Var = Σ_i[(1/p)Π(c+a) - Πa]; sd grows as sqrt(m/p)."""
+    eps_prime, reps, p = 2.0 / 16, 1500, 0.25
+    onehots = _data()
+    raws = _simulate(onehots, eps_prime, reps, sample_rate=p)
+    true = product_sums(onehots, 0.0, 1.0, None).ravel()
+    var = predicted_variance(onehots, eps_prime, None, p).ravel()
+    z = (raws.mean(axis=0) - true) / np.sqrt(var / reps)
+    assert np.all(np.abs(z) < 4), z
+    ratio = raws.var(axis=0, ddof=1) / var
+    assert np.all(np.abs(ratio - 1) < 4 * math.sqrt(2 / (reps - 1))), ratio
+    # the law itself: quartering p doubles the sd, quadrupling m doubles it (to within the a_ij terms)
+    sd = lambda oh, rate: np.sqrt(predicted_variance(oh, eps_prime, None, rate))  # noqa: E731
+    assert np.allclose(sd(onehots, 0.25) / sd(onehots, 1.0), 2.0, rtol=0.02)
+    bigger = _data(m=4 * M_USERS)
+    assert np.allclose(sd(bigger, 1.0) / sd(onehots, 1.0), 2.0, rtol=0.05)
+
+
+def test_public_sample_is_shared_and_has_rate_p():
+    """Thm B.2: S is public (every party derives the same) and holds ≈ p·m users."""
+    sample = public_sample(3, 10_000, 0.3)
+    assert abs(sample.sum() - 3000) < 4 * math.sqrt(10_000 * 0.3 * 0.7)
+    assert np.array_equal(sample, public_sample(3, 10_000, 0.3))  # public: every party derives the same S
+
+
+@pytest.mark.parametrize("epsilon,spec", [(0.5, 0.2503), (1.0, 0.5026), (2.0, 1.0217), (4.0, 2.1972)])
+def test_exact_privacy_loss_of_the_encoding(epsilon, spec):
+    """§5 check 6: the exact loss 2 ln((1+2ε')/(1-2ε')) is <= ε; the ledger reports that value."""
+    eps_prime = epsilon / 16
+    assert exact_loss(eps_prime) == pytest.approx(spec, abs=5e-5)
+    assert exact_loss(eps_prime) <= epsilon
+    ledger = PrivacyLedger(Budget(epsilon))
+    ledger.charge(rr_event(eps_prime), label="rr")
+    assert ledger.spent()[0] == pytest.approx(exact_loss(eps_prime), rel=1e-12)
+    # exact calibration spends exactly ε
+    assert exact_loss(math.tanh(epsilon / 4) / 2) == pytest.approx(epsilon, rel=1e-12)
+
+
+def test_log_likelihood_ratio_of_any_transcript_is_bounded_by_the_exact_loss():
+    """§5 check 6, by enumeration: neighbours x=0 and x'=1 at one party of domain size 3 differ in two
+    one-hot bits; over every output of that user's 3 bits the log-likelihood ratio is at most the
+    exact loss, and attains it."""
+    eps_prime = 1.0 / 16
+    q = 0.5 + eps_prime
+
+    def prob(out, true):
+        return math.prod(q if o == t else 1 - q for o, t in zip(out, true, strict=True))
+
+    a, a_prime = (1, 0, 0), (0, 1, 0)
+    llrs = [abs(math.log(prob(out, a) / prob(out, a_prime))) for out in itertools.product((0, 1), repeat=3)]
+    assert max(llrs) == pytest.approx(exact_loss(eps_prime), rel=1e-12)
+    # and the mechanism draws with those probabilities: frequency of output (1,0,0) given a
+    n = 400_000
+    bits, _ = binary_randomized_response(np.tile(np.array(a, bool), (n, 1)), keep_probability=q,
+                                         rng=rng.stream(0, "test"))
+    freq = np.mean(np.all(bits == np.array([1, 0, 0], bool), axis=1))
+    expected = prob((1, 0, 0), a)
+    assert abs(freq - expected) < 4 * math.sqrt(expected * (1 - expected) / n)
+
+
+def test_rr_event_is_two_binary_rr_bits():
+    event = rr_event(1 / 16)
+    assert isinstance(event, dp_event.SelfComposedDpEvent) and event.count == 2
+    assert event.event.num_buckets == 2 and event.event.noise_parameter == pytest.approx(1 - 2 / 16)
+
+
+def test_different_patterns_are_uncorrelated_and_sum_to_m():
+    """§5 check 4: zero cross-pattern correlation; E[Σ_ρ raw_ρ] = m."""
+    eps_prime, reps = 4.0 / 16, 1500
+    onehots = _data()
+    raws = _simulate(onehots, eps_prime, reps)
+    corr = np.corrcoef(raws.T)
+    off = corr[~np.eye(len(corr), dtype=bool)]
+    assert np.max(np.abs(off)) < 4.5 / math.sqrt(reps)  # 72 off-diagonal entries, each sd ~ 1/sqrt(R)
+    totals = raws.sum(axis=1)
+    var_total = predicted_variance(onehots, eps_prime, None, 1.0).sum()  # uncorrelated: variances add
+    assert abs(totals.mean() - M_USERS) < 4 * math.sqrt(var_total / reps)

@@ -1,0 +1,121 @@
+import math
+
+import numpy as np
+import pytest
+from dp_accounting import dp_event
+
+from rayfed import rng
+from rayfed.errors import BudgetExceeded, ConfigError
+from rayfed.privacy import (
+    Budget,
+    PrivacyLedger,
+    binary_randomized_response,
+    discrete_laplace,
+    gaussian,
+    kary_randomized_response,
+    laplace,
+)
+
+N = 200_000
+
+
+def gen(i=0):
+    return rng.stream(11, "test", 0, i)
+
+
+def test_laplace_scale_and_event():
+    out, event = laplace(np.zeros(N), l1_sensitivity=2.0, epsilon=0.5, rng=gen())
+    assert event == dp_event.LaplaceDpEvent(noise_multiplier=2.0)
+    b = 4.0  # scale = sensitivity / epsilon; Var = 2 b^2; sd of the sample variance ~ sqrt(20 b^4 / N)
+    assert abs(out.var() - 2 * b * b) < 4 * math.sqrt(20 * b**4 / N)
+
+
+def test_gaussian_event_is_noise_multiplier():
+    out, event = gaussian(np.zeros(N), l2_sensitivity=0.5, sigma=2.0, rng=gen())
+    assert event == dp_event.GaussianDpEvent(noise_multiplier=4.0)
+    assert abs(out.std() - 2.0) < 4 * 2.0 / math.sqrt(2 * N)
+
+
+def test_discrete_laplace_distribution():
+    eps = 0.7
+    out, event = discrete_laplace(np.zeros(N, dtype=np.int64), l1_sensitivity=1, epsilon=eps, rng=gen())
+    assert event == dp_event.DiscreteLaplaceDpEvent(noise_parameter=eps, sensitivity=1)
+    assert out.dtype == np.int64
+    # P(0) = tanh(a/2) for DLap(a)
+    p0 = math.tanh(eps / 2)
+    assert abs(np.mean(out == 0) - p0) < 4 * math.sqrt(p0 * (1 - p0) / N)
+
+
+def test_binary_rr_flip_rate_and_event():
+    q = 0.7
+    bits = np.ones(N, dtype=bool)
+    out, event = binary_randomized_response(bits, keep_probability=q, rng=gen())
+    assert event.num_buckets == 2 and event.noise_parameter == pytest.approx(0.6)
+    assert abs(out.mean() - q) < 4 * math.sqrt(q * (1 - q) / N)
+
+
+def test_kary_rr_keep_rate_and_event():
+    k, eps = 5, 1.0
+    values = np.zeros(N, dtype=np.int64)
+    out, event = kary_randomized_response(values, k=k, epsilon=eps, rng=gen())
+    keep = math.exp(eps) / (math.exp(eps) + k - 1)
+    assert abs(np.mean(out == 0) - keep) < 4 * math.sqrt(keep * (1 - keep) / N)
+    ledger = PrivacyLedger(Budget(1.0))
+    ledger.charge(event, label="grr")
+    assert ledger.spent()[0] == pytest.approx(eps)
+
+
+@pytest.mark.parametrize("bad", [0, -1.0, float("inf"), float("nan")])
+def test_mechanisms_reject_bad_epsilon(bad):
+    with pytest.raises(ConfigError, match="epsilon"):
+        laplace(np.zeros(3), l1_sensitivity=1.0, epsilon=bad, rng=gen())
+
+
+@pytest.mark.parametrize("eps,delta,field", [(0, 0, "epsilon"), (-1, 0, "epsilon"), (1, 1.0, "delta"),
+                                             (1, -0.1, "delta"), (float("nan"), 0, "epsilon")])
+def test_budget_rejects_bad_values(eps, delta, field):
+    with pytest.raises(ConfigError, match=field):
+        Budget(eps, delta)
+
+
+def test_ledger_refuses_before_recording_and_totals_match():
+    ledger = PrivacyLedger(Budget(1.0), accountant="pure")
+    ledger.charge(dp_event.LaplaceDpEvent(noise_multiplier=2.0), label="a")  # eps 0.5
+    ledger.charge(dp_event.LaplaceDpEvent(noise_multiplier=4.0), label="b")  # eps 0.25
+    with pytest.raises(BudgetExceeded, match="would bring epsilon to 1.25"):
+        ledger.charge(dp_event.LaplaceDpEvent(noise_multiplier=2.0), label="c")
+    assert [e.label for e in ledger.entries] == ["a", "b"]
+    assert ledger.spent() == pytest.approx((0.75, 0.0))
+    ledger.charge(dp_event.LaplaceDpEvent(noise_multiplier=4.0), label="d")  # exactly the budget: allowed
+    report = ledger.report()
+    assert report.epsilon == pytest.approx(1.0)
+    assert report.entries[-1]["epsilon_after"] == pytest.approx(1.0)
+
+
+def test_parallel_scopes_take_the_worst_scope():
+    ledger = PrivacyLedger(Budget(1.0), composition="parallel")
+    ledger.charge(dp_event.LaplaceDpEvent(noise_multiplier=2.0), label="x", scope="p0")
+    ledger.charge(dp_event.LaplaceDpEvent(noise_multiplier=1.25), label="x", scope="p1")
+    assert ledger.spent() == pytest.approx((0.8, 0.0))
+    assert ledger.report().per_scope == pytest.approx({"p0": 0.5, "p1": 0.8})
+    with pytest.raises(BudgetExceeded):
+        ledger.charge(dp_event.LaplaceDpEvent(noise_multiplier=2.0), label="y", scope="p1")
+    ledger.charge(dp_event.LaplaceDpEvent(noise_multiplier=2.0), label="y", scope="p0")
+
+
+def test_rdp_ledger_matches_dp_accounting():
+    from dp_accounting import rdp
+
+    event = dp_event.PoissonSampledDpEvent(0.01, dp_event.GaussianDpEvent(1.1))
+    ledger = PrivacyLedger(Budget(10.0, 1e-5), accountant="rdp", relation="add_or_remove_one")
+    for r in range(100):
+        ledger.charge(event, label="step", round=r)
+    direct = rdp.RdpAccountant().compose(event, 100).get_epsilon(1e-5)
+    assert ledger.spent()[0] == pytest.approx(direct)
+    assert ledger.report().delta == 1e-5
+
+
+def test_pure_ledger_rejects_gaussian_clearly():
+    ledger = PrivacyLedger(Budget(1.0, 1e-5), accountant="pure")
+    with pytest.raises(Exception, match="pure accountant cannot account"):
+        ledger.charge(dp_event.GaussianDpEvent(1.0), label="g")

@@ -1,0 +1,137 @@
+"""End to end: rayfed.run and the CLI on both backends; determinism; the run directory."""
+
+import json
+import math
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+import pytest
+
+import rayfed
+from rayfed.cli import main
+from rayfed.errors import RoundTimeout
+from rayfed.protocols.pattern_count import exact_loss
+
+SMALL = dict(users=3000, seed=11)
+
+
+def run_local(out_dir=None, **kw):
+    return rayfed.run("pattern-count", backend="local", out_dir=str(out_dir) if out_dir else None, **{**SMALL, **kw})
+
+
+def test_same_seed_same_result_and_different_seed_differs():
+    a, b = run_local(), run_local()
+    assert a.tables["counts"].equals(b.tables["counts"])
+    c = run_local(seed=12)
+    assert not np.array_equal(a.tables["counts"]["raw"].to_numpy(), c.tables["counts"]["raw"].to_numpy())
+
+
+@pytest.mark.ray
+def test_ray_path_equals_in_process_path(ray_cluster):
+    local = run_local(sample_rate=0.5, parties=3)
+    on_ray = rayfed.run("pattern-count", out_dir=None, sample_rate=0.5, parties=3, **SMALL)
+    assert on_ray.tables["counts"].equals(local.tables["counts"])
+    assert on_ray.privacy.to_dict() == local.privacy.to_dict()
+    assert on_ray.transcript.equals(local.transcript)
+
+
+@pytest.mark.ray
+def test_run_directory_is_complete_and_consistent(ray_cluster, out_dir):
+    result = rayfed.run("pattern-count", out_dir=str(out_dir), epsilon=2.0, **SMALL)
+    manifest = json.loads((out_dir / result.run_id / "manifest.json").read_text())
+    assert manifest["status"] == "complete"
+    assert manifest["seed"] == 11 and manifest["config"]["protocol"]["epsilon"] == 2.0
+    assert manifest["versions"]["ray"] and manifest["versions"]["dp-accounting"]
+    # the ledger's total is what the result and the manifest report: the exact loss of ε/16 RR
+    assert result.privacy.epsilon == pytest.approx(exact_loss(2.0 / 16))
+    assert manifest["privacy"]["epsilon"] == result.privacy.epsilon
+    assert manifest["privacy"]["per_scope"] == pytest.approx({"p0": exact_loss(1 / 8), "p1": exact_loss(1 / 8)})
+    assert [e["scope"] for e in manifest["privacy"]["entries"]] == ["p0", "p1"]
+    counts = pq.read_table(out_dir / result.run_id / manifest["tables"]["counts"])
+    assert counts.equals(result.tables["counts"])
+    assert counts.num_rows == 9 and set(counts.column_names) >= {"p0", "p1", "estimate", "raw", "true_count"}
+    # communication: m(M+1) bits per party, packed into bytes (§5 check 7)
+    transcript = pq.read_table(out_dir / result.run_id / "transcript.parquet").to_pylist()
+    rr = [r for r in transcript if r["name"] == "rr_bits"]
+    assert [r["sender"] for r in rr] == ["p0", "p1"] and all(r["dp_event"] for r in rr)
+    assert all(3 * math.ceil(3000 / 8) <= r["bytes"] < 3 * math.ceil(3000 / 8) + 64 for r in rr)
+    assert result.metrics["bits_per_party"] == {"p0": 9000, "p1": 9000}
+    assert manifest["timings"] and manifest["transcript"]["bytes"] == sum(r["bytes"] for r in transcript)
+
+
+@pytest.mark.ray
+def test_failed_run_is_marked_failed(ray_cluster, out_dir, monkeypatch):
+    import rayfed.federation as federation
+
+    monkeypatch.setattr(federation, "STARTUP_DEADLINE_S", 1e-3)
+    with pytest.raises(RoundTimeout):
+        rayfed.run("pattern-count", out_dir=str(out_dir), deadline_s=1e-3, **SMALL)
+    (run_dir,) = out_dir.iterdir()
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["status"] == "failed" and "RoundTimeout" in manifest["error"]
+    assert not list(run_dir.glob("*.parquet"))
+
+
+def test_estimates_track_truth_within_predicted_sd():
+    result = run_local(users=20_000, epsilon=4.0)
+    t = result.tables["counts"].to_pydict()
+    z = (np.array(t["raw"]) - np.array(t["true_count"])) / np.array(t["predicted_sd"])
+    assert np.all(np.abs(z) < 4.5)  # 9 patterns
+    assert np.all(np.array(t["estimate"]) >= 0)
+
+
+def test_exact_calibration_spends_epsilon_and_has_less_noise():
+    paper = run_local(users=20_000, epsilon=1.0)
+    exact = run_local(users=20_000, epsilon=1.0, calibration="exact")
+    assert exact.privacy.epsilon == pytest.approx(1.0)
+    assert paper.privacy.epsilon == pytest.approx(0.5026, abs=1e-4)
+    ratio = paper.metrics["mean_predicted_sd"] / exact.metrics["mean_predicted_sd"]
+    assert 3.0 < ratio < 4.5  # sd ratio ≈ (ε'_exact/ε'_paper)^v = (0.1225/0.0625)^2 ≈ 3.8
+
+
+def test_csv_input_with_labels_and_requested_patterns(tmp_path):
+    gen = np.random.default_rng(0)
+    n = 4000
+    city = gen.choice(["oslo", "rome", "lima"], n)
+    age = gen.integers(0, 4, n)
+    sick = gen.integers(0, 2, n)
+    path = tmp_path / "people.csv"
+    pacsv.write_csv(pa.table({"id": np.arange(n), "city": city, "age": age, "sick": sick}), path)
+    result = rayfed.run(
+        "pattern-count", backend="local", out_dir=None, epsilon=4.0,
+        data={"path": str(path), "key": "id", "columns": {"hospital": ["sick"], "registry": ["city", "age"]}},
+        domains={"city": ["oslo", "rome", "lima"], "age": 4, "sick": 2},
+        patterns=[[1, "rome|2"], [0, "oslo|0"]],
+    )
+    t = result.tables["counts"].to_pydict()
+    assert t["hospital"] == ["1", "0"] and t["registry"] == ["rome|2", "oslo|0"]
+    truth = [np.sum((sick == 1) & (city == "rome") & (age == 2)), np.sum((sick == 0) & (city == "oslo") & (age == 0))]
+    assert t["true_count"] == [float(x) for x in truth]
+    z = (np.array(t["raw"]) - truth) / np.array(t["predicted_sd"])
+    assert np.all(np.abs(z) < 4)
+
+
+def test_cli_list_help_run_and_errors(out_dir, capsys):
+    assert main(["list"]) == 0
+    assert "pattern-count" in capsys.readouterr().out
+    assert main(["run", "pattern-count", "--help"]) == 0
+    text = capsys.readouterr().out
+    assert "sample_rate" in text and "deadline_s" in text and "default 1.0" in text
+    assert main(["run", "pattern-count", "--backend", "local", "--out", str(out_dir), "--quiet",
+                 "--set", "users=500", "--seed", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "epsilon=0.5026" in out and "bytes" in out and str(out_dir) in out
+    assert main(["run", "nope"]) == 2
+    assert "unknown protocol" in capsys.readouterr().err
+    assert main(["run", "pattern-count", "--set", "epsilon=-1", "--backend", "local"]) == 2
+    assert "epsilon" in capsys.readouterr().err
+
+
+def test_yaml_config_and_set_precedence(tmp_path):
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text("epsilon: 2.0\nusers: 800\nbackend: local\nout_dir: null\ndata:\n  key: null\n")
+    result = rayfed.run("pattern-count", str(cfg), sets=["users=900"])
+    assert result.metrics["users"] == 900
+    assert result.config["protocol"]["epsilon"] == 2.0
