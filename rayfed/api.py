@@ -27,8 +27,12 @@ def _deep_merge(base: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any
     return base
 
 
-def resolve(protocol: str, config: Mapping[str, Any] | str | Path | None = None, sets: Sequence[str] = (),
-            **options: Any):
+def resolve(
+    protocol: str,
+    config: Mapping[str, Any] | str | Path | None = None,
+    sets: Sequence[str] = (),
+    **options: Any,
+):
     """(protocol object, RunOptions, protocol config) from a YAML file or mapping, keyword options and
     ``key=value`` assignments, in that order of precedence (later wins). Raises ConfigError."""
     proto = get_protocol(protocol)
@@ -44,8 +48,14 @@ def resolve(protocol: str, config: Mapping[str, Any] | str | Path | None = None,
     return proto, run_opts, cfg
 
 
-def run(protocol: str, config: Mapping[str, Any] | str | Path | None = None, *, sets: Sequence[str] = (),
-        progress: bool = False, **options: Any) -> Result:
+def run(
+    protocol: str,
+    config: Mapping[str, Any] | str | Path | None = None,
+    *,
+    sets: Sequence[str] = (),
+    progress: bool = False,
+    **options: Any,
+) -> Result:
     """Run one protocol and return its :class:`~rayfed.protocols.base.Result`.
 
     Parameters
@@ -74,8 +84,13 @@ def run(protocol: str, config: Mapping[str, Any] | str | Path | None = None, *, 
     config_record = {"run": to_dict(run_opts), "protocol": to_dict(cfg)}
     rundir = RunDir(run_opts.out_dir, run_id) if run_opts.out_dir else None
     manifest: dict[str, Any] = {
-        "run_id": run_id, "protocol": proto.name, "status": "running", "seed": run_opts.seed,
-        "config": config_record, "versions": versions(), "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "run_id": run_id,
+        "protocol": proto.name,
+        "status": "running",
+        "seed": run_opts.seed,
+        "config": config_record,
+        "versions": versions(),
+        "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
     if rundir:
         rundir.write_manifest(manifest)
@@ -85,25 +100,44 @@ def run(protocol: str, config: Mapping[str, Any] | str | Path | None = None, *, 
     try:
         if run_opts.backend == "ray":
             ensure_ray(run_opts.address, run_opts.num_cpus)
-        fed = Federation(run_id=run_id, seed=run_opts.seed, parties=plan.parties, cohorts=plan.cohorts,
-                         budget=plan.budget, ledger=plan.ledger, backend=run_opts.backend,
-                         deadline_s=run_opts.deadline_s, progress=bar)
+        fed = Federation(
+            run_id=run_id,
+            seed=run_opts.seed,
+            parties=plan.parties,
+            cohorts=plan.cohorts,
+            budget=plan.budget,
+            ledger=plan.ledger,
+            backend=run_opts.backend,
+            deadline_s=run_opts.deadline_s,
+            progress=bar,
+        )
         fed.start()
         outcome = proto.drive(fed, cfg, plan)
         privacy = fed.privacy_report()
         result = Result(
-            protocol=proto.name, run_id=run_id, seed=run_opts.seed, config=config_record,
-            tables=outcome.tables, metrics=outcome.metrics, privacy=privacy,
-            transcript=fed.transcript.to_table(), transcript_totals=fed.transcript.totals(),
-            timings=fed.timings, seconds=time.perf_counter() - started, headline=outcome.headline,
+            protocol=proto.name,
+            run_id=run_id,
+            seed=run_opts.seed,
+            config=config_record,
+            tables=outcome.tables,
+            metrics=outcome.metrics,
+            privacy=privacy,
+            transcript=fed.transcript.to_table(),
+            transcript_totals=fed.transcript.totals(),
+            timings=fed.timings,
+            seconds=time.perf_counter() - started,
+            headline=outcome.headline,
             run_dir=str(rundir.path) if rundir else None,
         )
     except BaseException as err:
         if rundir:
-            manifest.update(status="failed", error=f"{type(err).__name__}: {err}",
-                            seconds=time.perf_counter() - started,
-                            timings=fed.timings if fed else [],
-                            transcript=fed.transcript.totals() if fed else None)
+            manifest.update(
+                status="failed",
+                error=f"{type(err).__name__}: {err}",
+                seconds=time.perf_counter() - started,
+                timings=fed.timings if fed else [],
+                transcript=fed.transcript.totals() if fed else None,
+            )
             rundir.write_manifest(manifest)
         raise
     finally:
@@ -114,9 +148,15 @@ def run(protocol: str, config: Mapping[str, Any] | str | Path | None = None, *, 
         files = {name: rundir.write_table(name, table) for name, table in result.tables.items()}
         files["transcript"] = rundir.write_table("transcript", result.transcript)
         manifest.update(
-            status="complete", finished_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"), seconds=result.seconds,
-            headline=result.headline, privacy=result.privacy.to_dict(), metrics=result.metrics,
-            timings=result.timings, transcript=result.transcript_totals, tables=files,
+            status="complete",
+            finished_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            seconds=result.seconds,
+            headline=result.headline,
+            privacy=result.privacy.to_dict(),
+            metrics=result.metrics,
+            timings=result.timings,
+            transcript=result.transcript_totals,
+            tables=files,
         )
         rundir.write_manifest(manifest)
     return result

@@ -1,9 +1,9 @@
 """The ``rayfed`` command. Thin: parses arguments, then calls the API.
 
-    rayfed list
-    rayfed run PROTOCOL [--config FILE.yaml] [--set key=value ...] [--seed N] [--address ADDR]
-                        [--out DIR] [--backend ray|local] [--quiet]
-    rayfed run PROTOCOL --help
+rayfed list
+rayfed run PROTOCOL [--config FILE.yaml] [--set key=value ...] [--seed N] [--address ADDR]
+                    [--out DIR] [--backend ray|local] [--quiet]
+rayfed run PROTOCOL --help
 """
 
 from __future__ import annotations
@@ -26,8 +26,13 @@ def _cmd_list(_args) -> int:
 
 def protocol_help(name: str) -> str:
     proto = get_protocol(name)
-    lines = [f"rayfed run {name} [--config FILE.yaml] [--set key=value ...] [--seed N] [--address ADDR] [--out DIR]",
-             "", proto.summary, "", "Protocol options (--set key=value, or keys of the YAML file):"]
+    lines = [
+        f"rayfed run {name} [--config FILE.yaml] [--set key=value ...] [--seed N] [--address ADDR] [--out DIR]",
+        "",
+        proto.summary,
+        "",
+        "Protocol options (--set key=value, or keys of the YAML file):",
+    ]
     rows = describe(proto.Config)
     run_rows = describe(RunOptions)
     width = max(len(r[0]) for r in rows + run_rows)
@@ -50,8 +55,16 @@ def _cmd_run(args) -> int:
         return 0
     from rayfed.api import run
 
-    options = {k: v for k, v in (("seed", args.seed), ("address", args.address), ("out_dir", args.out),
-                                  ("backend", args.backend)) if v is not None}
+    options = {
+        k: v
+        for k, v in (
+            ("seed", args.seed),
+            ("address", args.address),
+            ("out_dir", args.out),
+            ("backend", args.backend),
+        )
+        if v is not None
+    }
     result = run(args.protocol, args.config, sets=args.set, progress=not args.quiet, **options)
     print(result.summary())
     return 0
@@ -60,22 +73,38 @@ def _cmd_run(args) -> int:
 def _run_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
     p = parser or argparse.ArgumentParser(prog="rayfed run", add_help=False)
     p.add_argument("protocol", nargs="?", help="protocol name (see `rayfed list`)")
-    p.add_argument("-h", "--help", action="store_true", help="show the protocol's options and defaults")
+    p.add_argument(
+        "-h", "--help", action="store_true", help="show the protocol's options and defaults"
+    )
     p.add_argument("--config", help="YAML file of options")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override one option (repeatable)")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override one option (repeatable)",
+    )
     p.add_argument("--seed", type=int, help="root seed of the run")
-    p.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS, else embedded local Ray)")
+    p.add_argument(
+        "--address", help="Ray cluster address (default: RAY_ADDRESS, else embedded local Ray)"
+    )
     p.add_argument("--out", help="directory for run directories (default: runs)")
-    p.add_argument("--backend", choices=["ray", "local"], help="ray (default) or local (in-process, no Ray)")
+    p.add_argument(
+        "--backend", choices=["ray", "local"], help="ray (default) or local (in-process, no Ray)"
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     return p
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="rayfed", description="Differentially private federated protocols on Ray.")
+    parser = argparse.ArgumentParser(
+        prog="rayfed", description="Differentially private federated protocols on Ray."
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("list", help="list the protocols").set_defaults(func=_cmd_list)
-    run_p = sub.add_parser("run", help="run a protocol (rayfed run PROTOCOL --help for its options)", add_help=False)
+    run_p = sub.add_parser(
+        "run", help="run a protocol (rayfed run PROTOCOL --help for its options)", add_help=False
+    )
     _run_parser(run_p).set_defaults(func=_cmd_run)
     return parser
 

@@ -24,7 +24,9 @@ from rayfed.errors import ConfigError
 def option(default: Any, help: str, **kwargs) -> Any:
     """A dataclass field with a help text (shown by ``rayfed run <protocol> --help``)."""
     if isinstance(default, (list, dict)):
-        return field(default_factory=lambda: type(default)(default), metadata={"help": help}, **kwargs)
+        return field(
+            default_factory=lambda: type(default)(default), metadata={"help": help}, **kwargs
+        )
     return field(default=default, metadata={"help": help}, **kwargs)
 
 
@@ -32,22 +34,35 @@ def option(default: Any, help: str, **kwargs) -> Any:
 class DataConfig:
     """Where a run's data comes from and how it is split among the parties."""
 
-    path: str | None = option(None, "CSV, Parquet or Arrow IPC file; empty: the protocol's synthetic generator")
-    format: Literal["auto", "csv", "parquet", "arrow"] = option("auto", "file format (auto: from the suffix)")
-    key: str | None = option(None, "user key column: aligns rows across parties / deals users to cohorts")
+    path: str | None = option(
+        None, "CSV, Parquet or Arrow IPC file; empty: the protocol's synthetic generator"
+    )
+    format: Literal["auto", "csv", "parquet", "arrow"] = option(
+        "auto", "file format (auto: from the suffix)"
+    )
+    key: str | None = option(
+        None, "user key column: aligns rows across parties / deals users to cohorts"
+    )
     columns: dict[str, list[str]] | None = option(
-        None, "vertical split: party name -> its columns (default: columns dealt evenly over the parties)"
+        None,
+        "vertical split: party name -> its columns (default: columns dealt evenly over the parties)",
     )
 
     def validate(self) -> None:
         if self.path is not None and not Path(self.path).expanduser().exists():
-            raise ConfigError("data.path", f"file {self.path!r} does not exist", "an existing CSV/Parquet/Arrow file")
+            raise ConfigError(
+                "data.path",
+                f"file {self.path!r} does not exist",
+                "an existing CSV/Parquet/Arrow file",
+            )
         if self.columns is not None:
             if not self.columns:
                 raise ConfigError("data.columns", "is empty", "a mapping party -> list of columns")
             for party, cols in self.columns.items():
                 if not cols:
-                    raise ConfigError(f"data.columns.{party}", "lists no column", "one or more column names")
+                    raise ConfigError(
+                        f"data.columns.{party}", "lists no column", "one or more column names"
+                    )
 
 
 @dataclass(frozen=True)
@@ -56,8 +71,12 @@ class RunOptions:
 
     seed: int = option(0, "root seed: every random stream of the run is derived from it")
     deadline_s: float = option(120.0, "deadline of every remote wait, in seconds")
-    backend: Literal["ray", "local"] = option("ray", "ray: Ray actors; local: same drivers in-process, no Ray")
-    address: str | None = option(None, "Ray cluster address (default: RAY_ADDRESS, else an embedded local Ray)")
+    backend: Literal["ray", "local"] = option(
+        "ray", "ray: Ray actors; local: same drivers in-process, no Ray"
+    )
+    address: str | None = option(
+        None, "Ray cluster address (default: RAY_ADDRESS, else an embedded local Ray)"
+    )
     num_cpus: int | None = option(None, "CPUs of the embedded local Ray (default: all)")
     out_dir: str | None = option("runs", "where run directories are written; empty: write nothing")
 
@@ -65,7 +84,9 @@ class RunOptions:
         if self.seed < 0:
             raise ConfigError("seed", f"must be >= 0, got {self.seed}")
         if not (math.isfinite(self.deadline_s) and self.deadline_s > 0):
-            raise ConfigError("deadline_s", f"must be a number of seconds > 0, got {self.deadline_s!r}")
+            raise ConfigError(
+                "deadline_s", f"must be a number of seconds > 0, got {self.deadline_s!r}"
+            )
         if self.num_cpus is not None and self.num_cpus < 1:
             raise ConfigError("num_cpus", f"must be >= 1, got {self.num_cpus}")
 

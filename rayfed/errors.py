@@ -100,7 +100,12 @@ class RoundTimeout(RayfedError, TimeoutError):
     """Some parties did not answer a phase within its deadline."""
 
     def __init__(self, parties: list[str], round: int, phase: str, deadline_s: float):
-        self.parties, self.round, self.phase, self.deadline_s = list(parties), round, phase, deadline_s
+        self.parties, self.round, self.phase, self.deadline_s = (
+            list(parties),
+            round,
+            phase,
+            deadline_s,
+        )
         super().__init__(
             f"round {round}, phase {phase!r}: no answer from {', '.join(self.parties)} within "
             f"{deadline_s:g} s; raise deadline_s or look at those actors' logs"

@@ -56,13 +56,28 @@ class Transcript:
         event = event_to_dict(meta.dp_event) if meta.dp_event is not None else None
         for receiver in receivers:
             self.rows.append(
-                dict(round=round, phase=phase, sender=meta.sender, receiver=receiver, name=meta.name,
-                     bytes=meta.nbytes, dp_event=None if event is None else repr(event))
+                dict(
+                    round=round,
+                    phase=phase,
+                    sender=meta.sender,
+                    receiver=receiver,
+                    name=meta.name,
+                    bytes=meta.nbytes,
+                    dp_event=None if event is None else repr(event),
+                )
             )
 
     def to_table(self) -> pa.Table:
         columns = ["round", "phase", "sender", "receiver", "name", "bytes", "dp_event"]
-        types = [pa.int64(), pa.string(), pa.string(), pa.string(), pa.string(), pa.int64(), pa.string()]
+        types = [
+            pa.int64(),
+            pa.string(),
+            pa.string(),
+            pa.string(),
+            pa.string(),
+            pa.int64(),
+            pa.string(),
+        ]
         schema = pa.schema(list(zip(columns, types, strict=True)))
         return pa.Table.from_pylist(self.rows, schema=schema)
 
@@ -220,7 +235,12 @@ class Group:
         refs = {getattr(h, method).remote(*args): name for name, h in self.handles.items()}
         _, not_ready = ray.wait(list(refs), num_returns=len(refs), timeout=deadline)
         if not_ready:
-            raise RoundTimeout(sorted(refs[r] for r in not_ready), self.fed.round_no, f"{self.role}:{method}", deadline)
+            raise RoundTimeout(
+                sorted(refs[r] for r in not_ready),
+                self.fed.round_no,
+                f"{self.role}:{method}",
+                deadline,
+            )
         return self.fed.get(list(refs), phase=f"{self.role}:{method}", deadline_s=deadline)
 
 
@@ -264,7 +284,12 @@ class Federation:
             raise ConfigError("backend", f"unknown backend {backend!r}", BACKENDS)
         if not deadline_s > 0:
             raise ConfigError("deadline_s", f"must be > 0 seconds, got {deadline_s!r}")
-        self.run_id, self.seed, self.backend, self.deadline_s = run_id, seed, backend, float(deadline_s)
+        self.run_id, self.seed, self.backend, self.deadline_s = (
+            run_id,
+            seed,
+            backend,
+            float(deadline_s),
+        )
         self._specs = {"party": dict(parties or {}), "cohort": dict(cohorts or {})}
         self._budget, self._ledger_decl = budget, dict(ledger or {})
         self._actor_options = actor_options or {}
@@ -334,7 +359,14 @@ class Federation:
         self.round_no = number
         started = time.perf_counter()
         yield
-        self.timings.append({"round": number, "phase": "(round)", "role": "", "seconds": time.perf_counter() - started})
+        self.timings.append(
+            {
+                "round": number,
+                "phase": "(round)",
+                "role": "",
+                "seconds": time.perf_counter() - started,
+            }
+        )
         if self.progress is not None:
             self.progress.update(1)
 
@@ -361,7 +393,9 @@ class Federation:
             cause = _cause(err)
             if isinstance(cause, RayfedError):
                 raise cause from err
-            raise PartyFailed("(unknown)", self.round_no, phase, f"{type(cause).__name__}: {cause}") from err
+            raise PartyFailed(
+                "(unknown)", self.round_no, phase, f"{type(cause).__name__}: {cause}"
+            ) from err
         return out[0] if single else out
 
     def one(self, replies: Replies) -> Any:
@@ -384,7 +418,9 @@ class Federation:
         handle = self.coordinator.handles["coordinator"]
         if self.backend == "local":
             return getattr(handle, method)(*args, **kwargs)
-        return self.get(getattr(handle, method).remote(*args, **kwargs), phase=f"coordinator:{method}")
+        return self.get(
+            getattr(handle, method).remote(*args, **kwargs), phase=f"coordinator:{method}"
+        )
 
     def _put_step(self, step):
         import ray
@@ -398,7 +434,9 @@ class Federation:
         return groups[to].names if to in groups else [to]
 
     def _after_phase(self, role: str, phase: str, replies: Replies, seconds: float) -> None:
-        self.timings.append({"round": self.round_no, "phase": phase, "role": role, "seconds": seconds})
+        self.timings.append(
+            {"round": self.round_no, "phase": phase, "role": role, "seconds": seconds}
+        )
         dp_items = []
         for name in sorted(replies.metas):
             meta = replies.metas[name]

@@ -60,12 +60,16 @@ def _purpose(purpose: str) -> int:
     try:
         return PURPOSES[purpose]
     except KeyError:
-        raise ValueError(f"unknown randomness purpose {purpose!r}; add it to rng.PURPOSES") from None
+        raise ValueError(
+            f"unknown randomness purpose {purpose!r}; add it to rng.PURPOSES"
+        ) from None
 
 
 def seed_sequence(root: int, purpose: str, round: int = 0, ident=0) -> np.random.SeedSequence:
     """The SeedSequence of one (purpose, round, id) stream under ``root``."""
-    return np.random.SeedSequence(int(root), spawn_key=(_purpose(purpose), int(round), *ident_words(ident)))
+    return np.random.SeedSequence(
+        int(root), spawn_key=(_purpose(purpose), int(round), *ident_words(ident))
+    )
 
 
 def stream(root: int, purpose: str, round: int = 0, ident=0) -> np.random.Generator:

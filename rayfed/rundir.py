@@ -20,7 +20,17 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-PACKAGES = ("rayfed-dp", "ray", "numpy", "scipy", "pyarrow", "pandas", "dp-accounting", "cryptography", "scikit-learn")
+PACKAGES = (
+    "rayfed-dp",
+    "ray",
+    "numpy",
+    "scipy",
+    "pyarrow",
+    "pandas",
+    "dp-accounting",
+    "cryptography",
+    "scikit-learn",
+)
 
 
 def new_run_id(protocol: str) -> str:

@@ -49,8 +49,11 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None) -> dict[
             ray.init(num_cpus=num_cpus or os.cpu_count() or 1, include_dashboard=False, **quiet)
             _started_here = True
     except ConnectionError as err:
-        raise ConfigError("address", f"cannot connect to a Ray cluster at {address!r}: {err}",
-                          "a running cluster's address, or nothing for an embedded local Ray") from err
+        raise ConfigError(
+            "address",
+            f"cannot connect to a Ray cluster at {address!r}: {err}",
+            "a running cluster's address, or nothing for an embedded local Ray",
+        ) from err
     finally:
         ray_logger.setLevel(level)
     return ray.cluster_resources()

@@ -50,20 +50,35 @@ def test_unknown_config_key(out_dir):
 
 def test_partition_naming_a_missing_column(out_dir, csv_file):
     path = csv_file({"a": [0, 1, 2], "b": [1, 0, 1]})
-    err = expect(DataError, "data.columns.p1", out_dir, "pattern-count",
-                 data={"path": path, "columns": {"p0": ["a"], "p1": ["zz"]}}, domains={"a": 3, "zz": 2})
+    err = expect(
+        DataError,
+        "data.columns.p1",
+        out_dir,
+        "pattern-count",
+        data={"path": path, "columns": {"p0": ["a"], "p1": ["zz"]}},
+        domains={"a": 3, "zz": 2},
+    )
     assert "a" in err.allowed and "b" in err.allowed
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")])
 def test_nan_or_inf_in_data(out_dir, csv_file, bad):
     path = csv_file({"a": [0, 1, 2], "b": [1.0, bad, 0.0]})
-    expect(DataError, "data.b", out_dir, "pattern-count", data={"path": path}, domains={"a": 3, "b": 2})
+    expect(
+        DataError, "data.b", out_dir, "pattern-count", data={"path": path}, domains={"a": 3, "b": 2}
+    )
 
 
 def test_missing_values_in_data(out_dir, csv_file):
     path = csv_file({"a": [0, 1, 2], "b": pa.array([1, None, 0])})
-    expect(DataError, "missing", out_dir, "pattern-count", data={"path": path}, domains={"a": 3, "b": 2})
+    expect(
+        DataError,
+        "missing",
+        out_dir,
+        "pattern-count",
+        data={"path": path},
+        domains={"a": 3, "b": 2},
+    )
 
 
 @pytest.mark.parametrize("epsilon", [0, -0.5, float("inf")])
@@ -80,8 +95,15 @@ def test_delta_outside_unit_interval(delta):
 
 def test_more_parties_than_columns(out_dir, csv_file):
     path = csv_file({"a": [0, 1], "b": [1, 0]})
-    err = expect(ConfigError, "parties", out_dir, "pattern-count", parties=3, data={"path": path},
-                 domains={"a": 2, "b": 2})
+    err = expect(
+        ConfigError,
+        "parties",
+        out_dir,
+        "pattern-count",
+        parties=3,
+        data={"path": path},
+        domains={"a": 2, "b": 2},
+    )
     assert "at most 2" in err.allowed
 
 
@@ -103,15 +125,34 @@ def test_wrong_types_and_values_name_the_field(out_dir):
 def test_file_columns_need_declared_domains(out_dir, csv_file):
     path = csv_file({"a": [0, 1], "b": [1, 0]})
     expect(ConfigError, "domains", out_dir, "pattern-count", data={"path": path})
-    expect(ConfigError, "domains.b", out_dir, "pattern-count",
-           data={"path": path, "columns": {"p0": ["a"], "p1": ["b"]}}, domains={"a": 2})
+    expect(
+        ConfigError,
+        "domains.b",
+        out_dir,
+        "pattern-count",
+        data={"path": path, "columns": {"p0": ["a"], "p1": ["b"]}},
+        domains={"a": 2},
+    )
 
 
 def test_missing_file_and_unknown_format(out_dir, tmp_path):
-    expect(ConfigError, "data.path", out_dir, "pattern-count", data={"path": str(tmp_path / "nope.csv")})
+    expect(
+        ConfigError,
+        "data.path",
+        out_dir,
+        "pattern-count",
+        data={"path": str(tmp_path / "nope.csv")},
+    )
     odd = tmp_path / "data.xyz"
     odd.write_text("a\n1\n")
-    expect(DataError, "data.format", out_dir, "pattern-count", data={"path": str(odd)}, domains={"a": 2})
+    expect(
+        DataError,
+        "data.format",
+        out_dir,
+        "pattern-count",
+        data={"path": str(odd)},
+        domains={"a": 2},
+    )
 
 
 def test_bad_yaml_config(out_dir, tmp_path):
@@ -122,8 +163,14 @@ def test_bad_yaml_config(out_dir, tmp_path):
 
 def test_duplicate_user_keys(out_dir, csv_file):
     path = csv_file({"id": [1, 1], "a": [0, 1], "b": [1, 0]})
-    expect(DataError, "data.key", out_dir, "pattern-count", data={"path": path, "key": "id"},
-           domains={"a": 2, "b": 2})
+    expect(
+        DataError,
+        "data.key",
+        out_dir,
+        "pattern-count",
+        data={"path": path, "key": "id"},
+        domains={"a": 2, "b": 2},
+    )
 
 
 def test_values_outside_declared_domain_are_not_an_error_but_encode_as_zero():

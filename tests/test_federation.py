@@ -32,14 +32,28 @@ def backend(request):
 
 
 def make_fed(backend, parties=2, cohorts=None, deadline_s=30.0, epsilon=1.0, **kw):
-    tables = {f"p{i}": (pa.table({"x": np.arange(10, dtype=np.int64) + 100 * i}), {"i": i}) for i in range(parties)}
-    return Federation(run_id="t", seed=5, parties=tables, cohorts=cohorts or {}, budget=Budget(epsilon),
-                      ledger=dict(composition="parallel"), backend=backend, deadline_s=deadline_s, **kw)
+    tables = {
+        f"p{i}": (pa.table({"x": np.arange(10, dtype=np.int64) + 100 * i}), {"i": i})
+        for i in range(parties)
+    }
+    return Federation(
+        run_id="t",
+        seed=5,
+        parties=tables,
+        cohorts=cohorts or {},
+        budget=Budget(epsilon),
+        ledger=dict(composition="parallel"),
+        backend=backend,
+        deadline_s=deadline_s,
+        **kw,
+    )
 
 
 # --- steps used by the tests -----------------------------------------------------------------------
 def column_sum(ctx, offset):
-    return Message("sum", np.array([ctx.table.column("x").to_numpy().sum() + offset]), to="coordinator")
+    return Message(
+        "sum", np.array([ctx.table.column("x").to_numpy().sum() + offset]), to="coordinator"
+    )
 
 
 def add_all(ctx, sums):
@@ -69,7 +83,9 @@ def die(ctx):
 
 def noisy_sum(ctx, epsilon):
     ctx.state["drew"] = True
-    value, event = laplace(np.array([1.0]), l1_sensitivity=1.0, epsilon=epsilon, rng=ctx.rng("laplace"))
+    value, event = laplace(
+        np.array([1.0]), l1_sensitivity=1.0, epsilon=epsilon, rng=ctx.rng("laplace")
+    )
     return Message("noisy", value, to="coordinator", dp_event=event)
 
 
@@ -80,7 +96,9 @@ def drew(ctx):
 def keyed_noise(ctx, round):
     ids = ctx.table.column("user_id").to_numpy()
     u = rng.keyed_uniform(ctx.seed, "test", round, ids, 2)
-    return pa.table({"user_id": ids, "u0": u[:, 0], "v": ctx.table.column("v").to_numpy() + u[:, 1]})
+    return pa.table(
+        {"user_id": ids, "u0": u[:, 0], "v": ctx.table.column("v").to_numpy() + u[:, 1]}
+    )
 
 
 # --- tests -------------------------------------------------------------------------------------------
@@ -91,9 +109,16 @@ def test_messages_flow_and_transcript(backend):
         assert fed.one(total) == pytest.approx(45 * 3 + 1000 + 2000 + 3 * 1.0 + 0)
         rows = fed.transcript.rows
         assert [(r["sender"], r["receiver"], r["name"]) for r in rows[:3]] == [
-            ("p0", "coordinator", "sum"), ("p1", "coordinator", "sum"), ("p2", "coordinator", "sum")]
+            ("p0", "coordinator", "sum"),
+            ("p1", "coordinator", "sum"),
+            ("p2", "coordinator", "sum"),
+        ]
         assert all(r["bytes"] == 8 for r in rows[:3])
-        assert [r["receiver"] for r in rows[3:]] == ["p0", "p1", "p2"]  # a broadcast reaches each party
+        assert [r["receiver"] for r in rows[3:]] == [
+            "p0",
+            "p1",
+            "p2",
+        ]  # a broadcast reaches each party
         assert fed.transcript.totals()["messages"] == 6
         assert {t["phase"] for t in fed.timings} == {"sum", "add"}
 
@@ -134,10 +159,17 @@ def test_noise_must_be_charged_before_it_is_sent(backend):
     with make_fed(backend, epsilon=1.0) as fed:
         with pytest.raises(UnaccountedNoise):
             fed.parties.run(noisy_sum, 0.5, phase="uncharged")
-        fed.charge([(p, "laplace", dp_event.LaplaceDpEvent(noise_multiplier=2.0)) for p in fed.parties.names])
+        fed.charge(
+            [
+                (p, "laplace", dp_event.LaplaceDpEvent(noise_multiplier=2.0))
+                for p in fed.parties.names
+            ]
+        )
         fed.parties.run(noisy_sum, 0.5, phase="charged")
         report = fed.privacy_report()
-        assert report.epsilon == pytest.approx(0.5) and report.per_scope == pytest.approx({"p0": 0.5, "p1": 0.5})
+        assert report.epsilon == pytest.approx(0.5) and report.per_scope == pytest.approx(
+            {"p0": 0.5, "p1": 0.5}
+        )
 
 
 def test_budget_exceeded_before_any_noise_is_drawn(backend):
@@ -151,11 +183,15 @@ def test_budget_exceeded_before_any_noise_is_drawn(backend):
 
 @pytest.mark.parametrize("n_cohorts", [1, 2, 5])
 def test_per_user_randomness_is_independent_of_cohorts(backend, n_cohorts):
-    users = pa.table({"uid": np.arange(103, dtype=np.int64)[::-1].copy(), "v": np.arange(103, dtype=np.float64)})
+    users = pa.table(
+        {"uid": np.arange(103, dtype=np.int64)[::-1].copy(), "v": np.arange(103, dtype=np.float64)}
+    )
     cohorts = {name: (t, {}) for name, t in per_user(users, "uid", n_cohorts).items()}
     assert len(cohorts) == n_cohorts
     with make_fed(backend, cohorts=cohorts) as fed:
         parts = fed.get(fed.cohorts.run(keyed_noise, 4, phase="noise"))
     table = pa.concat_tables(parts[n] for n in sorted(parts)).sort_by("user_id")
-    reference = keyed_noise(type("Ctx", (), {"seed": 5, "table": users.rename_columns(["user_id", "v"])})(), 4)
+    reference = keyed_noise(
+        type("Ctx", (), {"seed": 5, "table": users.rename_columns(["user_id", "v"])})(), 4
+    )
     assert table.equals(reference.sort_by("user_id"))

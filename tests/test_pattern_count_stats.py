@@ -38,8 +38,9 @@ def _simulate(onehots, eps_prime, reps, sample_rate=1.0):
     for r in range(reps):
         sample = public_sample(1000 + r, onehots[0].shape[1], sample_rate)
         bits = [
-            binary_randomized_response(o[:, sample], keep_probability=0.5 + eps_prime,
-                                       rng=rng.stream(7, "test", r, j))[0]
+            binary_randomized_response(
+                o[:, sample], keep_probability=0.5 + eps_prime, rng=rng.stream(7, "test", r, j)
+            )[0]
             for j, o in enumerate(onehots)
         ]
         out.append(raw_counts(bits, eps_prime, None, sample_rate).ravel())
@@ -52,7 +53,9 @@ def test_product_sums_equals_brute_force():
     base, scale = -1.5, 4.0
     full = product_sums(mats, base, scale, None)
     for rho in itertools.product(range(2), range(3), range(2)):
-        brute = sum(math.prod(base + scale * mats[j][rho[j], i] for j in range(3)) for i in range(40))
+        brute = sum(
+            math.prod(base + scale * mats[j][rho[j], i] for j in range(3)) for i in range(40)
+        )
         assert full[rho] == pytest.approx(brute, rel=1e-12, abs=1e-9)
     patterns = np.array([[1, 2, 0], [0, 0, 1]])
     assert np.allclose(product_sums(mats, base, scale, patterns), [full[1, 2, 0], full[0, 0, 1]])
@@ -103,10 +106,14 @@ def test_public_sample_is_shared_and_has_rate_p():
     """Thm B.2: S is public (every party derives the same) and holds ≈ p·m users."""
     sample = public_sample(3, 10_000, 0.3)
     assert abs(sample.sum() - 3000) < 4 * math.sqrt(10_000 * 0.3 * 0.7)
-    assert np.array_equal(sample, public_sample(3, 10_000, 0.3))  # public: every party derives the same S
+    assert np.array_equal(
+        sample, public_sample(3, 10_000, 0.3)
+    )  # public: every party derives the same S
 
 
-@pytest.mark.parametrize("epsilon,spec", [(0.5, 0.2503), (1.0, 0.5026), (2.0, 1.0217), (4.0, 2.1972)])
+@pytest.mark.parametrize(
+    "epsilon,spec", [(0.5, 0.2503), (1.0, 0.5026), (2.0, 1.0217), (4.0, 2.1972)]
+)
 def test_exact_privacy_loss_of_the_encoding(epsilon, spec):
     """§5 check 6: the exact loss 2 ln((1+2ε')/(1-2ε')) is <= ε; the ledger reports that value."""
     eps_prime = epsilon / 16
@@ -130,12 +137,16 @@ def test_log_likelihood_ratio_of_any_transcript_is_bounded_by_the_exact_loss():
         return math.prod(q if o == t else 1 - q for o, t in zip(out, true, strict=True))
 
     a, a_prime = (1, 0, 0), (0, 1, 0)
-    llrs = [abs(math.log(prob(out, a) / prob(out, a_prime))) for out in itertools.product((0, 1), repeat=3)]
+    llrs = [
+        abs(math.log(prob(out, a) / prob(out, a_prime)))
+        for out in itertools.product((0, 1), repeat=3)
+    ]
     assert max(llrs) == pytest.approx(exact_loss(eps_prime), rel=1e-12)
     # and the mechanism draws with those probabilities: frequency of output (1,0,0) given a
     n = 400_000
-    bits, _ = binary_randomized_response(np.tile(np.array(a, bool), (n, 1)), keep_probability=q,
-                                         rng=rng.stream(0, "test"))
+    bits, _ = binary_randomized_response(
+        np.tile(np.array(a, bool), (n, 1)), keep_probability=q, rng=rng.stream(0, "test")
+    )
     freq = np.mean(np.all(bits == np.array([1, 0, 0], bool), axis=1))
     expected = prob((1, 0, 0), a)
     assert abs(freq - expected) < 4 * math.sqrt(expected * (1 - expected) / n)
@@ -154,7 +165,11 @@ def test_different_patterns_are_uncorrelated_and_sum_to_m():
     raws = _simulate(onehots, eps_prime, reps)
     corr = np.corrcoef(raws.T)
     off = corr[~np.eye(len(corr), dtype=bool)]
-    assert np.max(np.abs(off)) < 4.5 / math.sqrt(reps)  # 72 off-diagonal entries, each sd ~ 1/sqrt(R)
+    assert np.max(np.abs(off)) < 4.5 / math.sqrt(
+        reps
+    )  # 72 off-diagonal entries, each sd ~ 1/sqrt(R)
     totals = raws.sum(axis=1)
-    var_total = predicted_variance(onehots, eps_prime, None, 1.0).sum()  # uncorrelated: variances add
+    var_total = predicted_variance(
+        onehots, eps_prime, None, 1.0
+    ).sum()  # uncorrelated: variances add
     assert abs(totals.mean() - M_USERS) < 4 * math.sqrt(var_total / reps)

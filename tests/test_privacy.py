@@ -38,7 +38,9 @@ def test_gaussian_event_is_noise_multiplier():
 
 def test_discrete_laplace_distribution():
     eps = 0.7
-    out, event = discrete_laplace(np.zeros(N, dtype=np.int64), l1_sensitivity=1, epsilon=eps, rng=gen())
+    out, event = discrete_laplace(
+        np.zeros(N, dtype=np.int64), l1_sensitivity=1, epsilon=eps, rng=gen()
+    )
     assert event == dp_event.DiscreteLaplaceDpEvent(noise_parameter=eps, sensitivity=1)
     assert out.dtype == np.int64
     # P(0) = tanh(a/2) for DLap(a)
@@ -71,8 +73,16 @@ def test_mechanisms_reject_bad_epsilon(bad):
         laplace(np.zeros(3), l1_sensitivity=1.0, epsilon=bad, rng=gen())
 
 
-@pytest.mark.parametrize("eps,delta,field", [(0, 0, "epsilon"), (-1, 0, "epsilon"), (1, 1.0, "delta"),
-                                             (1, -0.1, "delta"), (float("nan"), 0, "epsilon")])
+@pytest.mark.parametrize(
+    "eps,delta,field",
+    [
+        (0, 0, "epsilon"),
+        (-1, 0, "epsilon"),
+        (1, 1.0, "delta"),
+        (1, -0.1, "delta"),
+        (float("nan"), 0, "epsilon"),
+    ],
+)
 def test_budget_rejects_bad_values(eps, delta, field):
     with pytest.raises(ConfigError, match=field):
         Budget(eps, delta)
@@ -86,7 +96,9 @@ def test_ledger_refuses_before_recording_and_totals_match():
         ledger.charge(dp_event.LaplaceDpEvent(noise_multiplier=2.0), label="c")
     assert [e.label for e in ledger.entries] == ["a", "b"]
     assert ledger.spent() == pytest.approx((0.75, 0.0))
-    ledger.charge(dp_event.LaplaceDpEvent(noise_multiplier=4.0), label="d")  # exactly the budget: allowed
+    ledger.charge(
+        dp_event.LaplaceDpEvent(noise_multiplier=4.0), label="d"
+    )  # exactly the budget: allowed
     report = ledger.report()
     assert report.epsilon == pytest.approx(1.0)
     assert report.entries[-1]["epsilon_after"] == pytest.approx(1.0)

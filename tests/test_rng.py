@@ -41,8 +41,11 @@ def test_keyed_uniform_depends_on_user_id_not_on_batch():
 def test_keyed_uniform_streams_differ_by_purpose_round_and_seed():
     ids = np.arange(64)
     base = rng.keyed_uniform(5, "test", 0, ids, 2)
-    for other in (rng.keyed_uniform(6, "test", 0, ids, 2), rng.keyed_uniform(5, "dropout", 0, ids, 2),
-                  rng.keyed_uniform(5, "test", 1, ids, 2)):
+    for other in (
+        rng.keyed_uniform(6, "test", 0, ids, 2),
+        rng.keyed_uniform(5, "dropout", 0, ids, 2),
+        rng.keyed_uniform(5, "test", 1, ids, 2),
+    ):
         assert not np.array_equal(base, other)
 
 

@@ -18,14 +18,21 @@ SMALL = dict(users=3000, seed=11)
 
 
 def run_local(out_dir=None, **kw):
-    return rayfed.run("pattern-count", backend="local", out_dir=str(out_dir) if out_dir else None, **{**SMALL, **kw})
+    return rayfed.run(
+        "pattern-count",
+        backend="local",
+        out_dir=str(out_dir) if out_dir else None,
+        **{**SMALL, **kw},
+    )
 
 
 def test_same_seed_same_result_and_different_seed_differs():
     a, b = run_local(), run_local()
     assert a.tables["counts"].equals(b.tables["counts"])
     c = run_local(seed=12)
-    assert not np.array_equal(a.tables["counts"]["raw"].to_numpy(), c.tables["counts"]["raw"].to_numpy())
+    assert not np.array_equal(
+        a.tables["counts"]["raw"].to_numpy(), c.tables["counts"]["raw"].to_numpy()
+    )
 
 
 @pytest.mark.ray
@@ -47,18 +54,28 @@ def test_run_directory_is_complete_and_consistent(ray_cluster, out_dir):
     # the ledger's total is what the result and the manifest report: the exact loss of ε/16 RR
     assert result.privacy.epsilon == pytest.approx(exact_loss(2.0 / 16))
     assert manifest["privacy"]["epsilon"] == result.privacy.epsilon
-    assert manifest["privacy"]["per_scope"] == pytest.approx({"p0": exact_loss(1 / 8), "p1": exact_loss(1 / 8)})
+    assert manifest["privacy"]["per_scope"] == pytest.approx(
+        {"p0": exact_loss(1 / 8), "p1": exact_loss(1 / 8)}
+    )
     assert [e["scope"] for e in manifest["privacy"]["entries"]] == ["p0", "p1"]
     counts = pq.read_table(out_dir / result.run_id / manifest["tables"]["counts"])
     assert counts.equals(result.tables["counts"])
-    assert counts.num_rows == 9 and set(counts.column_names) >= {"p0", "p1", "estimate", "raw", "true_count"}
+    assert counts.num_rows == 9 and set(counts.column_names) >= {
+        "p0",
+        "p1",
+        "estimate",
+        "raw",
+        "true_count",
+    }
     # communication: m(M+1) bits per party, packed into bytes (§5 check 7)
     transcript = pq.read_table(out_dir / result.run_id / "transcript.parquet").to_pylist()
     rr = [r for r in transcript if r["name"] == "rr_bits"]
     assert [r["sender"] for r in rr] == ["p0", "p1"] and all(r["dp_event"] for r in rr)
     assert all(3 * math.ceil(3000 / 8) <= r["bytes"] < 3 * math.ceil(3000 / 8) + 64 for r in rr)
     assert result.metrics["bits_per_party"] == {"p0": 9000, "p1": 9000}
-    assert manifest["timings"] and manifest["transcript"]["bytes"] == sum(r["bytes"] for r in transcript)
+    assert manifest["timings"] and manifest["transcript"]["bytes"] == sum(
+        r["bytes"] for r in transcript
+    )
 
 
 @pytest.mark.ray
@@ -100,14 +117,24 @@ def test_csv_input_with_labels_and_requested_patterns(tmp_path):
     path = tmp_path / "people.csv"
     pacsv.write_csv(pa.table({"id": np.arange(n), "city": city, "age": age, "sick": sick}), path)
     result = rayfed.run(
-        "pattern-count", backend="local", out_dir=None, epsilon=4.0,
-        data={"path": str(path), "key": "id", "columns": {"hospital": ["sick"], "registry": ["city", "age"]}},
+        "pattern-count",
+        backend="local",
+        out_dir=None,
+        epsilon=4.0,
+        data={
+            "path": str(path),
+            "key": "id",
+            "columns": {"hospital": ["sick"], "registry": ["city", "age"]},
+        },
         domains={"city": ["oslo", "rome", "lima"], "age": 4, "sick": 2},
         patterns=[[1, "rome|2"], [0, "oslo|0"]],
     )
     t = result.tables["counts"].to_pydict()
     assert t["hospital"] == ["1", "0"] and t["registry"] == ["rome|2", "oslo|0"]
-    truth = [np.sum((sick == 1) & (city == "rome") & (age == 2)), np.sum((sick == 0) & (city == "oslo") & (age == 0))]
+    truth = [
+        np.sum((sick == 1) & (city == "rome") & (age == 2)),
+        np.sum((sick == 0) & (city == "oslo") & (age == 0)),
+    ]
     assert t["true_count"] == [float(x) for x in truth]
     z = (np.array(t["raw"]) - truth) / np.array(t["predicted_sd"])
     assert np.all(np.abs(z) < 4)
@@ -119,8 +146,24 @@ def test_cli_list_help_run_and_errors(out_dir, capsys):
     assert main(["run", "pattern-count", "--help"]) == 0
     text = capsys.readouterr().out
     assert "sample_rate" in text and "deadline_s" in text and "default 1.0" in text
-    assert main(["run", "pattern-count", "--backend", "local", "--out", str(out_dir), "--quiet",
-                 "--set", "users=500", "--seed", "3"]) == 0
+    assert (
+        main(
+            [
+                "run",
+                "pattern-count",
+                "--backend",
+                "local",
+                "--out",
+                str(out_dir),
+                "--quiet",
+                "--set",
+                "users=500",
+                "--seed",
+                "3",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "epsilon=0.5026" in out and "bytes" in out and str(out_dir) in out
     assert main(["run", "nope"]) == 2

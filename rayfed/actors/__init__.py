@@ -5,4 +5,11 @@ from rayfed.actors.cohort import UserCohortActor
 from rayfed.actors.coordinator import CoordinatorActor
 from rayfed.actors.party import PartyActor
 
-__all__ = ["CoordinatorActor", "Message", "MessageMeta", "PartyActor", "StepContext", "UserCohortActor"]
+__all__ = [
+    "CoordinatorActor",
+    "Message",
+    "MessageMeta",
+    "PartyActor",
+    "StepContext",
+    "UserCohortActor",
+]

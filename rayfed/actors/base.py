@@ -123,8 +123,12 @@ class RoleActor:
 
     role = "role"
 
-    def __init__(self, name: str, seed: int, table: pa.Table | None = None, meta: dict | None = None):
-        self.ctx = StepContext(name=name, role=self.role, seed=seed, table=table, meta=dict(meta or {}))
+    def __init__(
+        self, name: str, seed: int, table: pa.Table | None = None, meta: dict | None = None
+    ):
+        self.ctx = StepContext(
+            name=name, role=self.role, seed=seed, table=table, meta=dict(meta or {})
+        )
 
     def ping(self) -> str:
         return self.ctx.name

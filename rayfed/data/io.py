@@ -12,7 +12,14 @@ import pyarrow.parquet as pq
 
 from rayfed.errors import DataError
 
-SUFFIXES = {".csv": "csv", ".parquet": "parquet", ".pq": "parquet", ".arrow": "arrow", ".feather": "arrow", ".ipc": "arrow"}
+SUFFIXES = {
+    ".csv": "csv",
+    ".parquet": "parquet",
+    ".pq": "parquet",
+    ".arrow": "arrow",
+    ".feather": "arrow",
+    ".ipc": "arrow",
+}
 
 
 def load_table(path: str | Path, format: str = "auto") -> pa.Table:
@@ -21,7 +28,11 @@ def load_table(path: str | Path, format: str = "auto") -> pa.Table:
     if format == "auto":
         format = SUFFIXES.get(path.suffix.lower(), "")
         if not format:
-            raise DataError("data.format", f"cannot tell the format of {path.name!r} from its suffix", ["csv", "parquet", "arrow"])
+            raise DataError(
+                "data.format",
+                f"cannot tell the format of {path.name!r} from its suffix",
+                ["csv", "parquet", "arrow"],
+            )
     try:
         if format == "csv":
             return pacsv.read_csv(path)
@@ -36,7 +47,9 @@ def load_table(path: str | Path, format: str = "auto") -> pa.Table:
                     return pa.ipc.open_stream(source).read_all()
     except (OSError, pa.ArrowException) as err:
         raise DataError("data.path", f"cannot read {path} as {format}: {err}") from err
-    raise DataError("data.format", f"unknown format {format!r}", ["auto", "csv", "parquet", "arrow"])
+    raise DataError(
+        "data.format", f"unknown format {format!r}", ["auto", "csv", "parquet", "arrow"]
+    )
 
 
 def require_columns(table: pa.Table, columns: list[str], field: str) -> None:
@@ -51,12 +64,18 @@ def require_clean(table: pa.Table, columns: list[str], field: str = "data") -> N
     for name in columns:
         col = table.column(name)
         if col.null_count:
-            raise DataError(f"{field}.{name}", f"{col.null_count} missing value(s)", "fill or drop them before the run")
+            raise DataError(
+                f"{field}.{name}",
+                f"{col.null_count} missing value(s)",
+                "fill or drop them before the run",
+            )
         if pa.types.is_floating(col.type):
             values = col.to_numpy()
             bad = int(np.count_nonzero(~np.isfinite(values)))
             if bad:
-                raise DataError(f"{field}.{name}", f"{bad} NaN or infinite value(s)", "finite numbers only")
+                raise DataError(
+                    f"{field}.{name}", f"{bad} NaN or infinite value(s)", "finite numbers only"
+                )
 
 
 def sort_by_key(table: pa.Table, key: str | None) -> pa.Table:

@@ -23,21 +23,32 @@ def even_groups(columns: list[str], n_parties: int, field: str = "parties") -> d
     if n_parties < 1:
         raise ConfigError(field, f"must be >= 1, got {n_parties}")
     if n_parties > len(columns):
-        raise ConfigError(field, f"{n_parties} parties but only {len(columns)} column(s) to split {columns}",
-                          f"at most {len(columns)} parties, or more columns")
+        raise ConfigError(
+            field,
+            f"{n_parties} parties but only {len(columns)} column(s) to split {columns}",
+            f"at most {len(columns)} parties, or more columns",
+        )
     bounds = np.linspace(0, len(columns), n_parties + 1).round().astype(int)
-    return {name: columns[a:b] for name, a, b in zip(party_names(n_parties), bounds[:-1], bounds[1:], strict=True)}
+    return {
+        name: columns[a:b]
+        for name, a, b in zip(party_names(n_parties), bounds[:-1], bounds[1:], strict=True)
+    }
 
 
-def vertical(table: pa.Table, groups: dict[str, list[str]], key: str | None = None) -> dict[str, pa.Table]:
+def vertical(
+    table: pa.Table, groups: dict[str, list[str]], key: str | None = None
+) -> dict[str, pa.Table]:
     """One table per party with its columns (and the key column, if any); columns must be disjoint."""
     seen: dict[str, str] = {}
     for party, cols in groups.items():
         require_columns(table, cols, f"data.columns.{party}")
         for c in cols:
             if c in seen:
-                raise ConfigError(f"data.columns.{party}", f"column {c!r} is also held by {seen[c]!r}",
-                                  "disjoint column groups")
+                raise ConfigError(
+                    f"data.columns.{party}",
+                    f"column {c!r} is also held by {seen[c]!r}",
+                    "disjoint column groups",
+                )
             seen[c] = party
     keep = [key] if key else []
     return {party: table.select(keep + list(cols)) for party, cols in groups.items()}
@@ -46,10 +57,16 @@ def vertical(table: pa.Table, groups: dict[str, list[str]], key: str | None = No
 def horizontal(table: pa.Table, n_parties: int) -> dict[str, pa.Table]:
     """Contiguous row blocks, as even as possible, one per party."""
     if not 1 <= n_parties <= table.num_rows:
-        raise ConfigError("parties", f"cannot split {table.num_rows} rows over {n_parties} parties",
-                          f"1 to {table.num_rows}")
+        raise ConfigError(
+            "parties",
+            f"cannot split {table.num_rows} rows over {n_parties} parties",
+            f"1 to {table.num_rows}",
+        )
     bounds = np.linspace(0, table.num_rows, n_parties + 1).round().astype(int)
-    return {name: table.slice(a, b - a) for name, a, b in zip(party_names(n_parties), bounds[:-1], bounds[1:], strict=True)}
+    return {
+        name: table.slice(a, b - a)
+        for name, a, b in zip(party_names(n_parties), bounds[:-1], bounds[1:], strict=True)
+    }
 
 
 def per_user(table: pa.Table, key: str, n_cohorts: int) -> dict[str, pa.Table]:
@@ -66,10 +83,17 @@ def per_user(table: pa.Table, key: str, n_cohorts: int) -> dict[str, pa.Table]:
     ids = ids[order]
     users = np.unique(ids)
     if not 1 <= n_cohorts <= max(1, users.size):
-        raise ConfigError("cohorts", f"cannot deal {users.size} users to {n_cohorts} cohorts", f"1 to {users.size}")
+        raise ConfigError(
+            "cohorts",
+            f"cannot deal {users.size} users to {n_cohorts} cohorts",
+            f"1 to {users.size}",
+        )
     cuts = users[np.linspace(0, users.size, n_cohorts + 1).round().astype(int)[1:-1]]
     starts = np.searchsorted(ids, cuts)
     bounds = [0, *starts.tolist(), ids.size]
     if key != "user_id":
         table = table.rename_columns(["user_id" if c == key else c for c in table.column_names])
-    return {f"c{i}": table.slice(a, b - a) for i, (a, b) in enumerate(zip(bounds[:-1], bounds[1:], strict=True))}
+    return {
+        f"c{i}": table.slice(a, b - a)
+        for i, (a, b) in enumerate(zip(bounds[:-1], bounds[1:], strict=True))
+    }

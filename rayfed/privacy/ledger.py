@@ -74,7 +74,8 @@ class PureDpAccountant(PrivacyAccountant):
                     return error
         else:
             return self.CompositionErrorDetails(
-                invalid_event=event, error_message="the pure-DP accountant cannot account this event"
+                invalid_event=event,
+                error_message="the pure-DP accountant cannot account this event",
             )
         return None
 
@@ -104,12 +105,23 @@ class Budget:
         check_budget(self.epsilon, self.delta)
 
 
-def check_budget(epsilon: Any, delta: Any, *, eps_field: str = "epsilon", delta_field: str = "delta"):
+def check_budget(
+    epsilon: Any, delta: Any, *, eps_field: str = "epsilon", delta_field: str = "delta"
+):
     """Raise ConfigError unless ε is a finite number > 0 and δ is in [0, 1)."""
-    if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)) or not math.isfinite(epsilon) or epsilon <= 0:
-        raise ConfigError(eps_field, f"must be a finite number > 0, got {epsilon!r}", "e.g. 0.5, 1, 4")
+    if (
+        isinstance(epsilon, bool)
+        or not isinstance(epsilon, (int, float))
+        or not math.isfinite(epsilon)
+        or epsilon <= 0
+    ):
+        raise ConfigError(
+            eps_field, f"must be a finite number > 0, got {epsilon!r}", "e.g. 0.5, 1, 4"
+        )
     if isinstance(delta, bool) or not isinstance(delta, (int, float)) or not 0 <= delta < 1:
-        raise ConfigError(delta_field, f"must be in [0, 1), got {delta!r}", "0 for pure DP, e.g. 1e-5")
+        raise ConfigError(
+            delta_field, f"must be in [0, 1), got {delta!r}", "0 for pure DP, e.g. 1e-5"
+        )
 
 
 def make_accountant(kind: str, relation: str) -> PrivacyAccountant:
@@ -204,7 +216,9 @@ class PrivacyLedger:
         if relation not in RELATIONS:
             raise ConfigError("relation", f"unknown neighbouring relation {relation!r}", RELATIONS)
         if composition not in ("sequential", "parallel"):
-            raise ConfigError("composition", f"unknown composition {composition!r}", ["sequential", "parallel"])
+            raise ConfigError(
+                "composition", f"unknown composition {composition!r}", ["sequential", "parallel"]
+            )
         self.budget = budget
         self.accountant = accountant
         self.relation = relation
@@ -221,7 +235,9 @@ class PrivacyLedger:
         try:
             acc.compose(event)
         except Exception as err:  # UnsupportedEventError and the accountants' own value checks
-            raise RayfedError(f"the {self.accountant} accountant cannot account {event}: {err}") from err
+            raise RayfedError(
+                f"the {self.accountant} accountant cannot account {event}: {err}"
+            ) from err
         return acc
 
     def _guarantee(self, acc: PrivacyAccountant) -> tuple[float, float]:
@@ -229,7 +245,9 @@ class PrivacyLedger:
         delta = acc._delta if isinstance(acc, PureDpAccountant) else self.budget.delta
         return eps, delta
 
-    def charge(self, event: dp_event.DpEvent, *, label: str, scope: str = "run", round: int = 0) -> LedgerEntry:
+    def charge(
+        self, event: dp_event.DpEvent, *, label: str, scope: str = "run", round: int = 0
+    ) -> LedgerEntry:
         """Record ``event`` or raise BudgetExceeded (recording nothing) if it would exceed the budget."""
         key = self._key(scope)
         current = self._accountants.get(key) or make_accountant(self.accountant, self.relation)

@@ -54,7 +54,9 @@ def discrete_laplace(values, *, l1_sensitivity: int, epsilon: float, rng: np.ran
     p = -math.expm1(-a)
     noise = rng.geometric(p, size=values.shape) - rng.geometric(p, size=values.shape)
     release = values.astype(np.int64) + noise
-    return release, dp_event.DiscreteLaplaceDpEvent(noise_parameter=a, sensitivity=int(l1_sensitivity))
+    return release, dp_event.DiscreteLaplaceDpEvent(
+        noise_parameter=a, sensitivity=int(l1_sensitivity)
+    )
 
 
 def rr_keep_probability(epsilon: float) -> float:
@@ -76,7 +78,9 @@ def binary_randomized_response(bits, *, keep_probability: float, rng: np.random.
         raise ConfigError("keep_probability", f"must be in (0.5, 1], got {q!r}")
     bits = np.asarray(bits).astype(bool)
     flip = rng.random(bits.shape) >= q
-    return bits ^ flip, dp_event.RandomizedResponseDpEvent(noise_parameter=2.0 * (1.0 - q), num_buckets=2)
+    return bits ^ flip, dp_event.RandomizedResponseDpEvent(
+        noise_parameter=2.0 * (1.0 - q), num_buckets=2
+    )
 
 
 def kary_randomized_response(values, *, k: int, epsilon: float, rng: np.random.Generator):

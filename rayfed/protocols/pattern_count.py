@@ -50,32 +50,49 @@ class PatternCountConfig:
 
     epsilon: float = option(1.0, "privacy budget of each party (pure ε-DP in VFL)")
     calibration: Literal["paper", "exact"] = option(
-        "paper", "paper: ε'=ε/16 as Alg. 1 (true loss ≈ ε/2); exact: ε'=tanh(ε/4)/2, spends exactly ε (not in the paper)"
+        "paper",
+        "paper: ε'=ε/16 as Alg. 1 (true loss ≈ ε/2); exact: ε'=tanh(ε/4)/2, spends exactly ε (not in the paper)",
     )
-    sample_rate: float = option(1.0, "p of the low-communication variant (Thm B.2); 1 sends every user")
+    sample_rate: float = option(
+        1.0, "p of the low-communication variant (Thm B.2); 1 sends every user"
+    )
     patterns: str | list[list[str | int]] = option(
         "all", "'all', or a list of patterns, each one value per party (index or declared label)"
     )
-    max_patterns: int = option(1_000_000, "refuse to estimate more patterns than this (memory: 8 bytes each)")
-    parties: int = option(2, "number of parties v (synthetic data, or to deal a file's columns evenly)")
+    max_patterns: int = option(
+        1_000_000, "refuse to estimate more patterns than this (memory: 8 bytes each)"
+    )
+    parties: int = option(
+        2, "number of parties v (synthetic data, or to deal a file's columns evenly)"
+    )
     users: int = option(20_000, "synthetic data: number of users m")
     domain_size: int = option(3, "synthetic data: values per party (M + 1)")
-    correlation: float = option(0.5, "synthetic data: probability that a party copies party 0's value")
-    domains: dict[str, int | list[str | int]] | None = option(
-        None, "data file: declared domain per column, a size n (values 0..n-1) or the list of values"
+    correlation: float = option(
+        0.5, "synthetic data: probability that a party copies party 0's value"
     )
-    evaluate: bool = option(True, "add true counts and errors to the result (computed outside the protocol)")
+    domains: dict[str, int | list[str | int]] | None = option(
+        None,
+        "data file: declared domain per column, a size n (values 0..n-1) or the list of values",
+    )
+    evaluate: bool = option(
+        True, "add true counts and errors to the result (computed outside the protocol)"
+    )
     data: DataConfig = field(default_factory=DataConfig, metadata={"help": "data source"})
 
     def validate(self) -> None:
         check_budget(self.epsilon, 0.0)
         if self.calibration == "paper" and self.epsilon >= 8:
-            raise ConfigError("epsilon", f"{self.epsilon} gives ε' = ε/16 >= 1/2 (no noise left)",
-                              "epsilon < 8 with calibration=paper (the paper's theorems assume < 0.5)")
+            raise ConfigError(
+                "epsilon",
+                f"{self.epsilon} gives ε' = ε/16 >= 1/2 (no noise left)",
+                "epsilon < 8 with calibration=paper (the paper's theorems assume < 0.5)",
+            )
         if not 0 < self.sample_rate <= 1:
             raise ConfigError("sample_rate", f"must be in (0, 1], got {self.sample_rate}")
         if isinstance(self.patterns, str) and self.patterns != "all":
-            raise ConfigError("patterns", f"unknown value {self.patterns!r}", "'all' or a list of patterns")
+            raise ConfigError(
+                "patterns", f"unknown value {self.patterns!r}", "'all' or a list of patterns"
+            )
         if self.max_patterns < 1:
             raise ConfigError("max_patterns", f"must be >= 1, got {self.max_patterns}")
         if self.parties < 1:
@@ -88,7 +105,9 @@ class PatternCountConfig:
             raise ConfigError("correlation", f"must be in [0, 1], got {self.correlation}")
         for col, dom in (self.domains or {}).items():
             if isinstance(dom, int) and dom < 1 or isinstance(dom, list) and not dom:
-                raise ConfigError(f"domains.{col}", f"empty domain {dom!r}", "a size >= 1 or a list of values")
+                raise ConfigError(
+                    f"domains.{col}", f"empty domain {dom!r}", "a size >= 1 or a list of values"
+                )
             if isinstance(dom, list) and len(set(map(str, dom))) != len(dom):
                 raise ConfigError(f"domains.{col}", "lists a value twice", "distinct values")
 
@@ -132,15 +151,20 @@ def encode_values(table: pa.Table, columns: list[str], domains: dict[str, Domain
         if isinstance(dom, int):
             raw = values.to_numpy(zero_copy_only=False)
             if not np.issubdtype(raw.dtype, np.number):
-                raise DataError(f"domains.{col}", f"column {col!r} is not numeric but its domain is a size",
-                                "declare the list of its values instead")
+                raise DataError(
+                    f"domains.{col}",
+                    f"column {col!r} is not numeric but its domain is a size",
+                    "declare the list of its values instead",
+                )
             idx = raw.astype(np.int64)
             ok = (raw == idx) & (idx >= 0) & (idx < dom)
             size = dom
         else:
             lookup = {str(v): i for i, v in enumerate(dom)}
             labels = [str(v) for v in values.to_pylist()]
-            idx = np.fromiter((lookup.get(s, -1) for s in labels), dtype=np.int64, count=len(labels))
+            idx = np.fromiter(
+                (lookup.get(s, -1) for s in labels), dtype=np.int64, count=len(labels)
+            )
             ok = idx >= 0
             size = len(dom)
         index = index * size + np.where(ok, idx, 0)
@@ -163,7 +187,9 @@ def public_sample(seed: int, m: int, rate: float) -> np.ndarray:
     return rng.stream(seed, "sample", 0, "public-sample").random(m) < rate
 
 
-def subset_counts(mats: list[np.ndarray], subset: tuple[int, ...], patterns: np.ndarray | None) -> np.ndarray:
+def subset_counts(
+    mats: list[np.ndarray], subset: tuple[int, ...], patterns: np.ndarray | None
+) -> np.ndarray:
     """Σ_i Π_{j∈subset} A_j[ρ_j, i] for 0/1 matrices A_j: exact integer counts (as float64).
 
     ``patterns`` None: the full tensor over the subset's domains; else a (K, v) index array.
@@ -190,7 +216,9 @@ def subset_counts(mats: list[np.ndarray], subset: tuple[int, ...], patterns: np.
     return out
 
 
-def product_sums(mats: list[np.ndarray], base: float, scale: float, patterns: np.ndarray | None) -> np.ndarray:
+def product_sums(
+    mats: list[np.ndarray], base: float, scale: float, patterns: np.ndarray | None
+) -> np.ndarray:
     """Σ_i Π_j (base + scale·A_j[ρ_j, i]), expanded over subsets T of parties into exact counts:
     Σ_T base^(v-|T|) · scale^|T| · #{i : A_j[ρ_j, i] = 1 for all j in T}."""
     v = len(mats)
@@ -208,14 +236,20 @@ def product_sums(mats: list[np.ndarray], base: float, scale: float, patterns: np
     return out
 
 
-def raw_counts(bits: list[np.ndarray], eps_prime: float, patterns: np.ndarray | None, sample_rate: float) -> np.ndarray:
+def raw_counts(
+    bits: list[np.ndarray], eps_prime: float, patterns: np.ndarray | None, sample_rate: float
+) -> np.ndarray:
     """The unbiased (unclipped) estimate (1/p) Σ_{i∈S} Π_j z_j[ρ_j, i] from the parties' RR bits."""
     lo, d = debias_constants(eps_prime)
     return product_sums(bits, lo, d, patterns) / sample_rate
 
 
-def predicted_variance(true_onehots: list[np.ndarray], eps_prime: float, patterns: np.ndarray | None,
-                       sample_rate: float) -> np.ndarray:
+def predicted_variance(
+    true_onehots: list[np.ndarray],
+    eps_prime: float,
+    patterns: np.ndarray | None,
+    sample_rate: float,
+) -> np.ndarray:
     """Var(raw_ρ) = Σ_i [(1/p) Π_j (c + a_ij) - Π_j a_ij] (spec §2.1–2.2), from the true data."""
     c = per_user_variance_constant(eps_prime)
     second = product_sums(true_onehots, c, 1.0, patterns)
@@ -224,7 +258,9 @@ def predicted_variance(true_onehots: list[np.ndarray], eps_prime: float, pattern
 
 
 # --- step functions (run inside the actors) ----------------------------------------------------
-def randomize_step(ctx: StepContext, *, eps_prime: float, sample_rate: float, round: int) -> Message:
+def randomize_step(
+    ctx: StepContext, *, eps_prime: float, sample_rate: float, round: int
+) -> Message:
     """Party: encode each user's values one-hot, apply per-bit RR, send the packed bits."""
     values = encode_values(ctx.table, ctx.meta["columns"], ctx.meta["domains"])
     values = values[public_sample(ctx.seed, values.size, sample_rate)]
@@ -233,18 +269,29 @@ def randomize_step(ctx: StepContext, *, eps_prime: float, sample_rate: float, ro
         onehot, keep_probability=0.5 + eps_prime, rng=ctx.rng("randomized-response", round)
     )
     payload = {"bits": np.packbits(noisy, axis=1), "users": int(values.size)}
-    return Message("rr_bits", payload, to="coordinator", dp_event=dp_event.SelfComposedDpEvent(bit_event, 2))
+    return Message(
+        "rr_bits", payload, to="coordinator", dp_event=dp_event.SelfComposedDpEvent(bit_event, 2)
+    )
 
 
-def estimate_step(ctx: StepContext, messages: dict[str, dict], *, order: list[str], eps_prime: float,
-                  patterns: np.ndarray | None, sample_rate: float) -> np.ndarray:
+def estimate_step(
+    ctx: StepContext,
+    messages: dict[str, dict],
+    *,
+    order: list[str],
+    eps_prime: float,
+    patterns: np.ndarray | None,
+    sample_rate: float,
+) -> np.ndarray:
     """Coordinator: debias the parties' bits and estimate the raw count of every requested pattern."""
     bits = [np.unpackbits(messages[p]["bits"], axis=1, count=messages[p]["users"]) for p in order]
     return raw_counts(bits, eps_prime, patterns, sample_rate)
 
 
 # --- the protocol ----------------------------------------------------------------------------------
-def synthetic_table(users: int, parties: int, domain_size: int, correlation: float, seed: int) -> pa.Table:
+def synthetic_table(
+    users: int, parties: int, domain_size: int, correlation: float, seed: int
+) -> pa.Table:
     """Spec §4.1: x_0 uniform on {0..M}; x_j copies x_0 with probability ``correlation``, else uniform."""
     gen = rng.stream(seed, "synthetic", 0, "pattern-count")
     base = gen.integers(0, domain_size, users)
@@ -257,7 +304,10 @@ def synthetic_table(users: int, parties: int, domain_size: int, correlation: flo
 
 def _domain_labels(columns: list[str], domains: dict[str, Domain]) -> list[str]:
     """Label of every index of a party's value space (mixed radix over its columns)."""
-    per_col = [[str(v) for v in (range(d) if isinstance(d, int) else d)] for d in (domains[c] for c in columns)]
+    per_col = [
+        [str(v) for v in (range(d) if isinstance(d, int) else d)]
+        for d in (domains[c] for c in columns)
+    ]
     return ["|".join(combo) for combo in itertools.product(*per_col)]
 
 
@@ -265,24 +315,36 @@ def _resolve_patterns(cfg: PatternCountConfig, labels: list[list[str]]) -> np.nd
     cells = math.prod(len(lab) for lab in labels)
     if cfg.patterns == "all":
         if cells > cfg.max_patterns:
-            raise ConfigError("patterns", f"'all' means {cells:,} patterns, above max_patterns={cfg.max_patterns:,}",
-                              "a list of patterns, or raise max_patterns")
+            raise ConfigError(
+                "patterns",
+                f"'all' means {cells:,} patterns, above max_patterns={cfg.max_patterns:,}",
+                "a list of patterns, or raise max_patterns",
+            )
         return None
     if len(cfg.patterns) > cfg.max_patterns:
-        raise ConfigError("patterns", f"{len(cfg.patterns)} patterns requested, above max_patterns={cfg.max_patterns}")
+        raise ConfigError(
+            "patterns",
+            f"{len(cfg.patterns)} patterns requested, above max_patterns={cfg.max_patterns}",
+        )
     out = np.zeros((len(cfg.patterns), len(labels)), dtype=np.int64)
     for k, pattern in enumerate(cfg.patterns):
         if len(pattern) != len(labels):
-            raise ConfigError(f"patterns[{k}]", f"has {len(pattern)} values for {len(labels)} parties",
-                              "one value per party")
+            raise ConfigError(
+                f"patterns[{k}]",
+                f"has {len(pattern)} values for {len(labels)} parties",
+                "one value per party",
+            )
         for j, value in enumerate(pattern):
             if isinstance(value, int) and 0 <= value < len(labels[j]):
                 out[k, j] = value
             elif str(value) in labels[j]:
                 out[k, j] = labels[j].index(str(value))
             else:
-                raise ConfigError(f"patterns[{k}][{j}]", f"{value!r} is not in party {j}'s domain",
-                                  labels[j] if len(labels[j]) <= 20 else f"indices 0..{len(labels[j]) - 1}")
+                raise ConfigError(
+                    f"patterns[{k}][{j}]",
+                    f"{value!r} is not in party {j}'s domain",
+                    labels[j] if len(labels[j]) <= 20 else f"indices 0..{len(labels[j]) - 1}",
+                )
     return out
 
 
@@ -305,21 +367,34 @@ class PatternCount(Protocol):
             elif cfg.domains:
                 groups = even_groups(list(cfg.domains), cfg.parties)
             else:
-                raise ConfigError("domains", "a data file needs the domain of every column it counts",
-                                  "e.g. --set domains.city=[a,b,c] --set domains.age_band=5")
+                raise ConfigError(
+                    "domains",
+                    "a data file needs the domain of every column it counts",
+                    "e.g. --set domains.city=[a,b,c] --set domains.age_band=5",
+                )
             domains = dict(cfg.domains or {})
             for party, cols in groups.items():
                 for col in cols:
                     if col not in domains:
-                        raise ConfigError(f"domains.{col}", f"column {col!r} of party {party!r} has no declared domain",
-                                          "a size n (values 0..n-1) or the list of its values")
+                        raise ConfigError(
+                            f"domains.{col}",
+                            f"column {col!r} of party {party!r} has no declared domain",
+                            "a size n (values 0..n-1) or the list of its values",
+                        )
         partitions = vertical(table, groups, key)
         require_clean(table, [c for cols in groups.values() for c in cols])
         order = list(groups)
         labels = [_domain_labels(groups[p], domains) for p in order]
         patterns = _resolve_patterns(cfg, labels)
         parties = {
-            p: (partitions[p], {"columns": groups[p], "domains": {c: domains[c] for c in groups[p]}, "size": len(lab)})
+            p: (
+                partitions[p],
+                {
+                    "columns": groups[p],
+                    "domains": {c: domains[c] for c in groups[p]},
+                    "size": len(lab),
+                },
+            )
             for p, lab in zip(order, labels, strict=True)
         }
         sent = int(public_sample(seed, table.num_rows, cfg.sample_rate).sum())
@@ -345,37 +420,71 @@ class PatternCount(Protocol):
             parties=parties,
             rounds=1,
             evaluation=evaluation,
-            info={"order": order, "labels": labels, "patterns": patterns, "users": table.num_rows, "sent": sent},
+            info={
+                "order": order,
+                "labels": labels,
+                "patterns": patterns,
+                "users": table.num_rows,
+                "sent": sent,
+            },
         )
 
     def drive(self, fed, cfg: PatternCountConfig, plan: Plan) -> Outcome:
         eps_prime = cfg.eps_prime()
-        order, labels, patterns = plan.info["order"], plan.info["labels"], plan.info["patterns"]
+        order, patterns = plan.info["order"], plan.info["patterns"]
         with fed.round(0):
-            fed.charge([(p, "randomized response on one-hot values", rr_event(eps_prime)) for p in order])
-            bits = fed.parties.run(randomize_step, eps_prime=eps_prime, sample_rate=cfg.sample_rate, round=0,
-                                   phase="randomize")
-            raw = fed.one(fed.coordinator.run(estimate_step, bits, order=order, eps_prime=eps_prime,
-                                              patterns=patterns, sample_rate=cfg.sample_rate, phase="estimate"))
+            fed.charge(
+                [(p, "randomized response on one-hot values", rr_event(eps_prime)) for p in order]
+            )
+            bits = fed.parties.run(
+                randomize_step,
+                eps_prime=eps_prime,
+                sample_rate=cfg.sample_rate,
+                round=0,
+                phase="randomize",
+            )
+            raw = fed.one(
+                fed.coordinator.run(
+                    estimate_step,
+                    bits,
+                    order=order,
+                    eps_prime=eps_prime,
+                    patterns=patterns,
+                    sample_rate=cfg.sample_rate,
+                    phase="estimate",
+                )
+            )
         loss = exact_loss(eps_prime)
         if cfg.calibration == "paper":
-            fed.note(f"paper calibration ε'=ε/16: the paper claims ε={cfg.epsilon:g} per party (8ε' per bit); "
-                     f"the exact loss, reported above, is {loss:.4f}")
+            fed.note(
+                f"paper calibration ε'=ε/16: the paper claims ε={cfg.epsilon:g} per party (8ε' per bit); "
+                f"the exact loss, reported above, is {loss:.4f}"
+            )
         else:
-            fed.note(f"exact calibration ε'=tanh(ε/4)/2 (not in the paper): exact loss {loss:.4f} per party")
-        fed.note(f"a user whose values change at all {len(order)} parties: ε = {len(order) * loss:.4f} (sequential)")
+            fed.note(
+                f"exact calibration ε'=tanh(ε/4)/2 (not in the paper): exact loss {loss:.4f} per party"
+            )
+        fed.note(
+            f"a user whose values change at all {len(order)} parties: ε = {len(order) * loss:.4f} (sequential)"
+        )
         return self._outcome(cfg, plan, raw, eps_prime)
 
-    def _outcome(self, cfg: PatternCountConfig, plan: Plan, raw: np.ndarray, eps_prime: float) -> Outcome:
+    def _outcome(
+        self, cfg: PatternCountConfig, plan: Plan, raw: np.ndarray, eps_prime: float
+    ) -> Outcome:
         order, labels, patterns = plan.info["order"], plan.info["labels"], plan.info["patterns"]
         m, v = plan.info["users"], len(order)
         if patterns is None:
-            index = np.array(list(itertools.product(*(range(len(lab)) for lab in labels))), dtype=np.int64).reshape(-1, v)
+            index = np.array(
+                list(itertools.product(*(range(len(lab)) for lab in labels))), dtype=np.int64
+            ).reshape(-1, v)
             raw = raw.reshape(-1)
         else:
             index = patterns
         c = per_user_variance_constant(eps_prime)
-        columns: dict[str, Any] = {p: [labels[j][i] for i in index[:, j]] for j, p in enumerate(order)}
+        columns: dict[str, Any] = {
+            p: [labels[j][i] for i in index[:, j]] for j, p in enumerate(order)
+        }
         columns["estimate"] = np.maximum(raw, 0.0)
         columns["raw"] = raw
         columns["sd_bound"] = np.full(len(raw), math.sqrt(m * ((c + 1) ** v / cfg.sample_rate - 1)))
@@ -395,8 +504,10 @@ class PatternCount(Protocol):
             columns["true_count"] = true
             columns["error"] = raw - true
             columns["predicted_sd"] = sd
-            metrics.update(max_abs_error=float(np.max(np.abs(raw - true))),
-                           rmse=float(np.sqrt(np.mean((raw - true) ** 2))),
-                           mean_predicted_sd=float(sd.mean()))
+            metrics.update(
+                max_abs_error=float(np.max(np.abs(raw - true))),
+                rmse=float(np.sqrt(np.mean((raw - true) ** 2))),
+                mean_predicted_sd=float(sd.mean()),
+            )
             headline += f"; max |error| {metrics['max_abs_error']:.1f} (predicted sd ~{metrics['mean_predicted_sd']:.1f})"
         return Outcome(tables={"counts": pa.table(columns)}, metrics=metrics, headline=headline)
