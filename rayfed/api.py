@@ -80,6 +80,8 @@ def run(
     """
     proto, run_opts, cfg = resolve(protocol, config, sets, **options)
     plan: Plan = proto.plan(cfg, run_opts.seed)  # bad data fails here, before any actor exists
+    if run_opts.backend == "ray":
+        ensure_ray(run_opts.address, run_opts.num_cpus)  # an unreachable address, too
     run_id = new_run_id(proto.name)
     config_record = {"run": to_dict(run_opts), "protocol": to_dict(cfg)}
     rundir = RunDir(run_opts.out_dir, run_id) if run_opts.out_dir else None
@@ -98,8 +100,6 @@ def run(
     fed = None
     bar = tqdm(total=plan.rounds, desc=proto.name, unit="round", disable=not progress, leave=False)
     try:
-        if run_opts.backend == "ray":
-            ensure_ray(run_opts.address, run_opts.num_cpus)
         fed = Federation(
             run_id=run_id,
             seed=run_opts.seed,

@@ -10,11 +10,31 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 from typing import Any
+from urllib.parse import urlparse
 
 from rayfed.errors import ConfigError
 
 _started_here = False
+CONNECT_TIMEOUT_S = 15.0
+
+
+def _check_reachable(address: str, timeout_s: float) -> None:
+    """Fail fast on a host:port that does not answer: ray.init itself retries for minutes."""
+    if address == "auto" or address.startswith("local"):
+        return
+    parsed = urlparse(address if "://" in address else f"gcs://{address}")
+    if parsed.hostname is None or parsed.port is None:
+        return
+    try:
+        socket.create_connection((parsed.hostname, parsed.port), timeout=timeout_s).close()
+    except OSError as err:
+        raise ConfigError(
+            "address",
+            f"nothing answers at {address!r} within {timeout_s:g} s ({err})",
+            "a running cluster's address, or nothing for an embedded local Ray",
+        ) from err
 
 
 def ensure_ray(address: str | None = None, num_cpus: int | None = None) -> dict[str, Any]:
@@ -44,6 +64,7 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None) -> dict[
     ray_logger.setLevel(logging.ERROR)
     try:
         if address:
+            _check_reachable(address, CONNECT_TIMEOUT_S)
             ray.init(address=address, **quiet)
         else:
             ray.init(num_cpus=num_cpus or os.cpu_count() or 1, include_dashboard=False, **quiet)
@@ -67,3 +88,23 @@ def shutdown() -> None:
     if ray.is_initialized():
         ray.shutdown()
     _started_here = False
+
+
+CONNECT_TIMEOUT_S = 15.0
+
+
+def _check_reachable(address: str, timeout_s: float) -> None:
+    """Fail fast on a host:port that does not answer: ray.init itself retries for minutes."""
+    if address == "auto" or address.startswith("local"):
+        return
+    parsed = urlparse(address if "://" in address else f"gcs://{address}")
+    if parsed.hostname is None or parsed.port is None:
+        return
+    try:
+        socket.create_connection((parsed.hostname, parsed.port), timeout=timeout_s).close()
+    except OSError as err:
+        raise ConfigError(
+            "address",
+            f"nothing answers at {address!r} within {timeout_s:g} s ({err})",
+            "a running cluster's address, or nothing for an embedded local Ray",
+        ) from err

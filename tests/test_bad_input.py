@@ -181,3 +181,16 @@ def test_values_outside_declared_domain_are_not_an_error_but_encode_as_zero():
     assert values.tolist() == [0, -1, -1]
     assert encode_values(table, ["a"], {"a": 2}).tolist() == [0, -1, 1]
     assert np.array_equal(encode_values(table, ["b"], {"b": ["x", "y", "q"]}), [0, 1, 2])
+
+
+def test_unreachable_cluster_address_fails_fast():
+    import time
+
+    from rayfed.runtime import _check_reachable
+
+    started = time.perf_counter()
+    with pytest.raises(ConfigError, match="address.*nothing answers"):
+        _check_reachable("127.0.0.1:1", timeout_s=5)
+    with pytest.raises(ConfigError, match="address"):
+        _check_reachable("ray://127.0.0.1:1", timeout_s=5)
+    assert time.perf_counter() - started < 10
