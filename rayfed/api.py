@@ -11,7 +11,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from rayfed.config import build_config, load_yaml, merge, parse_assignment, to_dict
-from rayfed.federation import Federation
+from rayfed.federation import Federation, check_member_names
 from rayfed.protocols import get_protocol
 from rayfed.protocols.base import Plan, Result
 from rayfed.rundir import RunDir, new_run_id, versions
@@ -80,6 +80,7 @@ def run(
     """
     proto, run_opts, cfg = resolve(protocol, config, sets, **options)
     plan: Plan = proto.plan(cfg, run_opts.seed)  # bad data fails here, before any actor exists
+    check_member_names(list(plan.parties) + list(plan.cohorts))
     if run_opts.backend == "ray":
         ensure_ray(run_opts.address, run_opts.num_cpus)  # an unreachable address, too
     run_id = new_run_id(proto.name)
@@ -129,6 +130,8 @@ def run(
             headline=outcome.headline,
             run_dir=str(rundir.path) if rundir else None,
         )
+        if rundir:
+            _write_result(rundir, manifest, result)
     except BaseException as err:
         if rundir:
             manifest.update(
@@ -144,19 +147,22 @@ def run(
         bar.close()
         if fed is not None:
             fed.shutdown()
-    if rundir:
-        files = {name: rundir.write_table(name, table) for name, table in result.tables.items()}
-        files["transcript"] = rundir.write_table("transcript", result.transcript)
-        manifest.update(
-            status="complete",
-            finished_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            seconds=result.seconds,
-            headline=result.headline,
-            privacy=result.privacy.to_dict(),
-            metrics=result.metrics,
-            timings=result.timings,
-            transcript=result.transcript_totals,
-            tables=files,
-        )
-        rundir.write_manifest(manifest)
     return result
+
+
+def _write_result(rundir: RunDir, manifest: dict[str, Any], result: Result) -> None:
+    """Tables first, then the manifest marked complete (so "complete" implies every file is there)."""
+    files = {name: rundir.write_table(name, table) for name, table in result.tables.items()}
+    files["transcript"] = rundir.write_table("transcript", result.transcript)
+    manifest.update(
+        status="complete",
+        finished_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        seconds=result.seconds,
+        headline=result.headline,
+        privacy=result.privacy.to_dict(),
+        metrics=result.metrics,
+        timings=result.timings,
+        transcript=result.transcript_totals,
+        tables=files,
+    )
+    rundir.write_manifest(manifest)

@@ -27,7 +27,8 @@ def _cmd_list(_args) -> int:
 def protocol_help(name: str) -> str:
     proto = get_protocol(name)
     lines = [
-        f"rayfed run {name} [--config FILE.yaml] [--set key=value ...] [--seed N] [--address ADDR] [--out DIR]",
+        f"rayfed run {name} [--config FILE.yaml] [--set key=value ...] [--seed N] [--address ADDR] [--out DIR] "
+        "[--backend ray|local] [--quiet]",
         "",
         proto.summary,
         "",

@@ -112,8 +112,8 @@ def coerce(value: Any, tp: Any, name: str) -> Any:
             try:
                 return coerce(value, arg, name)
             except ConfigError as err:
-                errors.append(err.problem)
-        raise ConfigError(name, f"{value!r} is not a valid {_type_name(tp)}")
+                errors.append(f"as {_type_name(arg)}: {err.problem}")
+        raise ConfigError(name, f"{value!r} is not a valid {_type_name(tp)} ({'; '.join(errors)})")
     if origin is Literal:
         if value not in args:
             raise ConfigError(name, f"{value!r} is not an allowed value", [repr(a) for a in args])
@@ -140,6 +140,8 @@ def coerce(value: Any, tp: Any, name: str) -> Any:
         if isinstance(value, bool):
             return value
         raise ConfigError(name, f"expected true or false, got {value!r}")
+    if tp in (int, float) and isinstance(value, str):
+        value = _number(value, name)
     if tp is int:
         if isinstance(value, bool) or not isinstance(value, int):
             if isinstance(value, float) and value.is_integer():
@@ -155,6 +157,17 @@ def coerce(value: Any, tp: Any, name: str) -> Any:
             raise ConfigError(name, f"expected a string, got {value!r}")
         return str(value)
     return value
+
+
+def _number(text: str, name: str) -> int | float:
+    """'2e4' or '1e-5' (YAML 1.1 reads exponents without a dot as strings) as a number."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise ConfigError(name, f"expected a number, got {text!r}") from None
+    return (
+        int(value) if value.is_integer() and "." not in text and "e" not in text.lower() else value
+    )
 
 
 def from_mapping(cls: type, values: dict[str, Any], prefix: str = "") -> Any:
@@ -189,7 +202,9 @@ def parse_assignment(text: str) -> tuple[list[str], Any]:
 def merge(base: dict[str, Any], path: list[str], value: Any) -> None:
     node = base
     for part in path[:-1]:
-        node = node.setdefault(part, {})
+        if node.get(part) is None:
+            node[part] = {}
+        node = node[part]
         if not isinstance(node, dict):
             raise ConfigError(".".join(path), f"{part!r} is not a mapping")
     node[path[-1]] = value

@@ -56,9 +56,13 @@ class BudgetExceeded(RayfedError):
     def __init__(self, scope: str, label: str, would_spend: float, budget: float, delta: float):
         self.scope, self.label = scope, label
         self.would_spend, self.budget, self.delta = would_spend, budget, delta
+        spend = (
+            f"epsilon to {would_spend:.6g} > budget {budget:.6g} (at delta={delta:.3g})"
+            if would_spend != float("inf")
+            else f"its delta above the budget's delta={delta:.3g}"
+        )
         super().__init__(
-            f"privacy budget exceeded in scope {scope!r}: {label!r} would bring epsilon to "
-            f"{would_spend:.6g} > budget {budget:.6g} (at delta={delta:.3g}); "
+            f"privacy budget exceeded in scope {scope!r}: {label!r} would bring {spend}; "
             "raise the budget or spend less per round"
         )
 

@@ -5,7 +5,8 @@ on one of two backends with the same interface:
 
 * ``"ray"``: each member is a Ray actor; every wait has a deadline (``ray.wait`` with a timeout);
   a member that dies or times out ends the phase with :class:`PartyFailed` / :class:`RoundTimeout`,
-  or, for cohorts, turns into dropouts.
+  or, when the driver asks for it (``on_failure="drop"``, as secure aggregation does for cohorts),
+  turns into a dropout.
 * ``"local"``: each member is a plain object in this process; the same drivers and step functions
   run without Ray, for unit tests and debugging (deadlines cannot pre-empt a step there).
 
@@ -16,11 +17,14 @@ name, bytes, DP event); messages' payloads stay in the object store and travel b
 from __future__ import annotations
 
 import contextlib
+import copy
+import json
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 from rayfed.actors.base import MessageMeta, RoleActor, _Slot
@@ -31,6 +35,7 @@ from rayfed.errors import ConfigError, PartyFailed, RayfedError, RoundTimeout
 from rayfed.privacy.ledger import Budget, event_to_dict
 
 BACKENDS = ("ray", "local")
+RESERVED = ("coordinator", "parties", "cohorts")
 STARTUP_DEADLINE_S = 60.0
 
 
@@ -63,7 +68,7 @@ class Transcript:
                     receiver=receiver,
                     name=meta.name,
                     bytes=meta.nbytes,
-                    dp_event=None if event is None else repr(event),
+                    dp_event=None if event is None else json.dumps(event),
                 )
             )
 
@@ -91,6 +96,51 @@ class Transcript:
             "dp_messages": sum(r["dp_event"] is not None for r in self.rows),
             "bytes_by_sender": dict(sorted(by_sender.items())),
         }
+
+
+@dataclass(frozen=True)
+class PerMember:
+    """An argument whose value differs per member: ``values[name]`` goes to member ``name``.
+
+    ``values`` is a mapping or a Replies (e.g. the output of :meth:`Group.scatter`).
+    """
+
+    values: Any
+
+    def for_member(self, name: str) -> Any:
+        values = self.values.payloads if isinstance(self.values, Replies) else self.values
+        return values[name]
+
+
+def _for_member(obj: Any, name: str) -> Any:
+    if isinstance(obj, PerMember):
+        return obj.for_member(name)
+    if isinstance(obj, dict):
+        return {k: _for_member(v, name) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)) and not isinstance(obj, Replies):
+        return type(obj)(_for_member(v, name) for v in obj)
+    return obj
+
+
+def _has_per_member(obj: Any) -> bool:
+    if isinstance(obj, PerMember):
+        return True
+    if isinstance(obj, dict):
+        return any(_has_per_member(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return any(_has_per_member(v) for v in obj)
+    return False
+
+
+def check_member_names(names: list[str]) -> None:
+    """Member names must be unique and must not be a role name (they address messages)."""
+    for name in names:
+        if name in RESERVED or names.count(name) > 1:
+            raise ConfigError(
+                "parties",
+                f"member name {name!r} is reserved or used twice",
+                f"unique names other than {', '.join(RESERVED)}",
+            )
 
 
 def _flatten(obj: Any, flat: list) -> Any:
@@ -124,6 +174,32 @@ def _cause(err: BaseException) -> BaseException:
     """The original exception inside a Ray task error (or the error itself)."""
     cause = getattr(err, "cause", None)
     return cause if isinstance(cause, BaseException) else err
+
+
+def _reason(err: BaseException) -> str:
+    """What went wrong, in words, for a Ray error or a step's own exception."""
+    import ray
+
+    if isinstance(err, ray.exceptions.ActorUnavailableError):
+        return "the actor is unavailable (possibly transient: the step may or may not have run)"
+    if isinstance(err, ray.exceptions.RayActorError):
+        return "the actor died"
+    cause = _cause(err)
+    return f"{type(cause).__name__}: {cause}"
+
+
+def _readonly_copy(obj: Any) -> Any:
+    """What a Ray actor receives: a copy whose numpy arrays are read-only (the in-process backend
+    hands these to steps, so a step that mutates its input fails on both backends alike)."""
+    if isinstance(obj, np.ndarray):
+        out = obj.copy()
+        out.flags.writeable = False
+        return out
+    if isinstance(obj, dict):
+        return {k: _readonly_copy(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_readonly_copy(v) for v in obj)
+    return copy.deepcopy(obj)
 
 
 class Group:
@@ -173,9 +249,11 @@ class Group:
         raise failure
 
     def _run_local(self, step, names, args, kwargs, phase, on_failure) -> Replies:
-        spec = (_plain(args), _plain(kwargs))
         payloads, metas, failed = {}, {}, []
         for name in names:
+            spec = _readonly_copy(
+                (_plain(_for_member(args, name)), _plain(_for_member(kwargs, name)))
+            )
             try:
                 metas[name], payloads[name] = self.handles[name].run(step, spec)
             except RayfedError:
@@ -190,13 +268,18 @@ class Group:
     def _run_ray(self, step, names, args, kwargs, phase, deadline, on_failure) -> Replies:
         import ray
 
-        flat: list = []
-        spec = (_flatten(args, flat), _flatten(kwargs, flat))
         step_ref = self.fed._put_step(step)
-        refs = {
-            name: self.handles[name].run.options(num_returns=2).remote(step_ref, spec, *flat)
-            for name in names
-        }
+        per_member = _has_per_member((args, kwargs))
+        refs = {}
+        for name in names:
+            flat: list = []
+            a, k = (
+                (_for_member(args, name), _for_member(kwargs, name))
+                if per_member
+                else (args, kwargs)
+            )
+            spec = (_flatten(a, flat), _flatten(k, flat))
+            refs[name] = self.handles[name].run.options(num_returns=2).remote(step_ref, spec, *flat)
         meta_refs = {refs[name][0]: name for name in names}
         ready, not_ready = ray.wait(list(meta_refs), num_returns=len(meta_refs), timeout=deadline)
         late = sorted(meta_refs[r] for r in not_ready)
@@ -209,21 +292,50 @@ class Group:
             meta_ref, payload_ref = refs[name]
             try:
                 metas[name] = ray.get(meta_ref, timeout=deadline)
-            except ray.exceptions.RayActorError as err:
+            except ray.exceptions.RayError as err:
+                if isinstance(_cause(err), RayfedError):
+                    raise _cause(err) from err
                 if on_failure == "drop":
                     failed.append(name)
                     continue
-                self._fail(name, phase, "the actor died", err)
-            except ray.exceptions.RayTaskError as err:
-                cause = _cause(err)
-                if isinstance(cause, RayfedError):
-                    raise cause from err
-                if on_failure == "drop":
-                    failed.append(name)
-                    continue
-                self._fail(name, phase, f"{type(cause).__name__}: {cause}", err)
+                self._fail(name, phase, _reason(err), err)
             payloads[name] = payload_ref
         return Replies(payloads, metas, sorted(failed))
+
+    def scatter(
+        self, step, *args, to: list[str], phase: str, deadline_s: float | None = None, **kwargs
+    ) -> Replies:
+        """Run on the single member of this group (e.g. the coordinator) a step that returns one
+        Message per receiver in ``to``; each payload is a separate object, so passing the result as
+        ``PerMember(replies)`` sends every receiver only its own message."""
+        (name,) = self.names
+        deadline = self.fed.deadline_s if deadline_s is None else deadline_s
+        started = time.perf_counter()
+        handle = self.handles[name]
+        if self.fed.backend == "local":
+            try:
+                out = handle.run_scatter(
+                    step, list(to), _readonly_copy((_plain(args), _plain(kwargs)))
+                )
+            except RayfedError:
+                raise
+            except Exception as err:
+                self._fail(name, phase, f"{type(err).__name__}: {err}", err)
+            metas, payloads = out[0], dict(zip(to, out[1:], strict=True))
+        else:
+            flat: list = []
+            spec = (_flatten(args, flat), _flatten(kwargs, flat))
+            refs = handle.run_scatter.options(num_returns=len(to) + 1).remote(
+                self.fed._put_step(step), list(to), spec, *flat
+            )
+            refs = refs if isinstance(refs, list) else [refs]
+            metas = self.fed.get(
+                refs[0], phase=f"{self.role}:{phase}", deadline_s=deadline, who=[name]
+            )
+            payloads = dict(zip(to, refs[1:], strict=True))
+        replies = Replies(payloads, metas)
+        self.fed._after_phase(self.role, phase, replies, time.perf_counter() - started)
+        return replies
 
     def call(self, method: str, *args, deadline_s: float | None = None) -> list[Any]:
         """Call a built-in actor method (not a step) on every member; return values in name order."""
@@ -241,7 +353,9 @@ class Group:
                 f"{self.role}:{method}",
                 deadline,
             )
-        return self.fed.get(list(refs), phase=f"{self.role}:{method}", deadline_s=deadline)
+        return self.fed.get(
+            list(refs), phase=f"{self.role}:{method}", deadline_s=deadline, who=self.names
+        )
 
 
 class Federation:
@@ -291,6 +405,7 @@ class Federation:
             float(deadline_s),
         )
         self._specs = {"party": dict(parties or {}), "cohort": dict(cohorts or {})}
+        check_member_names(list(self._specs["party"]) + list(self._specs["cohort"]))
         self._budget, self._ledger_decl = budget, dict(ledger or {})
         self._actor_options = actor_options or {}
         self.transcript = Transcript()
@@ -302,21 +417,32 @@ class Federation:
 
     # --- lifecycle ---------------------------------------------------------------------------
     def start(self) -> Federation:
-        """Create the actors, load their partitions, open the ledger; wait (with deadline) for all."""
+        """Create the actors, load their partitions, open the ledger; wait (with deadline) for all.
+
+        If any of this fails, the actors already created are killed before the error propagates.
+        """
         make = self._make_local if self.backend == "local" else self._make_ray
-        coordinator = {"coordinator": make(CoordinatorActor, "coordinator", None, {})}
-        parties = {n: make(PartyActor, n, t, m) for n, (t, m) in self._specs["party"].items()}
-        cohorts = {n: make(UserCohortActor, n, t, m) for n, (t, m) in self._specs["cohort"].items()}
-        self.coordinator = Group(self, "coordinator", coordinator)
-        self.parties = Group(self, "parties", parties)
-        self.cohorts = Group(self, "cohorts", cohorts)
         self._started = True
-        # Starting an actor is a process spawn (about a second each here, longer under load), so the
-        # first contact gets at least STARTUP_DEADLINE_S whatever the per-phase deadline is.
-        for group in (self.coordinator, self.parties, self.cohorts):
-            if len(group):
-                group.call("ping", deadline_s=max(self.deadline_s, STARTUP_DEADLINE_S))
-        self._call_coordinator("open_ledger", self._budget, **self._ledger_decl)
+        self.coordinator = Group(self, "coordinator", {})
+        self.parties = Group(self, "parties", {})
+        self.cohorts = Group(self, "cohorts", {})
+        try:
+            self.coordinator.handles["coordinator"] = make(
+                CoordinatorActor, "coordinator", None, {}
+            )
+            for n, (t, m) in self._specs["party"].items():
+                self.parties.handles[n] = make(PartyActor, n, t, m)
+            for n, (t, m) in self._specs["cohort"].items():
+                self.cohorts.handles[n] = make(UserCohortActor, n, t, m)
+            # Starting an actor is a process spawn (about a second each here, longer under load), so
+            # the first contact gets at least STARTUP_DEADLINE_S whatever the per-phase deadline is.
+            for group in (self.coordinator, self.parties, self.cohorts):
+                if len(group):
+                    group.call("ping", deadline_s=max(self.deadline_s, STARTUP_DEADLINE_S))
+            self._call_coordinator("open_ledger", self._budget, **self._ledger_decl)
+        except BaseException:
+            self.shutdown()
+            raise
         return self
 
     def _make_local(self, cls, name, table, meta) -> RoleActor:
@@ -370,12 +496,24 @@ class Federation:
         if self.progress is not None:
             self.progress.update(1)
 
-    def get(self, value: Any, *, phase: str = "fetch", deadline_s: float | None = None) -> Any:
-        """Bring payloads to the driver: a Replies (→ dict by name), an object ref or a list of refs."""
+    def get(
+        self,
+        value: Any,
+        *,
+        phase: str = "fetch",
+        deadline_s: float | None = None,
+        who: list[str] | None = None,
+    ) -> Any:
+        """Bring payloads to the driver: a Replies (→ dict by name), an object ref or a list of refs.
+
+        ``who`` names the members the refs come from, for error messages.
+        """
         deadline = self.deadline_s if deadline_s is None else deadline_s
         if isinstance(value, Replies):
             names = value.names()
-            fetched = self.get([value.payloads[n] for n in names], phase=phase, deadline_s=deadline)
+            fetched = self.get(
+                [value.payloads[n] for n in names], phase=phase, deadline_s=deadline, who=names
+            )
             return dict(zip(names, fetched, strict=True))
         if self.backend == "local":
             return value
@@ -385,17 +523,15 @@ class Federation:
         refs = [value] if single else list(value)
         if any(not isinstance(r, ray.ObjectRef) for r in refs):
             return value
+        who_text = ", ".join(who) if who else "(unknown)"
         try:
             out = ray.get(refs, timeout=deadline)
         except ray.exceptions.GetTimeoutError as err:
-            raise RoundTimeout(["(object store)"], self.round_no, phase, deadline) from err
-        except ray.exceptions.RayTaskError as err:
-            cause = _cause(err)
-            if isinstance(cause, RayfedError):
-                raise cause from err
-            raise PartyFailed(
-                "(unknown)", self.round_no, phase, f"{type(cause).__name__}: {cause}"
-            ) from err
+            raise RoundTimeout(who or ["(unknown)"], self.round_no, phase, deadline) from err
+        except ray.exceptions.RayError as err:
+            if isinstance(_cause(err), RayfedError):
+                raise _cause(err) from err
+            raise PartyFailed(who_text, self.round_no, phase, _reason(err)) from err
         return out[0] if single else out
 
     def one(self, replies: Replies) -> Any:

@@ -36,6 +36,9 @@ PURPOSES: dict[str, int] = {
     "init": 11,
     "clustering": 12,
     "sketch": 13,
+    "secagg-graph": 14,
+    "secagg-pairs": 15,
+    "secagg-shares": 16,
     "test": 99,
 }
 

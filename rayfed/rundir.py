@@ -60,9 +60,18 @@ def _json_default(obj: Any) -> Any:
 
 
 def _atomic_write(path: Path, write) -> None:
+    """Write to a temporary file, flush it to disk, then rename it over ``path`` (and sync the
+    directory), so a reader sees either the old file or the whole new one."""
     tmp = path.with_name(f".{path.name}.tmp")
     write(tmp)
+    with open(tmp, "rb+") as handle:
+        os.fsync(handle.fileno())
     os.replace(tmp, path)
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
 
 
 class RunDir:

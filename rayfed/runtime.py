@@ -16,13 +16,12 @@ from urllib.parse import urlparse
 
 from rayfed.errors import ConfigError
 
-_started_here = False
 CONNECT_TIMEOUT_S = 15.0
 
 
 def _check_reachable(address: str, timeout_s: float) -> None:
     """Fail fast on a host:port that does not answer: ray.init itself retries for minutes."""
-    if address == "auto" or address.startswith("local"):
+    if address in ("auto", "local"):
         return
     parsed = urlparse(address if "://" in address else f"gcs://{address}")
     if parsed.hostname is None or parsed.port is None:
@@ -48,7 +47,6 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None) -> dict[
     num_cpus:
         CPUs of the embedded Ray (default: all of this machine's); ignored when connecting.
     """
-    global _started_here
     import ray
 
     if ray.is_initialized():
@@ -68,7 +66,6 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None) -> dict[
             ray.init(address=address, **quiet)
         else:
             ray.init(num_cpus=num_cpus or os.cpu_count() or 1, include_dashboard=False, **quiet)
-            _started_here = True
     except ConnectionError as err:
         raise ConfigError(
             "address",
@@ -81,30 +78,9 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None) -> dict[
 
 
 def shutdown() -> None:
-    """Shut Ray down if this module started it (a cluster connection is simply closed)."""
-    global _started_here
+    """Shut down this process's Ray connection (an embedded Ray stops with it; a cluster keeps
+    running). Call it when done with rayfed in a long-lived process."""
     import ray
 
     if ray.is_initialized():
         ray.shutdown()
-    _started_here = False
-
-
-CONNECT_TIMEOUT_S = 15.0
-
-
-def _check_reachable(address: str, timeout_s: float) -> None:
-    """Fail fast on a host:port that does not answer: ray.init itself retries for minutes."""
-    if address == "auto" or address.startswith("local"):
-        return
-    parsed = urlparse(address if "://" in address else f"gcs://{address}")
-    if parsed.hostname is None or parsed.port is None:
-        return
-    try:
-        socket.create_connection((parsed.hostname, parsed.port), timeout=timeout_s).close()
-    except OSError as err:
-        raise ConfigError(
-            "address",
-            f"nothing answers at {address!r} within {timeout_s:g} s ({err})",
-            "a running cluster's address, or nothing for an embedded local Ray",
-        ) from err

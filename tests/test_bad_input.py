@@ -113,7 +113,7 @@ def test_deadline_not_positive(out_dir, deadline):
 
 
 def test_wrong_types_and_values_name_the_field(out_dir):
-    expect(ConfigError, "users.*integer", out_dir, "pattern-count", sets=["users=many"])
+    expect(ConfigError, "users.*number", out_dir, "pattern-count", sets=["users=many"])
     expect(ConfigError, "calibration", out_dir, "pattern-count", calibration="tight")
     expect(ConfigError, "sample_rate", out_dir, "pattern-count", sample_rate=0)
     expect(ConfigError, "backend", out_dir, "pattern-count", backend="spark")
@@ -194,3 +194,70 @@ def test_unreachable_cluster_address_fails_fast():
     with pytest.raises(ConfigError, match="address"):
         _check_reachable("ray://127.0.0.1:1", timeout_s=5)
     assert time.perf_counter() - started < 10
+
+
+def test_values_outside_the_declared_domain_are_an_error(out_dir, csv_file):
+    path = csv_file({"a": [0, 1, 5], "b": ["x", "y", "x"]})
+    err = expect(
+        DataError,
+        "domains.a",
+        out_dir,
+        "pattern-count",
+        data={"path": path},
+        domains={"a": 2, "b": ["x", "y"]},
+    )
+    assert "out_of_domain=zero" in err.allowed
+
+
+def test_options_the_data_source_ignores_are_errors(out_dir, csv_file):
+    expect(ConfigError, "domains", out_dir, "pattern-count", domains={"x0": 3})
+    expect(ConfigError, "data.key", out_dir, "pattern-count", data={"key": "user_id"})
+    path = csv_file({"a": [0, 1], "b": [1, 0]})
+    expect(
+        ConfigError,
+        "users",
+        out_dir,
+        "pattern-count",
+        users=50,
+        data={"path": path},
+        domains={"a": 2, "b": 2},
+    )
+    expect(
+        ConfigError,
+        "parties",
+        out_dir,
+        "pattern-count",
+        parties=3,
+        data={"path": path, "columns": {"p0": ["a"], "p1": ["b"]}},
+        domains={"a": 2, "b": 2},
+    )
+
+
+def test_reserved_party_names(out_dir, csv_file):
+    path = csv_file({"a": [0, 1], "b": [1, 0]})
+    expect(
+        ConfigError,
+        "reserved",
+        out_dir,
+        "pattern-count",
+        data={"path": path, "columns": {"coordinator": ["a"], "p1": ["b"]}},
+        domains={"a": 2, "b": 2},
+    )
+
+
+def test_a_one_hot_encoding_too_large_for_memory(out_dir, csv_file):
+    path = csv_file({"a": [0, 1], "b": [1, 0], "c": [0, 0]})
+    err = expect(
+        ConfigError,
+        "data.columns.p0",
+        out_dir,
+        "pattern-count",
+        patterns=[[0, 0]],
+        data={"path": path, "columns": {"p0": ["a", "b"], "p1": ["c"]}},
+        domains={"a": 2**20, "b": 2**12, "c": 2},
+    )
+    assert "GiB" in err.allowed
+
+
+def test_paper_calibration_beyond_its_range(out_dir):
+    expect(ConfigError, "epsilon", out_dir, "pattern-count", epsilon=7.8)

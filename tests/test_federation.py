@@ -89,6 +89,11 @@ def noisy_sum(ctx, epsilon):
     return Message("noisy", value, to="coordinator", dp_event=event)
 
 
+def mutate(ctx, values):
+    values[0] = 99.0
+    return values
+
+
 def drew(ctx):
     return ctx.state.get("drew", False)
 
@@ -195,3 +200,25 @@ def test_per_user_randomness_is_independent_of_cohorts(backend, n_cohorts):
         type("Ctx", (), {"seed": 5, "table": users.rename_columns(["user_id", "v"])})(), 4
     )
     assert table.equals(reference.sort_by("user_id"))
+
+
+def test_a_message_charged_once_cannot_be_sent_twice(backend):
+    with make_fed(backend, epsilon=4.0) as fed:
+        fed.charge([("p0", "laplace", dp_event.LaplaceDpEvent(noise_multiplier=2.0))])
+        fed.parties.run(noisy_sum, 0.5, phase="first", members=["p0"])
+        with pytest.raises(UnaccountedNoise, match="sent twice"):
+            fed.parties.run(noisy_sum, 0.5, phase="again", members=["p0"])
+
+
+def test_steps_cannot_mutate_their_inputs_on_either_backend(backend):
+    with make_fed(backend) as fed, pytest.raises(PartyFailed, match="read-only"):
+        fed.parties.run(mutate, np.zeros(3), phase="mutate")
+
+
+def test_member_names_are_checked():
+    from rayfed.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="reserved"):
+        Federation(
+            run_id="t", seed=0, parties={"cohorts": (pa.table({"x": [1]}), {})}, budget=Budget(1.0)
+        )

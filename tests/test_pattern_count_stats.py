@@ -47,6 +47,36 @@ def _simulate(onehots, eps_prime, reps, sample_rate=1.0):
     return np.array(out)
 
 
+def _party_context(table, j, seed, size=SIZE):
+    from rayfed.actors.base import StepContext
+
+    meta = {"columns": [f"x{j}"], "domains": {f"x{j}": size}, "size": size}
+    return StepContext(name=f"p{j}", role="party", seed=seed, table=table, meta=meta)
+
+
+def _simulate_steps(table, parties, eps_prime, reps, sample_rate):
+    """R runs of the real step functions (party encode + RR + packbits, coordinator estimate)."""
+    from rayfed.protocols.pattern_count import estimate_step, randomize_step
+
+    order = [f"p{j}" for j in range(parties)]
+    out = []
+    for r in range(reps):
+        msgs = {
+            p: randomize_step(
+                _party_context(table, j, seed=500 + r),
+                eps_prime=eps_prime,
+                sample_rate=sample_rate,
+                round=0,
+            ).payload
+            for j, p in enumerate(order)
+        }
+        raw = estimate_step(
+            None, msgs, order=order, eps_prime=eps_prime, patterns=None, sample_rate=sample_rate
+        )
+        out.append(raw.ravel())
+    return np.array(out)
+
+
 def test_product_sums_equals_brute_force():
     gen = np.random.default_rng(0)
     mats = [gen.random((s, 40)) < 0.4 for s in (2, 3, 2)]
@@ -75,17 +105,41 @@ def test_raw_estimate_is_unbiased_with_the_predicted_variance(epsilon):
     assert np.all(np.abs(ratio - 1) < 4 * math.sqrt(2 / (reps - 1))), ratio
 
 
-def test_predicted_sd_matches_the_spec_reference_values():
-    """§5 check 2: predicted sd of pattern (0,0) at m=2·10^4 ≈ sqrt(m)(4/ε)^2 (spec: 9062, 575, 145.5
-    on its data; sqrt(m)(4/ε)^2 = 9051, 566, 141)."""
-    onehots = _data(m=20_000)
-    for epsilon, approx in [(0.5, 9051), (2.0, 566), (4.0, 141)]:
-        sd = math.sqrt(predicted_variance(onehots, epsilon / 16, None, 1.0)[0, 0])
-        assert sd == pytest.approx(approx, rel=0.05)
+@pytest.mark.parametrize(
+    "parties,sample_rate", [(2, 1.0), (3, 1.0), (2, 0.5)], ids=["v2", "v3", "v2-sampled"]
+)
+def test_step_functions_are_unbiased_with_the_predicted_variance(parties, sample_rate):
+    """§5 checks 1-2 through the actual party and coordinator steps (v = 2 and 3, and Thm B.2)."""
+    eps_prime, reps = 4.0 / 16, 600
+    table = synthetic_table(600, parties, SIZE, 0.5, seed=2)
+    onehots = [one_hot(table.column(f"x{j}").to_numpy(), SIZE) for j in range(parties)]
+    raws = _simulate_steps(table, parties, eps_prime, reps, sample_rate)
+    true = product_sums(onehots, 0.0, 1.0, None).ravel()
+    var = predicted_variance(onehots, eps_prime, None, sample_rate).ravel()
+    z = (raws.mean(axis=0) - true) / np.sqrt(var / reps)
+    assert np.all(np.abs(z) < 4.5), z  # up to 27 patterns: family-wise false alarm ~ 2e-4
+    ratio = raws.var(axis=0, ddof=1) / var
+    assert np.all(np.abs(ratio - 1) < 4.5 * math.sqrt(2 / (reps - 1))), ratio
+
+
+def test_predicted_variance_formula_by_brute_force():
+    """§5 check 2: Var(raw_ρ) = Σ_i [Π_j (c + a_ij) - Π_j a_ij], recomputed user by user; for v = 2
+    it lies between m·c² and m·c² + 2mc, i.e. sd ≈ sqrt(m)(4/ε)² (spec: 9051, 566, 141 at m=2·10^4)."""
+    m = 3000
+    onehots = _data(m=m)
+    for epsilon in (0.5, 2.0, 4.0):
+        eps_prime = epsilon / 16
+        c = 1 / (16 * eps_prime**2) - 0.25
+        fast = predicted_variance(onehots, eps_prime, None, 1.0)
+        for rho in itertools.product(range(SIZE), repeat=2):
+            a = np.stack([onehots[j][rho[j]] for j in range(2)]).astype(float)
+            brute = np.sum(np.prod(c + a, axis=0) - np.prod(a, axis=0))
+            assert fast[rho] == pytest.approx(brute, rel=1e-12)
+        assert np.all((fast >= m * c * c) & (fast <= m * c * c + 2 * m * c))
 
 
 def test_sampled_variant_variance_and_sqrt_m_over_p_law():
-    """§2.2 and §5 check 3: Var = Σ_i[(1/p)Π(c+a) - Πa]; sd grows as sqrt(m/p)."""
+    """§2.2 and §5 check 3: Var = Σ_i[(1/p)Π(c+a) - Πa]; sd grows as sqrt(m/p), measured."""
     eps_prime, reps, p = 2.0 / 16, 1500, 0.25
     onehots = _data()
     raws = _simulate(onehots, eps_prime, reps, sample_rate=p)
@@ -95,20 +149,39 @@ def test_sampled_variant_variance_and_sqrt_m_over_p_law():
     assert np.all(np.abs(z) < 4), z
     ratio = raws.var(axis=0, ddof=1) / var
     assert np.all(np.abs(ratio - 1) < 4 * math.sqrt(2 / (reps - 1))), ratio
-    # the law itself: quartering p doubles the sd, quadrupling m doubles it (to within the a_ij terms)
-    sd = lambda oh, rate: np.sqrt(predicted_variance(oh, eps_prime, None, rate))  # noqa: E731
-    assert np.allclose(sd(onehots, 0.25) / sd(onehots, 1.0), 2.0, rtol=0.02)
+    # the law, measured: the empirical sd at p = 1/4 over that at p = 1 is the predicted ratio
+    # (≈ 2 = sqrt(1/p)); log(sd ratio) = log(var ratio)/2 has sd (1/2)·sqrt(2/(R-1) + 2/(R-1))
+    full = _simulate(onehots, eps_prime, reps, sample_rate=1.0)
+    predicted = np.sqrt(var / predicted_variance(onehots, eps_prime, None, 1.0).ravel())
+    c = 1 / (16 * eps_prime**2) - 0.25  # Var(p)/Var(1) = (S/p - T)/(S - T), S >= m c², T <= m
+    assert np.all(np.abs(predicted**2 - 1 / p) <= (1 / p - 1) / c)
+    measured = np.sqrt(raws.var(axis=0, ddof=1) / full.var(axis=0, ddof=1))
+    tol = 4 * 0.5 * math.sqrt(4 / (reps - 1))
+    assert np.all(np.abs(np.log(measured / predicted)) < tol), measured
+    # and in m: quadrupling the users doubles the predicted sd, to the same -Πa correction
     bigger = _data(m=4 * M_USERS)
-    assert np.allclose(sd(bigger, 1.0) / sd(onehots, 1.0), 2.0, rtol=0.05)
+    grown = predicted_variance(bigger, eps_prime, None, 1.0) / predicted_variance(
+        onehots, eps_prime, None, 1.0
+    )
+    assert np.all(np.abs(grown - 4) <= 4 * 2 / c)
 
 
-def test_public_sample_is_shared_and_has_rate_p():
-    """Thm B.2: S is public (every party derives the same) and holds ≈ p·m users."""
-    sample = public_sample(3, 10_000, 0.3)
+def test_every_party_sends_the_same_public_sample_of_users():
+    """Thm B.2: S is common to all parties. With ε' = 1/2 (no noise) the bits are the one-hot
+    values, so each party's message must hold exactly its values of the users in S, in order."""
+    from rayfed.protocols.pattern_count import randomize_step
+
+    table = synthetic_table(10_000, 2, SIZE, 0.5, seed=1)
+    sample = public_sample(3, table.num_rows, 0.3)
     assert abs(sample.sum() - 3000) < 4 * math.sqrt(10_000 * 0.3 * 0.7)
-    assert np.array_equal(
-        sample, public_sample(3, 10_000, 0.3)
-    )  # public: every party derives the same S
+    for j in range(2):
+        msg = randomize_step(
+            _party_context(table, j, seed=3), eps_prime=0.5, sample_rate=0.3, round=0
+        )
+        bits = np.unpackbits(msg.payload["bits"], axis=1, count=msg.payload["users"])
+        assert msg.payload["users"] == sample.sum()
+        assert np.array_equal(bits.argmax(axis=0), table.column(f"x{j}").to_numpy()[sample])
+        assert bits.shape == (SIZE, sample.sum())  # exactly (M+1)·|S| bits (§5 check 7)
 
 
 @pytest.mark.parametrize(

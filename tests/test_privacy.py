@@ -131,3 +131,36 @@ def test_pure_ledger_rejects_gaussian_clearly():
     ledger = PrivacyLedger(Budget(1.0, 1e-5), accountant="pure")
     with pytest.raises(Exception, match="pure accountant cannot account"):
         ledger.charge(dp_event.GaussianDpEvent(1.0), label="g")
+
+
+def test_parallel_run_scope_events_count_in_every_scope():
+    """An event in scope "run" touches every party's data: it composes into each parallel scope."""
+    ledger = PrivacyLedger(Budget(1.0), composition="parallel")
+    ledger.charge(dp_event.LaplaceDpEvent(noise_multiplier=2.0), label="party", scope="p0")  # 0.5
+    ledger.charge(
+        dp_event.LaplaceDpEvent(noise_multiplier=2.0), label="everyone", scope="run"
+    )  # 0.5
+    assert ledger.spent() == pytest.approx((1.0, 0.0))
+    ledger.charge(
+        dp_event.LaplaceDpEvent(noise_multiplier=4.0), label="late", scope="p1"
+    )  # run + 0.25
+    assert ledger.report().per_scope == pytest.approx({"p0": 1.0, "p1": 0.75, "run": 0.5})
+    with pytest.raises(BudgetExceeded, match="'run'"):
+        ledger.charge(dp_event.LaplaceDpEvent(noise_multiplier=10.0), label="more", scope="run")
+
+
+def test_delta_overrun_says_delta():
+    ledger = PrivacyLedger(Budget(1.0, 1e-6))
+    from rayfed.privacy import EpsilonDeltaDpEvent
+
+    with pytest.raises(BudgetExceeded, match="delta above"):
+        ledger.charge(EpsilonDeltaDpEvent(0.1, 1e-5), label="dp-subroutine")
+
+
+def test_report_holds_the_composed_event():
+    ledger = PrivacyLedger(Budget(1.0))
+    ledger.charge(dp_event.LaplaceDpEvent(noise_multiplier=2.0), label="a")
+    composed = ledger.report().composed_event
+    assert (
+        composed["type"] == "ComposedDpEvent" and composed["events"][0]["noise_multiplier"] == 2.0
+    )

@@ -133,13 +133,8 @@ class RoleActor:
     def ping(self) -> str:
         return self.ctx.name
 
-    def run(self, step, spec, *flat) -> tuple[MessageMeta | None, Any]:
-        """Execute ``step(ctx, *args, **kwargs)``; return (transcript meta or None, payload)."""
-        args, kwargs = unflatten(spec, flat)
-        reply = step(self.ctx, *args, **kwargs)
-        if not isinstance(reply, Message):
-            return None, reply
-        meta = MessageMeta(
+    def _meta(self, reply: Message) -> MessageMeta:
+        return MessageMeta(
             name=reply.name,
             sender=self.ctx.name,
             to=reply.to,
@@ -147,4 +142,22 @@ class RoleActor:
             dp_event=reply.dp_event,
             scope=reply.scope or (self.ctx.name if reply.dp_event is not None else None),
         )
-        return meta, reply.payload
+
+    def run(self, step, spec, *flat) -> tuple[MessageMeta | None, Any]:
+        """Execute ``step(ctx, *args, **kwargs)``; return (transcript meta or None, payload)."""
+        args, kwargs = unflatten(spec, flat)
+        reply = step(self.ctx, *args, **kwargs)
+        if not isinstance(reply, Message):
+            return None, reply
+        return self._meta(reply), reply.payload
+
+    def run_scatter(self, step, names: list[str], spec, *flat) -> tuple:
+        """Execute a step that returns one Message per receiver in ``names``; return
+        (metas by receiver, payload for names[0], payload for names[1], …) — one object each, so
+        every receiver is sent only its own message."""
+        args, kwargs = unflatten(spec, flat)
+        replies = step(self.ctx, *args, **kwargs)
+        if sorted(replies) != sorted(names):
+            raise ValueError(f"scatter step answered {sorted(replies)}, expected {sorted(names)}")
+        metas = {name: self._meta(replies[name]) for name in names}
+        return (metas, *(replies[name].payload for name in names))

@@ -36,16 +36,25 @@ class CoordinatorActor(RoleActor):
         self.ctx.ledger.note(text)
 
     def verify_charged(self, events: list[tuple]) -> None:
-        """Raise UnaccountedNoise unless every ``(scope, round, event)`` is in the ledger."""
-        charged = [(e.scope, e.round, e.event) for e in self.ctx.ledger.entries]
-        for item in events:
-            if item not in charged:
-                scope, round, event = item
+        """Raise UnaccountedNoise unless every ``(scope, round, event)`` matches a ledger entry not
+        matched before: each charge covers exactly one message carrying its event."""
+        used = self.ctx.state.setdefault("ledger_entries_used", set())
+        for scope, round, event in events:
+            match = next(
+                (
+                    i
+                    for i, e in enumerate(self.ctx.ledger.entries)
+                    if i not in used and (e.scope, e.round, e.event) == (scope, round, event)
+                ),
+                None,
+            )
+            if match is None:
                 raise UnaccountedNoise(
                     f"round {round}: a message from scope {scope!r} carries {event} that was not "
-                    "charged to the privacy ledger before the noise was drawn"
+                    "charged to the privacy ledger before the noise was drawn (or was charged once "
+                    "and sent twice)"
                 )
-            charged.remove(item)
+            used.add(match)
 
     def privacy_report(self) -> PrivacyReport:
         return self.ctx.ledger.report()

@@ -11,6 +11,7 @@ from rayfed.privacy.ledger import (
 )
 from rayfed.privacy.mechanisms import (
     binary_randomized_response,
+    binary_rr_event,
     discrete_laplace,
     gaussian,
     kary_randomized_response,
@@ -25,6 +26,7 @@ __all__ = [
     "PrivacyReport",
     "PureDpAccountant",
     "binary_randomized_response",
+    "binary_rr_event",
     "check_budget",
     "discrete_laplace",
     "event_to_dict",

@@ -23,6 +23,7 @@ from rayfed.errors import BudgetExceeded, ConfigError, RayfedError
 # Relative slack for comparing floating-point ε against the budget: a protocol that calibrates
 # its noise to spend exactly the budget must not be refused for a rounding error.
 _RTOL = 1e-9
+RUN_SCOPE = "run"
 
 
 @attr.s(frozen=True, slots=True, auto_attribs=True)
@@ -174,6 +175,7 @@ class PrivacyReport:
     per_scope: dict[str, float] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     entries: list[dict[str, Any]] = field(default_factory=list)
+    composed_event: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -228,9 +230,6 @@ class PrivacyLedger:
         self.notes: list[str] = []
         self._accountants: dict[str, PrivacyAccountant] = {}
 
-    def _key(self, scope: str) -> str:
-        return scope if self.composition == "parallel" else "run"
-
     def _compose(self, acc: PrivacyAccountant, event: dp_event.DpEvent) -> PrivacyAccountant:
         try:
             acc.compose(event)
@@ -245,17 +244,35 @@ class PrivacyLedger:
         delta = acc._delta if isinstance(acc, PureDpAccountant) else self.budget.delta
         return eps, delta
 
+    def _accountant_of(self, key: str) -> PrivacyAccountant:
+        """The key's accountant; a new parallel scope starts from every run-wide event so far."""
+        if key not in self._accountants:
+            acc = make_accountant(self.accountant, self.relation)
+            for e in self.entries:
+                if e.scope == RUN_SCOPE:
+                    self._compose(acc, e.event)
+            return acc
+        return self._accountants[key]
+
     def charge(
-        self, event: dp_event.DpEvent, *, label: str, scope: str = "run", round: int = 0
+        self, event: dp_event.DpEvent, *, label: str, scope: str = RUN_SCOPE, round: int = 0
     ) -> LedgerEntry:
-        """Record ``event`` or raise BudgetExceeded (recording nothing) if it would exceed the budget."""
-        key = self._key(scope)
-        current = self._accountants.get(key) or make_accountant(self.accountant, self.relation)
-        trial = self._compose(copy.deepcopy(current), event)
-        would = self._guarantee(trial)[0]
+        """Record ``event`` or raise BudgetExceeded (recording nothing) if it would exceed the budget.
+
+        Under parallel composition an event in scope ``"run"`` touches every scope's data, so it is
+        composed into every scope (and checked against the budget in each).
+        """
+        if self.composition == "sequential":
+            keys = [RUN_SCOPE]
+        elif scope == RUN_SCOPE:
+            keys = sorted(set(self._accountants) | {RUN_SCOPE})
+        else:
+            keys = [scope]
+        trials = {k: self._compose(copy.deepcopy(self._accountant_of(k)), event) for k in keys}
+        would = max(self._guarantee(acc)[0] for acc in trials.values())
         if not would <= self.budget.epsilon * (1 + _RTOL):
             raise BudgetExceeded(scope, label, would, self.budget.epsilon, self.budget.delta)
-        self._accountants[key] = trial
+        self._accountants.update(trials)
         entry = LedgerEntry(round=round, scope=scope, label=label, event=event, epsilon_after=would)
         self.entries.append(entry)
         return entry
@@ -268,7 +285,10 @@ class PrivacyLedger:
 
         Under sequential composition every scope shares one accountant: the run's.
         """
-        keys = [self._key(scope)] if scope is not None else list(self._accountants)
+        if scope is None:
+            keys = list(self._accountants)
+        else:
+            keys = [scope if self.composition == "parallel" else RUN_SCOPE]
         spent = [self._guarantee(self._accountants[k]) for k in keys if k in self._accountants]
         return (max(s[0] for s in spent), max(s[1] for s in spent)) if spent else (0.0, 0.0)
 
@@ -289,6 +309,7 @@ class PrivacyLedger:
             statement=self.statement,
             per_scope={s: self.spent(s)[0] for s in self.scopes()},
             notes=list(self.notes),
+            composed_event=event_to_dict(dp_event.ComposedDpEvent([e.event for e in self.entries])),
             entries=[
                 {
                     "round": e.round,

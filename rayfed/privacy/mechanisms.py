@@ -65,22 +65,29 @@ def rr_keep_probability(epsilon: float) -> float:
     return e / (1.0 + e)
 
 
-def binary_randomized_response(bits, *, keep_probability: float, rng: np.random.Generator):
-    """Report each bit truthfully with probability q, flipped otherwise (independently).
+def binary_rr_event(keep_probability: float) -> dp_event.RandomizedResponseDpEvent:
+    """The event of one bit of binary randomized response that keeps the bit with probability q.
 
-    Per bit this is ln(q / (1 - q))-DP. The event is ``RandomizedResponseDpEvent`` with two buckets
-    and noise parameter p = 2(1 - q) (dp_accounting's convention: with probability p output a
-    uniformly random bucket), describing one bit; compose it for as many bits as one neighbour
-    can change.
+    dp_accounting's RR outputs a uniform bucket with probability p, so q = 1 - p/2, p = 2(1 - q).
+    Build the event only through this function: the ledger matches events exactly, so the charged
+    and the drawn event must come from the same float operations.
     """
     q = float(keep_probability)
     if not 0.5 < q <= 1.0:
         raise ConfigError("keep_probability", f"must be in (0.5, 1], got {q!r}")
+    return dp_event.RandomizedResponseDpEvent(noise_parameter=2.0 * (1.0 - q), num_buckets=2)
+
+
+def binary_randomized_response(bits, *, keep_probability: float, rng: np.random.Generator):
+    """Report each bit truthfully with probability q, flipped otherwise (independently).
+
+    Per bit this is ln(q / (1 - q))-DP; the event (:func:`binary_rr_event`) describes one bit;
+    compose it for as many bits as one neighbour can change.
+    """
+    event = binary_rr_event(keep_probability)
     bits = np.asarray(bits).astype(bool)
-    flip = rng.random(bits.shape) >= q
-    return bits ^ flip, dp_event.RandomizedResponseDpEvent(
-        noise_parameter=2.0 * (1.0 - q), num_buckets=2
-    )
+    flip = rng.random(bits.shape) >= float(keep_probability)
+    return bits ^ flip, event
 
 
 def kary_randomized_response(values, *, k: int, epsilon: float, rng: np.random.Generator):

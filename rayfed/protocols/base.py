@@ -3,7 +3,7 @@
 A protocol is one module in ``rayfed/protocols/`` with a config dataclass, pure step functions for
 each role, and a subclass of :class:`Protocol` with two methods:
 
-* ``plan(cfg, run)`` loads or generates the data, checks it against the config, partitions it
+* ``plan(cfg, seed)`` loads or generates the data, checks it against the config, partitions it
   and declares the privacy budget — everything that can fail on bad input, before any actor starts;
 * ``drive(fed, cfg, plan)`` runs the rounds on a started :class:`~rayfed.federation.Federation`
   and returns an :class:`Outcome` (tables and metrics).

@@ -31,6 +31,7 @@ from typing import Any, Literal
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from dp_accounting import dp_event
 
 from rayfed import rng
@@ -38,7 +39,7 @@ from rayfed.actors.base import Message, StepContext
 from rayfed.config import DataConfig, option
 from rayfed.data import even_groups, load_table, party_names, require_clean, sort_by_key, vertical
 from rayfed.errors import ConfigError, DataError
-from rayfed.privacy import Budget, binary_randomized_response, check_budget
+from rayfed.privacy import Budget, binary_randomized_response, binary_rr_event, check_budget
 from rayfed.protocols.base import Outcome, Plan, Protocol
 
 Domain = int | list[str | int]
@@ -74,18 +75,26 @@ class PatternCountConfig:
         None,
         "data file: declared domain per column, a size n (values 0..n-1) or the list of values",
     )
-    evaluate: bool = option(
-        True, "add true counts and errors to the result (computed outside the protocol)"
+    out_of_domain: Literal["error", "zero"] = option(
+        "error",
+        "a data value outside its declared domain: error, or encode it as all-zero (spec §2.1)",
+    )
+    evaluate: bool | None = option(
+        None,
+        "add true counts and errors (non-private, computed outside the protocol); default: synthetic data only",
     )
     data: DataConfig = field(default_factory=DataConfig, metadata={"help": "data source"})
 
     def validate(self) -> None:
         check_budget(self.epsilon, 0.0)
-        if self.calibration == "paper" and self.epsilon >= 8:
+        if self.calibration == "paper" and not (
+            self.epsilon < 8 and exact_loss(self.epsilon / 16) <= self.epsilon
+        ):
             raise ConfigError(
                 "epsilon",
-                f"{self.epsilon} gives ε' = ε/16 >= 1/2 (no noise left)",
-                "epsilon < 8 with calibration=paper (the paper's theorems assume < 0.5)",
+                f"with calibration=paper, ε={self.epsilon} gives ε'=ε/16 whose exact loss "
+                "exceeds ε",
+                "epsilon <= 7.6 (the paper's theorems assume < 0.5), or calibration=exact",
             )
         if not 0 < self.sample_rate <= 1:
             raise ConfigError("sample_rate", f"must be in (0, 1], got {self.sample_rate}")
@@ -124,10 +133,14 @@ def exact_loss(eps_prime: float) -> float:
     return 2.0 * math.log((1 + 2 * eps_prime) / (1 - 2 * eps_prime))
 
 
+def keep_probability(eps_prime: float) -> float:
+    """Pr[reported bit = true bit] = 1/2 + ε'."""
+    return 0.5 + eps_prime
+
+
 def rr_event(eps_prime: float) -> dp_event.DpEvent:
     """The DP event of one party's message: RR on the two one-hot bits one user change can flip."""
-    bit = dp_event.RandomizedResponseDpEvent(noise_parameter=1.0 - 2.0 * eps_prime, num_buckets=2)
-    return dp_event.SelfComposedDpEvent(event=bit, count=2)
+    return dp_event.SelfComposedDpEvent(event=binary_rr_event(keep_probability(eps_prime)), count=2)
 
 
 def debias_constants(eps_prime: float) -> tuple[float, float]:
@@ -140,36 +153,52 @@ def per_user_variance_constant(eps_prime: float) -> float:
     return 1.0 / (16.0 * eps_prime**2) - 0.25
 
 
+def _column_index(values: pa.ChunkedArray, col: str, dom: Domain) -> np.ndarray:
+    """Index of each value in the declared domain of one column; -1 where it is outside."""
+    if isinstance(dom, int):
+        raw = values.to_numpy(zero_copy_only=False)
+        if not np.issubdtype(raw.dtype, np.number):
+            raise DataError(
+                f"domains.{col}",
+                f"column {col!r} is not numeric but its domain is a size",
+                "declare the list of its values instead",
+            )
+        idx = raw.astype(np.int64)
+        return np.where((raw == idx) & (idx >= 0) & (idx < dom), idx, -1)
+    try:
+        value_set = pa.array(dom).cast(values.type)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as err:
+        raise DataError(
+            f"domains.{col}",
+            f"declared values {dom!r} do not match the column's type {values.type}",
+            f"values of type {values.type}",
+        ) from err
+    idx = pc.index_in(values, value_set=value_set)
+    return pc.fill_null(idx, -1).to_numpy(zero_copy_only=False).astype(np.int64)
+
+
 def encode_values(table: pa.Table, columns: list[str], domains: dict[str, Domain]) -> np.ndarray:
     """One index in {0..size-1} per user from its columns (mixed radix); -1 if any value is outside
-    its declared domain (encoded as the all-zero one-hot vector)."""
+    its declared domain (encoded as the all-zero one-hot vector, spec §2.1)."""
     index = np.zeros(table.num_rows, dtype=np.int64)
     valid = np.ones(table.num_rows, dtype=bool)
     for col in columns:
         dom = domains[col]
-        values = table.column(col)
-        if isinstance(dom, int):
-            raw = values.to_numpy(zero_copy_only=False)
-            if not np.issubdtype(raw.dtype, np.number):
-                raise DataError(
-                    f"domains.{col}",
-                    f"column {col!r} is not numeric but its domain is a size",
-                    "declare the list of its values instead",
-                )
-            idx = raw.astype(np.int64)
-            ok = (raw == idx) & (idx >= 0) & (idx < dom)
-            size = dom
-        else:
-            lookup = {str(v): i for i, v in enumerate(dom)}
-            labels = [str(v) for v in values.to_pylist()]
-            idx = np.fromiter(
-                (lookup.get(s, -1) for s in labels), dtype=np.int64, count=len(labels)
-            )
-            ok = idx >= 0
-            size = len(dom)
-        index = index * size + np.where(ok, idx, 0)
+        idx = _column_index(table.column(col), col, dom)
+        ok = idx >= 0
+        index = index * (dom if isinstance(dom, int) else len(dom)) + np.where(ok, idx, 0)
         valid &= ok
     return np.where(valid, index, -1)
+
+
+def out_of_domain(
+    table: pa.Table, columns: list[str], domains: dict[str, Domain]
+) -> dict[str, int]:
+    """Number of values outside the declared domain, per column (only the non-zero ones)."""
+    counts = {
+        c: int(np.count_nonzero(_column_index(table.column(c), c, domains[c]) < 0)) for c in columns
+    }
+    return {c: n for c, n in counts.items() if n}
 
 
 def one_hot(values: np.ndarray, size: int) -> np.ndarray:
@@ -266,7 +295,9 @@ def randomize_step(
     values = values[public_sample(ctx.seed, values.size, sample_rate)]
     onehot = one_hot(values, ctx.meta["size"])
     noisy, bit_event = binary_randomized_response(
-        onehot, keep_probability=0.5 + eps_prime, rng=ctx.rng("randomized-response", round)
+        onehot,
+        keep_probability=keep_probability(eps_prime),
+        rng=ctx.rng("randomized-response", round),
     )
     payload = {"bits": np.packbits(noisy, axis=1), "users": int(values.size)}
     return Message(
@@ -348,12 +379,58 @@ def _resolve_patterns(cfg: PatternCountConfig, labels: list[list[str]]) -> np.nd
     return out
 
 
+MAX_ONEHOT_BYTES = 4 << 30
+
+
+def _reject_inapplicable(cfg: PatternCountConfig) -> None:
+    """Options that the chosen data source ignores are an error, not silently dropped."""
+    default = PatternCountConfig()
+    if cfg.data.path is None:
+        for name, value in (
+            ("data.columns", cfg.data.columns),
+            ("data.key", cfg.data.key),
+            ("domains", cfg.domains),
+        ):
+            if value is not None:
+                raise ConfigError(
+                    name,
+                    "applies to a data file, but no data.path is given",
+                    "set data.path, or drop this option for synthetic data",
+                )
+        return
+    for name in ("users", "domain_size", "correlation"):
+        if getattr(cfg, name) != getattr(default, name):
+            raise ConfigError(
+                name, "applies to synthetic data only, but data.path is given", "drop this option"
+            )
+    if cfg.data.columns is not None and cfg.parties not in (default.parties, len(cfg.data.columns)):
+        raise ConfigError(
+            "parties",
+            f"{cfg.parties} parties but data.columns names {len(cfg.data.columns)}",
+            "drop parties when data.columns is given",
+        )
+
+
+def _check_memory(groups: dict[str, list[str]], domains: dict[str, Domain], users: int) -> None:
+    """Each party materialises a (values x users) one-hot matrix: refuse one above 4 GiB."""
+    for party, cols in groups.items():
+        size = math.prod(d if isinstance(d, int) else len(d) for d in (domains[c] for c in cols))
+        if size * users > MAX_ONEHOT_BYTES:
+            raise ConfigError(
+                f"data.columns.{party}",
+                f"party {party!r} has {size:,} joint values x {users:,} users: "
+                f"its one-hot encoding needs {size * users / 2**30:.1f} GiB",
+                f"at most {MAX_ONEHOT_BYTES >> 30} GiB: fewer or coarser columns per party",
+            )
+
+
 class PatternCount(Protocol):
     name = "pattern-count"
     summary = "DP pattern counting in vertical FL: per-bit randomized response on one-hot values (Alg. 1, Thm B.2)"
     Config = PatternCountConfig
 
     def plan(self, cfg: PatternCountConfig, seed: int) -> Plan:
+        _reject_inapplicable(cfg)
         if cfg.data.path is None:
             table = synthetic_table(cfg.users, cfg.parties, cfg.domain_size, cfg.correlation, seed)
             domains: dict[str, Domain] = {f"x{j}": cfg.domain_size for j in range(cfg.parties)}
@@ -384,6 +461,17 @@ class PatternCount(Protocol):
         partitions = vertical(table, groups, key)
         require_clean(table, [c for cols in groups.values() for c in cols])
         order = list(groups)
+        _check_memory(groups, domains, table.num_rows)
+        outside = {
+            c: n for p in order for c, n in out_of_domain(partitions[p], groups[p], domains).items()
+        }
+        if outside and cfg.out_of_domain == "error":
+            col, n = next(iter(outside.items()))
+            raise DataError(
+                f"domains.{col}",
+                f"{n} value(s) of column {col!r} are outside its declared domain",
+                "declare them in domains, or set out_of_domain=zero to encode them as all-zero",
+            )
         labels = [_domain_labels(groups[p], domains) for p in order]
         patterns = _resolve_patterns(cfg, labels)
         parties = {
@@ -399,7 +487,7 @@ class PatternCount(Protocol):
         }
         sent = int(public_sample(seed, table.num_rows, cfg.sample_rate).sum())
         evaluation = None
-        if cfg.evaluate:
+        if cfg.evaluate or (cfg.evaluate is None and cfg.data.path is None):
             onehots = [
                 one_hot(encode_values(partitions[p], groups[p], domains), len(lab))
                 for p, lab in zip(order, labels, strict=True)
@@ -426,6 +514,7 @@ class PatternCount(Protocol):
                 "patterns": patterns,
                 "users": table.num_rows,
                 "sent": sent,
+                "outside": outside,
             },
         )
 
@@ -467,6 +556,19 @@ class PatternCount(Protocol):
         fed.note(
             f"a user whose values change at all {len(order)} parties: ε = {len(order) * loss:.4f} (sequential)"
         )
+        if plan.info["outside"]:
+            fed.note(
+                f"values outside the declared domains were encoded as all-zero: {plan.info['outside']}"
+            )
+        fed.note(
+            "simulation: the noise is drawn from the run's seeded PRNG and can be regenerated from the "
+            "root seed in manifest.json; the guarantee assumes that seed stays secret"
+        )
+        if plan.evaluation is not None:
+            fed.note(
+                "the columns true_count, error and predicted_sd are computed from the raw data outside "
+                "the protocol and are not private"
+            )
         return self._outcome(cfg, plan, raw, eps_prime)
 
     def _outcome(
