@@ -31,7 +31,7 @@ from rayfed.actors.base import MessageMeta, RoleActor, _Slot
 from rayfed.actors.cohort import UserCohortActor
 from rayfed.actors.coordinator import CoordinatorActor
 from rayfed.actors.party import PartyActor
-from rayfed.errors import ConfigError, PartyFailed, RayfedError, RoundTimeout
+from rayfed.errors import BelowThreshold, ConfigError, PartyFailed, RayfedError, RoundTimeout
 from rayfed.privacy.ledger import Budget, event_to_dict
 
 BACKENDS = ("ray", "local")
@@ -533,6 +533,11 @@ class Federation:
                 raise _cause(err) from err
             raise PartyFailed(who_text, self.round_no, phase, _reason(err)) from err
         return out[0] if single else out
+
+    def require_quorum(self, alive: int, minimum: int, phase: str) -> None:
+        """BelowThreshold unless at least ``minimum`` participants are still alive after ``phase``."""
+        if alive < minimum:
+            raise BelowThreshold(phase, alive, minimum, self.round_no)
 
     def one(self, replies: Replies) -> Any:
         """The payload of a single-member phase (e.g. the coordinator's), fetched to the driver."""

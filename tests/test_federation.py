@@ -222,3 +222,12 @@ def test_member_names_are_checked():
         Federation(
             run_id="t", seed=0, parties={"cohorts": (pa.table({"x": [1]}), {})}, budget=Budget(1.0)
         )
+
+
+def test_quorum_check():
+    from rayfed.errors import BelowThreshold
+
+    fed = make_fed("local")
+    fed.require_quorum(3, 3, "collect")
+    with pytest.raises(BelowThreshold, match="2 participants alive, threshold is 3"):
+        fed.require_quorum(2, 3, "collect")
