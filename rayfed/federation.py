@@ -50,6 +50,19 @@ class Replies:
     def names(self) -> list[str]:
         return sorted(self.payloads)
 
+    def single(self) -> Single:
+        """The payload of a one-member phase (e.g. the coordinator's broadcast), to pass on as an
+        argument without fetching it to the driver."""
+        (name,) = self.names()
+        return Single(self.payloads[name])
+
+
+@dataclass(frozen=True)
+class Single:
+    """One payload (or its object ref) passed as an argument: see :meth:`Replies.single`."""
+
+    payload: Any
+
 
 @dataclass
 class Transcript:
@@ -149,6 +162,8 @@ def _flatten(obj: Any, flat: list) -> Any:
 
     if isinstance(obj, Replies):
         return {name: _flatten(obj.payloads[name], flat) for name in obj.names()}
+    if isinstance(obj, Single):
+        return _flatten(obj.payload, flat)
     if isinstance(obj, ray.ObjectRef):
         flat.append(obj)
         return _Slot(len(flat) - 1)
@@ -163,6 +178,8 @@ def _plain(obj: Any) -> Any:
     """The local backend's flattening: Replies become plain dicts of payloads."""
     if isinstance(obj, Replies):
         return {name: obj.payloads[name] for name in obj.names()}
+    if isinstance(obj, Single):
+        return obj.payload
     if isinstance(obj, dict):
         return {k: _plain(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
@@ -228,9 +245,10 @@ class Group:
         """Run ``step(ctx, *args, **kwargs)`` on every member (or ``members``) and gather replies.
 
         Replies from an earlier phase (or object refs) may be passed as arguments: they reach the
-        actors as plain payloads, without passing through the driver. ``on_failure="drop"`` turns a
-        member that dies or misses the deadline into a dropout (listed in ``Replies.failed``)
-        instead of raising PartyFailed / RoundTimeout.
+        actors as plain payloads, without passing through the driver; ``PerMember(...)`` sends each
+        member its own value. ``on_failure="drop"`` turns a member that dies or misses the deadline
+        into a dropout (listed in ``Replies.failed``) instead of raising PartyFailed / RoundTimeout;
+        an exception raised by a step is always a PartyFailed.
         """
         names = members if members is not None else self.names
         deadline = self.fed.deadline_s if deadline_s is None else deadline_s
@@ -258,10 +276,7 @@ class Group:
                 metas[name], payloads[name] = self.handles[name].run(step, spec)
             except RayfedError:
                 raise
-            except Exception as err:
-                if on_failure == "drop":
-                    failed.append(name)
-                    continue
+            except Exception as err:  # in-process members cannot die: every exception is a failure
                 self._fail(name, phase, f"{type(err).__name__}: {err}", err)
         return Replies(payloads, metas, failed)
 
@@ -295,7 +310,8 @@ class Group:
             except ray.exceptions.RayError as err:
                 if isinstance(_cause(err), RayfedError):
                     raise _cause(err) from err
-                if on_failure == "drop":
+                # only a member that is gone becomes a dropout; an exception in a step is a failure
+                if on_failure == "drop" and isinstance(err, ray.exceptions.RayActorError):
                     failed.append(name)
                     continue
                 self._fail(name, phase, _reason(err), err)

@@ -55,6 +55,9 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None) -> dict[
     if num_cpus is not None and (not isinstance(num_cpus, int) or num_cpus < 1):
         raise ConfigError("num_cpus", f"must be an integer >= 1, got {num_cpus!r}")
     quiet = dict(log_to_driver=False, logging_level=logging.ERROR, configure_logging=True)
+    # A failed step's payload ref is never fetched (its error arrives through the meta ref, and
+    # becomes a typed rayfed error); without this Ray prints it again as "Unhandled error".
+    os.environ.setdefault("RAY_IGNORE_UNHANDLED_ERRORS", "1")
     # Ray warns on every local start that token authentication is on by default; that is noise
     # for an embedded single-machine run, so it is muted for the duration of init only.
     ray_logger = logging.getLogger("ray")

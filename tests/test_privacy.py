@@ -76,7 +76,7 @@ def test_mechanisms_reject_bad_epsilon(bad):
 @pytest.mark.parametrize(
     "eps,delta,field",
     [
-        (0, 0, "epsilon"),
+        (0, 1e-6, "epsilon"),
         (-1, 0, "epsilon"),
         (1, 1.0, "delta"),
         (1, -0.1, "delta"),

@@ -97,13 +97,19 @@ RELATIONS = {
 
 @dataclass(frozen=True)
 class Budget:
-    """A declared privacy budget: ε > 0 and 0 <= δ < 1."""
+    """A declared privacy budget: ε > 0 and 0 <= δ < 1 — or :meth:`none` for a protocol that adds
+    no DP noise at all (its ledger refuses every charge)."""
 
     epsilon: float
     delta: float = 0.0
 
     def __post_init__(self):
-        check_budget(self.epsilon, self.delta)
+        if (self.epsilon, self.delta) != (0.0, 0.0):
+            check_budget(self.epsilon, self.delta)
+
+    @staticmethod
+    def none() -> Budget:
+        return Budget(0.0, 0.0)
 
 
 def check_budget(

@@ -10,6 +10,7 @@ from rayfed.protocols.base import Outcome, Plan, Protocol, Result
 #: name -> (module, class). Add a protocol here and in its own module; see README "Adding a protocol".
 REGISTRY: dict[str, tuple[str, str]] = {
     "pattern-count": ("rayfed.protocols.pattern_count", "PatternCount"),
+    "secure-sum": ("rayfed.protocols.secure_sum", "SecureSum"),
 }
 
 

@@ -72,6 +72,10 @@ class Result:
             f"  privacy: {self.privacy.summary()}",
             *(f"           {note}" for note in self.privacy.notes),
             f"  time:    {self.seconds:.2f} s",
+            "  phases:  "
+            + ", ".join(f"{k} {v:.2f} s" for k, v in self.metrics["phase_seconds"].items())
+            if "phase_seconds" in self.metrics
+            else None,
             f"  moved:   {totals['bytes']:,} bytes in {totals['messages']} messages",
             f"  output:  {self.run_dir}" if self.run_dir else None,
         ]

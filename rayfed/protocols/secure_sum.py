@@ -1,0 +1,317 @@
+"""Secure sum: n simulated users in cohort actors sum their vectors through SecAgg / SecAgg+.
+
+The protocol of :mod:`rayfed.secagg` on its own, for measuring it: users, vector length, dropout
+rates and patterns, mode and degree are options; the result says whether the decoded sum equals
+the plaintext sum of the survivors' quantised inputs *exactly*, with the time of every phase.
+
+Privacy: secure aggregation adds no noise, so there is no differential privacy here: the server
+learns the exact sum over the users whose masked input arrived (and, in ``secure``/``simulation``
+mode, nothing else). ``dealer`` mode is not secure against the server; ``plain`` is no protection.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+import pyarrow as pa
+
+from rayfed import rng
+from rayfed.actors.base import StepContext
+from rayfed.config import DataConfig, option
+from rayfed.data import load_table, per_user, require_clean, require_columns
+from rayfed.dropout import DropoutSchedule
+from rayfed.errors import ConfigError, DataError
+from rayfed.privacy import Budget
+from rayfed.protocols.base import Outcome, Plan, Protocol
+from rayfed.secagg import FixedPoint, check_params, find_params, make_spec, secure_sum
+
+INSECURE = {
+    "plain": "INSECURE baseline (mode=plain): inputs are sent unmasked",
+    "dealer": "dealer mode: a trusted dealer (the coordinator) holds every mask seed; not secure against the server",
+}
+
+
+@dataclass(frozen=True)
+class SecureSumConfig:
+    """Options of ``rayfed run secure-sum``."""
+
+    users: int = option(1000, "number of simulated users n (synthetic data)")
+    dim: int = option(100, "vector length d per user")
+    mode: Literal["secure", "simulation", "dealer", "plain"] = option(
+        "simulation",
+        "secure: OS randomness; simulation: seeded; dealer: no key agreement; plain: insecure",
+    )
+    graph: Literal["auto", "complete", "harary"] = option(
+        "auto",
+        "neighbour graph: complete (SecAgg), harary (SecAgg+), auto: sparse when it meets the bounds",
+    )
+    degree: int | None = option(
+        None, "override the neighbour degree k (even; >= users-1 is the complete graph)"
+    )
+    threshold: int | None = option(None, "override the Shamir threshold t")
+    tolerated_dropout: float = option(0.3, "dropout fraction δ the parameters must tolerate")
+    corrupt_fraction: float = option(0.05, "fraction γ of clients that may collude with the server")
+    sigma: float = option(40.0, "statistical security parameter: failure probability <= 2^-sigma")
+    eta: float = option(
+        30.0, "correctness parameter: abort probability <= 2^-eta at tolerated_dropout"
+    )
+    dropout: float = option(0.0, "fraction of users dropping at dropout_phase, per round")
+    dropout_phase: Literal[
+        "before_advertise", "after_share_keys", "after_masked_input", "during_unmask"
+    ] = option("after_masked_input", "phase at which the `dropout` fraction drops")
+    dropout_rates: dict[str, float] | None = option(
+        None, "per-phase dropout rates (replaces dropout/dropout_phase)"
+    )
+    dropout_users: dict[str, list[int]] | None = option(
+        None, "explicit user ids dropping per phase"
+    )
+    clip: float = option(1.0, "inputs are clipped to [-clip, clip]")
+    frac_bits: int = option(16, "fixed-point scale 2^frac_bits")
+    modulus_bits: int | None = option(
+        None, "modulus 2^b (default: the smallest that holds the sum)"
+    )
+    cohorts: int | None = option(None, "user-cohort actors (default: this machine's CPUs)")
+    rounds: int = option(1, "aggregation rounds (fresh keys each round)")
+    kill: str | None = option(
+        None, "fault injection 'COHORT@PHASE', e.g. c1@masked_input: that actor exits"
+    )
+    data: DataConfig = field(default_factory=DataConfig, metadata={"help": "data source"})
+
+    def validate(self) -> None:
+        for name in ("users", "dim", "rounds"):
+            if getattr(self, name) < 1:
+                raise ConfigError(name, f"must be >= 1, got {getattr(self, name)}")
+        if self.users < 2:
+            raise ConfigError("users", "secure aggregation needs at least 2 users")
+        if not 0 <= self.dropout <= 1:
+            raise ConfigError("dropout", f"must be a fraction in [0, 1], got {self.dropout}")
+        if self.cohorts is not None and self.cohorts < 1:
+            raise ConfigError("cohorts", f"must be >= 1, got {self.cohorts}")
+        self.schedule()  # unknown phases or rates outside [0, 1] fail here, before any actor
+        if self.kill is not None:
+            cohort, _, phase = self.kill.partition("@")
+            if not cohort or phase not in ("advertise", "share_keys", "masked_input", "unmask"):
+                raise ConfigError(
+                    "kill",
+                    f"expected COHORT@PHASE, got {self.kill!r}",
+                    "phases advertise, share_keys, masked_input, unmask",
+                )
+
+    def schedule(self) -> DropoutSchedule:
+        rates = (
+            dict(self.dropout_rates)
+            if self.dropout_rates is not None
+            else ({self.dropout_phase: self.dropout} if self.dropout else {})
+        )
+        return DropoutSchedule(rates=rates, explicit=dict(self.dropout_users or {}))
+
+
+# --- inputs, computed inside each cohort for its users -------------------------------------------
+def synthetic_inputs(
+    ctx: StepContext, round: int, ids: np.ndarray, dim: int, clip: float
+) -> np.ndarray:
+    """Uniform on [-clip, clip], keyed by (round, user id): the same wherever the user is hosted."""
+    return (rng.keyed_uniform(ctx.seed, "synthetic", round, ids, dim) * 2 - 1) * clip
+
+
+def table_inputs(ctx: StepContext, round: int, ids: np.ndarray, columns: list[str]) -> np.ndarray:
+    """The users' rows of the value columns (one row per user)."""
+    rows = np.searchsorted(ctx.table.column("user_id").to_numpy(), ids)
+    return np.column_stack([ctx.table.column(c).to_numpy()[rows] for c in columns]).astype(
+        np.float64
+    )
+
+
+class SecureSum(Protocol):
+    name = "secure-sum"
+    summary = (
+        "secure aggregation (SecAgg / SecAgg+) of users' vectors with dropouts, real cryptography"
+    )
+    Config = SecureSumConfig
+
+    def plan(self, cfg: SecureSumConfig, seed: int) -> Plan:
+        if cfg.data.path is None:
+            table = pa.table({"user_id": np.arange(cfg.users, dtype=np.int64)})
+            columns: list[str] = []
+        else:
+            if cfg.data.key is None:
+                raise ConfigError(
+                    "data.key",
+                    "a data file needs the user key column",
+                    "e.g. --set data.key=user_id",
+                )
+            table = load_table(cfg.data.path, cfg.data.format)
+            require_columns(table, [cfg.data.key], "data.key")
+            columns = (cfg.data.columns or {}).get("values") or [
+                c for c in table.column_names if c != cfg.data.key
+            ]
+            require_columns(table, columns, "data.columns.values")
+            require_clean(table, columns)
+            keys = table.column(cfg.data.key).to_numpy()
+            if np.unique(keys).size != keys.size:
+                raise DataError(
+                    "data.key", "one row per user is expected", "aggregate the rows per user first"
+                )
+            if cfg.users != SecureSumConfig.users or cfg.dim != SecureSumConfig.dim:
+                raise ConfigError(
+                    "users",
+                    "users and dim come from the data file when data.path is given",
+                    "drop users/dim",
+                )
+        n = table.num_rows
+        dim = len(columns) or cfg.dim
+        n_cohorts = min(cfg.cohorts or os.cpu_count() or 1, n)
+        cohorts = per_user(table, cfg.data.key or "user_id", n_cohorts)
+        if cfg.kill is not None and cfg.kill.split("@")[0] not in cohorts:
+            raise ConfigError("kill", f"no cohort {cfg.kill.split('@')[0]!r}", sorted(cohorts))
+        if cfg.degree is not None or cfg.threshold is not None:
+            base = find_params(
+                n,
+                dropout=cfg.tolerated_dropout,
+                corrupt=cfg.corrupt_fraction,
+                sigma=cfg.sigma,
+                eta=cfg.eta,
+                graph=cfg.graph,
+            )
+            params = check_params(
+                n,
+                cfg.degree or base.degree,
+                cfg.threshold or base.threshold,
+                dropout=cfg.tolerated_dropout,
+                corrupt=cfg.corrupt_fraction,
+            )
+        else:
+            params = find_params(
+                n,
+                dropout=cfg.tolerated_dropout,
+                corrupt=cfg.corrupt_fraction,
+                sigma=cfg.sigma,
+                eta=cfg.eta,
+                graph=cfg.graph,
+            )
+        encoding = FixedPoint.choose(n, cfg.clip, cfg.frac_bits, cfg.modulus_bits)
+        statement = INSECURE.get(
+            cfg.mode,
+            "no differential privacy: the server learns the exact sum of the "
+            "survivors' inputs and, under the SecAgg assumptions, nothing else",
+        )
+        return Plan(
+            budget=Budget.none(),
+            ledger=dict(statement=statement),
+            cohorts={name: (t, {}) for name, t in cohorts.items()},
+            rounds=cfg.rounds,
+            evaluation={"table": table if columns else None},
+            info={
+                "registry": np.sort(table.column(cfg.data.key or "user_id").to_numpy()),
+                "params": params,
+                "encoding": encoding,
+                "dim": dim,
+                "columns": columns,
+            },
+        )
+
+    def drive(self, fed, cfg: SecureSumConfig, plan: Plan) -> Outcome:
+        info = plan.info
+        kill = tuple(cfg.kill.split("@")) if cfg.kill else None
+        rows, results = [], []
+        for r in range(cfg.rounds):
+            with fed.round(r):
+                spec = make_spec(
+                    round=r,
+                    mode=cfg.mode,
+                    registry=info["registry"],
+                    params=info["params"],
+                    encoding=info["encoding"],
+                    dim=info["dim"],
+                    dropout=cfg.schedule(),
+                    tag=fed.run_id.encode(),
+                    kill=kill if r == 0 else None,
+                )
+                if info["columns"]:
+                    result = secure_sum(fed, spec, table_inputs, (info["columns"],))
+                else:
+                    result = secure_sum(fed, spec, synthetic_inputs, (info["dim"], cfg.clip))
+            expected = self._plaintext(fed.seed, r, result.survivors, cfg, plan)
+            exact = bool(np.array_equal(expected, result.words))
+            results.append((result, exact))
+            rows.append(
+                {
+                    "round": r,
+                    "exact": exact,
+                    "survivors": int(result.survivors.size),
+                    **{f"alive_{k}": v for k, v in result.counts.items()},
+                    "failed_cohorts": ",".join(result.failed_cohorts),
+                }
+            )
+        if cfg.mode in INSECURE:
+            fed.note(INSECURE[cfg.mode])
+        last, exact = results[-1]
+        plain = info["encoding"].decode(
+            self._plaintext(fed.seed, cfg.rounds - 1, last.survivors, cfg, plan)
+        )
+        params = info["params"]
+        phase_seconds: dict[str, float] = {}
+        for t in fed.timings:
+            if t["phase"] != "(round)":
+                phase_seconds[t["phase"]] = phase_seconds.get(t["phase"], 0.0) + t["seconds"]
+        metrics = {
+            "exact": all(e for _, e in results),
+            "mode": cfg.mode,
+            "secure": cfg.mode in ("secure", "simulation"),
+            "users": int(info["registry"].size),
+            "dim": info["dim"],
+            "cohorts": len(fed.cohorts),
+            "degree": params.degree,
+            "threshold": params.threshold,
+            "min_survivors": params.min_survivors,
+            "complete_graph": params.complete,
+            "log2_security_failure": params.log2_security_failure,
+            "log2_correctness_failure": params.log2_correctness_failure,
+            "modulus_bits": info["encoding"].modulus_bits,
+            "phase_seconds": phase_seconds,
+            "rounds": rows,
+        }
+        graph = (
+            "complete graph (SecAgg)"
+            if params.complete
+            else f"Harary graph k={params.degree} (SecAgg+)"
+        )
+        headline = (
+            f"sum of {last.survivors.size}/{info['registry'].size} survivors' {info['dim']}-vectors "
+            f"{'EXACT' if metrics['exact'] else 'NOT EXACT'}; {graph}, t={params.threshold}, mode={cfg.mode}"
+        )
+        if cfg.mode in INSECURE:
+            headline += f" [{INSECURE[cfg.mode]}]"
+        tables = {
+            "sum": pa.table(
+                {
+                    "coordinate": np.arange(info["dim"]),
+                    "secure_sum": last.sum,
+                    "plaintext_sum": plain,
+                }
+            ),
+            "rounds": pa.Table.from_pylist(rows),
+        }
+        return Outcome(tables=tables, metrics=metrics, headline=headline)
+
+    @staticmethod
+    def _plaintext(
+        seed: int, round: int, survivors: np.ndarray, cfg: SecureSumConfig, plan: Plan
+    ) -> np.ndarray:
+        """Evaluation only: the quantised plaintext sum over the survivors, computed outside the protocol."""
+        info = plan.info
+        enc: FixedPoint = info["encoding"]
+        if info["columns"]:
+            table = plan.evaluation["table"]
+            keys = table.column(cfg.data.key).to_numpy()
+            rows = np.flatnonzero(np.isin(keys, survivors))
+            x = np.column_stack([table.column(c).to_numpy()[rows] for c in info["columns"]]).astype(
+                np.float64
+            )
+        else:
+            ctx = StepContext(name="evaluation", role="driver", seed=seed)
+            x = synthetic_inputs(ctx, round, survivors, info["dim"], cfg.clip)
+        return enc.reduce(enc.encode(x).astype(np.uint64).sum(axis=0))

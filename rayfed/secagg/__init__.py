@@ -1,0 +1,142 @@
+"""Secure aggregation (SecAgg, Bonawitz et al. CCS 2017; SecAgg+, Bell et al. CCS 2020) over
+simulated users held in UserCohortActors.
+
+The one recipe protocols use is :func:`secure_sum`: every cohort's users contribute a vector
+(computed by ``input_fn`` inside the cohort), and the coordinator learns the sum over the users
+whose masked input arrived — nothing else — or the round ends with BelowThreshold. Driver calls
+per phase are one per cohort, never one per user.
+
+Modes (same code path for the first two):
+
+* ``secure``     — X25519 keys, self-mask seeds and Shamir randomness from the OS;
+* ``simulation`` — the same from the run's seeded streams, keyed by user id (reproducible);
+* ``dealer``     — a trusted dealer (the coordinator) derives every self-mask and pairwise-mask
+  seed from one key (AES as a PRF): the same mask structure without key agreement or secret
+  sharing, for n >= 10^5; *not* secure against the server — a scale simulation;
+* ``plain``      — no masking at all: an insecure baseline, labelled so in every output.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from rayfed.dropout import DropoutSchedule
+from rayfed.secagg import client, server
+from rayfed.secagg.encoding import FixedPoint
+from rayfed.secagg.params import SecAggParams, check_params, find_params
+from rayfed.secagg.spec import MODES, ProtocolViolation, RoundSpec
+
+__all__ = [
+    "MODES",
+    "AggregationResult",
+    "DropoutSchedule",
+    "FixedPoint",
+    "ProtocolViolation",
+    "RoundSpec",
+    "SecAggParams",
+    "check_params",
+    "find_params",
+    "make_spec",
+    "secure_sum",
+]
+
+
+@dataclass
+class AggregationResult:
+    """The decoded sum of the survivors' inputs and what the round looked like."""
+
+    sum: np.ndarray
+    words: np.ndarray
+    survivors: np.ndarray
+    dropped_after_sharing: np.ndarray
+    counts: dict[str, int]
+    failed_cohorts: list[str]
+    mode: str
+
+    @property
+    def secure(self) -> bool:
+        return self.mode in ("secure", "simulation")
+
+
+def make_spec(
+    *,
+    round: int,
+    mode: str,
+    registry: np.ndarray,
+    params: SecAggParams,
+    encoding: FixedPoint,
+    dim: int,
+    dropout: DropoutSchedule | None = None,
+    tag: bytes = b"rayfed",
+    kill: tuple[str, str] | None = None,
+) -> RoundSpec:
+    return RoundSpec(
+        round=round,
+        mode=mode,
+        registry=np.asarray(registry, dtype=np.int64),
+        degree=params.degree,
+        threshold=params.threshold,
+        min_survivors=params.min_survivors,
+        complete=params.complete,
+        encoding=encoding,
+        dim=dim,
+        dropout=dropout or DropoutSchedule(),
+        tag=tag,
+        kill=kill,
+    )
+
+
+def secure_sum(
+    fed, spec: RoundSpec, input_fn: Callable[..., Any], input_args: tuple = ()
+) -> AggregationResult:
+    """Run one aggregation round on ``fed``'s cohorts; ``input_fn(ctx, round, user_ids, *input_args)``
+    returns the (users x dim) float inputs of a cohort's surviving users.
+
+    A cohort actor that dies (or misses a deadline) turns its users into dropouts at that phase;
+    the round completes if enough users survive, else raises BelowThreshold.
+    """
+    from rayfed.federation import PerMember
+
+    cohorts = fed.cohorts
+    failed: list[str] = []
+
+    def alive() -> list[str]:
+        return [n for n in cohorts.names if n not in failed]
+
+    keys = cohorts.run(client.advertise, spec, phase="advertise", on_failure="drop")
+    failed += keys.failed
+    table = fed.coordinator.run(server.collect_keys, spec, keys, phase="collect_keys")
+    shares = cohorts.run(
+        client.share_keys,
+        spec,
+        table.single(),
+        phase="share_keys",
+        members=alive(),
+        on_failure="drop",
+    )
+    failed += shares.failed
+    routed = fed.coordinator.scatter(
+        server.route_shares, spec, shares, to=alive(), phase="route_shares"
+    )
+    masked = cohorts.run(
+        client.masked_input,
+        spec,
+        PerMember(routed),
+        input_fn,
+        tuple(input_args),
+        phase="masked_input",
+        members=alive(),
+        on_failure="drop",
+    )
+    failed += masked.failed
+    request = fed.coordinator.run(server.collect_masked, spec, masked, phase="collect_masked")
+    answers = cohorts.run(
+        client.unmask, spec, request.single(), phase="unmask", members=alive(), on_failure="drop"
+    )
+    failed += answers.failed
+    out = fed.one(fed.coordinator.run(server.finish, spec, answers, phase="reconstruct"))
+    return AggregationResult(failed_cohorts=sorted(failed), mode=spec.mode, **out)

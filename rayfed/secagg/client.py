@@ -1,0 +1,365 @@
+"""Client steps of secure aggregation, run by a UserCohortActor for all of its users at once.
+
+Each step takes the cohort's context, the round's :class:`RoundSpec` and the server's last message,
+and returns the users' messages to the server as arrays (one row per user or per user pair). Work
+that is per user is vectorised (Shamir sharing, encodings, dealer masks); what is inherently per
+user pair — an X25519 agreement, an AES-GCM encryption, a keystream under a pair key — is a loop
+over pairs, which is the protocol's own cost.
+
+Per-user state of the round lives in ``ctx.state["secagg"][round]``. Users drop out as the
+round's DropoutSchedule says; a user never reveals both the key share and the self-mask share of
+the same peer.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from rayfed.actors.base import Message, StepContext
+from rayfed.dropout import NEVER, PHASES
+from rayfed.secagg import _crypto, shamir
+from rayfed.secagg.spec import (
+    ProtocolViolation,
+    RoundSpec,
+    dealer_key,
+    mask_blocks,
+    pair_codes,
+    self_codes,
+    sign,
+    user_bytes,
+    user_words,
+)
+
+BEFORE_ADVERTISE, AFTER_SHARE_KEYS, AFTER_MASKED_INPUT, DURING_UNMASK = range(len(PHASES))
+SHARE_WORDS = 2 * shamir.CHUNKS  # a key share and a self-mask share per ciphertext
+PLAINTEXT_BYTES = 4 * SHARE_WORDS
+KIND_KEY, KIND_SELF = 0, 1
+
+
+@dataclass
+class ClientRound:
+    """One cohort's users in one round (rows sorted by user id)."""
+
+    ids: np.ndarray
+    pos: np.ndarray
+    drop: np.ndarray
+    active: np.ndarray
+    c_sk: list = field(default_factory=list)
+    s_sk: list = field(default_factory=list)
+    s_sk_bytes: np.ndarray | None = None
+    c_pk: np.ndarray | None = None
+    s_pk: np.ndarray | None = None
+    b_seed: np.ndarray | None = None
+    table_pos: np.ndarray | None = None
+    table_c_pk: list | None = None  # X25519PublicKey objects of U1, by table row
+    table_s_pk: list | None = None
+    pair_code: np.ndarray | None = None  # (holder, peer) codes of the encryption keys, sorted
+    pair_key: np.ndarray | None = None
+    received: dict | None = None
+    revealed: dict = field(default_factory=dict)
+
+
+def _maybe_die(ctx: StepContext, spec: RoundSpec, phase: str) -> None:
+    """Fault injection for tests and stress runs: this cohort's process exits mid-round."""
+    if spec.kill is not None and spec.kill == (ctx.name, phase):
+        os._exit(17)
+
+
+def _state(ctx: StepContext, spec: RoundSpec) -> ClientRound:
+    return ctx.state["secagg"][spec.round]
+
+
+def _graph(ctx: StepContext, spec: RoundSpec):
+    cache = ctx.state.setdefault("secagg_graphs", {})
+    key = (spec.round, spec.n, spec.degree, spec.complete)
+    if key not in cache:
+        cache.clear()
+        cache[key] = spec.graph(ctx.seed)
+    return cache[key]
+
+
+def _member(n: int, positions: np.ndarray) -> np.ndarray:
+    out = np.zeros(n, dtype=bool)
+    out[positions] = True
+    return out
+
+
+# --- phase 1: advertise keys ---------------------------------------------------------------------
+def advertise(ctx: StepContext, spec: RoundSpec) -> Message:
+    """Each user draws two X25519 key pairs (c: share encryption, s: pairwise masks) and sends
+    the public keys. Keys come from the OS in ``secure`` mode, from the run's stream otherwise."""
+    _maybe_die(ctx, spec, "advertise")
+    ids = ctx.table.column("user_id").to_numpy()
+    pos = spec.positions(ids)
+    drop = spec.dropout.drop_phase(ctx.seed, spec.round, ids)
+    active = drop > BEFORE_ADVERTISE
+    st = ClientRound(ids=ids, pos=pos, drop=drop, active=active)
+    ctx.state.setdefault("secagg", {})
+    ctx.state["secagg"] = {r: s for r, s in ctx.state["secagg"].items() if r >= spec.round - 1}
+    ctx.state["secagg"][spec.round] = st
+    payload: dict = {"pos": pos[active]}
+    if spec.mode in ("secure", "simulation"):
+        raw = user_bytes(spec, ctx.seed, "secagg-keys", ids[active], 64)
+        c_pk = np.empty((raw.shape[0], 32), dtype=np.uint8)
+        s_pk = np.empty_like(c_pk)
+        for i in range(raw.shape[0]):
+            c, c_pk_raw = _crypto.keypair(raw[i, :32].tobytes())
+            s, s_pk_raw = _crypto.keypair(raw[i, 32:].tobytes())
+            st.c_sk.append(c)
+            st.s_sk.append(s)
+            c_pk[i] = np.frombuffer(c_pk_raw, np.uint8)
+            s_pk[i] = np.frombuffer(s_pk_raw, np.uint8)
+        st.s_sk_bytes = np.ascontiguousarray(raw[:, 32:])
+        st.c_pk, st.s_pk = c_pk, s_pk
+        payload.update(c_pk=c_pk, s_pk=s_pk)
+    return Message("public_keys", payload, to="coordinator")
+
+
+# --- phase 2: share keys -------------------------------------------------------------------------
+def _check_key_table(st: ClientRound, table: dict, rows: np.ndarray) -> None:
+    """Flower's checks: public keys distinct, and the users' own keys came back unchanged."""
+    if np.unique(table["c_pk"], axis=0).shape[0] != len(table["pos"]) or np.unique(
+        table["s_pk"], axis=0
+    ).shape[0] != len(table["pos"]):
+        raise ProtocolViolation("the key table repeats a public key")
+    where = np.searchsorted(table["pos"], st.pos[st.active])
+    ok = (where < len(table["pos"])) & (
+        table["pos"][np.minimum(where, len(table["pos"]) - 1)] == st.pos[st.active]
+    )
+    if not ok.all() or not (
+        np.array_equal(table["c_pk"][where], st.c_pk[rows])
+        and np.array_equal(table["s_pk"][where], st.s_pk[rows])
+    ):
+        raise ProtocolViolation("the key table does not hold this cohort's users' own public keys")
+
+
+def share_keys(ctx: StepContext, spec: RoundSpec, table: dict) -> Message:
+    """Each user t-out-of-k Shamir-shares its mask key and a fresh self-mask seed among its
+    neighbours, and encrypts each neighbour's two shares under the pair's agreed key (AES-GCM,
+    associated data = tag, round, sender, receiver). A user with fewer than t neighbours left
+    cannot protect its secrets and drops out."""
+    _maybe_die(ctx, spec, "share_keys")
+    st = _state(ctx, spec)
+    u1 = np.asarray(table["pos"])
+    in_u1 = _member(spec.n, u1)
+    active = st.active & in_u1[st.pos]
+    if spec.mode in ("plain", "dealer"):
+        st.active = active
+        return Message("shares", {"pos": st.pos[active]}, to="coordinator")
+    rows = np.flatnonzero(active)  # rows of st.ids; index into key lists via key_rows
+    key_rows = np.searchsorted(np.flatnonzero(st.drop > BEFORE_ADVERTISE), rows)
+    _check_key_table(st, table, np.arange(len(st.c_sk)))
+    st.table_pos = u1
+    st.table_c_pk = _crypto.public_keys(np.asarray(table["c_pk"]))
+    st.table_s_pk = _crypto.public_keys(np.asarray(table["s_pk"]))
+
+    graph = _graph(ctx, spec)
+    nb = graph.neighbours(st.pos[rows])  # (U, k) positions
+    alive_nb = in_u1[nb]
+    enough = alive_nb.sum(axis=1) >= spec.threshold
+    rows, key_rows, nb, alive_nb = rows[enough], key_rows[enough], nb[enough], alive_nb[enough]
+    active[:] = False
+    active[rows] = True
+    st.active = active
+
+    st.b_seed = np.zeros((len(st.ids), 32), dtype=np.uint8)
+    st.b_seed[rows] = user_bytes(spec, ctx.seed, "secagg-masks", st.ids[rows], 32)
+    t = spec.threshold
+    coef = user_words(spec, ctx.seed, "secagg-shares", st.ids[rows], 2 * (t - 1) * shamir.CHUNKS)
+    coef = coef.reshape(len(rows), 2, t - 1, shamir.CHUNKS)
+    points = (np.arange(spec.n) + 1) if graph.complete else nb + 1
+    key_shares = shamir.split(st.s_sk_bytes[key_rows], points, t, coef[:, 0])
+    self_shares = shamir.split(st.b_seed[rows], points, t, coef[:, 1])
+    # pairs (user row i, neighbour column j) to neighbours still in U1
+    pi, pj = np.nonzero(alive_nb)
+    receiver = nb[pi, pj]
+    col = receiver if graph.complete else pj
+    plain = np.concatenate([key_shares[pi, col], self_shares[pi, col]], axis=1).astype("<u4")
+    plain = plain.view(np.uint8).reshape(len(pi), PLAINTEXT_BYTES)
+    sender = st.pos[rows][pi]
+
+    t_rows = np.searchsorted(u1, receiver)
+    c_pk = st.table_c_pk
+    ct = np.empty((len(pi), PLAINTEXT_BYTES + _crypto.TAG_BYTES), dtype=np.uint8)
+    keys = np.empty((len(pi), 32), dtype=np.uint8)
+    c_sk = st.c_sk
+    for e in range(len(pi)):
+        secret = _crypto.shared_secret(c_sk[key_rows[pi[e]]], c_pk[t_rows[e]])
+        key = _crypto.hkdf(secret, _crypto.INFO_SHARE, spec.salt)
+        keys[e] = np.frombuffer(key, np.uint8)
+        ct[e] = np.frombuffer(
+            _crypto.encrypt_share(
+                key,
+                plain[e].tobytes(),
+                tag=spec.tag,
+                round=spec.round,
+                sender=int(sender[e]),
+                receiver=int(receiver[e]),
+            ),
+            np.uint8,
+        )
+    code = sender.astype(np.uint64) * np.uint64(spec.n) + receiver.astype(np.uint64)
+    order = np.argsort(code)
+    st.pair_code, st.pair_key = code[order], keys[order]
+    return Message(
+        "shares",
+        {"pos": st.pos[rows], "sender": sender, "receiver": receiver, "ct": ct},
+        to="coordinator",
+    )
+
+
+# --- phase 3: masked input -----------------------------------------------------------------------
+def _pair_masks_real(
+    spec: RoundSpec, st: ClientRound, rows: np.ndarray, u2_member: np.ndarray, graph, y: np.ndarray
+) -> None:
+    """Add Σ_v sign(u, v)·PRG(HKDF(X25519(s_u, s_v))) to each user's row of y (per pair: the cost)."""
+    key_index = np.searchsorted(np.flatnonzero(st.drop > BEFORE_ADVERTISE), rows)
+    nb = graph.neighbours(st.pos[rows])
+    dtype = spec.word_dtype
+    for i, row in enumerate(rows):
+        peers = nb[i][u2_member[nb[i]]]
+        sk = st.s_sk[key_index[i]]
+        t_rows = np.searchsorted(st.table_pos, peers)
+        acc = y[i]
+        u = st.pos[row]
+        for v, tr in zip(peers.tolist(), t_rows.tolist(), strict=True):
+            seed = _crypto.hkdf(
+                _crypto.shared_secret(sk, st.table_s_pk[tr]), _crypto.INFO_MASK, spec.salt
+            )
+            mask = _crypto.expand(seed, spec.dim, dtype)
+            if u > v:
+                acc += mask
+            else:
+                acc -= mask
+
+
+def add_dealer_masks(
+    key: bytes,
+    spec: RoundSpec,
+    owner_rows: np.ndarray,
+    codes: np.ndarray,
+    signs: np.ndarray,
+    y: np.ndarray,
+) -> None:
+    """y[owner_rows[e]] += signs[e]·PRF-mask(codes[e]) for pair ends sorted by owner row."""
+    dtype = spec.word_dtype
+    for a, chunk in _crypto.prf_chunks(key, codes, mask_blocks(spec)):
+        masks = chunk.view(dtype)[:, : spec.dim]
+        n = masks.shape[0]
+        neg = signs[a : a + n] < 0
+        np.negative(masks, out=masks, where=neg[:, None])
+        owners = owner_rows[a : a + n]
+        starts = np.flatnonzero(np.r_[True, owners[1:] != owners[:-1]])
+        y[owners[starts]] += np.add.reduceat(masks, starts, axis=0)
+
+
+def masked_input(
+    ctx: StepContext, spec: RoundSpec, routed: dict, input_fn, input_args: tuple
+) -> Message:
+    """Each surviving user sends y_u = x_u + PRG(b_u) + Σ_{v ∈ N(u) ∩ U2} ±PRG(s_uv) mod 2^b; in
+    ``plain`` mode y_u = x_u (no protection: a labelled baseline only)."""
+    _maybe_die(ctx, spec, "masked_input")
+    st = _state(ctx, spec)
+    u2 = np.asarray(routed["u2"])
+    u2_member = _member(spec.n, u2)
+    st.active &= u2_member[st.pos] & (st.drop > AFTER_SHARE_KEYS)
+    st.received = {k: routed[k] for k in ("sender", "receiver", "ct") if k in routed}
+    rows = np.flatnonzero(st.active)
+    x = np.asarray(input_fn(ctx, spec.round, st.ids[rows], *input_args), dtype=np.float64)
+    if x.shape != (len(rows), spec.dim):
+        raise ValueError(
+            f"input function returned shape {x.shape}, expected {(len(rows), spec.dim)}"
+        )
+    y = spec.encoding.encode(x)
+    if spec.mode != "plain" and len(rows):
+        graph = _graph(ctx, spec)
+        if spec.mode == "dealer":
+            key = dealer_key(ctx.seed, spec.round)
+            order_rows = np.arange(len(rows))
+            add_dealer_masks(key, spec, order_rows, self_codes(st.pos[rows]), np.ones(len(rows)), y)
+            nb = graph.neighbours(st.pos[rows])
+            keep = u2_member[nb]
+            owner, col = np.nonzero(keep)
+            peer = nb[owner, col]
+            add_dealer_masks(
+                key,
+                spec,
+                owner,
+                pair_codes(st.pos[rows][owner], peer, spec.n),
+                sign(st.pos[rows][owner], peer),
+                y,
+            )
+        else:
+            for i, row in enumerate(rows):
+                y[i] += _crypto.expand(st.b_seed[row].tobytes(), spec.dim, spec.word_dtype)
+            _pair_masks_real(spec, st, rows, u2_member, graph, y)
+    return Message(
+        "masked_input", {"pos": st.pos[rows], "y": spec.encoding.reduce(y)}, to="coordinator"
+    )
+
+
+# --- phase 4: unmask -----------------------------------------------------------------------------
+def unmask(ctx: StepContext, spec: RoundSpec, request: dict) -> Message:
+    """Each user still online reveals, for every peer whose shares it holds, the self-mask share if
+    the peer's masked input is in the sum (U3) or the key share if the peer dropped (U2 \\ U3) —
+    never both for one peer, whatever the server asks."""
+    _maybe_die(ctx, spec, "unmask")
+    st = _state(ctx, spec)
+    survivors, dropped = np.asarray(request["survivors"]), np.asarray(request["dropped"])
+    if np.intersect1d(survivors, dropped).size:
+        raise ProtocolViolation("the server asked for both shares of the same users: refused")
+    in_u3 = _member(spec.n, survivors)
+    st.active &= in_u3[st.pos] & (st.drop == NEVER)
+    empty = {
+        "holder": np.zeros(0, np.int64),
+        "owner": np.zeros(0, np.int64),
+        "kind": np.zeros(0, np.uint8),
+        "share": np.zeros((0, shamir.CHUNKS), np.int64),
+    }
+    if spec.mode in ("plain", "dealer") or not st.received or not len(st.received["ct"]):
+        return Message("unmask_shares", {**empty, "pos": st.pos[st.active]}, to="coordinator")
+    in_drop = _member(spec.n, dropped)
+    holder, owner, ct = st.received["receiver"], st.received["sender"], st.received["ct"]
+    mine = _member(spec.n, st.pos[st.active])[holder]
+    wanted = mine & (in_u3[owner] | in_drop[owner])
+    holder, owner, ct = holder[wanted], owner[wanted], ct[wanted]
+    kind = np.where(in_u3[owner], KIND_SELF, KIND_KEY).astype(np.uint8)
+    for h, o, k in zip(holder.tolist(), owner.tolist(), kind.tolist(), strict=True):
+        if st.revealed.setdefault((h, o), k) != k:
+            raise ProtocolViolation(
+                f"user at position {h} was asked for both shares of position {o}: refused"
+            )
+    codes = holder.astype(np.uint64) * np.uint64(spec.n) + owner.astype(np.uint64)
+    key_at = np.searchsorted(st.pair_code, codes)
+    if len(codes) and (
+        key_at.max() >= len(st.pair_code) or not np.array_equal(st.pair_code[key_at], codes)
+    ):
+        raise ProtocolViolation("a routed ciphertext comes from a user that is not a neighbour")
+    shares = np.empty((len(codes), shamir.CHUNKS), dtype=np.int64)
+    for e in range(len(codes)):
+        try:
+            plain = _crypto.decrypt_share(
+                st.pair_key[key_at[e]].tobytes(),
+                ct[e].tobytes(),
+                tag=spec.tag,
+                round=spec.round,
+                sender=int(owner[e]),
+                receiver=int(holder[e]),
+            )
+        except _crypto.InvalidTag:
+            raise ProtocolViolation(
+                f"the share ciphertext from position {owner[e]} to {holder[e]} failed authentication: rejected"
+            ) from None
+        words = np.frombuffer(plain, dtype="<u4").astype(np.int64)
+        shares[e] = words[shamir.CHUNKS :] if kind[e] == KIND_SELF else words[: shamir.CHUNKS]
+    payload = {
+        "pos": st.pos[st.active],
+        "holder": holder,
+        "owner": owner,
+        "kind": kind,
+        "share": shares,
+    }
+    return Message("unmask_shares", payload, to="coordinator")

@@ -1,0 +1,89 @@
+"""Fixed-point encoding of real vectors into Z_(2^b) for secure aggregation.
+
+Each coordinate is clipped to [-clip, clip], scaled by 2^f and rounded to the nearest integer,
+then taken mod 2^b (two's complement). The sum of n users lies in [-n·R, n·R] with
+R = round(clip·2^f); it decodes exactly when n·R < 2^(b-1). A modulus that could overflow is a
+ConfigError (never a silent wrap-around).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from rayfed.errors import ConfigError
+
+MAX_BITS = 64
+
+
+@dataclass(frozen=True)
+class FixedPoint:
+    clip: float
+    frac_bits: int
+    modulus_bits: int
+
+    @property
+    def dtype(self) -> np.dtype:
+        return np.dtype(np.uint32 if self.modulus_bits <= 32 else np.uint64)
+
+    @property
+    def mask(self) -> int:
+        return (1 << self.modulus_bits) - 1
+
+    @property
+    def max_abs(self) -> int:
+        return round(self.clip * 2**self.frac_bits)
+
+    @staticmethod
+    def choose(n: int, clip: float, frac_bits: int, modulus_bits: int | None = None) -> FixedPoint:
+        """The smallest modulus that holds the sum of ``n`` inputs, or check the one given."""
+        if not (math.isfinite(clip) and clip > 0):
+            raise ConfigError("clip", f"must be a finite number > 0, got {clip}")
+        if not 0 <= frac_bits <= 52:
+            raise ConfigError("frac_bits", f"must be in [0, 52], got {frac_bits}")
+        max_abs = round(clip * 2**frac_bits)
+        need = math.ceil(math.log2(n * max_abs + 1)) + 1  # sign bit
+        if need > MAX_BITS:
+            raise ConfigError(
+                "frac_bits",
+                f"{n} users x clip {clip} at 2^{frac_bits} needs a {need}-bit modulus",
+                f"at most {MAX_BITS} bits: lower frac_bits or clip",
+            )
+        if modulus_bits is None:
+            modulus_bits = max(need, 8)
+        elif not need <= modulus_bits <= MAX_BITS:
+            raise ConfigError(
+                "modulus_bits",
+                f"2^{modulus_bits} can overflow: the sum of {n} users reaches "
+                f"±{n * max_abs} and needs {need} bits",
+                f"{need} to {MAX_BITS}",
+            )
+        return FixedPoint(clip, frac_bits, modulus_bits)
+
+    def encode(self, x: np.ndarray) -> np.ndarray:
+        x = np.asarray(x, dtype=np.float64)
+        if not np.all(np.isfinite(x)):
+            raise ConfigError("inputs", "NaN or infinite input to secure aggregation")
+        q = np.rint(np.clip(x, -self.clip, self.clip) * 2.0**self.frac_bits).astype(np.int64)
+        return (q.astype(np.uint64) & np.uint64(self.mask)).astype(self.dtype)
+
+    def decode(self, total: np.ndarray) -> np.ndarray:
+        """Signed value of a sum mod 2^b, divided by 2^f."""
+        s = np.asarray(total).astype(np.uint64) & np.uint64(self.mask)
+        half = np.uint64(1 << (self.modulus_bits - 1))
+        signed = np.where(
+            s >= half, s.astype(np.float64) - 2.0**self.modulus_bits, s.astype(np.float64)
+        )
+        if self.modulus_bits > 53:  # exact integer path for wide moduli
+            ints = s.astype(object)
+            signed = np.array(
+                [int(v) - (1 << self.modulus_bits) if v >= int(half) else int(v) for v in ints],
+                dtype=np.float64,
+            )
+        return signed / 2.0**self.frac_bits
+
+    def reduce(self, words: np.ndarray) -> np.ndarray:
+        """Words (uint32/uint64 sums that wrapped mod 2^32 or 2^64) reduced mod 2^b."""
+        return (np.asarray(words).astype(np.uint64) & np.uint64(self.mask)).astype(self.dtype)

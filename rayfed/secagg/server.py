@@ -1,0 +1,254 @@
+"""The server side of secure aggregation: one step per phase, run by the CoordinatorActor.
+
+The round is an explicit state machine over :class:`ServerRound`:
+
+    ADVERTISE  --collect_keys-->   SHARE_KEYS   (U1: users whose public keys arrived)
+    SHARE_KEYS --route_shares-->   MASKED_INPUT (U2: users whose encrypted shares arrived)
+    MASKED_INPUT --collect_masked--> UNMASK     (U3: users whose masked input is in the sum)
+    UNMASK     --finish-->         DONE         (the unmasked sum of U3's inputs)
+
+Each transition checks that the server is in the phase it expects and that at least
+``min_survivors`` users are left; otherwise the round ends with BelowThreshold *before* anything
+is unmasked, so the server learns nothing beyond the transcript. Shares and ciphertexts are
+dropped from the state as soon as they have been used.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from rayfed.actors.base import Message, StepContext
+from rayfed.errors import BelowThreshold
+from rayfed.secagg import _crypto, shamir
+from rayfed.secagg.client import KIND_KEY, KIND_SELF, PLAINTEXT_BYTES, add_dealer_masks
+from rayfed.secagg.spec import (
+    ProtocolViolation,
+    RoundSpec,
+    dealer_key,
+    pair_codes,
+    self_codes,
+    sign,
+)
+
+
+class Phase(enum.Enum):
+    ADVERTISE = "advertise"
+    SHARE_KEYS = "share_keys"
+    MASKED_INPUT = "masked_input"
+    UNMASK = "unmask"
+    DONE = "done"
+
+
+@dataclass
+class ServerRound:
+    spec: RoundSpec
+    phase: Phase = Phase.ADVERTISE
+    cohort_of: dict[str, np.ndarray] = field(default_factory=dict)
+    u1: np.ndarray | None = None
+    c_pk: np.ndarray | None = None
+    s_pk: np.ndarray | None = None
+    u2: np.ndarray | None = None
+    shares: dict | None = None
+    u3: np.ndarray | None = None
+    y_sum: np.ndarray | None = None
+    counts: dict[str, int] = field(default_factory=dict)
+
+
+def _state(ctx: StepContext, spec: RoundSpec, expect: Phase) -> ServerRound:
+    rounds = ctx.state.setdefault("secagg_server", {})
+    if expect is Phase.ADVERTISE:
+        rounds.pop(spec.round - 1, None)
+        rounds[spec.round] = ServerRound(spec)
+    st = rounds[spec.round]
+    if st.phase is not expect:
+        raise ProtocolViolation(f"server is in phase {st.phase.value}, a {expect.value} step came")
+    return st
+
+
+def _quorum(st: ServerRound, phase: str, alive: int) -> None:
+    st.counts[phase] = int(alive)
+    if alive < st.spec.min_survivors:
+        raise BelowThreshold(phase, int(alive), st.spec.min_survivors, st.spec.round)
+
+
+def _concat(replies: dict, key: str, dtype, width: int | None = None) -> np.ndarray:
+    parts = [np.asarray(r[key]) for r in replies.values() if key in r]
+    if not parts:
+        return np.zeros((0,) if width is None else (0, width), dtype=dtype)
+    return np.concatenate(parts).astype(dtype, copy=False)
+
+
+# --- transitions ---------------------------------------------------------------------------------
+def collect_keys(ctx: StepContext, spec: RoundSpec, replies: dict) -> Message:
+    """U1 and the public-key table (sorted by position), broadcast to the cohorts."""
+    st = _state(ctx, spec, Phase.ADVERTISE)
+    st.cohort_of = {name: np.asarray(r["pos"]) for name, r in replies.items()}
+    pos = _concat(replies, "pos", np.int64)
+    order = np.argsort(pos)
+    st.u1 = pos[order]
+    _quorum(st, "advertise", st.u1.size)
+    table: dict = {"pos": st.u1}
+    if spec.mode in ("secure", "simulation"):
+        st.c_pk = _concat(replies, "c_pk", np.uint8, 32)[order]
+        st.s_pk = _concat(replies, "s_pk", np.uint8, 32)[order]
+        table.update(c_pk=st.c_pk, s_pk=st.s_pk)
+    st.phase = Phase.SHARE_KEYS
+    return Message("key_table", table, to="cohorts")
+
+
+def route_shares(ctx: StepContext, spec: RoundSpec, replies: dict) -> dict[str, Message]:
+    """U2, and each cohort's incoming ciphertexts (the server only routes: it cannot read them)."""
+    st = _state(ctx, spec, Phase.SHARE_KEYS)
+    st.u2 = np.sort(_concat(replies, "pos", np.int64))
+    _quorum(st, "share_keys", st.u2.size)
+    st.phase = Phase.MASKED_INPUT
+    out = {}
+    receiver = _concat(replies, "receiver", np.int64)
+    sender = _concat(replies, "sender", np.int64)
+    ct = _concat(replies, "ct", np.uint8, PLAINTEXT_BYTES + _crypto.TAG_BYTES)
+    in_u2 = np.zeros(spec.n, dtype=bool)
+    in_u2[st.u2] = True
+    keep = in_u2[sender]
+    receiver, sender, ct = receiver[keep], sender[keep], ct[keep]
+    cohort_index = np.full(spec.n, -1, dtype=np.int64)
+    names = sorted(st.cohort_of)
+    for i, name in enumerate(names):
+        cohort_index[st.cohort_of[name]] = i
+    dest = cohort_index[receiver]
+    for i, name in enumerate(names):
+        if name not in replies:
+            continue
+        mine = dest == i
+        payload = {"u2": st.u2}
+        if spec.mode in ("secure", "simulation"):
+            payload.update(sender=sender[mine], receiver=receiver[mine], ct=ct[mine])
+        out[name] = Message("routed_shares", payload, to=name)
+    return out
+
+
+def collect_masked(ctx: StepContext, spec: RoundSpec, replies: dict) -> Message:
+    """U3 and the running sum of masked inputs; asks the survivors to unmask."""
+    st = _state(ctx, spec, Phase.MASKED_INPUT)
+    pos = _concat(replies, "pos", np.int64)
+    st.u3 = np.sort(pos)
+    _quorum(st, "masked_input", st.u3.size)
+    total = np.zeros(spec.dim, dtype=np.uint64)
+    for name in sorted(replies):
+        y = np.asarray(replies[name]["y"])
+        if y.size:
+            total += y.sum(axis=0, dtype=np.uint64)
+    st.y_sum = total
+    st.phase = Phase.UNMASK
+    dropped = np.setdiff1d(st.u2, st.u3)
+    return Message("unmask_request", {"survivors": st.u3, "dropped": dropped}, to="cohorts")
+
+
+def _pick_shares(
+    owner, holder, share, owners_needed: np.ndarray, t: int, phase: str, spec: RoundSpec
+):
+    """The first t shares (by holder position) of each needed owner: xs (S, t), ys (S, t, 13)."""
+    if owners_needed.size == 0:
+        return np.zeros((0, t), np.int64), np.zeros((0, t, shamir.CHUNKS), np.int64)
+    order = np.lexsort((holder, owner))
+    owner, holder, share = owner[order], holder[order], share[order]
+    starts = np.searchsorted(owner, owners_needed, side="left")
+    ends = np.searchsorted(owner, owners_needed, side="right")
+    have = ends - starts
+    if have.min() < t:
+        raise BelowThreshold(phase, int(have.min()), t, spec.round)
+    idx = starts[:, None] + np.arange(t)[None, :]
+    return holder[idx] + 1, share[idx]
+
+
+def _reconstruct(owner, holder, share, owners_needed, spec: RoundSpec, phase: str) -> np.ndarray:
+    xs, ys = _pick_shares(owner, holder, share, owners_needed, spec.threshold, phase, spec)
+    if xs.shape[0] == 0:
+        return np.zeros((0, 32), np.uint8)
+    return shamir.reconstruct(xs, ys)
+
+
+def finish(ctx: StepContext, spec: RoundSpec, replies: dict) -> dict:
+    """Reconstruct what the survivors revealed, remove every mask, decode the sum of U3's inputs."""
+    st = _state(ctx, spec, Phase.UNMASK)
+    responders = np.sort(_concat(replies, "pos", np.int64))
+    _quorum(st, "unmask", responders.size)
+    dropped = np.setdiff1d(st.u2, st.u3)
+    total = st.y_sum.copy()
+    dtype = spec.word_dtype
+    if spec.mode == "dealer":
+        key = dealer_key(ctx.seed, spec.round)
+        _remove_dealer_masks(key, spec, st, dropped, total, ctx.seed)
+    elif spec.mode != "plain":
+        owner = _concat(replies, "owner", np.int64)
+        holder = _concat(replies, "holder", np.int64)
+        kind = _concat(replies, "kind", np.uint8)
+        share = _concat(replies, "share", np.int64, shamir.CHUNKS)
+        self_rows, key_rows = kind == KIND_SELF, kind == KIND_KEY
+        b = _reconstruct(
+            owner[self_rows], holder[self_rows], share[self_rows], st.u3, spec, "unmask"
+        )
+        for seed in b:
+            total -= _crypto.expand(seed.tobytes(), spec.dim, dtype).astype(np.uint64)
+        keys = _reconstruct(
+            owner[key_rows], holder[key_rows], share[key_rows], dropped, spec, "unmask"
+        )
+        _remove_dropped_pair_masks(ctx, spec, st, dropped, keys, total)
+    words = spec.encoding.reduce(total)
+    st.phase = Phase.DONE
+    st.y_sum = None
+    return {
+        "sum": spec.encoding.decode(words),
+        "words": words,
+        "survivors": spec.registry[st.u3],
+        "dropped_after_sharing": spec.registry[dropped],
+        "counts": dict(st.counts),
+    }
+
+
+def _remove_dropped_pair_masks(ctx, spec: RoundSpec, st: ServerRound, dropped, keys, total) -> None:
+    """For each dropped u and each survivor neighbour v, v's input carried sign(v, u)·PRG(s_vu):
+    the server recomputes s_vu = X25519(s_u, s_v) from u's reconstructed key and removes it."""
+    graph = spec.graph(ctx.seed)
+    in_u3 = np.zeros(spec.n, dtype=bool)
+    in_u3[st.u3] = True
+    nb = graph.neighbours(dropped) if dropped.size else np.zeros((0, 0), np.int64)
+    s_pk = _crypto.public_keys(st.s_pk) if dropped.size else []
+    for i, u in enumerate(dropped.tolist()):
+        sk, pk = _crypto.keypair(keys[i].tobytes())
+        row = np.searchsorted(st.u1, u)
+        if pk != st.s_pk[row].tobytes():
+            raise ProtocolViolation(
+                f"the key reconstructed for position {u} does not match its public key"
+            )
+        for v in nb[i][in_u3[nb[i]]].tolist():
+            secret = _crypto.shared_secret(sk, s_pk[np.searchsorted(st.u1, v)])
+            mask = _crypto.expand(
+                _crypto.hkdf(secret, _crypto.INFO_MASK, spec.salt), spec.dim, spec.word_dtype
+            )
+            if v > u:
+                total -= mask.astype(np.uint64)
+            else:
+                total += mask.astype(np.uint64)
+
+
+def _remove_dealer_masks(
+    key: bytes, spec: RoundSpec, st: ServerRound, dropped, total, seed: int
+) -> None:
+    acc = np.zeros((1, spec.dim), dtype=spec.word_dtype)
+    add_dealer_masks(
+        key, spec, np.zeros(st.u3.size, np.int64), self_codes(st.u3), np.ones(st.u3.size), acc
+    )
+    if dropped.size:
+        graph = spec.graph(seed)
+        nb = graph.neighbours(dropped)
+        in_u3 = np.zeros(spec.n, dtype=bool)
+        in_u3[st.u3] = True
+        rows, cols = np.nonzero(in_u3[nb])
+        v, u = nb[rows, cols], dropped[rows]
+        add_dealer_masks(
+            key, spec, np.zeros(v.size, np.int64), pair_codes(v, u, spec.n), sign(v, u), acc
+        )
+    total -= acc[0].astype(np.uint64)

@@ -1,0 +1,113 @@
+"""What every role knows about one secure-aggregation round, and the randomness it draws."""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from rayfed import rng
+from rayfed.dropout import DropoutSchedule
+from rayfed.errors import RayfedError
+from rayfed.secagg.encoding import FixedPoint
+from rayfed.secagg.graph import NeighbourGraph
+
+MODES = ("secure", "simulation", "dealer", "plain")
+
+
+class ProtocolViolation(RayfedError):
+    """A secure-aggregation message failed a check: a tampered ciphertext, a key table that does
+    not hold the user's own keys, or a server request that would reveal both shares of a user."""
+
+
+@dataclass(frozen=True)
+class RoundSpec:
+    """Public parameters of one round, sent to the coordinator and every cohort.
+
+    ``registry`` is the sorted array of the n registered user ids; a user's *position* in it
+    (0..n-1) names it in the graph, and position + 1 is its Shamir x-coordinate.
+    """
+
+    round: int
+    mode: str
+    registry: np.ndarray
+    degree: int
+    threshold: int
+    min_survivors: int
+    complete: bool
+    encoding: FixedPoint
+    dim: int
+    dropout: DropoutSchedule = field(default_factory=DropoutSchedule)
+    tag: bytes = b"rayfed"
+    kill: tuple[str, str] | None = None  # fault injection: (cohort name, phase) exits that actor
+
+    @property
+    def n(self) -> int:
+        return int(self.registry.size)
+
+    @property
+    def word_dtype(self) -> np.dtype:
+        return self.encoding.dtype
+
+    @property
+    def salt(self) -> bytes:
+        return b"%s|round=%d" % (self.tag, self.round)
+
+    def positions(self, ids: np.ndarray) -> np.ndarray:
+        pos = np.searchsorted(self.registry, ids)
+        if ids.size and (pos.max() >= self.n or not np.array_equal(self.registry[pos], ids)):
+            raise ProtocolViolation("a cohort holds users that are not in the round's registry")
+        return pos
+
+    def graph(self, seed: int) -> NeighbourGraph:
+        return NeighbourGraph.build(self.n, self.degree, self.complete, seed, self.round)
+
+
+def sign(u: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """+1 where u > v, -1 where u < v: user u adds sign(u, v)·PRG(s_uv), so p_uv + p_vu = 0."""
+    return np.where(np.asarray(u) > np.asarray(v), 1, -1)
+
+
+def user_words(
+    spec: RoundSpec, seed: int, purpose: str, ids: np.ndarray, n_words: int
+) -> np.ndarray:
+    """(len(ids), n_words) uint64 random words per user: the OS in ``secure`` mode, otherwise the
+    run's stream keyed by (purpose, round, user id) — reproducible and independent of cohorts."""
+    ids = np.asarray(ids, dtype=np.int64)
+    if spec.mode == "secure":
+        return np.frombuffer(os.urandom(8 * n_words * ids.size), dtype=np.uint64).reshape(
+            ids.size, n_words
+        )
+    out = np.empty((ids.size, n_words), dtype=np.uint64)
+    for i, uid in enumerate(ids.tolist()):
+        out[i] = rng.stream(seed, purpose, spec.round, uid).bit_generator.random_raw(n_words)
+    return out
+
+
+def user_bytes(
+    spec: RoundSpec, seed: int, purpose: str, ids: np.ndarray, n_bytes: int
+) -> np.ndarray:
+    words = user_words(spec, seed, purpose, ids, math.ceil(n_bytes / 8))
+    return np.ascontiguousarray(words).view(np.uint8)[:, :n_bytes]
+
+
+def dealer_key(seed: int, round: int) -> bytes:
+    """The dealer's AES key for a round (``dealer`` mode: a trusted party deals all mask seeds)."""
+    return rng.stream(seed, "secagg-pairs", round, "dealer").bytes(32)
+
+
+def pair_codes(a: np.ndarray, b: np.ndarray, n: int) -> np.ndarray:
+    """A code per unordered pair of positions (the same for (a, b) and (b, a))."""
+    lo, hi = np.minimum(a, b).astype(np.uint64), np.maximum(a, b).astype(np.uint64)
+    return lo * np.uint64(n) + hi
+
+
+def self_codes(pos: np.ndarray) -> np.ndarray:
+    return np.asarray(pos, dtype=np.uint64) | np.uint64(1 << 62)
+
+
+def mask_blocks(spec: RoundSpec) -> int:
+    """AES blocks per mask vector of ``dim`` words."""
+    return math.ceil(spec.dim * spec.word_dtype.itemsize / 16)

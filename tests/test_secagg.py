@@ -1,0 +1,303 @@
+"""Secure aggregation: primitives against official vectors, Shamir and masks as properties, and
+whole rounds on the in-process path with dropouts at every phase (the Ray path is in
+test_secure_sum.py)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rayfed import rng
+from rayfed.data import per_user
+from rayfed.dropout import PHASES, DropoutSchedule
+from rayfed.errors import BelowThreshold, ConfigError
+from rayfed.federation import Federation
+from rayfed.privacy import Budget
+from rayfed.secagg import (
+    FixedPoint,
+    ProtocolViolation,
+    _crypto,
+    check_params,
+    find_params,
+    make_spec,
+    secure_sum,
+    server,
+    shamir,
+)
+from rayfed.secagg.graph import NeighbourGraph
+
+# --- official vectors --------------------------------------------------------------------------
+RFC7748_ALICE_SK = "77076d0a7318a57d3c16c17251b26645df4c2f87ebc0992ab177fba51db92c2a"
+RFC7748_ALICE_PK = "8520f0098930a754748b7ddcb43ef75a0dbf3a0d26381af4eba4a98eaa9b4e6a"
+RFC7748_BOB_SK = "5dab087e624a8a4b79e17f8b83800ee66f3bb1292618b6fd1c2f8b27ff88e0eb"
+RFC7748_BOB_PK = "de9edb7d7b7dc1b4d35b61c2ece435373f8343c85b78674dadfc7e146f882b4f"
+RFC7748_SHARED = "4a5d9d5ba4ce2de1728e3bf480350f25e07e21c947d19e3376f09b3c1e161742"
+
+
+def test_x25519_rfc7748_section_6_1():
+    alice, alice_pk = _crypto.keypair(bytes.fromhex(RFC7748_ALICE_SK))
+    bob, bob_pk = _crypto.keypair(bytes.fromhex(RFC7748_BOB_SK))
+    assert alice_pk.hex() == RFC7748_ALICE_PK and bob_pk.hex() == RFC7748_BOB_PK
+    (bob_obj,) = _crypto.public_keys(np.frombuffer(bob_pk, np.uint8)[None])
+    (alice_obj,) = _crypto.public_keys(np.frombuffer(alice_pk, np.uint8)[None])
+    assert _crypto.shared_secret(alice, bob_obj).hex() == RFC7748_SHARED
+    assert _crypto.shared_secret(bob, alice_obj).hex() == RFC7748_SHARED
+
+
+def test_hkdf_rfc5869_test_case_1():
+    okm = _crypto.hkdf(
+        b"\x0b" * 22,
+        bytes.fromhex("f0f1f2f3f4f5f6f7f8f9"),
+        bytes.fromhex("000102030405060708090a0b0c"),
+    )
+    expected = (
+        "3cb25f25faacd57a90434f64d0362f2a2d2d0a90cf1a5a4c5db02d56ecc4c5bf34007208d5b887185865"
+    )
+    assert okm.hex() == expected[:64]  # a 32-byte HKDF output is the prefix of the 42-byte one
+
+
+def test_share_encryption_binds_round_and_routing():
+    key = bytes(range(32))
+    ct = _crypto.encrypt_share(key, b"share", tag=b"t", round=3, sender=1, receiver=2)
+    assert _crypto.decrypt_share(key, ct, tag=b"t", round=3, sender=1, receiver=2) == b"share"
+    for changed in (
+        dict(round=4, sender=1, receiver=2),
+        dict(round=3, sender=1, receiver=5),
+        dict(round=3, sender=2, receiver=1),
+    ):
+        with pytest.raises(_crypto.InvalidTag):
+            _crypto.decrypt_share(key, ct, tag=b"t", **changed)
+    tampered = bytearray(ct)
+    tampered[0] ^= 1
+    with pytest.raises(_crypto.InvalidTag):
+        _crypto.decrypt_share(key, bytes(tampered), tag=b"t", round=3, sender=1, receiver=2)
+
+
+def test_prg_is_aes_ctr_keystream_and_prf_is_stable():
+    from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+
+    seed = bytes(range(32))
+    ref = Cipher(algorithms.AES(seed), modes.CTR(bytes(16))).encryptor().update(bytes(40))
+    assert _crypto.expand(seed, 10).tobytes() == ref
+    whole = _crypto.prf_blocks(seed, np.arange(100), 3)
+    assert np.array_equal(whole[40:42], _crypto.prf_blocks(seed, np.array([40, 41]), 3))
+
+
+# --- Shamir --------------------------------------------------------------------------------------
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 12), st.integers(0, 20), st.integers(0, 2**32 - 1), st.booleans())
+def test_shamir_any_t_subset_reconstructs(t, extra, seed, shared_points):
+    gen = np.random.default_rng(seed)
+    n_holders = t + extra
+    secrets = gen.integers(0, 256, (5, 32), dtype=np.uint8)
+    if shared_points:
+        points = gen.choice(np.arange(1, 10_000), n_holders, replace=False)
+        all_points = np.broadcast_to(points, (5, n_holders))
+    else:
+        all_points = np.stack(
+            [gen.choice(np.arange(1, 10_000), n_holders, replace=False) for _ in range(5)]
+        )
+        points = all_points
+    words = gen.integers(0, 2**63, (5, max(t - 1, 0), shamir.CHUNKS), dtype=np.uint64)
+    shares = shamir.split(secrets, points, t, words)
+    pick = np.stack([gen.choice(n_holders, t, replace=False) for _ in range(5)])
+    xs = np.take_along_axis(all_points, pick, axis=1)
+    ys = np.take_along_axis(shares, pick[:, :, None], axis=1)
+    assert np.array_equal(shamir.reconstruct(xs, ys), secrets)
+
+
+def test_leave_one_out_coefficients_equal_direct_ones():
+    points = np.arange(5, 60, 5)
+    table = shamir.lagrange_leave_one_out(points)
+    for r in range(points.size):
+        direct = shamir.lagrange_at_zero(np.delete(points, r)[None])[0]
+        assert np.array_equal(np.delete(table[r], r), direct)
+
+
+# --- graph, parameters, encoding, dropouts -------------------------------------------------------
+def test_harary_graph_is_symmetric_regular_and_keyed():
+    g = NeighbourGraph.build(50, 8, False, seed=1, round=0)
+    nb = g.neighbours(np.arange(50))
+    assert nb.shape == (50, 8) and not np.any(nb == np.arange(50)[:, None])
+    for u in range(50):
+        for v in nb[u]:
+            assert u in g.neighbours(np.array([v]))[0]
+            assert g.are_neighbours(np.array([u]), np.array([v]))[0]
+    assert not np.array_equal(
+        nb, NeighbourGraph.build(50, 8, False, seed=1, round=1).neighbours(np.arange(50))
+    )
+
+
+def test_parameter_finder_meets_its_bounds():
+    for n in (100, 1000, 10_000):
+        p = find_params(n, dropout=0.3, corrupt=0.05, sigma=40, eta=30)
+        assert p.log2_security_failure <= -40 and p.log2_correctness_failure <= -30
+        assert p.complete or (p.degree % 2 == 0 and p.threshold <= p.degree)
+        assert p.min_survivors == n - math.ceil(0.3 * n)
+    small = find_params(
+        20, dropout=0.3, corrupt=0.05
+    )  # k=8: 6 dropouts leave >= 2 of 8, 1 corrupt < t
+    assert (small.degree, small.threshold) == (8, 2)
+    complete = find_params(20, dropout=0.3, corrupt=0.05, graph="complete")
+    assert complete.complete and complete.threshold == 20 - 1 - 6
+    assert check_params(1000, 74, 24, dropout=0.3).log2_correctness_failure <= -30
+    with pytest.raises(ConfigError, match="even"):
+        check_params(1000, 73, 24, dropout=0.3)
+    with pytest.raises(ConfigError, match="threshold"):
+        find_params(10, dropout=0.8, corrupt=0.15, graph="complete")
+
+
+def test_fixed_point_roundtrip_and_overflow_is_a_config_error():
+    enc = FixedPoint.choose(1000, 2.0, 16)
+    assert enc.modulus_bits == math.ceil(math.log2(1000 * 2 * 2**16 + 1)) + 1
+    x = np.array([[-2.5, 0.1234567, 1.9999]])
+    assert np.allclose(enc.decode(enc.encode(x)[0]), [-2.0, 0.1234567, 1.9999], atol=2**-17)
+    with pytest.raises(ConfigError, match="modulus_bits.*overflow"):
+        FixedPoint.choose(1000, 2.0, 16, modulus_bits=20)
+    with pytest.raises(ConfigError, match="frac_bits"):
+        FixedPoint.choose(10**6, 1e6, 40)
+
+
+def test_dropout_schedule_is_keyed_by_user_and_round():
+    sched = DropoutSchedule(
+        rates={"after_share_keys": 0.3, "after_masked_input": 0.2},
+        explicit={"before_advertise": [5]},
+    )
+    ids = np.arange(2000)
+    drop = sched.drop_phase(7, 0, ids)
+    assert drop[5] == 0
+    assert np.array_equal(drop[100:150], sched.drop_phase(7, 0, ids[100:150]))
+    assert not np.array_equal(drop, sched.drop_phase(7, 1, ids))
+    share = np.mean(drop == PHASES.index("after_share_keys"))
+    assert abs(share - 0.3) < 4 * math.sqrt(0.3 * 0.7 / 2000)
+    with pytest.raises(ConfigError, match="dropout.after_lunch"):
+        DropoutSchedule(rates={"after_lunch": 0.1})
+
+
+# --- whole rounds, in process ----------------------------------------------------------------------
+def _inputs(ctx, round, ids, dim):
+    return rng.keyed_uniform(ctx.seed, "synthetic", round, ids, dim) * 2 - 1
+
+
+def _run(
+    n=40,
+    dim=6,
+    mode="simulation",
+    n_cohorts=2,
+    schedule=None,
+    graph="auto",
+    dropout=0.4,
+    seed=3,
+    backend="local",
+):
+    ids = np.arange(n, dtype=np.int64) * 7 + 1
+    cohorts = {k: (t, {}) for k, t in per_user(pa.table({"uid": ids}), "uid", n_cohorts).items()}
+    params = find_params(n, dropout=dropout, corrupt=0.05, graph=graph)
+    enc = FixedPoint.choose(n, 1.0, 12)
+    spec = make_spec(
+        round=0,
+        mode=mode,
+        registry=ids,
+        params=params,
+        encoding=enc,
+        dim=dim,
+        dropout=schedule or DropoutSchedule(),
+    )
+    with Federation(
+        run_id="t", seed=seed, cohorts=cohorts, budget=Budget.none(), backend=backend
+    ) as fed:
+        result = secure_sum(fed, spec, _inputs, (dim,))
+        transcript = list(fed.transcript.rows)
+    x = _inputs(type("Ctx", (), {"seed": seed})(), 0, result.survivors, dim)
+    expected = enc.reduce(enc.encode(x).astype(np.uint64).sum(axis=0))
+    return result, expected, params, transcript
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    st.lists(st.floats(0, 0.12), min_size=4, max_size=4),
+    st.sampled_from(["auto", "complete"]),
+    st.integers(0, 1000),
+)
+def test_sum_is_exact_for_any_dropout_pattern_that_leaves_enough_users(rates, graph, seed):
+    schedule = DropoutSchedule(rates=dict(zip(PHASES, rates, strict=True)))
+    try:
+        result, expected, params, _ = _run(schedule=schedule, graph=graph, seed=seed)
+    except BelowThreshold as err:  # allowed only when too few users are really left
+        assert err.alive < err.threshold
+        return
+    assert np.array_equal(result.words, expected)
+    assert result.survivors.size >= params.min_survivors
+
+
+def test_below_the_threshold_the_round_aborts_before_unmasking():
+    n, params = 40, find_params(40, dropout=0.4, corrupt=0.05)
+    survivors_needed = params.min_survivors
+    ids = np.arange(n) * 7 + 1
+    exactly = DropoutSchedule(explicit={"after_masked_input": ids[: n - survivors_needed].tolist()})
+    result, expected, _, _ = _run(schedule=exactly)
+    assert np.array_equal(result.words, expected)
+    one_less = DropoutSchedule(
+        explicit={"after_masked_input": ids[: n - survivors_needed + 1].tolist()}
+    )
+    with pytest.raises(BelowThreshold, match="unmask"):
+        _run(schedule=one_less)
+
+
+def test_results_do_not_depend_on_the_number_of_cohorts():
+    schedule = DropoutSchedule(rates={"after_share_keys": 0.1, "after_masked_input": 0.1})
+    runs = [_run(n_cohorts=k, schedule=schedule)[0] for k in (1, 2, 4)]
+    for other in runs[1:]:
+        assert np.array_equal(other.words, runs[0].words)
+        assert np.array_equal(other.survivors, runs[0].survivors)
+
+
+@pytest.mark.parametrize("graph", ["auto", "complete"])
+def test_dealer_and_plain_modes_give_bit_identical_sums_to_simulation(graph):
+    schedule = DropoutSchedule(rates={"after_share_keys": 0.1, "after_masked_input": 0.15})
+    sim = _run(mode="simulation", schedule=schedule, graph=graph)[0]
+    for mode in ("dealer", "plain", "secure"):
+        other = _run(mode=mode, schedule=schedule, graph=graph)[0]
+        assert np.array_equal(other.words, sim.words) and np.array_equal(
+            other.survivors, sim.survivors
+        )
+
+
+def test_driver_calls_per_phase_follow_cohorts_not_users():
+    for n in (40, 120):
+        _, _, _, rows = _run(n=n, n_cohorts=3)
+        masked = [r for r in rows if r["phase"] == "masked_input"]
+        assert len(masked) == 3  # one message per cohort, whatever the number of users
+
+
+def test_a_tampered_share_ciphertext_is_rejected(monkeypatch):
+    original = server.route_shares
+
+    def tamper(ctx, spec, replies):
+        out = original(ctx, spec, replies)
+        first = next(iter(out.values())).payload
+        first["ct"][0, 5] ^= 0x40
+        return out
+
+    monkeypatch.setattr(server, "route_shares", tamper)
+    schedule = DropoutSchedule(explicit={"after_masked_input": [1]})
+    with pytest.raises(ProtocolViolation, match="failed authentication"):
+        _run(schedule=schedule)
+
+
+def test_a_request_for_both_shares_of_a_user_is_refused(monkeypatch):
+    original = server.collect_masked
+
+    def greedy(ctx, spec, replies):
+        msg = original(ctx, spec, replies)
+        msg.payload["dropped"] = np.union1d(msg.payload["dropped"], msg.payload["survivors"][:1])
+        return msg
+
+    monkeypatch.setattr(server, "collect_masked", greedy)
+    with pytest.raises(ProtocolViolation, match="both shares"):
+        _run()

@@ -1,0 +1,109 @@
+"""`rayfed run secure-sum`: the Ray path, a cohort killed mid-round, labels and bad input."""
+
+import json
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pytest
+
+import rayfed
+from rayfed.cli import main
+from rayfed.errors import BelowThreshold, ConfigError
+
+SMALL = dict(users=60, dim=8, seed=5, out_dir=None)
+
+
+@pytest.mark.ray
+def test_ray_path_equals_in_process_path(ray_cluster):
+    kw = dict(SMALL, dropout_rates={"after_share_keys": 0.05, "after_masked_input": 0.1}, cohorts=3)
+    on_ray = rayfed.run("secure-sum", **kw)
+    local = rayfed.run("secure-sum", backend="local", **kw)
+    assert on_ray.metrics["exact"] and local.metrics["exact"]
+    assert on_ray.tables["sum"].equals(local.tables["sum"])
+    assert on_ray.metrics["rounds"] == local.metrics["rounds"]
+
+
+@pytest.mark.ray
+def test_killing_a_cohort_mid_round_still_gives_the_exact_sum_of_the_survivors(ray_cluster):
+    result = rayfed.run(
+        "secure-sum", cohorts=3, kill="c1@masked_input", tolerated_dropout=0.45, **SMALL
+    )
+    (row,) = result.metrics["rounds"]
+    assert row["failed_cohorts"] == "c1" and row["exact"]
+    assert row["alive_masked_input"] == 40  # the 20 users of c1 sent shares, then their actor died
+    assert result.metrics["exact"]
+
+
+@pytest.mark.ray
+def test_killing_too_many_users_aborts(ray_cluster):
+    with pytest.raises(BelowThreshold, match="masked_input"):
+        rayfed.run("secure-sum", cohorts=2, kill="c0@masked_input", **SMALL)
+
+
+def test_rounds_modes_and_labels(out_dir):
+    result = rayfed.run(
+        "secure-sum", backend="local", mode="plain", rounds=2, **{**SMALL, "out_dir": str(out_dir)}
+    )
+    assert "INSECURE" in result.headline and "INSECURE" in result.privacy.statement
+    assert len(result.metrics["rounds"]) == 2 and result.metrics["exact"]
+    manifest = json.loads((out_dir / result.run_id / "manifest.json").read_text())
+    assert "INSECURE" in manifest["privacy"]["statement"] and manifest["privacy"]["epsilon"] == 0
+    dealer = rayfed.run("secure-sum", backend="local", mode="dealer", **SMALL)
+    assert "not secure against the server" in dealer.headline
+    assert np.allclose(dealer.tables["sum"]["secure_sum"], dealer.tables["sum"]["plaintext_sum"])
+
+
+def test_vectors_from_a_file(tmp_path):
+    gen = np.random.default_rng(0)
+    path = tmp_path / "v.csv"
+    pacsv.write_csv(
+        pa.table({"uid": np.arange(50) * 3, "a": gen.random(50), "b": -gen.random(50)}), path
+    )
+    result = rayfed.run(
+        "secure-sum", backend="local", out_dir=None, data={"path": str(path), "key": "uid"}
+    )
+    assert result.metrics["exact"] and result.metrics["dim"] == 2 and result.metrics["users"] == 50
+
+
+def test_cli_run_prints_exactness_and_phase_times(capsys, out_dir):
+    assert (
+        main(
+            [
+                "run",
+                "secure-sum",
+                "--backend",
+                "local",
+                "--quiet",
+                "--out",
+                str(out_dir),
+                "--set",
+                "users=40",
+                "--set",
+                "dim=4",
+                "--set",
+                "dropout=0.1",
+            ]
+        )
+        == 0
+    )
+    out = capsys.readouterr().out
+    assert "EXACT" in out and "SecAgg" in out and "time" in out
+
+
+@pytest.mark.parametrize(
+    "sets,field",
+    [
+        (["users=1"], "users"),
+        (["modulus_bits=8"], "modulus_bits"),
+        (["degree=7"], "degree"),
+        (["kill=c1"], "kill"),
+        (["kill=c9@masked_input"], "kill"),
+        (["dropout_rates={after_lunch: 0.1}"], "dropout.after_lunch"),
+        (["tolerated_dropout=0.99"], "tolerated_dropout"),
+        (["mode=quantum"], "mode"),
+    ],
+)
+def test_bad_input_names_the_field(sets, field):
+    with pytest.raises(ConfigError, match=field):
+        rayfed.run("secure-sum", backend="local", out_dir=None, sets=sets)
