@@ -97,6 +97,30 @@ def _run_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argum
     return p
 
 
+def _cmd_stress(args) -> int:
+    from rayfed.stress import stress
+
+    options = {k: v for k, v in (("seed", args.seed), ("backend", args.backend)) if v is not None}
+    config = {}
+    if args.config:
+        from rayfed.config import load_yaml
+
+        config = load_yaml(args.config)
+    rates = [float(r) for r in args.rates.split(",")] if args.rates else None
+    kwargs = {"rates": rates} if rates else {}
+    path = stress(args.protocol, {**config, **options}, args.set, out_dir=args.out, **kwargs)
+    import json
+
+    for row in json.loads((path / "stress.json").read_text())["rows"]:
+        dropout = "" if row["dropout"] is None else f"{100 * row['dropout']:5.1f} %"
+        print(
+            f"{row['scenario']:<24} {dropout:>8}  {row['outcome']:<9} (expected {row['expected']}) "
+            f"{row['seconds']:6.2f} s"
+        )
+    print(f"table, JSON and plot: {path}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="rayfed", description="Differentially private federated protocols on Ray."
@@ -107,6 +131,19 @@ def build_parser() -> argparse.ArgumentParser:
         "run", help="run a protocol (rayfed run PROTOCOL --help for its options)", add_help=False
     )
     _run_parser(run_p).set_defaults(func=_cmd_run)
+    st = sub.add_parser("stress", help="dropout-tolerance sweep of a protocol (table, JSON, plot)")
+    st.add_argument("protocol", help="secure-sum")
+    st.add_argument("--config", help="YAML file of options")
+    st.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="override one option"
+    )
+    st.add_argument("--rates", help="comma-separated dropout rates (default 0,0.1,0.2,0.3,0.4,0.5)")
+    st.add_argument("--seed", type=int)
+    st.add_argument("--backend", choices=["ray", "local"])
+    st.add_argument(
+        "--out", default="runs", help="directory for the stress directory (default: runs)"
+    )
+    st.set_defaults(func=_cmd_stress)
     return parser
 
 

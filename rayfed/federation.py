@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from rayfed.actors.base import MessageMeta, RoleActor, _Slot
+from rayfed.actors.base import Crash, MessageMeta, RoleActor, _Slot
 from rayfed.actors.cohort import UserCohortActor
 from rayfed.actors.coordinator import CoordinatorActor
 from rayfed.actors.party import PartyActor
@@ -276,7 +276,12 @@ class Group:
                 metas[name], payloads[name] = self.handles[name].run(step, spec)
             except RayfedError:
                 raise
-            except Exception as err:  # in-process members cannot die: every exception is a failure
+            except Crash as err:  # a simulated death: what a dead Ray actor would be
+                if on_failure == "drop":
+                    failed.append(name)
+                    continue
+                self._fail(name, phase, "the actor died (simulated in-process)", err)
+            except Exception as err:
                 self._fail(name, phase, f"{type(err).__name__}: {err}", err)
         return Replies(payloads, metas, failed)
 
@@ -472,7 +477,7 @@ class Federation:
         cpus = float(ray.cluster_resources().get("CPU", 1.0))
         options = {"num_cpus": min(1.0, cpus / n_actors), "max_restarts": 0, "max_task_retries": 0}
         options.update(self._actor_options.get(role, {}))
-        return ray.remote(cls).options(**options).remote(name, self.seed, table, meta)
+        return ray.remote(cls).options(**options).remote(name, self.seed, table, meta, in_ray=True)
 
     def shutdown(self) -> None:
         """Kill every actor of this run (idempotent). Ray itself keeps running for the next run."""

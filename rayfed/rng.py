@@ -83,8 +83,25 @@ def stream(root: int, purpose: str, round: int = 0, ident=0) -> np.random.Genera
 # --- Philox4x32-10, vectorised -------------------------------------------------------------------
 _M0, _M1 = np.uint64(0xD2511F53), np.uint64(0xCD9E8D57)
 _W0, _W1 = 0x9E3779B9, 0xBB67AE85
-_MASK = np.uint64(0xFFFFFFFF)
 _SHIFT = np.uint64(32)
+_CHUNK_BLOCKS = 1 << 15
+
+
+def _philox_words(c0, c1, c2, c3, key: tuple[int, int], rounds: int = 10):
+    """The Philox4x32 rounds on four uint32 counter arrays (products in uint64, the rest in uint32)."""
+    k0, k1 = int(key[0]) & 0xFFFFFFFF, int(key[1]) & 0xFFFFFFFF
+    for r in range(rounds):
+        if r:
+            k0, k1 = (k0 + _W0) & 0xFFFFFFFF, (k1 + _W1) & 0xFFFFFFFF
+        p0 = c0.astype(np.uint64) * _M0
+        p1 = c2.astype(np.uint64) * _M1
+        c0, c1, c2, c3 = (
+            (p1 >> _SHIFT).astype(np.uint32) ^ c1 ^ np.uint32(k0),
+            p1.astype(np.uint32),
+            (p0 >> _SHIFT).astype(np.uint32) ^ c3 ^ np.uint32(k1),
+            p0.astype(np.uint32),
+        )
+    return c0, c1, c2, c3
 
 
 def philox4x32(counter: np.ndarray, key: tuple[int, int], rounds: int = 10) -> np.ndarray:
@@ -101,21 +118,8 @@ def philox4x32(counter: np.ndarray, key: tuple[int, int], rounds: int = 10) -> n
     -------
     ``(..., 4)`` uint32 array of output words.
     """
-    c = np.asarray(counter).astype(np.uint64) & _MASK
-    c0, c1, c2, c3 = (c[..., i] for i in range(4))
-    k0, k1 = int(key[0]) & 0xFFFFFFFF, int(key[1]) & 0xFFFFFFFF
-    for r in range(rounds):
-        if r:
-            k0, k1 = (k0 + _W0) & 0xFFFFFFFF, (k1 + _W1) & 0xFFFFFFFF
-        p0 = _M0 * c0
-        p1 = _M1 * c2
-        c0, c1, c2, c3 = (
-            (p1 >> _SHIFT) ^ c1 ^ np.uint64(k0),
-            p1 & _MASK,
-            (p0 >> _SHIFT) ^ c3 ^ np.uint64(k1),
-            p0 & _MASK,
-        )
-    return np.stack([c0, c1, c2, c3], axis=-1).astype(np.uint32)
+    c = (np.asarray(counter).astype(np.uint64) & np.uint64(0xFFFFFFFF)).astype(np.uint32)
+    return np.stack(_philox_words(*(c[..., i] for i in range(4)), key, rounds), axis=-1)
 
 
 def _philox_key(root: int, purpose: str, round: int) -> tuple[int, int]:
@@ -129,13 +133,21 @@ def keyed_bits64(root: int, purpose: str, round: int, ids: np.ndarray, n: int) -
     if n <= 0:
         return np.zeros((ids.size, 0), dtype=np.uint64)
     blocks = (n + 1) // 2  # each Philox block gives 4 x 32 bits = two 64-bit words
-    counter = np.zeros((ids.size, blocks, 4), dtype=np.uint64)
-    counter[..., 0] = (ids & _MASK)[:, None]
-    counter[..., 1] = (ids >> _SHIFT)[:, None]
-    counter[..., 2] = np.arange(blocks, dtype=np.uint64)[None, :]
-    out = philox4x32(counter, _philox_key(root, purpose, round)).astype(np.uint64)
-    words = (out[..., 0::2] << _SHIFT) | out[..., 1::2]  # (ids, blocks, 2)
-    return words.reshape(ids.size, 2 * blocks)[:, :n]
+    key = _philox_key(root, purpose, round)
+    out = np.empty((ids.size, 2 * blocks), dtype=np.uint64)
+    per_chunk = max(1, _CHUNK_BLOCKS // blocks)  # keep the temporaries in cache
+    index = np.tile(np.arange(blocks, dtype=np.uint32), min(per_chunk, ids.size))
+    zeros = np.zeros_like(index)
+    for a in range(0, ids.size, per_chunk):
+        part = ids[a : a + per_chunk]
+        m = part.size * blocks
+        lo = np.repeat((part & np.uint64(0xFFFFFFFF)).astype(np.uint32), blocks)
+        hi = np.repeat((part >> _SHIFT).astype(np.uint32), blocks)
+        w0, w1, w2, w3 = _philox_words(lo, hi, index[:m], zeros[:m], key)
+        view = out[a : a + part.size].reshape(m, 2)
+        view[:, 0] = (w0.astype(np.uint64) << _SHIFT) | w1
+        view[:, 1] = (w2.astype(np.uint64) << _SHIFT) | w3
+    return out[:, :n]
 
 
 def keyed_uniform(root: int, purpose: str, round: int, ids: np.ndarray, n: int = 1) -> np.ndarray:

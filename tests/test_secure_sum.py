@@ -107,3 +107,36 @@ def test_cli_run_prints_exactness_and_phase_times(capsys, out_dir):
 def test_bad_input_names_the_field(sets, field):
     with pytest.raises(ConfigError, match=field):
         rayfed.run("secure-sum", backend="local", out_dir=None, sets=sets)
+
+
+def test_stress_sweep_writes_table_json_and_plot(tmp_path, capsys):
+    assert (
+        main(
+            [
+                "stress",
+                "secure-sum",
+                "--backend",
+                "local",
+                "--set",
+                "users=60",
+                "--set",
+                "dim=4",
+                "--rates",
+                "0,0.5",
+                "--out",
+                str(tmp_path),
+            ]
+        )
+        == 0
+    )
+    (path,) = tmp_path.iterdir()
+    rows = json.loads((path / "stress.json").read_text())["rows"]
+    outcome = {(r["scenario"], r["dropout"]): r["outcome"] for r in rows}
+    assert outcome[("rate", 0.0)] == "complete" and outcome[("rate", 0.5)] == "aborted"
+    for row in rows:
+        if row["expected"] in ("complete", "aborted"):
+            assert row["outcome"] == row["expected"], row
+    assert (path / "stress.parquet").stat().st_size and (
+        path / "stress.png"
+    ).stat().st_size > 10_000
+    assert "neighbours of one user" in capsys.readouterr().out

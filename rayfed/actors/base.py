@@ -7,6 +7,7 @@ a trust boundary is a :class:`Message`, whose size and DP event go into the run'
 
 from __future__ import annotations
 
+import os
 import pickle
 from dataclasses import dataclass, field
 from typing import Any
@@ -118,17 +119,36 @@ def unflatten(spec: Any, flat: tuple) -> Any:
     return spec
 
 
+class Crash(Exception):  # noqa: N818 - not an error of the caller's making
+    """Raised by a step to simulate this actor dying (fault injection). As a Ray actor the process
+    then really exits; in-process, the federation treats the member as dead."""
+
+
 class RoleActor:
     """Base of PartyActor, CoordinatorActor and UserCohortActor; used as a Ray actor or in-process."""
 
     role = "role"
 
     def __init__(
-        self, name: str, seed: int, table: pa.Table | None = None, meta: dict | None = None
+        self,
+        name: str,
+        seed: int,
+        table: pa.Table | None = None,
+        meta: dict | None = None,
+        in_ray: bool = False,
     ):
         self.ctx = StepContext(
             name=name, role=self.role, seed=seed, table=table, meta=dict(meta or {})
         )
+        self.in_ray = in_ray
+
+    def _step(self, step, args, kwargs):
+        try:
+            return step(self.ctx, *args, **kwargs)
+        except Crash:
+            if self.in_ray:
+                os._exit(17)
+            raise
 
     def ping(self) -> str:
         return self.ctx.name
@@ -146,7 +166,7 @@ class RoleActor:
     def run(self, step, spec, *flat) -> tuple[MessageMeta | None, Any]:
         """Execute ``step(ctx, *args, **kwargs)``; return (transcript meta or None, payload)."""
         args, kwargs = unflatten(spec, flat)
-        reply = step(self.ctx, *args, **kwargs)
+        reply = self._step(step, args, kwargs)
         if not isinstance(reply, Message):
             return None, reply
         return self._meta(reply), reply.payload
@@ -156,7 +176,7 @@ class RoleActor:
         (metas by receiver, payload for names[0], payload for names[1], …) — one object each, so
         every receiver is sent only its own message."""
         args, kwargs = unflatten(spec, flat)
-        replies = step(self.ctx, *args, **kwargs)
+        replies = self._step(step, args, kwargs)
         if sorted(replies) != sorted(names):
             raise ValueError(f"scatter step answered {sorted(replies)}, expected {sorted(names)}")
         metas = {name: self._meta(replies[name]) for name in names}

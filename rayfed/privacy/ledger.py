@@ -187,6 +187,8 @@ class PrivacyReport:
         return dict(self.__dict__)
 
     def summary(self) -> str:
+        if self.budget_epsilon == 0 and self.budget_delta == 0:
+            return f"no differential privacy ({self.statement})"
         text = f"epsilon={self.epsilon:.4g}, delta={self.delta:.3g} ({self.accountant}, {self.composition})"
         return text + f" of budget epsilon={self.budget_epsilon:g}, delta={self.budget_delta:g}"
 

@@ -91,13 +91,18 @@ def make_spec(
 
 
 def secure_sum(
-    fed, spec: RoundSpec, input_fn: Callable[..., Any], input_args: tuple = ()
+    fed,
+    spec: RoundSpec,
+    input_fn: Callable[..., Any],
+    input_args: tuple = (),
+    after_phase: Callable[[str], None] | None = None,
 ) -> AggregationResult:
     """Run one aggregation round on ``fed``'s cohorts; ``input_fn(ctx, round, user_ids, *input_args)``
     returns the (users x dim) float inputs of a cohort's surviving users.
 
     A cohort actor that dies (or misses a deadline) turns its users into dropouts at that phase;
-    the round completes if enough users survive, else raises BelowThreshold.
+    the round completes if enough users survive, else raises BelowThreshold. ``after_phase(name)``,
+    if given, is called after each client phase (benchmarks use it to sample memory).
     """
     from rayfed.federation import PerMember
 
@@ -107,8 +112,13 @@ def secure_sum(
     def alive() -> list[str]:
         return [n for n in cohorts.names if n not in failed]
 
+    def done(phase: str) -> None:
+        if after_phase is not None:
+            after_phase(phase)
+
     keys = cohorts.run(client.advertise, spec, phase="advertise", on_failure="drop")
     failed += keys.failed
+    done("advertise")
     table = fed.coordinator.run(server.collect_keys, spec, keys, phase="collect_keys")
     shares = cohorts.run(
         client.share_keys,
@@ -119,6 +129,7 @@ def secure_sum(
         on_failure="drop",
     )
     failed += shares.failed
+    done("share_keys")
     routed = fed.coordinator.scatter(
         server.route_shares, spec, shares, to=alive(), phase="route_shares"
     )
@@ -133,10 +144,12 @@ def secure_sum(
         on_failure="drop",
     )
     failed += masked.failed
+    done("masked_input")
     request = fed.coordinator.run(server.collect_masked, spec, masked, phase="collect_masked")
     answers = cohorts.run(
         client.unmask, spec, request.single(), phase="unmask", members=alive(), on_failure="drop"
     )
     failed += answers.failed
+    done("unmask")
     out = fed.one(fed.coordinator.run(server.finish, spec, answers, phase="reconstruct"))
     return AggregationResult(failed_cohorts=sorted(failed), mode=spec.mode, **out)

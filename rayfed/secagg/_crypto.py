@@ -39,8 +39,8 @@ __all__ = [
     "hkdf",
     "keypair",
     "os_random_bytes",
+    "Prf",
     "prf_blocks",
-    "prf_chunks",
     "public_keys",
     "shared_secret",
 ]
@@ -117,36 +117,30 @@ def expand(seed: bytes, n_words: int, dtype=np.uint32) -> np.ndarray:
     return buf[:nbytes].view(dtype)
 
 
-_PRF_CHUNK_BYTES = 1 << 24
+class Prf:
+    """AES-256 as a PRF on 16-byte inputs (code, block index) → 16·n_blocks bytes per code.
 
-
-def prf_chunks(key: bytes, codes: np.ndarray, n_blocks: int):
-    """AES-256 as a PRF on 16-byte inputs (code, block index), yielding (start, rows) chunks of
-    (len(chunk), 16·n_blocks) bytes.
-
-    ECB over all inputs under one key: the dealer mode derives every seed and mask of a round from
-    one key this way, with no per-pair key setup. Each chunk is written into the same buffer (fresh
-    memory is slow to fault in here), so a consumer must use a chunk before taking the next.
+    ECB over many inputs under one key in one call: the dealer mode derives every seed and mask of
+    a round from one key this way, with no per-pair key setup. Input and output buffers are
+    allocated once and reused (fresh memory is slow to fault in here): each call's result is only
+    valid until the next call.
     """
-    codes = np.asarray(codes, dtype=np.uint64)
-    row = 16 * n_blocks
-    per_chunk = max(1, _PRF_CHUNK_BYTES // row)
-    size = min(per_chunk, max(codes.size, 1))
-    inp = np.empty((size, n_blocks, 2), dtype="<u8")
-    inp[:, :, 1] = np.arange(n_blocks, dtype=np.uint64)[None, :]
-    out = np.empty(size * row + 15, dtype=np.uint8)
-    enc = Cipher(algorithms.AES(key), modes.ECB()).encryptor()
-    for a in range(0, codes.size, per_chunk):
-        c = codes[a : a + per_chunk]
-        inp[: c.size, :, 0] = c[:, None]
-        enc.update_into(inp[: c.size].reshape(-1).view(np.uint8), out)
-        yield a, out[: c.size * row].reshape(c.size, row)
+
+    def __init__(self, key: bytes, n_blocks: int, max_codes: int):
+        self.n_blocks = n_blocks
+        self._inp = np.empty((max_codes, n_blocks, 2), dtype="<u8")
+        self._inp[:, :, 1] = np.arange(n_blocks, dtype=np.uint64)[None, :]
+        self._out = np.empty(max_codes * n_blocks * 16 + 15, dtype=np.uint8)
+        self._enc = Cipher(algorithms.AES(key), modes.ECB()).encryptor()
+
+    def __call__(self, codes: np.ndarray) -> np.ndarray:
+        codes = np.asarray(codes, dtype=np.uint64)
+        inp = self._inp[: codes.size]
+        inp[:, :, 0] = codes[:, None]
+        self._enc.update_into(inp.reshape(-1).view(np.uint8), self._out)
+        return self._out[: inp.nbytes].reshape(codes.size, 16 * self.n_blocks)
 
 
 def prf_blocks(key: bytes, codes: np.ndarray, n_blocks: int) -> np.ndarray:
-    """All of :func:`prf_chunks` as one (len(codes), 16·n_blocks) array (for small outputs)."""
-    codes = np.asarray(codes, dtype=np.uint64)
-    out = np.empty((codes.size, 16 * n_blocks), dtype=np.uint8)
-    for a, chunk in prf_chunks(key, codes, n_blocks):
-        out[a : a + chunk.shape[0]] = chunk
-    return out
+    """:class:`Prf` on a few codes, as a fresh array."""
+    return Prf(key, n_blocks, max(1, np.size(codes)))(codes).copy()

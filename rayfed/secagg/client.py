@@ -13,12 +13,11 @@ the same peer.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from rayfed.actors.base import Message, StepContext
+from rayfed.actors.base import Crash, Message, StepContext
 from rayfed.dropout import NEVER, PHASES
 from rayfed.secagg import _crypto, shamir
 from rayfed.secagg.spec import (
@@ -63,9 +62,9 @@ class ClientRound:
 
 
 def _maybe_die(ctx: StepContext, spec: RoundSpec, phase: str) -> None:
-    """Fault injection for tests and stress runs: this cohort's process exits mid-round."""
+    """Fault injection for tests and stress runs: this cohort's actor dies mid-round."""
     if spec.kill is not None and spec.kill == (ctx.name, phase):
-        os._exit(17)
+        raise Crash(f"fault injection: {ctx.name} at {phase}")
 
 
 def _state(ctx: StepContext, spec: RoundSpec) -> ClientRound:
@@ -236,24 +235,31 @@ def _pair_masks_real(
                 acc -= mask
 
 
+_DEALER_CHUNK_BYTES = 1 << 24
+
+
 def add_dealer_masks(
-    key: bytes,
-    spec: RoundSpec,
-    owner_rows: np.ndarray,
-    codes: np.ndarray,
-    signs: np.ndarray,
-    y: np.ndarray,
+    key: bytes, spec: RoundSpec, codes: np.ndarray, signs: np.ndarray, into: np.ndarray
 ) -> None:
-    """y[owner_rows[e]] += signs[e]·PRF-mask(codes[e]) for pair ends sorted by owner row."""
+    """Add Σ_j signs[r, j]·mask(codes[r, j]) to ``into[r]`` (or, if ``into`` has one row, all of it
+    to that row); a sign of 0 skips the pair. Masks come from the dealer's PRF in chunks of rows,
+    reduced over the k pairs of each row with one contiguous sum."""
+    rows, k = codes.shape
     dtype = spec.word_dtype
-    for a, chunk in _crypto.prf_chunks(key, codes, mask_blocks(spec)):
-        masks = chunk.view(dtype)[:, : spec.dim]
-        n = masks.shape[0]
-        neg = signs[a : a + n] < 0
-        np.negative(masks, out=masks, where=neg[:, None])
-        owners = owner_rows[a : a + n]
-        starts = np.flatnonzero(np.r_[True, owners[1:] != owners[:-1]])
-        y[owners[starts]] += np.add.reduceat(masks, starts, axis=0)
+    blocks = mask_blocks(spec)
+    per_chunk = max(1, _DEALER_CHUNK_BYTES // (16 * blocks * max(k, 1)))
+    prf = _crypto.Prf(key, blocks, min(per_chunk, max(rows, 1)) * max(k, 1))
+    for a in range(0, rows, per_chunk):
+        c, s = codes[a : a + per_chunk], signs[a : a + per_chunk]
+        masks = prf(c.reshape(-1)).view(dtype)[:, : spec.dim]
+        flat = s.reshape(-1)
+        masks[flat == 0] = 0
+        np.negative(masks, out=masks, where=(flat < 0)[:, None])
+        sums = masks.reshape(c.shape[0], k, spec.dim).sum(axis=1, dtype=dtype)
+        if into.shape[0] == 1:
+            into[0] += sums.sum(axis=0, dtype=dtype)
+        else:
+            into[a : a + c.shape[0]] += sums
 
 
 def masked_input(
@@ -278,20 +284,13 @@ def masked_input(
         graph = _graph(ctx, spec)
         if spec.mode == "dealer":
             key = dealer_key(ctx.seed, spec.round)
-            order_rows = np.arange(len(rows))
-            add_dealer_masks(key, spec, order_rows, self_codes(st.pos[rows]), np.ones(len(rows)), y)
-            nb = graph.neighbours(st.pos[rows])
-            keep = u2_member[nb]
-            owner, col = np.nonzero(keep)
-            peer = nb[owner, col]
+            pos = st.pos[rows]
             add_dealer_masks(
-                key,
-                spec,
-                owner,
-                pair_codes(st.pos[rows][owner], peer, spec.n),
-                sign(st.pos[rows][owner], peer),
-                y,
+                key, spec, self_codes(pos)[:, None], np.ones((len(rows), 1), np.int8), y
             )
+            nb = graph.neighbours(pos)
+            signs = np.where(u2_member[nb], sign(pos[:, None], nb), 0).astype(np.int8)
+            add_dealer_masks(key, spec, pair_codes(pos[:, None], nb, spec.n), signs, y)
         else:
             for i, row in enumerate(rows):
                 y[i] += _crypto.expand(st.b_seed[row].tobytes(), spec.dim, spec.word_dtype)

@@ -237,18 +237,14 @@ def _remove_dropped_pair_masks(ctx, spec: RoundSpec, st: ServerRound, dropped, k
 def _remove_dealer_masks(
     key: bytes, spec: RoundSpec, st: ServerRound, dropped, total, seed: int
 ) -> None:
+    """The dealer knows every seed: remove U3's self masks and, for each dropped u, the masks its
+    survivor neighbours v added (sign(v, u))."""
     acc = np.zeros((1, spec.dim), dtype=spec.word_dtype)
-    add_dealer_masks(
-        key, spec, np.zeros(st.u3.size, np.int64), self_codes(st.u3), np.ones(st.u3.size), acc
-    )
+    add_dealer_masks(key, spec, self_codes(st.u3)[:, None], np.ones((st.u3.size, 1), np.int8), acc)
     if dropped.size:
-        graph = spec.graph(seed)
-        nb = graph.neighbours(dropped)
+        nb = spec.graph(seed).neighbours(dropped)
         in_u3 = np.zeros(spec.n, dtype=bool)
         in_u3[st.u3] = True
-        rows, cols = np.nonzero(in_u3[nb])
-        v, u = nb[rows, cols], dropped[rows]
-        add_dealer_masks(
-            key, spec, np.zeros(v.size, np.int64), pair_codes(v, u, spec.n), sign(v, u), acc
-        )
+        signs = np.where(in_u3[nb], sign(nb, dropped[:, None]), 0).astype(np.int8)
+        add_dealer_masks(key, spec, pair_codes(nb, dropped[:, None], spec.n), signs, acc)
     total -= acc[0].astype(np.uint64)

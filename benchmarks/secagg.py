@@ -1,0 +1,254 @@
+"""Secure-aggregation benchmark: time and peak memory per phase, against this machine's primitive
+lower bound. Writes JSON.
+
+    python benchmarks/secagg.py                       # the issue's target configurations
+    python benchmarks/secagg.py --grid                # n x d x variant grid (feasible cells)
+    python benchmarks/secagg.py --only secagg+ --users 1000 --dim 100
+
+For every configuration it runs one round on the Ray path (embedded local Ray, one cohort per CPU)
+with the parameter finder's degree and threshold (security parameters are never lowered to meet a
+time), and reports:
+
+* seconds and peak resident memory (sum over cohorts, coordinator and driver) after each phase;
+* the lower bound the primitives imply: the X25519 agreements the users must perform (one per
+  neighbour for share encryption, one per neighbour for the pairwise masks) times this machine's
+  measured exchange cost, plus the keystream bytes the users expand (self and pairwise masks)
+  divided by this machine's measured AES-CTR throughput. ``ratio_serial`` divides the wall time by
+  that bound, ``ratio_parallel`` by the bound shared over the cohorts' CPUs;
+* the number of driver-to-actor calls per phase (one per cohort, independent of users).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+import rayfed
+from rayfed.data import per_user
+from rayfed.dropout import DropoutSchedule
+from rayfed.federation import Federation
+from rayfed.privacy import Budget
+from rayfed.protocols.secure_sum import synthetic_inputs
+from rayfed.secagg import FixedPoint, _crypto, find_params, make_spec, secure_sum
+
+TARGETS = [
+    # (name, users, dim, variant, dropout after masked input)
+    ("secagg+ n=10k d=1k 30% dropout", 10_000, 1_000, "secagg+", 0.3),
+    ("secagg n=1k d=1k 30% dropout", 1_000, 1_000, "secagg", 0.3),
+    ("secagg+ n=1k d=1k 30% dropout", 1_000, 1_000, "secagg+", 0.3),
+    ("dealer n=100k d=1k 30% dropout", 100_000, 1_000, "dealer", 0.3),
+]
+
+
+def measure_primitives(repeat: int = 20_000) -> dict:
+    """This machine's X25519 exchange cost and AES-CTR keystream throughput (the lower bound's units)."""
+    raw = np.frombuffer(os.urandom(64 * 64), np.uint8).reshape(64, 64)
+    keys = [_crypto.keypair(r[:32].tobytes())[0] for r in raw]
+    peers = _crypto.public_keys(
+        np.stack([np.frombuffer(_crypto.keypair(r[32:].tobytes())[1], np.uint8) for r in raw])
+    )
+    started = time.perf_counter()
+    for i in range(repeat):
+        keys[i % 64].exchange(peers[(i * 7) % 64])
+    exchange_s = (time.perf_counter() - started) / repeat
+    seed = os.urandom(32)
+    n_words = 64 << 20 >> 2
+    _crypto.expand(seed, n_words)  # warm the buffers
+    started = time.perf_counter()
+    for _ in range(4):
+        _crypto.expand(seed, n_words)
+    prg_bytes_per_s = 4 * n_words * 4 / (time.perf_counter() - started)
+    return {"x25519_exchange_s": exchange_s, "prg_bytes_per_s": prg_bytes_per_s}
+
+
+def _rss_step(ctx):
+    """(current, peak) resident memory of this actor's process, in bytes."""
+    fields = dict(
+        line.split(":", 1)
+        for line in Path("/proc/self/status").read_text().splitlines()
+        if ":" in line
+    )
+    kib = lambda key: int(fields[key].split()[0]) * 1024  # noqa: E731
+    return kib("VmRSS"), kib("VmHWM")
+
+
+def run_one(name: str, users: int, dim: int, variant: str, dropout: float, seed: int = 0) -> dict:
+    mode = "dealer" if variant == "dealer" else "simulation"
+    graph = "complete" if variant == "secagg" else "auto"
+    params = find_params(users, dropout=0.3, corrupt=0.05, graph=graph)
+    encoding = FixedPoint.choose(users, 1.0, 16)
+    ids = np.arange(users, dtype=np.int64)
+    n_cohorts = os.cpu_count() or 1
+    cohorts = {
+        k: (t, {}) for k, t in per_user(pa.table({"user_id": ids}), "user_id", n_cohorts).items()
+    }
+    # exactly `dropout` of the users (a seeded random choice) drop after sending their masked input
+    dropped = np.random.default_rng(seed).choice(ids, int(round(dropout * users)), replace=False)
+    schedule = DropoutSchedule(explicit={"after_masked_input": dropped.tolist()})
+    spec = make_spec(
+        round=0,
+        mode=mode,
+        registry=ids,
+        params=params,
+        encoding=encoding,
+        dim=dim,
+        dropout=schedule,
+    )
+    memory: dict[str, dict] = {}
+    Path("/proc/self/clear_refs").write_text("5")  # reset the driver's peak (VmHWM) for this run
+    with Federation(
+        run_id=f"bench-{variant}",
+        seed=seed,
+        cohorts=cohorts,
+        budget=Budget.none(),
+        deadline_s=3600.0,
+    ) as fed:
+
+        def sample(phase: str) -> None:
+            cohort = fed.get(fed.cohorts.run(_rss_step, phase="memory"))
+            coord = fed.one(fed.coordinator.run(_rss_step, phase="memory"))
+            driver_peak = _rss_step(None)[1]
+            memory[phase] = {
+                "peak_bytes_total": sum(p for _, p in cohort.values()) + coord[1] + driver_peak,
+                "peak_bytes_per_cohort": max(p for _, p in cohort.values()),
+                "peak_bytes_coordinator": coord[1],
+            }
+
+        sample("start")
+        started = time.perf_counter()
+        result = secure_sum(fed, spec, synthetic_inputs, (dim, 1.0), after_phase=sample)
+        wall = (
+            time.perf_counter()
+            - started
+            - sum(t["seconds"] for t in fed.timings if t["phase"] == "memory")
+        )
+        phases = {t["phase"]: t["seconds"] for t in fed.timings if t["phase"] != "memory"}
+        calls = {}
+        for row in fed.transcript.rows:
+            calls[row["phase"]] = calls.get(row["phase"], 0) + 1
+        sample("end")
+    ctx = type("Ctx", (), {"seed": seed})()
+    x = synthetic_inputs(ctx, 0, result.survivors, dim, 1.0)
+    exact = bool(
+        np.array_equal(
+            encoding.reduce(encoding.encode(x).astype(np.uint64).sum(axis=0)), result.words
+        )
+    )
+    k = params.degree
+    kas = 0 if mode == "dealer" else 2 * users * k  # no dropouts before masked input in these runs
+    keystream = (users * k + users) * dim * encoding.dtype.itemsize
+    return {
+        "name": name,
+        "users": users,
+        "dim": dim,
+        "variant": variant,
+        "mode": mode,
+        "degree": k,
+        "threshold": params.threshold,
+        "min_survivors": params.min_survivors,
+        "complete_graph": params.complete,
+        "log2_security_failure": params.log2_security_failure,
+        "log2_correctness_failure": params.log2_correctness_failure,
+        "dropout_after_masked_input": dropout,
+        "cohorts": n_cohorts,
+        "exact": exact,
+        "survivors": int(result.survivors.size),
+        "wall_seconds": wall,
+        "phase_seconds": phases,
+        "memory": memory,
+        "peak_bytes": max(m["peak_bytes_total"] for m in memory.values()),
+        "messages_per_phase": calls,
+        "user_key_agreements": kas,
+        "user_keystream_bytes": keystream,
+    }
+
+
+def with_bounds(record: dict, prim: dict) -> dict:
+    bound = (
+        record["user_key_agreements"] * prim["x25519_exchange_s"]
+        + record["user_keystream_bytes"] / prim["prg_bytes_per_s"]
+    )
+    record["lower_bound_serial_s"] = bound
+    record["lower_bound_parallel_s"] = bound / record["cohorts"]
+    record["ratio_serial"] = record["wall_seconds"] / bound if bound else None
+    record["ratio_parallel"] = (
+        record["wall_seconds"] / (bound / record["cohorts"]) if bound else None
+    )
+    return record
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", default="benchmarks/results/secagg.json")
+    p.add_argument(
+        "--grid", action="store_true", help="n in {100,1k,10k,100k} x d in {100,1k,10k} x variants"
+    )
+    p.add_argument("--only", choices=["secagg", "secagg+", "dealer"], help="one variant")
+    p.add_argument("--users", type=int)
+    p.add_argument("--dim", type=int)
+    p.add_argument("--dropout", type=float, default=0.3)
+    args = p.parse_args(argv)
+    if args.users or args.dim or args.only:
+        configs = [
+            (
+                f"{args.only or 'secagg+'} n={args.users or 1000} d={args.dim or 1000}",
+                args.users or 1000,
+                args.dim or 1000,
+                args.only or "secagg+",
+                args.dropout,
+            )
+        ]
+    elif args.grid:
+        configs = [
+            (f"{v} n={n} d={d}", n, d, v, args.dropout)
+            for n in (100, 1_000, 10_000, 100_000)
+            for d in (100, 1_000, 10_000)
+            for v in ("secagg", "secagg+", "dealer")
+            if not (v == "secagg" and n > 1_000)
+            and not (v == "secagg+" and n > 10_000)
+            and n * d <= 10**8
+        ]
+    else:
+        configs = TARGETS
+    rayfed.ensure_ray()
+    prim = measure_primitives()
+    print(
+        f"X25519 exchange {prim['x25519_exchange_s'] * 1e6:.1f} us, AES-CTR {prim['prg_bytes_per_s'] / 1e9:.2f} GB/s",
+        file=sys.stderr,
+    )
+    records = []
+    for config in configs:
+        try:
+            record = with_bounds(run_one(*config), prim)
+        except rayfed.RayfedError as err:
+            records.append({"name": config[0], "error": f"{type(err).__name__}: {err}"})
+            print(f"{config[0]}: {type(err).__name__}: {err}", file=sys.stderr)
+            continue
+        records.append(record)
+        print(
+            f"{record['name']}: {record['wall_seconds']:.1f} s (k={record['degree']}, t={record['threshold']}, "
+            f"exact={record['exact']}), peak {record['peak_bytes'] / 2**30:.2f} GiB, "
+            f"ratio serial {record['ratio_serial'] or 0:.2f} / parallel {record['ratio_parallel'] or 0:.2f}",
+            file=sys.stderr,
+        )
+    out = {
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), **prim},
+        "versions": {"rayfed": rayfed.__version__},
+        "results": records,
+    }
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(out, indent=2, default=float) + "\n")
+    print(args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
