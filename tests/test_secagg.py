@@ -301,3 +301,43 @@ def test_a_request_for_both_shares_of_a_user_is_refused(monkeypatch):
     monkeypatch.setattr(server, "collect_masked", greedy)
     with pytest.raises(ProtocolViolation, match="both shares"):
         _run()
+
+
+def test_out_of_order_messages_are_refused_by_client_and_server():
+    """The client accepts only the next stage of its round, the server only its next phase."""
+    from rayfed.actors.base import StepContext
+    from rayfed.secagg import client
+
+    ids = np.arange(12)
+    params = find_params(12, dropout=0.3, corrupt=0.05)
+    spec = make_spec(
+        round=0,
+        mode="simulation",
+        registry=ids,
+        params=params,
+        encoding=FixedPoint.choose(12, 1.0, 8),
+        dim=2,
+    )
+    ctx = StepContext(name="c0", role="cohort", seed=1, table=pa.table({"user_id": ids}))
+    with pytest.raises(ProtocolViolation, match="share_keys request arrived in no round"):
+        client.share_keys(ctx, spec, {})
+    client.advertise(ctx, spec)
+    with pytest.raises(ProtocolViolation, match="masked_input request arrived in stage advertise"):
+        client.masked_input(ctx, spec, {"u2": ids}, _inputs, (2,))
+    with pytest.raises(ProtocolViolation, match="unmask request arrived in stage advertise"):
+        client.unmask(ctx, spec, {"survivors": ids, "dropped": ids[:0]})
+    coordinator = StepContext(name="coordinator", role="coordinator", seed=1)
+    server.collect_keys(
+        coordinator,
+        spec,
+        {
+            "c0": {
+                "pos": ids,
+                "c_pk": np.zeros((12, 32), np.uint8),
+                "s_pk": np.zeros((12, 32), np.uint8),
+            }
+        },
+    )
+    for step in (server.collect_masked, server.finish):
+        with pytest.raises(ProtocolViolation, match="server is in phase share_keys"):
+            step(coordinator, spec, {})

@@ -59,6 +59,7 @@ class ClientRound:
     pair_key: np.ndarray | None = None
     received: dict | None = None
     revealed: dict = field(default_factory=dict)
+    stage: str = "advertise"
 
 
 def _maybe_die(ctx: StepContext, spec: RoundSpec, phase: str) -> None:
@@ -67,8 +68,20 @@ def _maybe_die(ctx: StepContext, spec: RoundSpec, phase: str) -> None:
         raise Crash(f"fault injection: {ctx.name} at {phase}")
 
 
-def _state(ctx: StepContext, spec: RoundSpec) -> ClientRound:
-    return ctx.state["secagg"][spec.round]
+STAGES = ("advertise", "share_keys", "masked_input", "unmask")
+
+
+def _state(ctx: StepContext, spec: RoundSpec, stage: str) -> ClientRound:
+    """The round's state, checked to be one stage before ``stage`` (out-of-order input is refused)."""
+    st = ctx.state.get("secagg", {}).get(spec.round)
+    previous = STAGES[STAGES.index(stage) - 1]
+    if st is None or st.stage != previous:
+        have = "no round" if st is None else f"stage {st.stage}"
+        raise ProtocolViolation(
+            f"{ctx.name}: a {stage} request arrived in {have} of round {spec.round}"
+        )
+    st.stage = stage
+    return st
 
 
 def _graph(ctx: StepContext, spec: RoundSpec):
@@ -141,7 +154,7 @@ def share_keys(ctx: StepContext, spec: RoundSpec, table: dict) -> Message:
     associated data = tag, round, sender, receiver). A user with fewer than t neighbours left
     cannot protect its secrets and drops out."""
     _maybe_die(ctx, spec, "share_keys")
-    st = _state(ctx, spec)
+    st = _state(ctx, spec, "share_keys")
     u1 = np.asarray(table["pos"])
     in_u1 = _member(spec.n, u1)
     active = st.active & in_u1[st.pos]
@@ -268,7 +281,7 @@ def masked_input(
     """Each surviving user sends y_u = x_u + PRG(b_u) + Σ_{v ∈ N(u) ∩ U2} ±PRG(s_uv) mod 2^b; in
     ``plain`` mode y_u = x_u (no protection: a labelled baseline only)."""
     _maybe_die(ctx, spec, "masked_input")
-    st = _state(ctx, spec)
+    st = _state(ctx, spec, "masked_input")
     u2 = np.asarray(routed["u2"])
     u2_member = _member(spec.n, u2)
     st.active &= u2_member[st.pos] & (st.drop > AFTER_SHARE_KEYS)
@@ -306,7 +319,7 @@ def unmask(ctx: StepContext, spec: RoundSpec, request: dict) -> Message:
     the peer's masked input is in the sum (U3) or the key share if the peer dropped (U2 \\ U3) —
     never both for one peer, whatever the server asks."""
     _maybe_die(ctx, spec, "unmask")
-    st = _state(ctx, spec)
+    st = _state(ctx, spec, "unmask")
     survivors, dropped = np.asarray(request["survivors"]), np.asarray(request["dropped"])
     if np.intersect1d(survivors, dropped).size:
         raise ProtocolViolation("the server asked for both shares of the same users: refused")

@@ -163,7 +163,37 @@ def _pick_shares(
     return holder[idx] + 1, share[idx]
 
 
-def _reconstruct(owner, holder, share, owners_needed, spec: RoundSpec, phase: str) -> np.ndarray:
+def _reconstruct_complete(owner, holder, share, owners_needed, responders, spec: RoundSpec):
+    """Complete graph: every responder holds a share of every owner, so each owner's holder set can
+    be C = the first t+1 responders minus one point (the owner itself, or else the last one), and
+    all their Lagrange coefficients come from one O(t²) computation. None if a share is missing."""
+    t = spec.threshold
+    if responders.size < t + 1:
+        return None
+    c = responders[: t + 1]
+    lam = shamir.lagrange_leave_one_out(c + 1)
+    where = np.searchsorted(c, owners_needed)
+    inside = (where <= t) & (c[np.minimum(where, t)] == owners_needed)
+    removed = np.where(inside, where, t)
+    codes = owner.astype(np.int64) * spec.n + holder
+    order = np.argsort(codes)
+    want = owners_needed[:, None].astype(np.int64) * spec.n + c[None, :]
+    at = np.minimum(np.searchsorted(codes[order], want), codes.size - 1)
+    found = codes[order][at] == want
+    found[np.arange(owners_needed.size), removed] = True  # the removed point has weight 0
+    if not found.all():
+        return None
+    ys = np.where(found[:, :, None], share[order][at], 0)
+    return shamir.combine(lam[removed], ys)
+
+
+def _reconstruct(
+    owner, holder, share, owners_needed, spec: RoundSpec, phase: str, responders: np.ndarray
+) -> np.ndarray:
+    if spec.complete and owners_needed.size:
+        fast = _reconstruct_complete(owner, holder, share, owners_needed, responders, spec)
+        if fast is not None:
+            return fast
     xs, ys = _pick_shares(owner, holder, share, owners_needed, spec.threshold, phase, spec)
     if xs.shape[0] == 0:
         return np.zeros((0, 32), np.uint8)
@@ -188,12 +218,12 @@ def finish(ctx: StepContext, spec: RoundSpec, replies: dict) -> dict:
         share = _concat(replies, "share", np.int64, shamir.CHUNKS)
         self_rows, key_rows = kind == KIND_SELF, kind == KIND_KEY
         b = _reconstruct(
-            owner[self_rows], holder[self_rows], share[self_rows], st.u3, spec, "unmask"
+            owner[self_rows], holder[self_rows], share[self_rows], st.u3, spec, "unmask", responders
         )
         for seed in b:
             total -= _crypto.expand(seed.tobytes(), spec.dim, dtype).astype(np.uint64)
         keys = _reconstruct(
-            owner[key_rows], holder[key_rows], share[key_rows], dropped, spec, "unmask"
+            owner[key_rows], holder[key_rows], share[key_rows], dropped, spec, "unmask", responders
         )
         _remove_dropped_pair_masks(ctx, spec, st, dropped, keys, total)
     words = spec.encoding.reduce(total)
