@@ -81,9 +81,9 @@ def _rss_step(ctx):
 
 
 def run_one(name: str, users: int, dim: int, variant: str, dropout: float, seed: int = 0) -> dict:
-    mode = "dealer" if variant == "dealer" else "simulation"
+    mode = "dealer" if variant == "dealer" else "secure"  # real crypto with OS randomness
     graph = "complete" if variant == "secagg" else "auto"
-    params = find_params(users, dropout=0.3, corrupt=0.05, graph=graph)
+    params = find_params(users, dropout=max(0.3, dropout), corrupt=0.05, graph=graph)
     encoding = FixedPoint.choose(users, 1.0, 16)
     ids = np.arange(users, dtype=np.int64)
     n_cohorts = os.cpu_count() or 1

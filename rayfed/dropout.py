@@ -7,10 +7,12 @@ and from every later phase of that round):
 * ``after_share_keys``   — sent its encrypted shares, never sends its masked input;
 * ``after_masked_input`` — its masked input is in the sum, it does not answer the unmasking;
 * ``during_unmask``      — drops while the unmasking runs; to the server this is the same as
-  ``after_masked_input`` (its answer never arrives), and is counted separately.
+  ``after_masked_input`` (its answer never arrives).
 
-A user's draw is a pure function of (root seed, round, user id), so schedules do not depend on how
-users are dealt to cohorts. Explicit lists name user ids per phase and apply to every round.
+A rate is a per-phase hazard: the probability of dropping at that phase for a user still present
+(so rates of 0.1 at two phases drop 19 %, not 20 %). A user's draw is a pure function of (root
+seed, round, user id), so schedules do not depend on how users are dealt to cohorts. Explicit lists
+name user ids per phase and apply to every round.
 """
 
 from __future__ import annotations

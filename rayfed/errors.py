@@ -75,18 +75,34 @@ class UnaccountedNoise(RayfedError):
 
 
 class BelowThreshold(RayfedError):
-    """Fewer participants survived a phase than the protocol's threshold requires."""
+    """Fewer participants (or shares) survived a phase than the protocol's threshold requires.
 
-    def __init__(self, phase: str, alive: int, threshold: int, round: int | None = None):
-        self.phase, self.alive, self.threshold, self.round = phase, alive, threshold, round
+    In secure aggregation, an abort before the unmasking reveals nothing beyond the transcript; an
+    abort during it leaves the server with at most what a completed round would have given it.
+    """
+
+    def __init__(
+        self,
+        phase: str,
+        alive: int,
+        threshold: int,
+        round: int | None = None,
+        what: str = "participants alive",
+    ):
+        self.phase, self.alive, self.threshold, self.round, self.what = (
+            phase,
+            alive,
+            threshold,
+            round,
+            what,
+        )
         where = f"round {round}, " if round is not None else ""
         super().__init__(
-            f"{where}phase {phase!r}: {alive} participants alive, threshold is {threshold}; "
-            "the run was aborted without revealing anything beyond the transcript"
+            f"{where}phase {phase!r}: {alive} {what}, threshold is {threshold}; the round was aborted"
         )
 
     def __reduce__(self):
-        return (type(self), (self.phase, self.alive, self.threshold, self.round))
+        return (type(self), (self.phase, self.alive, self.threshold, self.round, self.what))
 
 
 class PartyFailed(RayfedError):

@@ -5,13 +5,14 @@ adversarial patterns, and records for each whether the round completed with the 
 aborted with BelowThreshold (which reveals nothing beyond the transcript), the survivors and the
 time:
 
-* ``exactly t survivors`` — just enough users stay to the end: must complete;
-* ``t-1 survivors``       — one user fewer: must abort;
-* ``whole cohort lost``   — a cohort actor exits during the masked input: its users become
+* ``exactly min_survivors`` — just enough users stay to the end (the global quorum): completes;
+* ``min_survivors - 1``     — one user fewer: aborts;
+* ``whole cohort lost``     — a cohort actor exits during the masked input: its users become
   dropouts; completes if enough users remain in the other cohorts;
-* ``neighbours of one user`` — every neighbour of user 0 drops after the masked input, so user 0's
-  self-mask cannot be rebuilt: the sparse graph's known failure mode, which the parameter finder
-  makes unlikely for random dropouts but an adversary can force; must abort.
+* ``t / t-1 / no neighbour of one user`` — all but t (then t-1, then 0) of user 0's neighbours drop
+  after the masked input: with t its self-mask is still rebuilt from t shares; with fewer it is
+  not, the sparse graph's known failure mode, which the parameter finder makes unlikely for random
+  dropouts but an adversary can force: aborts.
 """
 
 from __future__ import annotations
@@ -55,12 +56,14 @@ def _attempt(
 def secure_sum_scenarios(options: dict[str, Any], sets: list[str], rates) -> list[dict]:
     """Every scenario above, as result rows."""
     from rayfed.api import resolve
+    from rayfed.protocols.secure_sum import STATEMENTS
     from rayfed.secagg.graph import NeighbourGraph
 
     proto, run_opts, cfg = resolve("secure-sum", options, sets)
     plan = proto.plan(cfg, run_opts.seed)
     params, registry = plan.info["params"], plan.info["registry"]
     n = registry.size
+    note = STATEMENTS[cfg.mode]
     rows = [
         _attempt(
             "rate",
@@ -73,8 +76,8 @@ def secure_sum_scenarios(options: dict[str, Any], sets: list[str], rates) -> lis
     ]
     drop = n - params.min_survivors
     for name, count, expected in (
-        ("exactly t survivors", drop, "complete"),
-        ("t-1 survivors", drop + 1, "aborted"),
+        ("exactly min_survivors", drop, "complete"),
+        ("min_survivors - 1", drop + 1, "aborted"),
     ):
         explicit = {"after_masked_input": registry[:count].tolist()}
         rows.append(
@@ -97,21 +100,30 @@ def secure_sum_scenarios(options: dict[str, Any], sets: list[str], rates) -> lis
             sets,
         )
     )
+    # one user's neighbourhood: keep exactly t of its neighbours (its self-mask is still
+    # recoverable), then t - 1 (it is not), then none
     graph = NeighbourGraph.build(n, params.degree, params.complete, run_opts.seed, 0)
     neighbours = registry[graph.neighbours(np.array([0]))[0]]
-    rows.append(
-        _attempt(
-            "neighbours of one user",
-            len(neighbours) / n,
-            "aborted",
-            {
-                **options,
-                "dropout": 0.0,
-                "dropout_users": {"after_masked_input": neighbours.tolist()},
-            },
-            sets,
+    t = params.threshold
+    global_ok = n - (len(neighbours) - t) >= params.min_survivors
+    for name, keep, expected in (
+        ("t of one user's neighbours", t, "complete" if global_ok else "aborted"),
+        ("t-1 of one user's neighbours", t - 1, "aborted"),
+        ("no neighbour of one user", 0, "aborted"),
+    ):
+        gone = neighbours[keep:]
+        rows.append(
+            _attempt(
+                name,
+                len(gone) / n,
+                expected,
+                {**options, "dropout": 0.0, "dropout_users": {"after_masked_input": gone.tolist()}},
+                sets,
+            )
         )
-    )
+    for row in rows:
+        row["mode"] = cfg.mode
+        row["security"] = note
     return rows
 
 
@@ -169,5 +181,5 @@ def stress(
         )
         + "\n"
     )
-    plot(rows, path / "stress.png", f"{protocol}: dropout tolerance")
+    plot(rows, path / "stress.png", f"{protocol} ({rows[0]['mode']} mode): dropout tolerance")
     return path

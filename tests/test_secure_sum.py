@@ -50,7 +50,9 @@ def test_rounds_modes_and_labels(out_dir):
     manifest = json.loads((out_dir / result.run_id / "manifest.json").read_text())
     assert "INSECURE" in manifest["privacy"]["statement"] and manifest["privacy"]["epsilon"] == 0
     dealer = rayfed.run("secure-sum", backend="local", mode="dealer", **SMALL)
-    assert "not secure against the server" in dealer.headline
+    assert "NOT secure against the server" in dealer.headline
+    simulation = rayfed.run("secure-sum", backend="local", **SMALL)
+    assert "NOT secure" in simulation.headline and not simulation.metrics["secure"]
     assert np.allclose(dealer.tables["sum"]["secure_sum"], dealer.tables["sum"]["plaintext_sum"])
 
 
@@ -139,4 +141,17 @@ def test_stress_sweep_writes_table_json_and_plot(tmp_path, capsys):
     assert (path / "stress.parquet").stat().st_size and (
         path / "stress.png"
     ).stat().st_size > 10_000
-    assert "neighbours of one user" in capsys.readouterr().out
+    assert "t-1 of one user's neighbours" in capsys.readouterr().out
+
+
+def test_weak_overrides_and_oversized_complete_graphs_are_errors():
+    with pytest.raises(ConfigError, match="threshold.*miss the bounds"):
+        rayfed.run("secure-sum", backend="local", out_dir=None, users=200, threshold=2)
+    weak = rayfed.run(
+        "secure-sum", backend="local", out_dir=None, users=200, threshold=2, allow_weak_params=True
+    )
+    assert weak.metrics["exact"] and weak.metrics["log2_security_failure"] > -40
+    with pytest.raises(ConfigError, match="graph.*GiB"):
+        rayfed.run(
+            "secure-sum", backend="local", out_dir=None, users=20_000, graph="complete", cohorts=1
+        )

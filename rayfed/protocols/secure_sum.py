@@ -5,8 +5,10 @@ rates and patterns, mode and degree are options; the result says whether the dec
 the plaintext sum of the survivors' quantised inputs *exactly*, with the time of every phase.
 
 Privacy: secure aggregation adds no noise, so there is no differential privacy here: the server
-learns the exact sum over the users whose masked input arrived (and, in ``secure``/``simulation``
-mode, nothing else). ``dealer`` mode is not secure against the server; ``plain`` is no protection.
+learns the exact sum over the users whose masked input arrived and, in ``secure`` mode under the
+SecAgg assumptions, nothing else. ``simulation`` runs the same protocol with seeded keys (anyone
+with the seed can derive them), ``dealer`` is not secure against the server, ``plain`` is no
+protection: every output says so.
 """
 
 from __future__ import annotations
@@ -28,10 +30,17 @@ from rayfed.privacy import Budget
 from rayfed.protocols.base import Outcome, Plan, Protocol
 from rayfed.secagg import FixedPoint, check_params, find_params, make_spec, secure_sum
 
-INSECURE = {
-    "plain": "INSECURE baseline (mode=plain): inputs are sent unmasked",
-    "dealer": "dealer mode: a trusted dealer (the coordinator) holds every mask seed; not secure against the server",
+STATEMENTS = {
+    "secure": "no differential privacy: the server learns the exact sum of the survivors' inputs and, under "
+    "the SecAgg assumptions (a semi-honest server colluding with at most a corrupt_fraction of the users, "
+    "who are corrupted independently of the public neighbour graph), nothing else",
+    "simulation": "simulation mode, NOT secure: the same protocol, but every key and seed is derived from the "
+    "run's root seed, so anyone holding it (the coordinator included) can derive them; reproducible; no DP",
+    "dealer": "dealer mode, NOT secure against the server: a trusted dealer (the coordinator) holds every mask "
+    "seed; no DP",
+    "plain": "INSECURE baseline (mode=plain): inputs are sent unmasked; no DP",
 }
+MAX_COMPLETE_BYTES = 4 << 30
 
 
 @dataclass(frozen=True)
@@ -78,6 +87,9 @@ class SecureSumConfig:
     kill: str | None = option(
         None, "fault injection 'COHORT@PHASE', e.g. c1@masked_input: that actor exits"
     )
+    allow_weak_params: bool = option(
+        False, "accept a degree/threshold override that misses the sigma/eta bounds"
+    )
     data: DataConfig = field(default_factory=DataConfig, metadata={"help": "data source"})
 
     def validate(self) -> None:
@@ -123,6 +135,30 @@ def table_inputs(ctx: StepContext, round: int, ids: np.ndarray, columns: list[st
     return np.column_stack([ctx.table.column(c).to_numpy()[rows] for c in columns]).astype(
         np.float64
     )
+
+
+def _check_params(cfg: SecureSumConfig, params, n: int, n_cohorts: int) -> None:
+    """Weak overrides and complete graphs too large for memory are errors before any actor starts."""
+    weak = params.log2_security_failure > -cfg.sigma or params.log2_correctness_failure > -cfg.eta
+    if weak and not cfg.allow_weak_params:
+        field = "threshold" if cfg.threshold is not None else "degree"
+        raise ConfigError(
+            field,
+            f"degree {params.degree} / threshold {params.threshold} miss the bounds: "
+            f"log2 P[security failure] = {params.log2_security_failure:.1f} (need <= -{cfg.sigma:g}), "
+            f"log2 P[abort] = {params.log2_correctness_failure:.1f} (need <= -{cfg.eta:g})",
+            "drop the override, or set allow_weak_params=true to measure a weak setting",
+        )
+    if params.complete and cfg.mode in ("secure", "simulation"):
+        per_cohort = -(-n // n_cohorts) * n * 13 * 8 * 2
+        if per_cohort > MAX_COMPLETE_BYTES:
+            raise ConfigError(
+                "graph",
+                f"the complete graph with {n:,} users needs ~{per_cohort / 2**30:.1f} GiB of "
+                "Shamir shares per cohort",
+                f"at most {MAX_COMPLETE_BYTES >> 30} GiB: graph=harary, "
+                "more cohorts, or fewer users",
+            )
 
 
 class SecureSum(Protocol):
@@ -193,11 +229,8 @@ class SecureSum(Protocol):
                 graph=cfg.graph,
             )
         encoding = FixedPoint.choose(n, cfg.clip, cfg.frac_bits, cfg.modulus_bits)
-        statement = INSECURE.get(
-            cfg.mode,
-            "no differential privacy: the server learns the exact sum of the "
-            "survivors' inputs and, under the SecAgg assumptions, nothing else",
-        )
+        _check_params(cfg, params, n, n_cohorts)
+        statement = STATEMENTS[cfg.mode]
         return Plan(
             budget=Budget.none(),
             ledger=dict(statement=statement),
@@ -246,8 +279,7 @@ class SecureSum(Protocol):
                     "failed_cohorts": ",".join(result.failed_cohorts),
                 }
             )
-        if cfg.mode in INSECURE:
-            fed.note(INSECURE[cfg.mode])
+
         last, exact = results[-1]
         plain = info["encoding"].decode(
             self._plaintext(fed.seed, cfg.rounds - 1, last.survivors, cfg, plan)
@@ -260,7 +292,7 @@ class SecureSum(Protocol):
         metrics = {
             "exact": all(e for _, e in results),
             "mode": cfg.mode,
-            "secure": cfg.mode in ("secure", "simulation"),
+            "secure": cfg.mode == "secure",
             "users": int(info["registry"].size),
             "dim": info["dim"],
             "cohorts": len(fed.cohorts),
@@ -283,8 +315,8 @@ class SecureSum(Protocol):
             f"sum of {last.survivors.size}/{info['registry'].size} survivors' {info['dim']}-vectors "
             f"{'EXACT' if metrics['exact'] else 'NOT EXACT'}; {graph}, t={params.threshold}, mode={cfg.mode}"
         )
-        if cfg.mode in INSECURE:
-            headline += f" [{INSECURE[cfg.mode]}]"
+        if cfg.mode != "secure":
+            headline += f" [{STATEMENTS[cfg.mode].split(':')[0]}]"
         tables = {
             "sum": pa.table(
                 {

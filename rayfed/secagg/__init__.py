@@ -9,7 +9,8 @@ per phase are one per cohort, never one per user.
 Modes (same code path for the first two):
 
 * ``secure``     — X25519 keys, self-mask seeds and Shamir randomness from the OS;
-* ``simulation`` — the same from the run's seeded streams, keyed by user id (reproducible);
+* ``simulation`` — the same code with all of these from the run's seeded streams, keyed by user id:
+  reproducible, and *not* secure (anyone with the seed, the coordinator included, derives them);
 * ``dealer``     — a trusted dealer (the coordinator) derives every self-mask and pairwise-mask
   seed from one key (AES as a PRF): the same mask structure without key agreement or secret
   sharing, for n >= 10^5; *not* secure against the server — a scale simulation;
@@ -59,7 +60,8 @@ class AggregationResult:
 
     @property
     def secure(self) -> bool:
-        return self.mode in ("secure", "simulation")
+        """Only ``secure`` mode protects the inputs from the server (see the module docstring)."""
+        return self.mode == "secure"
 
 
 def make_spec(

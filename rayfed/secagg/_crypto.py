@@ -15,8 +15,6 @@ AES-256-CTR keystream as PRG. Rules this module relies on:
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives import hashes
@@ -38,16 +36,11 @@ __all__ = [
     "expand",
     "hkdf",
     "keypair",
-    "os_random_bytes",
     "Prf",
     "prf_blocks",
     "public_keys",
     "shared_secret",
 ]
-
-
-def os_random_bytes(n: int) -> bytes:
-    return os.urandom(n)
 
 
 def keypair(private_bytes: bytes) -> tuple[X25519PrivateKey, bytes]:

@@ -59,6 +59,7 @@ class ClientRound:
     pair_key: np.ndarray | None = None
     received: dict | None = None
     revealed: dict = field(default_factory=dict)
+    u2: np.ndarray | None = None
     stage: str = "advertise"
 
 
@@ -104,6 +105,10 @@ def advertise(ctx: StepContext, spec: RoundSpec) -> Message:
     """Each user draws two X25519 key pairs (c: share encryption, s: pairwise masks) and sends
     the public keys. Keys come from the OS in ``secure`` mode, from the run's stream otherwise."""
     _maybe_die(ctx, spec, "advertise")
+    if spec.round in ctx.state.get("secagg", {}):
+        raise ProtocolViolation(
+            f"{ctx.name}: round {spec.round} was already started; keys are never re-issued"
+        )
     ids = ctx.table.column("user_id").to_numpy()
     pos = spec.positions(ids)
     drop = spec.dropout.drop_phase(ctx.seed, spec.round, ids)
@@ -157,25 +162,25 @@ def share_keys(ctx: StepContext, spec: RoundSpec, table: dict) -> Message:
     st = _state(ctx, spec, "share_keys")
     u1 = np.asarray(table["pos"])
     in_u1 = _member(spec.n, u1)
+    if spec.mode in ("secure", "simulation"):
+        _check_key_table(st, table, np.arange(len(st.c_sk)))
     active = st.active & in_u1[st.pos]
-    if spec.mode in ("plain", "dealer"):
-        st.active = active
-        return Message("shares", {"pos": st.pos[active]}, to="coordinator")
     rows = np.flatnonzero(active)  # rows of st.ids; index into key lists via key_rows
-    key_rows = np.searchsorted(np.flatnonzero(st.drop > BEFORE_ADVERTISE), rows)
-    _check_key_table(st, table, np.arange(len(st.c_sk)))
-    st.table_pos = u1
-    st.table_c_pk = _crypto.public_keys(np.asarray(table["c_pk"]))
-    st.table_s_pk = _crypto.public_keys(np.asarray(table["s_pk"]))
-
+    # every mode follows the same participation rule, so dealer and plain runs drop the same users
     graph = _graph(ctx, spec)
     nb = graph.neighbours(st.pos[rows])  # (U, k) positions
     alive_nb = in_u1[nb]
     enough = alive_nb.sum(axis=1) >= spec.threshold
-    rows, key_rows, nb, alive_nb = rows[enough], key_rows[enough], nb[enough], alive_nb[enough]
     active[:] = False
-    active[rows] = True
+    active[rows[enough]] = True
     st.active = active
+    if spec.mode in ("plain", "dealer"):
+        return Message("shares", {"pos": st.pos[active]}, to="coordinator")
+    key_rows = np.searchsorted(np.flatnonzero(st.drop > BEFORE_ADVERTISE), rows)
+    st.table_pos = u1
+    st.table_c_pk = _crypto.public_keys(np.asarray(table["c_pk"]))
+    st.table_s_pk = _crypto.public_keys(np.asarray(table["s_pk"]))
+    rows, key_rows, nb, alive_nb = rows[enough], key_rows[enough], nb[enough], alive_nb[enough]
 
     st.b_seed = np.zeros((len(st.ids), 32), dtype=np.uint8)
     st.b_seed[rows] = user_bytes(spec, ctx.seed, "secagg-masks", st.ids[rows], 32)
@@ -283,8 +288,15 @@ def masked_input(
     _maybe_die(ctx, spec, "masked_input")
     st = _state(ctx, spec, "masked_input")
     u2 = np.asarray(routed["u2"])
+    st.u2 = u2
     u2_member = _member(spec.n, u2)
     st.active &= u2_member[st.pos] & (st.drop > AFTER_SHARE_KEYS)
+    # a user left with fewer than t neighbours in U2 aborts (Flower's check): its mask would be
+    # spread over too few peers
+    rows = np.flatnonzero(st.active)
+    st.active[
+        rows[u2_member[_graph(ctx, spec).neighbours(st.pos[rows])].sum(axis=1) < spec.threshold]
+    ] = False
     st.received = {k: routed[k] for k in ("sender", "receiver", "ct") if k in routed}
     rows = np.flatnonzero(st.active)
     x = np.asarray(input_fn(ctx, spec.round, st.ids[rows], *input_args), dtype=np.float64)
@@ -323,8 +335,17 @@ def unmask(ctx: StepContext, spec: RoundSpec, request: dict) -> Message:
     survivors, dropped = np.asarray(request["survivors"]), np.asarray(request["dropped"])
     if np.intersect1d(survivors, dropped).size:
         raise ProtocolViolation("the server asked for both shares of the same users: refused")
+    u2 = _member(spec.n, st.u2)
+    if not (u2[survivors].all() and u2[dropped].all()):
+        raise ProtocolViolation("the server's unmask request names users outside U2: refused")
     in_u3 = _member(spec.n, survivors)
     st.active &= in_u3[st.pos] & (st.drop == NEVER)
+    rows = np.flatnonzero(
+        st.active
+    )  # a user with fewer than t surviving neighbours reveals nothing
+    st.active[
+        rows[in_u3[_graph(ctx, spec).neighbours(st.pos[rows])].sum(axis=1) < spec.threshold]
+    ] = False
     empty = {
         "holder": np.zeros(0, np.int64),
         "owner": np.zeros(0, np.int64),

@@ -8,9 +8,10 @@ The round is an explicit state machine over :class:`ServerRound`:
     UNMASK     --finish-->         DONE         (the unmasked sum of U3's inputs)
 
 Each transition checks that the server is in the phase it expects and that at least
-``min_survivors`` users are left; otherwise the round ends with BelowThreshold *before* anything
-is unmasked, so the server learns nothing beyond the transcript. Shares and ciphertexts are
-dropped from the state as soon as they have been used.
+``min_survivors`` users are left; otherwise the round ends with BelowThreshold. Before the unmask
+request is sent the server has only masked inputs, so such an abort reveals nothing beyond the
+transcript; an abort while unmasking (too few responders, or too few shares of one user) leaves it
+with at most what a completed round would have given it — the sum over U3.
 """
 
 from __future__ import annotations
@@ -51,7 +52,6 @@ class ServerRound:
     c_pk: np.ndarray | None = None
     s_pk: np.ndarray | None = None
     u2: np.ndarray | None = None
-    shares: dict | None = None
     u3: np.ndarray | None = None
     y_sum: np.ndarray | None = None
     counts: dict[str, int] = field(default_factory=dict)
@@ -158,7 +158,10 @@ def _pick_shares(
     ends = np.searchsorted(owner, owners_needed, side="right")
     have = ends - starts
     if have.min() < t:
-        raise BelowThreshold(phase, int(have.min()), t, spec.round)
+        worst = int(owners_needed[np.argmin(have)])
+        raise BelowThreshold(
+            phase, int(have.min()), t, spec.round, what=f"shares of the user at position {worst}"
+        )
     idx = starts[:, None] + np.arange(t)[None, :]
     return holder[idx] + 1, share[idx]
 
@@ -208,6 +211,10 @@ def finish(ctx: StepContext, spec: RoundSpec, replies: dict) -> dict:
     dropped = np.setdiff1d(st.u2, st.u3)
     total = st.y_sum.copy()
     dtype = spec.word_dtype
+    if spec.mode in ("dealer", "plain"):
+        # no shares to collect, but the same abort rule as the real protocol: every secret the
+        # server would need must be held by at least t responding neighbours
+        _check_recoverable(spec, ctx.seed, np.union1d(st.u3, dropped), responders)
     if spec.mode == "dealer":
         key = dealer_key(ctx.seed, spec.round)
         _remove_dealer_masks(key, spec, st, dropped, total, ctx.seed)
@@ -236,6 +243,30 @@ def finish(ctx: StepContext, spec: RoundSpec, replies: dict) -> dict:
         "dropped_after_sharing": spec.registry[dropped],
         "counts": dict(st.counts),
     }
+
+
+def _check_recoverable(
+    spec: RoundSpec, seed: int, owners: np.ndarray, responders: np.ndarray
+) -> None:
+    """BelowThreshold unless each owner has at least t neighbours among the responders."""
+    if owners.size == 0:
+        return
+    responding = np.zeros(spec.n, dtype=bool)
+    responding[responders] = True
+    graph = spec.graph(seed)
+    if graph.complete:
+        have = responders.size - responding[owners]
+    else:
+        have = responding[graph.neighbours(owners)].sum(axis=1)
+    if have.min() < spec.threshold:
+        worst = int(owners[np.argmin(have)])
+        raise BelowThreshold(
+            "unmask",
+            int(have.min()),
+            spec.threshold,
+            spec.round,
+            what=f"shares of the user at position {worst}",
+        )
 
 
 def _remove_dropped_pair_masks(ctx, spec: RoundSpec, st: ServerRound, dropped, keys, total) -> None:
