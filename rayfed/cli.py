@@ -114,7 +114,7 @@ def _cmd_stress(args) -> int:
     for row in json.loads((path / "stress.json").read_text())["rows"]:
         dropout = "" if row["dropout"] is None else f"{100 * row['dropout']:5.1f} %"
         print(
-            f"{row['scenario']:<24} {dropout:>8}  {row['outcome']:<9} (expected {row['expected']}) "
+            f"{row['scenario']:<30} {dropout:>8}  {row['outcome']:<9} (expected {row['expected']}) "
             f"{row['seconds']:6.2f} s"
         )
     print(f"table, JSON and plot: {path}")

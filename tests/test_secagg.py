@@ -436,3 +436,11 @@ def test_the_finder_takes_the_smallest_degree_and_largest_threshold():
         weaker = check_params(1000, p.degree - 2, t, dropout=0.3)
         assert weaker.log2_security_failure > -40 or weaker.log2_correctness_failure > -30
     assert check_params(1000, p.degree, p.threshold + 1, dropout=0.3).log2_correctness_failure > -30
+
+
+def test_x25519_rejects_a_low_order_peer_key():
+    """RFC 7748 §6.1: an all-zero shared secret must be refused (cryptography raises ValueError)."""
+    sk, _ = _crypto.keypair(bytes.fromhex(RFC7748_ALICE_SK))
+    (zero,) = _crypto.public_keys(np.zeros((1, 32), np.uint8))
+    with pytest.raises(ValueError):
+        _crypto.shared_secret(sk, zero)
