@@ -1,0 +1,219 @@
+"""Matrix-factorisation building blocks shared by the federated-MF protocols (spec federated-mf.md).
+
+Ratings are an Arrow table ``(user, item, rating)`` with dense 0-based ``user``/``item`` indices.
+Everything here is plain numpy on arrays of ratings — vectorised over ratings and embedding rows,
+never a Python loop per rating or per user:
+
+* data: loading a ratings file, a synthetic low-rank generator, the 90/10 split;
+* maths: initialisation, the embedding-clipping projection Π (spec §2.4), per-rating gradients
+  summed by scatter-add (§2.1), the learning-rate schedule (§7.9), test MSE;
+* the non-private central SGD baseline (spec §5.4 / §7.12).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+from rayfed.data import load_table, require_clean, require_columns
+from rayfed.errors import ConfigError, DataError
+
+COLUMNS = ("user", "item", "rating")
+
+
+@dataclass(frozen=True)
+class Ratings:
+    """Ratings with dense indices: ``n`` users, ``m`` items, ratings in [``low``, ``high``]."""
+
+    user: np.ndarray
+    item: np.ndarray
+    rating: np.ndarray
+    n: int
+    m: int
+    low: float
+    high: float
+
+    def __len__(self) -> int:
+        return int(self.rating.size)
+
+    def take(self, rows: np.ndarray) -> Ratings:
+        return Ratings(
+            self.user[rows], self.item[rows], self.rating[rows], self.n, self.m, self.low, self.high
+        )
+
+    def to_table(self) -> pa.Table:
+        return pa.table({"user": self.user, "item": self.item, "rating": self.rating})
+
+
+def load_ratings(
+    path: str | Path,
+    *,
+    user: str = "user_id",
+    item: str = "item_id",
+    rating: str = "rating",
+    bounds: tuple[float, float] | None = None,
+    format: str = "auto",
+) -> Ratings:
+    """A ratings file (CSV/Parquet/Arrow) with user, item and rating columns; ids become dense
+    indices in sorted order. ``bounds`` declares the rating range (default: the file's own min/max,
+    which is public metadata of a ratings scale, not of a user)."""
+    table = load_table(path, format)
+    require_columns(table, [user, item, rating], "data.columns")
+    require_clean(table, [user, item, rating])
+    users, u_index = np.unique(
+        table.column(user).to_numpy(zero_copy_only=False), return_inverse=True
+    )
+    items, i_index = np.unique(
+        table.column(item).to_numpy(zero_copy_only=False), return_inverse=True
+    )
+    values = table.column(rating).to_numpy(zero_copy_only=False).astype(np.float64)
+    low, high = bounds if bounds is not None else (float(values.min()), float(values.max()))
+    if values.min() < low or values.max() > high:
+        raise DataError(
+            f"data.{rating}",
+            f"ratings outside the declared bounds [{low}, {high}]",
+            "declare bounds that hold every rating",
+        )
+    keys = u_index.astype(np.int64) * len(items) + i_index
+    if np.unique(keys).size != keys.size:
+        raise DataError("data", "a (user, item) pair is rated twice", "one rating per pair")
+    return Ratings(
+        u_index.astype(np.int64),
+        i_index.astype(np.int64),
+        values,
+        len(users),
+        len(items),
+        low,
+        high,
+    )
+
+
+def synthetic_ratings(
+    n: int,
+    m: int,
+    *,
+    rank: int = 5,
+    density: float = 0.05,
+    noise: float = 0.3,
+    low: float = 1.0,
+    high: float = 5.0,
+    rng: np.random.Generator,
+) -> Ratings:
+    """A low-rank rating matrix: X = clip(A Bᵀ + N(0, noise²)), A, B non-negative, observed
+    entries chosen with probability ``density`` (every user and item keeps at least one rating)."""
+    if not (n >= 1 and m >= 1 and rank >= 1 and 0 < density <= 1):
+        raise ConfigError("synthetic", "users, items and rank must be >= 1 and density in (0, 1]")
+    mid = (low + high) / 2
+    a = rng.uniform(0, 1, (n, rank))
+    b = rng.uniform(0, 1, (m, rank))
+    scale = mid / (a.mean() * b.mean() * rank)
+    observed = rng.random((n, m)) < density
+    observed[np.arange(n), rng.integers(0, m, n)] = True
+    observed[rng.integers(0, n, m), np.arange(m)] = True
+    users, items = np.nonzero(observed)
+    values = np.einsum("ij,ij->i", a[users], b[items]) * scale + rng.normal(0, noise, users.size)
+    return Ratings(
+        users.astype(np.int64), items.astype(np.int64), np.clip(values, low, high), n, m, low, high
+    )
+
+
+def split(
+    ratings: Ratings, test_fraction: float, rng: np.random.Generator, *, by_user: bool = False
+) -> tuple[Ratings, Ratings]:
+    """(train, test): a random ``test_fraction`` of the ratings, or of each user's ratings."""
+    if not 0 < test_fraction < 1:
+        raise ConfigError("test_fraction", f"must be in (0, 1), got {test_fraction}")
+    u = rng.random(len(ratings))
+    if by_user:  # the lowest draws of each user go to the test set
+        order = np.lexsort((u, ratings.user))
+        counts = np.bincount(ratings.user, minlength=ratings.n)
+        rank = np.arange(len(ratings)) - np.repeat(np.cumsum(counts) - counts, counts)
+        test = np.zeros(len(ratings), dtype=bool)
+        test[order] = rank < np.floor(test_fraction * counts[ratings.user[order]])
+    else:
+        test = u < test_fraction
+    return ratings.take(np.flatnonzero(~test)), ratings.take(np.flatnonzero(test))
+
+
+# --- maths ---------------------------------------------------------------------------------------
+def init_embeddings(rows: int, p: int, mean_rating: float, rng: np.random.Generator) -> np.ndarray:
+    """Non-negative uniform entries with E⟨u, v⟩ ≈ the mean rating (spec §7.10)."""
+    return rng.uniform(0.0, 2.0 * np.sqrt(mean_rating / p), (rows, p))
+
+
+def project(x: np.ndarray, bound: float) -> np.ndarray:
+    """Π onto {x >= 0, ‖x‖² <= R} row-wise (spec §2.4, Lemma 5): zero the negatives, then rescale."""
+    x = np.maximum(x, 0.0)
+    norms = np.linalg.norm(x, axis=1, keepdims=True)
+    return x / np.maximum(1.0, norms / np.sqrt(bound))
+
+
+def predict(u: np.ndarray, v: np.ndarray, users: np.ndarray, items: np.ndarray) -> np.ndarray:
+    return np.einsum("ij,ij->i", u[users], v[items])
+
+
+def mse(u: np.ndarray, v: np.ndarray, ratings: Ratings) -> float:
+    return float(np.mean((predict(u, v, ratings.user, ratings.item) - ratings.rating) ** 2))
+
+
+def gradient_sums(u: np.ndarray, v: np.ndarray, batch: Ratings) -> tuple[np.ndarray, np.ndarray]:
+    """Σ over the batch of the per-rating gradients (spec §2.1), by scatter-add:
+    G_U[i] += -2 r_ij v_j and G_V[j] += -2 r_ij u_i with r_ij = X_ij - ⟨u_i, v_j⟩."""
+    resid = batch.rating - predict(u, v, batch.user, batch.item)
+    g_u = np.zeros_like(u)
+    g_v = np.zeros_like(v)
+    np.add.at(g_u, batch.user, -2.0 * resid[:, None] * v[batch.item])
+    np.add.at(g_v, batch.item, -2.0 * resid[:, None] * u[batch.user])
+    return g_u, g_v
+
+
+def learning_rate(step: int, total: int, lr0: float, lr_end: float) -> float:
+    """Linear decay from lr0 to lr_end over the first 80 % of steps, then constant (spec §5.3, §7.9)."""
+    ramp = max(1, int(0.8 * total))
+    return lr_end if step >= ramp else lr0 + (lr_end - lr0) * step / ramp
+
+
+@dataclass
+class CentralResult:
+    u: np.ndarray
+    v: np.ndarray
+    train_mse: float
+    test_mse: float
+    history: list[tuple[int, float]]
+
+
+def central_sgd(
+    train: Ratings,
+    test: Ratings,
+    *,
+    p: int = 20,
+    epochs: int = 30,
+    batch: int = 256,
+    lr: float = 0.02,
+    reg: float = 0.1,
+    clip: float | None = None,
+    rng: np.random.Generator,
+) -> CentralResult:
+    """The non-private central reference: minibatch SGD on all ratings, L2 penalty ``reg``, optional
+    embedding clipping Π with bound ``clip`` (spec §7.12: report both)."""
+    mean = float(train.rating.mean())
+    u = init_embeddings(train.n, p, mean, rng)
+    v = init_embeddings(train.m, p, mean, rng)
+    history = []
+    for epoch in range(epochs):
+        order = rng.permutation(len(train))
+        for a in range(0, order.size, batch):
+            b = train.take(order[a : a + batch])
+            resid = b.rating - predict(u, v, b.user, b.item)
+            grad_u = -2.0 * resid[:, None] * v[b.item] + 2.0 * reg * u[b.user]
+            grad_v = -2.0 * resid[:, None] * u[b.user] + 2.0 * reg * v[b.item]
+            np.add.at(u, b.user, -lr * grad_u)
+            np.add.at(v, b.item, -lr * grad_v)
+            if clip is not None:
+                u[b.user] = project(u[b.user], clip)
+                v[b.item] = project(v[b.item], clip)
+        history.append((epoch, mse(u, v, test)))
+    return CentralResult(u, v, mse(u, v, train), mse(u, v, test), history)

@@ -1,0 +1,99 @@
+"""Matrix-factorisation building blocks (spec federated-mf.md §2.1, §2.4, §5.4)."""
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pytest
+
+from rayfed.errors import DataError
+from rayfed.mf import (
+    Ratings,
+    central_sgd,
+    gradient_sums,
+    learning_rate,
+    load_ratings,
+    project,
+    split,
+    synthetic_ratings,
+)
+
+ML100K = Path(__file__).resolve().parents[2] / "shared" / "data" / "movielens-100k" / "ratings.csv"
+
+
+def test_projection_is_the_euclidean_projection_onto_the_clipped_set():
+    gen = np.random.default_rng(0)
+    x = gen.normal(0, 3, (200, 5))
+    px = project(x, bound=4.0)
+    assert np.all(px >= 0) and np.all(np.linalg.norm(px, axis=1) <= 2.0 + 1e-12)
+    assert np.allclose(project(px, 4.0), px)  # idempotent
+    # no feasible point is closer (Lemma 5): compare with many random feasible points
+    feasible = project(np.abs(gen.normal(0, 3, (2000, 5))), 4.0)
+    for row in range(20):
+        best = np.linalg.norm(x[row] - px[row])
+        assert np.all(np.linalg.norm(feasible - x[row], axis=1) >= best - 1e-12)
+
+
+def test_gradient_sums_equal_the_per_rating_formula():
+    gen = np.random.default_rng(1)
+    u, v = gen.random((6, 3)), gen.random((4, 3))
+    batch = Ratings(
+        np.array([0, 0, 5, 2]), np.array([1, 3, 1, 0]), np.array([4.0, 2.0, 5.0, 1.0]), 6, 4, 1, 5
+    )
+    g_u, g_v = gradient_sums(u, v, batch)
+    ref_u, ref_v = np.zeros_like(u), np.zeros_like(v)
+    for i, j, x in zip(batch.user, batch.item, batch.rating, strict=True):
+        r = x - u[i] @ v[j]
+        ref_u[i] += -2 * r * v[j]
+        ref_v[j] += -2 * r * u[i]
+    assert np.allclose(g_u, ref_u) and np.allclose(g_v, ref_v)
+
+
+def test_synthetic_ratings_and_splits():
+    gen = np.random.default_rng(2)
+    r = synthetic_ratings(300, 200, density=0.05, rng=gen)
+    assert np.unique(r.user).size == 300 and np.unique(r.item).size == 200
+    assert r.rating.min() >= 1 and r.rating.max() <= 5
+    train, test = split(r, 0.1, gen)
+    assert len(train) + len(test) == len(r) and abs(len(test) / len(r) - 0.1) < 4 * np.sqrt(
+        0.09 / len(r)
+    )
+    train_u, test_u = split(r, 0.1, gen, by_user=True)
+    per_user = np.bincount(r.user, minlength=300)
+    assert np.array_equal(
+        np.bincount(test_u.user, minlength=300), np.floor(0.1 * per_user).astype(int)
+    )
+
+
+def test_learning_rate_schedule():
+    assert learning_rate(0, 100, 1.0, 0.1) == 1.0
+    assert learning_rate(40, 100, 1.0, 0.1) == pytest.approx(0.55)
+    assert learning_rate(80, 100, 1.0, 0.1) == learning_rate(99, 100, 1.0, 0.1) == 0.1
+
+
+def test_bad_ratings_files(tmp_path):
+    path = tmp_path / "r.csv"
+    pacsv.write_csv(pa.table({"user_id": [1, 1], "item_id": [2, 2], "rating": [3, 4]}), path)
+    with pytest.raises(DataError, match="rated twice"):
+        load_ratings(path)
+    pacsv.write_csv(pa.table({"user_id": [1, 2], "item_id": [2, 2], "rating": [3, 9]}), path)
+    with pytest.raises(DataError, match="bounds"):
+        load_ratings(path, bounds=(1, 5))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("clip", [None, 5.0], ids=["plain", "clipped"])
+def test_central_non_private_mf_on_movielens_100k(clip):
+    """Spec §6 acceptance: the non-private central reference lands in the usual 0.85-0.95 MSE range."""
+    assert ML100K.exists(), (
+        f"the tests read ML-100K from {ML100K} (../shared/data beside the repository)"
+    )
+    ratings = load_ratings(ML100K, bounds=(1, 5))
+    assert (ratings.n, ratings.m, len(ratings)) == (943, 1682, 100_000)
+    gen = np.random.default_rng(0)
+    train, test = split(ratings, 0.1, gen)
+    result = central_sgd(
+        train, test, epochs=30, reg=0.1 if clip is None else 0.05, clip=clip, rng=gen
+    )
+    assert 0.85 <= result.test_mse <= 0.95, result.history
