@@ -164,3 +164,21 @@ def test_report_holds_the_composed_event():
     assert (
         composed["type"] == "ComposedDpEvent" and composed["events"][0]["noise_multiplier"] == 2.0
     )
+
+
+def test_gaussian_calibration_meets_the_target_and_no_less_noise_would():
+    from rayfed.privacy.calibration import gaussian_noise_multiplier, gaussian_steps_event
+    from rayfed.privacy.ledger import make_accountant
+
+    def eps(kind, z):
+        acc = make_accountant(kind, "add_or_remove_one")
+        return acc.compose(gaussian_steps_event(z, 1000, 0.01)).get_epsilon(1e-5)
+
+    z = gaussian_noise_multiplier(1.0, 1e-5, steps=1000, sampling_rate=0.01)
+    assert eps("rdp", z) <= 1.0 + 1e-3 and eps("rdp", z * 0.99) > 1.0
+    assert eps("pld", z) <= eps("rdp", z)  # the declared PLD accountant can only report less
+    ledger = PrivacyLedger(Budget(1.0, 1e-5), accountant="rdp", relation="add_or_remove_one")
+    ledger.charge(gaussian_steps_event(z, 1000, 0.01), label="dp-sgd")
+    assert ledger.spent()[0] == pytest.approx(eps("rdp", z))
+    with pytest.raises(ConfigError, match="delta > 0"):
+        gaussian_noise_multiplier(1.0, 0.0, steps=10)

@@ -1,5 +1,6 @@
 """Noise mechanisms and the privacy ledger."""
 
+from rayfed.privacy.calibration import gaussian_noise_multiplier, gaussian_steps_event
 from rayfed.privacy.ledger import (
     Budget,
     EpsilonDeltaDpEvent,
@@ -31,6 +32,8 @@ __all__ = [
     "discrete_laplace",
     "event_to_dict",
     "gaussian",
+    "gaussian_noise_multiplier",
+    "gaussian_steps_event",
     "kary_randomized_response",
     "laplace",
     "rr_keep_probability",

@@ -1,0 +1,62 @@
+"""Noise calibration for a target (ε, δ) with dp-accounting's own search (no hand-derived formula).
+
+``gaussian_noise_multiplier`` finds the smallest noise multiplier z (σ = z·Δ₂) such that the
+given composition of (optionally Poisson-subsampled) Gaussian steps is (ε, δ)-DP under the RDP
+accountant. RDP is used for the search because it is fast at any z (PLD's discretisation of a
+subsampled Gaussian with tiny z does not fit in memory) and its ε upper-bounds PLD's: a protocol
+that declares PLD then reports an ε at most the target. The event built by
+``gaussian_steps_event`` is exactly what the ledger is then charged with.
+"""
+
+from __future__ import annotations
+
+from dp_accounting import dp_event, mechanism_calibration
+
+from rayfed.errors import ConfigError
+from rayfed.privacy.ledger import RELATIONS, check_budget, make_accountant
+
+
+def gaussian_steps_event(
+    noise_multiplier: float, steps: int, sampling_rate: float = 1.0
+) -> dp_event.DpEvent:
+    """``steps`` compositions of a Gaussian step, Poisson-subsampled at ``sampling_rate`` if < 1."""
+    step: dp_event.DpEvent = dp_event.GaussianDpEvent(noise_multiplier)
+    if sampling_rate < 1.0:
+        step = dp_event.PoissonSampledDpEvent(sampling_rate, step)
+    return dp_event.SelfComposedDpEvent(step, steps)
+
+
+def gaussian_noise_multiplier(
+    epsilon: float,
+    delta: float,
+    *,
+    steps: int,
+    sampling_rate: float = 1.0,
+    accountant: str = "rdp",
+    relation: str = "add_or_remove_one",
+) -> float:
+    """The smallest z for which ``gaussian_steps_event(z, steps, sampling_rate)`` is (ε, δ)-DP.
+
+    Raises ConfigError for a budget that no finite noise meets (δ = 0 with a Gaussian).
+    """
+    check_budget(epsilon, delta)
+    if delta <= 0:
+        raise ConfigError(
+            "delta", "the Gaussian mechanism needs delta > 0", "e.g. 1e-5 or 1/(number of records)"
+        )
+    if steps < 1 or not 0 < sampling_rate <= 1:
+        raise ConfigError(
+            "steps", f"need steps >= 1 and sampling_rate in (0, 1], got {steps}, {sampling_rate}"
+        )
+    if relation not in RELATIONS:
+        raise ConfigError("relation", f"unknown neighbouring relation {relation!r}", RELATIONS)
+    return float(
+        mechanism_calibration.calibrate_dp_mechanism(
+            lambda: make_accountant("rdp", relation),
+            lambda z: gaussian_steps_event(z, steps, sampling_rate),
+            epsilon,
+            delta,
+            mechanism_calibration.LowerEndpointAndGuess(1e-3, 1.0),
+            tol=1e-4,
+        )
+    )
