@@ -123,16 +123,21 @@ def synthetic_ratings(
 def split(
     ratings: Ratings, test_fraction: float, rng: np.random.Generator, *, by_user: bool = False
 ) -> tuple[Ratings, Ratings]:
-    """(train, test): a random ``test_fraction`` of the ratings, or of each user's ratings."""
+    """(train, test): a random ``test_fraction`` of the ratings, or of each user's ratings
+    (randomly rounded, so a user with few ratings still contributes test ratings on average)."""
     if not 0 < test_fraction < 1:
         raise ConfigError("test_fraction", f"must be in (0, 1), got {test_fraction}")
     u = rng.random(len(ratings))
-    if by_user:  # the lowest draws of each user go to the test set
-        order = np.lexsort((u, ratings.user))
+    if by_user:  # each user's lowest draws go to the test set: fraction·count, randomly rounded,
+        # and never the user's last rating
         counts = np.bincount(ratings.user, minlength=ratings.n)
+        quota = np.minimum(
+            np.floor(test_fraction * counts + rng.random(ratings.n)), np.maximum(counts - 1, 0)
+        )
+        order = np.lexsort((u, ratings.user))
         rank = np.arange(len(ratings)) - np.repeat(np.cumsum(counts) - counts, counts)
         test = np.zeros(len(ratings), dtype=bool)
-        test[order] = rank < np.floor(test_fraction * counts[ratings.user[order]])
+        test[order] = rank < quota[ratings.user[order]]
     else:
         test = u < test_fraction
     return ratings.take(np.flatnonzero(~test)), ratings.take(np.flatnonzero(test))

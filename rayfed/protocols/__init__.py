@@ -11,6 +11,7 @@ from rayfed.protocols.base import Outcome, Plan, Protocol, Result
 REGISTRY: dict[str, tuple[str, str]] = {
     "pattern-count": ("rayfed.protocols.pattern_count", "PatternCount"),
     "secure-sum": ("rayfed.protocols.secure_sum", "SecureSum"),
+    "federated-mf": ("rayfed.protocols.federated_mf", "FederatedMF"),
 }
 
 

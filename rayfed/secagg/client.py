@@ -109,7 +109,7 @@ def advertise(ctx: StepContext, spec: RoundSpec) -> Message:
         raise ProtocolViolation(
             f"{ctx.name}: round {spec.round} was already started; keys are never re-issued"
         )
-    ids = ctx.table.column("user_id").to_numpy()
+    ids = np.unique(ctx.table.column("user_id").to_numpy())  # a user may own several rows
     pos = spec.positions(ids)
     drop = spec.dropout.drop_phase(ctx.seed, spec.round, ids)
     active = drop > BEFORE_ADVERTISE
