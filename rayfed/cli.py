@@ -113,6 +113,12 @@ def _cmd_stress(args) -> int:
 
     for row in json.loads((path / "stress.json").read_text())["rows"]:
         dropout = "" if row["dropout"] is None else f"{100 * row['dropout']:5.1f} %"
+        if "test_mse" in row:
+            print(
+                f"dropout {dropout:>8}  test MSE {row['test_mse']:.4f}  epsilon {row['epsilon']:.4g}  "
+                f"skipped {row['skipped']}/{row['iterations']}  {row['seconds']:6.2f} s"
+            )
+            continue
         print(
             f"{row['scenario']:<30} {dropout:>8}  {row['outcome']:<9} (expected {row['expected']}) "
             f"{row['seconds']:6.2f} s"
@@ -132,7 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _run_parser(run_p).set_defaults(func=_cmd_run)
     st = sub.add_parser("stress", help="dropout-tolerance sweep of a protocol (table, JSON, plot)")
-    st.add_argument("protocol", help="secure-sum")
+    st.add_argument("protocol", help="secure-sum or federated-mf")
     st.add_argument("--config", help="YAML file of options")
     st.add_argument(
         "--set", action="append", default=[], metavar="KEY=VALUE", help="override one option"

@@ -1,5 +1,8 @@
 """``rayfed stress``: dropout-tolerance sweeps, written as a table, JSON and a plot.
 
+For ``federated-mf`` (LFL) it runs the protocol at each dropout rate (applied in both rounds) and
+records the test MSE, the ε spent and the iterations skipped below the threshold.
+
 For ``secure-sum`` it runs the protocol at each dropout rate (0–50 % by default) and under four
 adversarial patterns, and records for each whether the round completed with the exact sum or
 aborted with BelowThreshold (which reveals nothing beyond the transcript), the survivors and the
@@ -29,7 +32,7 @@ import pyarrow.parquet as pq
 from rayfed.errors import BelowThreshold, ConfigError
 
 DEFAULT_RATES = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5)
-SUPPORTED = ("secure-sum",)
+SUPPORTED = ("secure-sum", "federated-mf")
 
 
 def _attempt(
@@ -127,6 +130,59 @@ def secure_sum_scenarios(options: dict[str, Any], sets: list[str], rates) -> lis
     return rows
 
 
+def federated_mf_rows(options: dict[str, Any], sets: list[str], rates) -> list[dict]:
+    """LFL at each dropout rate (both rounds): test MSE, ε spent and skipped iterations."""
+    from rayfed.api import run
+
+    rows = []
+    for rate in rates:
+        started = time.perf_counter()
+        result = run(
+            "federated-mf", {**options, "out_dir": None, "dropout": float(rate)}, sets=sets
+        )
+        rows.append(
+            {
+                "scenario": "rate",
+                "dropout": float(rate),
+                "test_mse": result.metrics["test_mse"],
+                "epsilon": result.privacy.epsilon,
+                "skipped": len(result.metrics["skipped_iterations"]),
+                "iterations": len(result.metrics["iterations"]),
+                "mode": result.metrics["mode"],
+                "outcome": "complete",
+                "expected": "complete",
+                "seconds": time.perf_counter() - started,
+            }
+        )
+    return rows
+
+
+def plot_federated_mf(rows: list[dict], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rates = [100 * r["dropout"] for r in rows]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    ax1.plot(rates, [r["test_mse"] for r in rows], marker="o")
+    ax1.set(xlabel="dropout per round (%)", ylabel="test MSE", title="utility")
+    ax1.grid(alpha=0.3)
+    ax2.bar(
+        rates, [r["skipped"] for r in rows], width=6, color="tab:red", label="skipped iterations"
+    )
+    ax2.set(
+        xlabel="dropout per round (%)",
+        ylabel="iterations skipped (below threshold)",
+        title=f"aborts; ε spent = {rows[0]['epsilon']:.3g} at every rate",
+    )
+    ax2.grid(alpha=0.3)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+
+
 def plot(rows: list[dict], path: Path, title: str) -> None:
     import matplotlib
 
@@ -169,7 +225,10 @@ def stress(
     """Run the sweep; write stress.json, stress.parquet and stress.png under a new directory."""
     if protocol not in SUPPORTED:
         raise ConfigError("protocol", f"no stress test for {protocol!r}", SUPPORTED)
-    rows = secure_sum_scenarios(options, sets, rates)
+    if protocol == "federated-mf":
+        rows = federated_mf_rows(options, sets, rates)
+    else:
+        rows = secure_sum_scenarios(options, sets, rates)
     path = Path(out_dir) / f"stress-{protocol}-{time.strftime('%Y%m%d-%H%M%S')}"
     path.mkdir(parents=True, exist_ok=False)
     pq.write_table(pa.Table.from_pylist(rows), path / "stress.parquet")
@@ -181,5 +240,6 @@ def stress(
         )
         + "\n"
     )
-    plot(rows, path / "stress.png", f"{protocol} ({rows[0]['mode']} mode): dropout tolerance")
+    draw = plot_federated_mf if protocol == "federated-mf" else plot
+    draw(rows, path / "stress.png", f"{protocol} ({rows[0]['mode']} mode): dropout tolerance")
     return path

@@ -93,3 +93,38 @@ def test_lfl_over_real_secure_aggregation_on_ray(ray_cluster):
     assert ray_run.privacy.epsilon == pytest.approx(local.privacy.epsilon)
     phases = {r["phase"] for r in ray_run.transcript.to_pylist()}
     assert {"advertise", "share_keys", "masked_input", "unmask", "round2", "update_v"} <= phases
+
+
+def test_stress_sweep_reports_mse_epsilon_and_aborts(tmp_path, capsys):
+    from rayfed.cli import main
+
+    assert (
+        main(
+            [
+                "stress",
+                "federated-mf",
+                "--backend",
+                "local",
+                "--set",
+                "users=300",
+                "--set",
+                "items=40",
+                "--set",
+                "iterations=3",
+                "--set",
+                "secagg_mode=dealer",
+                "--rates",
+                "0,0.5",
+                "--out",
+                str(tmp_path),
+            ]
+        )
+        == 0
+    )
+    (path,) = tmp_path.iterdir()
+    import json
+
+    rows = json.loads((path / "stress.json").read_text())["rows"]
+    assert [r["skipped"] for r in rows] == [0, 3]  # at 50 % dropout every iteration falls below t
+    assert rows[0]["epsilon"] == rows[1]["epsilon"]  # skipped iterations are charged (conservative)
+    assert (path / "stress.png").stat().st_size > 10_000 and "test MSE" in capsys.readouterr().out
