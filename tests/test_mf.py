@@ -97,3 +97,25 @@ def test_central_non_private_mf_on_movielens_100k(clip):
         train, test, epochs=30, reg=0.1 if clip is None else 0.05, clip=clip, rng=gen
     )
     assert 0.85 <= result.test_mse <= 0.95, result.history
+
+
+def test_clipping_bounds_the_per_rating_gradients():
+    """Spec check C2: with u, v in the clipped sets and X in [0, R], ‖∇u‖, ‖∇v‖ <= 2R^{3/2} and the
+    joint step <= 2√2 R^{3/2}; equality at X = R with disjoint supports and ‖u‖² = ‖v‖² = R."""
+    bound = 5.0
+    gen = np.random.default_rng(3)
+    u = project(np.abs(gen.normal(0, 3, (5000, 4))), bound)
+    v = project(np.abs(gen.normal(0, 3, (5000, 4))), bound)
+    x = gen.uniform(0, bound, 5000)
+    resid = x - np.einsum("ij,ij->i", u, v)
+    gu, gv = -2 * resid[:, None] * v, -2 * resid[:, None] * u
+    limit = 2 * bound**1.5
+    assert np.all(np.linalg.norm(gu, axis=1) <= limit + 1e-9) and np.all(
+        np.linalg.norm(gv, axis=1) <= limit + 1e-9
+    )
+    assert np.all(
+        np.hypot(np.linalg.norm(gu, axis=1), np.linalg.norm(gv, axis=1))
+        <= np.sqrt(2) * limit + 1e-9
+    )
+    ue, ve = np.array([np.sqrt(bound), 0, 0, 0]), np.array([0, np.sqrt(bound), 0, 0])
+    assert np.linalg.norm(-2 * (bound - ue @ ve) * ve) == pytest.approx(limit)

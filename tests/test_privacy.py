@@ -182,3 +182,29 @@ def test_gaussian_calibration_meets_the_target_and_no_less_noise_would():
     assert ledger.spent()[0] == pytest.approx(eps("rdp", z))
     with pytest.raises(ConfigError, match="delta > 0"):
         gaussian_noise_multiplier(1.0, 0.0, steps=10)
+
+
+@pytest.mark.parametrize(
+    "epsilon,steps,rate,z",
+    [
+        (1.0, 1000, 0.01, 1.513),
+        (4.0, 1000, 0.01, 0.778),
+        (1.0, 10, 1.0, 12.79),
+        (4.0, 10, 1.0, 3.661),
+    ],
+)
+def test_calibration_reproduces_the_spec_z_table(epsilon, steps, rate, z):
+    """federated-mf spec §3.2 / check C4 (δ = 1e-5): z within 1 %."""
+    from rayfed.privacy.calibration import gaussian_noise_multiplier
+
+    assert gaussian_noise_multiplier(
+        epsilon, 1e-5, steps=steps, sampling_rate=rate
+    ) == pytest.approx(z, rel=0.01)
+
+
+def test_accountant_reproduces_check_c4():
+    from rayfed.privacy.calibration import gaussian_steps_event
+    from rayfed.privacy.ledger import make_accountant
+
+    acc = make_accountant("rdp", "add_or_remove_one").compose(gaussian_steps_event(1.1, 1000, 0.01))
+    assert acc.get_epsilon(1e-5) == pytest.approx(1.712, rel=0.01)
