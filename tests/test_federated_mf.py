@@ -128,3 +128,28 @@ def test_stress_sweep_reports_mse_epsilon_and_aborts(tmp_path, capsys):
     assert [r["skipped"] for r in rows] == [0, 3]  # at 50 % dropout every iteration falls below t
     assert rows[0]["epsilon"] == rows[1]["epsilon"]  # skipped iterations are charged (conservative)
     assert (path / "stress.png").stat().st_size > 10_000 and "test MSE" in capsys.readouterr().out
+
+
+VFL = dict(setting="vfl", iterations=100, backend="local", out_dir=None)
+
+
+@pytest.mark.parametrize("unit,epsilon", [("rating", 1.0), ("user", 4.0)])
+def test_vfl_beats_local_only(unit, epsilon):
+    """Spec check E4 on the default synthetic data (2 parties, T=100, T'=10, η=0.01)."""
+    vfl = rayfed.run("federated-mf", method="vfl", privacy_unit=unit, epsilon=epsilon, **VFL)
+    local = rayfed.run("federated-mf", method="local", privacy_unit=unit, epsilon=epsilon, **VFL)
+    assert vfl.metrics["test_mse"] < local.metrics["test_mse"]
+    assert vfl.privacy.epsilon <= epsilon * (1 + 1e-6)
+    if (
+        unit == "rating"
+    ):  # disjoint items: parties compose in parallel, each spends the whole budget
+        assert vfl.privacy.composition == "parallel" and len(vfl.privacy.per_scope) == 2
+    else:  # a user's ratings span both parties: z was calibrated for both parties' steps together
+        assert vfl.privacy.composition == "sequential" and vfl.privacy.epsilon == pytest.approx(
+            epsilon, rel=0.01
+        )
+
+
+def test_setting_and_method_must_match():
+    with pytest.raises(rayfed.ConfigError, match="method"):
+        rayfed.run("federated-mf", setting="vfl", method="ldp", backend="local", out_dir=None)

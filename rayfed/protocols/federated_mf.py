@@ -54,12 +54,14 @@ from rayfed.secagg import FixedPoint, find_params, make_spec, secure_sum
 class FederatedMFConfig:
     """Options of ``rayfed run federated-mf``."""
 
-    setting: Literal["lfl"] = option(
-        "lfl", "lfl: one simulated user per rating-row owner (VFL and HFL: next)"
-    )
-    method: Literal["lfl", "ldp", "stage1", "central"] = option(
+    setting: Literal["lfl", "vfl"] = option(
         "lfl",
-        "lfl: LFL-SGDMF; ldp: LDP-level noise; stage1: pre-training only; central: non-private central SGD",
+        "lfl: one simulated user per rating-row owner; vfl: parties hold disjoint item sets (HFL: next)",
+    )
+    method: Literal["lfl", "ldp", "stage1", "central", "vfl", "local"] = option(
+        "lfl",
+        "lfl: LFL-SGDMF; ldp: LDP-level noise; stage1: pre-training only; central: non-private central SGD; "
+        "vfl: VFL-SGDMF; local: each VFL party alone (local-only baseline)",
     )
     mode: Literal["corrected", "faithful"] = option(
         "corrected",
@@ -86,6 +88,14 @@ class FederatedMFConfig:
     items: int = option(200, "synthetic data: items")
     density: float = option(0.05, "synthetic data: fraction of observed ratings")
     test_fraction: float = option(0.1, "held-out fraction of each user's ratings")
+    parties: int = option(2, "VFL: parties s (items dealt at random)")
+    local_steps: int = option(10, "VFL: T', local DP-SGD steps between averages")
+    sampling_rate: float = option(0.01, "VFL: η, Poisson user-level sampling rate per local step")
+    privacy_unit: Literal["rating", "user"] = option(
+        "rating", "VFL: per-rating or per-user privacy"
+    )
+    trim: int = option(5, "VFL per-user: each party keeps at most this many ratings per user")
+    vfl_lr: float = option(0.05, "VFL: learning rate of the local DP-SGD steps")
     data: DataConfig = field(
         default_factory=DataConfig, metadata={"help": "ratings file (user, item, rating)"}
     )
@@ -252,12 +262,154 @@ def current_v_step(ctx: StepContext) -> Message:
     return Message("item_embeddings", ctx.state["v"], to="cohorts")
 
 
+# --- VFL-SGDMF (spec §2.5): parties hold disjoint item sets, the server averages U ---------------------
+def vfl_init_step(ctx: StepContext, p: int, mean: float, bound: float, trim: int | None) -> int:
+    """Party: V_Fk in 𝒱 and, for per-user privacy, each user trimmed to at most θ ratings (once)."""
+    items = ctx.meta["items"]
+    ctx.state["v"] = mf.project(mf.init_embeddings(items.size, p, mean, ctx.rng("init", 0)), bound)
+    users, item, rating = _user_ratings(ctx, "train")
+    keep = np.ones(users.size, dtype=bool)
+    if trim is not None:
+        order = np.lexsort((ctx.rng("sample", 0).random(users.size), users))
+        counts = np.bincount(users, minlength=ctx.meta["n"])
+        rank = np.arange(users.size) - np.repeat(np.cumsum(counts) - counts, counts)
+        keep[order] = rank < trim
+    local = np.searchsorted(items, item)
+    ctx.state["train"] = (users[keep], local[keep], rating[keep])
+    return int(keep.sum())
+
+
+def _vfl_steps(
+    ctx: StepContext,
+    u: np.ndarray,
+    steps: int,
+    round: int,
+    *,
+    lr: float,
+    rate: float,
+    sigma_u: float,
+    sigma_v: float,
+    bound: float,
+    m_share: float,
+    update_u: bool,
+) -> tuple[np.ndarray, int]:
+    """``steps`` DP-SGD steps (spec §2.5): Poisson user sampling, gradient sums plus N(0, σ²), divided by
+    the public B = η|Ω_k|, projected; returns the party's U^(k)."""
+    users, items, ratings = ctx.state["train"]
+    v = ctx.state["v"]
+    n = ctx.meta["n"]
+    b = max(rate * users.size, 1.0)
+    gen = ctx.rng("gaussian", round)
+    for _ in range(steps):
+        sampled = gen.random(n) < rate
+        rows = np.flatnonzero(sampled[users])
+        batch = mf.Ratings(users[rows], items[rows], ratings[rows], n, v.shape[0], 0, bound)
+        g_u, g_v = mf.gradient_sums(u, v, batch)
+        if update_u:
+            u = mf.project(u - lr * (g_u + gen.normal(0, sigma_u, u.shape)) / b, bound)
+        v = mf.project(v - lr * m_share * (g_v + gen.normal(0, sigma_v, v.shape)) / b, bound)
+    ctx.state["v"] = v
+    return u, steps
+
+
+def vfl_local_step(
+    ctx: StepContext,
+    u: np.ndarray,
+    round: int,
+    steps: int,
+    lr: float,
+    rate: float,
+    z: float,
+    delta_joint: float,
+    bound: float,
+    m_share: float,
+    event,
+) -> Message:
+    """Party: T' noisy local steps on (U^(k), V_Fk) from the broadcast U; uploads U^(k)."""
+    u, _ = _vfl_steps(
+        ctx,
+        np.array(u),
+        steps,
+        round,
+        lr=lr,
+        rate=rate,
+        sigma_u=z * delta_joint,
+        sigma_v=z * delta_joint,
+        bound=bound,
+        m_share=m_share,
+        update_u=True,
+    )
+    ctx.state["u"] = u
+    return Message("user_embeddings", u, to="coordinator", dp_event=event)
+
+
+def vfl_finetune_step(
+    ctx: StepContext,
+    u: np.ndarray,
+    steps: int,
+    lr: float,
+    rate: float,
+    z: float,
+    delta_v: float,
+    bound: float,
+    m_share: float,
+    event,
+) -> Message:
+    """Party: κ noisy steps on V_Fk with U frozen (convex, smaller sensitivity); V_Fk is published."""
+    ctx.state["u"] = np.array(u)
+    _vfl_steps(
+        ctx,
+        ctx.state["u"],
+        steps,
+        10**6,
+        lr=lr,
+        rate=rate,
+        sigma_u=0.0,
+        sigma_v=z * delta_v,
+        bound=bound,
+        m_share=m_share,
+        update_u=False,
+    )
+    return Message("item_embeddings", ctx.state["v"], to="coordinator", dp_event=event)
+
+
+def vfl_evaluate_step(ctx: StepContext) -> tuple[float, int]:
+    """Evaluation only: squared error on the party's test ratings with the final U and V_Fk."""
+    users, items, ratings = _user_ratings(ctx, "test")
+    local = np.searchsorted(ctx.meta["items"], items)
+    pred = np.einsum("ij,ij->i", ctx.state["u"][users], ctx.state["v"][local])
+    return float(np.sum((pred - ratings) ** 2)), int(ratings.size)
+
+
+def average_u_step(ctx: StepContext, uploads: dict, weights: dict) -> Message:
+    """Server: U = Σ_k (m_k/m) U^(k), a convex combination (stays in 𝒰), broadcast."""
+    u = sum(weights[name] * np.asarray(up) for name, up in sorted(uploads.items()))
+    return Message("user_embeddings", u, to="parties")
+
+
+def init_u_step(ctx: StepContext, n: int, p: int, mean: float, bound: float) -> Message:
+    return Message(
+        "user_embeddings",
+        mf.project(mf.init_embeddings(n, p, mean, ctx.rng("init", 1)), bound),
+        to="parties",
+    )
+
+
 class FederatedMF(Protocol):
     name = "federated-mf"
     summary = "federated matrix factorisation with DP: LFL-SGDMF over real secure aggregation, with dropouts"
     Config = FederatedMFConfig
 
     def plan(self, cfg: FederatedMFConfig, seed: int) -> Plan:
+        allowed = {"lfl": ("lfl", "ldp", "stage1", "central"), "vfl": ("vfl", "local", "central")}[
+            cfg.setting
+        ]
+        if cfg.method not in allowed:
+            raise ConfigError(
+                "method", f"{cfg.method!r} does not apply to setting={cfg.setting}", allowed
+            )
+        if cfg.setting == "vfl":
+            return self._plan_vfl(cfg, seed)
         gen = rng.stream(seed, "synthetic", 0, "federated-mf")
         if cfg.data.path is None:
             ratings = mf.synthetic_ratings(
@@ -337,7 +489,180 @@ class FederatedMF(Protocol):
             ),
         )
 
+    @staticmethod
+    def _ratings(cfg: FederatedMFConfig, gen: np.random.Generator) -> mf.Ratings:
+        if cfg.data.path is None:
+            return mf.synthetic_ratings(
+                cfg.users, cfg.items, density=cfg.density, low=1.0, high=cfg.bound, rng=gen
+            )
+        cols = (cfg.data.columns or {}).get("ratings", ["user_id", "item_id", "rating"])
+        return mf.load_ratings(
+            cfg.data.path, user=cols[0], item=cols[1], rating=cols[2], format=cfg.data.format
+        )
+
+    def _plan_vfl(self, cfg: FederatedMFConfig, seed: int) -> Plan:
+        """Items dealt at random to s parties; per-rating: parallel over parties (disjoint items,
+        Thm 4.4.1); per-user: a user's ratings span every party, so all parties compose (spec §3.2)."""
+        gen = rng.stream(seed, "synthetic", 0, "federated-mf")
+        ratings = self._ratings(cfg, gen)
+        train, test = mf.split(ratings, cfg.test_fraction, gen, by_user=True)
+        if cfg.parties < 1 or cfg.parties > ratings.m:
+            raise ConfigError(
+                "parties", f"{cfg.parties} parties for {ratings.m} items", f"1 to {ratings.m}"
+            )
+        if not 0 < cfg.sampling_rate <= 1 or cfg.local_steps < 1:
+            raise ConfigError("sampling_rate", "need sampling_rate in (0, 1] and local_steps >= 1")
+        delta = cfg.delta if cfg.delta is not None else 1.0 / len(ratings)
+        owner = gen.integers(0, cfg.parties, ratings.m)
+        parties = {}
+        for k in range(cfg.parties):
+            items = np.flatnonzero(owner == k)
+            rows = {
+                name: part.take(np.flatnonzero(owner[part.item] == k))
+                for name, part in (("train", train), ("test", test))
+            }
+            table = pa.table(
+                {
+                    "user_id": np.concatenate([rows["train"].user, rows["test"].user]),
+                    "item": np.concatenate([rows["train"].item, rows["test"].item]),
+                    "rating": np.concatenate([rows["train"].rating, rows["test"].rating]),
+                    "split": ["train"] * len(rows["train"]) + ["test"] * len(rows["test"]),
+                }
+            )
+            parties[f"p{k}"] = (
+                table,
+                {"items": items, "n": ratings.n, "m_share": items.size / ratings.m},
+            )
+        per_user = cfg.privacy_unit == "user"
+        steps = cfg.iterations * cfg.local_steps + cfg.finetune_steps
+        z = gaussian_noise_multiplier(
+            cfg.epsilon,
+            delta,
+            steps=steps * (cfg.parties if per_user else 1),
+            sampling_rate=cfg.sampling_rate,
+        )
+        theta = cfg.trim if per_user else 1
+        statement = (
+            "per-rating DP in VFL: items are disjoint across parties, so parties compose in parallel"
+            if not per_user
+            else "per-user DP: each party trims every user to θ ratings; a user's ratings span all parties, "
+            "so all parties' releases compose"
+        )
+        return Plan(
+            budget=Budget(cfg.epsilon, delta),
+            ledger=dict(
+                accountant="rdp",
+                relation="add_or_remove_one",
+                composition="sequential" if per_user else "parallel",
+                statement=statement,
+            ),
+            parties=parties,
+            rounds=cfg.iterations,
+            evaluation={"train": train, "test": test},
+            info=dict(
+                n=ratings.n,
+                m=ratings.m,
+                delta=delta,
+                z=z,
+                mean=float(train.rating.mean()),
+                delta_joint=theta * 2 * math.sqrt(2) * cfg.bound**1.5,
+                delta_v=theta * 2 * cfg.bound**1.5,
+                trim=cfg.trim if per_user else None,
+            ),
+        )
+
+    def _drive_vfl(self, fed, cfg: FederatedMFConfig, plan: Plan) -> Outcome:
+        from rayfed.federation import PerMember
+        from rayfed.privacy.calibration import gaussian_steps_event
+
+        info = plan.info
+        p = cfg.rank
+        u_msg = fed.coordinator.run(
+            init_u_step, info["n"], p, info["mean"], cfg.bound, phase="init_u"
+        )
+        fed.parties.run(vfl_init_step, p, info["mean"], cfg.bound, info["trim"], phase="init_v")
+        names = fed.parties.names
+        shares = PerMember({k: plan.parties[k][1]["m_share"] for k in names})
+        round_event = gaussian_steps_event(info["z"], cfg.local_steps, cfg.sampling_rate)
+        u_arg = u_msg.single()
+        for t in range(cfg.iterations):
+            with fed.round(t):
+                fed.charge(
+                    [(k, f"round {t}: {cfg.local_steps} DP-SGD steps", round_event) for k in names]
+                )
+                uploads = fed.parties.run(
+                    vfl_local_step,
+                    u_arg,
+                    t,
+                    cfg.local_steps,
+                    cfg.vfl_lr,
+                    cfg.sampling_rate,
+                    info["z"],
+                    info["delta_joint"],
+                    cfg.bound,
+                    shares,
+                    round_event,
+                    phase="local_steps",
+                )
+                if cfg.method == "vfl":
+                    weights = {k: plan.parties[k][1]["m_share"] for k in names}
+                    u_arg = fed.coordinator.run(
+                        average_u_step, uploads, weights, phase="average_u"
+                    ).single()
+                else:  # local-only: each party continues from its own U^(k)
+                    u_arg = PerMember(uploads)
+        if cfg.finetune_steps:
+            tune_event = gaussian_steps_event(info["z"], cfg.finetune_steps, cfg.sampling_rate)
+            fed.charge([(k, "fine-tuning V_Fk", tune_event) for k in names])
+            fed.parties.run(
+                vfl_finetune_step,
+                u_arg,
+                cfg.finetune_steps,
+                cfg.vfl_lr,
+                cfg.sampling_rate,
+                info["z"],
+                info["delta_v"],
+                cfg.bound,
+                shares,
+                tune_event,
+                phase="finetune",
+            )
+        parts = fed.get(fed.parties.run(vfl_evaluate_step, phase="evaluate"))
+        test_mse = sum(s for s, _ in parts.values()) / max(1, sum(c for _, c in parts.values()))
+        fed.note(
+            f"noise multiplier z = {info['z']:.4g} (σ = z·Δ, Δ = {info['delta_joint']:.4g} joint, "
+            f"{info['delta_v']:.4g} fine-tuning) for {cfg.iterations}x{cfg.local_steps}+{cfg.finetune_steps} "
+            f"steps at η = {cfg.sampling_rate:g}, δ = {info['delta']:.3g}"
+        )
+        metrics = {
+            "test_mse": test_mse,
+            "setting": "vfl",
+            "method": cfg.method,
+            "parties": len(names),
+            "privacy_unit": cfg.privacy_unit,
+            "noise_multiplier": info["z"],
+            "delta": info["delta"],
+            "users": info["n"],
+            "items": info["m"],
+        }
+        headline = f"VFL {cfg.method} test MSE {test_mse:.4f} ({len(names)} parties, per-{cfg.privacy_unit} DP)"
+        return Outcome(
+            tables={
+                "evaluation": pa.table(
+                    {
+                        "party": list(parts),
+                        "sse": [v[0] for v in parts.values()],
+                        "ratings": [v[1] for v in parts.values()],
+                    }
+                )
+            },
+            metrics=metrics,
+            headline=headline,
+        )
+
     def drive(self, fed, cfg: FederatedMFConfig, plan: Plan) -> Outcome:
+        if cfg.setting == "vfl" and cfg.method != "central":
+            return self._drive_vfl(fed, cfg, plan)
         info = plan.info
         m, p = info["m"], cfg.rank
         if cfg.method == "central":
