@@ -153,3 +153,17 @@ def test_vfl_beats_local_only(unit, epsilon):
 def test_setting_and_method_must_match():
     with pytest.raises(rayfed.ConfigError, match="method"):
         rayfed.run("federated-mf", setting="vfl", method="ldp", backend="local", out_dir=None)
+
+
+def test_hfl_after_fine_tuning_beats_local_non_private_sgd():
+    """Spec check E7 (per-user, θ = 10, s = 2): HFL-SGDMF after fine-tuning below the local line."""
+    kw = dict(
+        setting="hfl", iterations=100, privacy_unit="user", trim=10, backend="local", out_dir=None
+    )
+    hfl = rayfed.run("federated-mf", method="hfl", **kw)
+    local = rayfed.run("federated-mf", method="local", **kw)
+    assert hfl.metrics["test_mse"] < local.metrics["test_mse"]
+    assert (
+        hfl.privacy.composition == "parallel" and hfl.privacy.epsilon <= 1.0 + 1e-6
+    )  # disjoint users
+    assert local.privacy.epsilon == 0  # nothing released

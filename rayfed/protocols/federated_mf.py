@@ -54,14 +54,15 @@ from rayfed.secagg import FixedPoint, find_params, make_spec, secure_sum
 class FederatedMFConfig:
     """Options of ``rayfed run federated-mf``."""
 
-    setting: Literal["lfl", "vfl"] = option(
+    setting: Literal["lfl", "vfl", "hfl"] = option(
         "lfl",
-        "lfl: one simulated user per rating-row owner; vfl: parties hold disjoint item sets (HFL: next)",
+        "lfl: one simulated user per rating-row owner; vfl: parties hold disjoint item sets; "
+        "hfl: parties hold disjoint user sets",
     )
-    method: Literal["lfl", "ldp", "stage1", "central", "vfl", "local"] = option(
+    method: Literal["lfl", "ldp", "stage1", "central", "vfl", "hfl", "local"] = option(
         "lfl",
         "lfl: LFL-SGDMF; ldp: LDP-level noise; stage1: pre-training only; central: non-private central SGD; "
-        "vfl: VFL-SGDMF; local: each VFL party alone (local-only baseline)",
+        "vfl: VFL-SGDMF; hfl: HFL-SGDMF; local: each party alone (VFL: with DP; HFL: non-private local SGD)",
     )
     mode: Literal["corrected", "faithful"] = option(
         "corrected",
@@ -88,7 +89,7 @@ class FederatedMFConfig:
     items: int = option(200, "synthetic data: items")
     density: float = option(0.05, "synthetic data: fraction of observed ratings")
     test_fraction: float = option(0.1, "held-out fraction of each user's ratings")
-    parties: int = option(2, "VFL: parties s (items dealt at random)")
+    parties: int = option(2, "VFL/HFL: parties s (items, resp. users, dealt at random)")
     local_steps: int = option(10, "VFL: T', local DP-SGD steps between averages")
     sampling_rate: float = option(0.01, "VFL: η, Poisson user-level sampling rate per local step")
     privacy_unit: Literal["rating", "user"] = option(
@@ -395,21 +396,112 @@ def init_u_step(ctx: StepContext, n: int, p: int, mean: float, bound: float) -> 
     )
 
 
+# --- HFL-SGDMF (spec §2.6): parties hold disjoint user sets, the server averages V ----------------------
+def hfl_pretrain_step(
+    ctx: StepContext,
+    v: np.ndarray,
+    p: int,
+    mean: float,
+    steps: int,
+    lr: float,
+    bound: float,
+    trim: int | None,
+) -> int:
+    """Stage 1 on the party's own (untrimmed) ratings, V fixed, no noise; then the Stage-2 trimming."""
+    pretrain_step(ctx, v, p, mean, steps, lr, bound)
+    users, items, ratings = _user_ratings(ctx, "train")
+    keep = np.ones(users.size, dtype=bool)
+    if trim is not None:
+        order = np.lexsort((ctx.rng("sample", 0).random(users.size), users))
+        counts = np.bincount(users, minlength=ctx.meta["n"])
+        rank = np.arange(users.size) - np.repeat(np.cumsum(counts) - counts, counts)
+        keep[order] = rank < trim
+    ctx.state["train"] = (users[keep], items[keep], ratings[keep])
+    return int(keep.sum())
+
+
+def _full_u(ctx: StepContext) -> np.ndarray:
+    u = np.zeros((ctx.meta["n"], ctx.state["u"].shape[1]))
+    u[ctx.state["ids"]] = ctx.state["u"]
+    return u
+
+
+def hfl_local_step(
+    ctx: StepContext,
+    v: np.ndarray,
+    round: int,
+    steps: int,
+    lr: float,
+    rate: float,
+    z: float,
+    delta_v: float,
+    bound: float,
+    event,
+) -> Message:
+    """Party: T' DP-SGD steps on its copy V^(k) with its pre-trained U fixed; uploads V^(k)."""
+    ctx.state["v"] = np.array(v)
+    _vfl_steps(
+        ctx,
+        _full_u(ctx),
+        steps,
+        round,
+        lr=lr,
+        rate=rate,
+        sigma_u=0.0,
+        sigma_v=z * delta_v,
+        bound=bound,
+        m_share=1.0,
+        update_u=False,
+    )
+    return Message("item_embeddings", ctx.state["v"], to="coordinator", dp_event=event)
+
+
+def hfl_finetune_step(ctx: StepContext, v: np.ndarray, steps: int, lr: float, bound: float) -> None:
+    """Stage 3: U_Uk and V^(k) jointly on the untrimmed local data, no noise, never published."""
+    users, items, ratings = _user_ratings(ctx, "train")
+    u, v = _full_u(ctx), np.array(v)
+    batch = mf.Ratings(users, items, ratings, u.shape[0], v.shape[0], 0, bound)
+    counts_u = np.maximum(np.bincount(users, minlength=u.shape[0]), 1)[:, None]
+    counts_v = np.maximum(np.bincount(items, minlength=v.shape[0]), 1)[:, None]
+    for _ in range(steps):
+        g_u, g_v = mf.gradient_sums(u, v, batch)
+        u, v = (
+            mf.project(u - lr * g_u / counts_u, bound),
+            mf.project(v - lr * g_v / counts_v, bound),
+        )
+    ctx.state["u"], ctx.state["v"] = u[ctx.state["ids"]], v
+
+
+def hfl_evaluate_step(ctx: StepContext) -> tuple[float, int]:
+    users, items, ratings = _user_ratings(ctx, "test")
+    pred = np.einsum("ij,ij->i", _full_u(ctx)[users], ctx.state["v"][items])
+    return float(np.sum((pred - ratings) ** 2)), int(ratings.size)
+
+
+def average_v_step(ctx: StepContext, uploads: dict, weights: dict, bound: float) -> Message:
+    """Server: V = Σ_k (n_k/n) V^(k) (a convex combination stays in 𝒱), broadcast."""
+    v = sum(weights[name] * np.asarray(up) for name, up in sorted(uploads.items()))
+    ctx.state["v"] = v
+    return Message("item_embeddings", v, to="parties")
+
+
 class FederatedMF(Protocol):
     name = "federated-mf"
     summary = "federated matrix factorisation with DP: LFL-SGDMF over real secure aggregation, with dropouts"
     Config = FederatedMFConfig
 
     def plan(self, cfg: FederatedMFConfig, seed: int) -> Plan:
-        allowed = {"lfl": ("lfl", "ldp", "stage1", "central"), "vfl": ("vfl", "local", "central")}[
-            cfg.setting
-        ]
+        allowed = {
+            "lfl": ("lfl", "ldp", "stage1", "central"),
+            "vfl": ("vfl", "local", "central"),
+            "hfl": ("hfl", "local", "central"),
+        }[cfg.setting]
         if cfg.method not in allowed:
             raise ConfigError(
                 "method", f"{cfg.method!r} does not apply to setting={cfg.setting}", allowed
             )
-        if cfg.setting == "vfl":
-            return self._plan_vfl(cfg, seed)
+        if cfg.setting in ("vfl", "hfl"):
+            return self._plan_partitioned(cfg, seed)
         gen = rng.stream(seed, "synthetic", 0, "federated-mf")
         if cfg.data.path is None:
             ratings = mf.synthetic_ratings(
@@ -500,25 +592,30 @@ class FederatedMF(Protocol):
             cfg.data.path, user=cols[0], item=cols[1], rating=cols[2], format=cfg.data.format
         )
 
-    def _plan_vfl(self, cfg: FederatedMFConfig, seed: int) -> Plan:
-        """Items dealt at random to s parties; per-rating: parallel over parties (disjoint items,
-        Thm 4.4.1); per-user: a user's ratings span every party, so all parties compose (spec §3.2)."""
+    def _plan_partitioned(self, cfg: FederatedMFConfig, seed: int) -> Plan:
+        """VFL: items dealt at random to s parties; per-rating: parallel over parties (disjoint items,
+        Thm 4.4.1); per-user: a user's ratings span every party, so all parties compose (spec §3.2).
+        HFL: users dealt at random; both units compose in parallel (disjoint users, Prop. 4.5.1)."""
+        vfl = cfg.setting == "vfl"
         gen = rng.stream(seed, "synthetic", 0, "federated-mf")
         ratings = self._ratings(cfg, gen)
         train, test = mf.split(ratings, cfg.test_fraction, gen, by_user=True)
-        if cfg.parties < 1 or cfg.parties > ratings.m:
+        axis = ratings.m if vfl else ratings.n
+        if cfg.parties < 1 or cfg.parties > axis:
             raise ConfigError(
-                "parties", f"{cfg.parties} parties for {ratings.m} items", f"1 to {ratings.m}"
+                "parties",
+                f"{cfg.parties} parties for {axis} {'items' if vfl else 'users'}",
+                f"1 to {axis}",
             )
         if not 0 < cfg.sampling_rate <= 1 or cfg.local_steps < 1:
             raise ConfigError("sampling_rate", "need sampling_rate in (0, 1] and local_steps >= 1")
         delta = cfg.delta if cfg.delta is not None else 1.0 / len(ratings)
-        owner = gen.integers(0, cfg.parties, ratings.m)
+        owner = gen.integers(0, cfg.parties, axis)
         parties = {}
         for k in range(cfg.parties):
-            items = np.flatnonzero(owner == k)
+            items = np.flatnonzero(owner == k) if vfl else np.arange(ratings.m)
             rows = {
-                name: part.take(np.flatnonzero(owner[part.item] == k))
+                name: part.take(np.flatnonzero(owner[part.item if vfl else part.user] == k))
                 for name, part in (("train", train), ("test", test))
             }
             table = pa.table(
@@ -529,31 +626,37 @@ class FederatedMF(Protocol):
                     "split": ["train"] * len(rows["train"]) + ["test"] * len(rows["test"]),
                 }
             )
-            parties[f"p{k}"] = (
-                table,
-                {"items": items, "n": ratings.n, "m_share": items.size / ratings.m},
-            )
+            share = items.size / ratings.m if vfl else np.count_nonzero(owner == k) / ratings.n
+            parties[f"p{k}"] = (table, {"items": items, "n": ratings.n, "m_share": share})
         per_user = cfg.privacy_unit == "user"
-        steps = cfg.iterations * cfg.local_steps + cfg.finetune_steps
+        # VFL publishes V_Fk after κ more noisy steps; HFL's Stage 3 is local and never published
+        steps = cfg.iterations * cfg.local_steps + (cfg.finetune_steps if vfl else 0)
+        compose_all = per_user and vfl
         z = gaussian_noise_multiplier(
             cfg.epsilon,
             delta,
-            steps=steps * (cfg.parties if per_user else 1),
+            steps=steps * (cfg.parties if compose_all else 1),
             sampling_rate=cfg.sampling_rate,
         )
         theta = cfg.trim if per_user else 1
-        statement = (
-            "per-rating DP in VFL: items are disjoint across parties, so parties compose in parallel"
-            if not per_user
-            else "per-user DP: each party trims every user to θ ratings; a user's ratings span all parties, "
-            "so all parties' releases compose"
-        )
+        if not vfl:
+            statement = (
+                f"per-{cfg.privacy_unit} DP in HFL: users are disjoint across parties, so parties "
+                "compose in parallel; only the Stage-2 uploads and the published V count"
+            )
+        elif per_user:
+            statement = (
+                "per-user DP: each party trims every user to θ ratings; a user's ratings span all "
+                "parties, so all parties' releases compose"
+            )
+        else:
+            statement = "per-rating DP in VFL: items are disjoint across parties, so parties compose in parallel"
         return Plan(
             budget=Budget(cfg.epsilon, delta),
             ledger=dict(
                 accountant="rdp",
                 relation="add_or_remove_one",
-                composition="sequential" if per_user else "parallel",
+                composition="sequential" if compose_all else "parallel",
                 statement=statement,
             ),
             parties=parties,
@@ -660,9 +763,102 @@ class FederatedMF(Protocol):
             headline=headline,
         )
 
+    def _drive_hfl(self, fed, cfg: FederatedMFConfig, plan: Plan) -> Outcome:
+        from rayfed.privacy.calibration import gaussian_steps_event
+
+        info = plan.info
+        names = fed.parties.names
+        v_msg = fed.coordinator.run(
+            init_v_step, info["m"], cfg.rank, info["mean"], cfg.bound, phase="init_v"
+        )
+        fed.parties.run(
+            hfl_pretrain_step,
+            v_msg.single(),
+            cfg.rank,
+            info["mean"],
+            cfg.pretrain_steps,
+            cfg.local_lr,
+            cfg.bound,
+            info["trim"],
+            phase="pretrain",
+        )
+        round_event = gaussian_steps_event(info["z"], cfg.local_steps, cfg.sampling_rate)
+        weights = {k: plan.parties[k][1]["m_share"] for k in names}
+        if cfg.method == "hfl":
+            for t in range(cfg.iterations):
+                with fed.round(t):
+                    fed.charge(
+                        [
+                            (k, f"round {t}: {cfg.local_steps} DP-SGD steps on V", round_event)
+                            for k in names
+                        ]
+                    )
+                    uploads = fed.parties.run(
+                        hfl_local_step,
+                        v_msg.single(),
+                        t,
+                        cfg.local_steps,
+                        cfg.vfl_lr,
+                        cfg.sampling_rate,
+                        info["z"],
+                        info["delta_v"],
+                        cfg.bound,
+                        round_event,
+                        phase="local_steps",
+                    )
+                    v_msg = fed.coordinator.run(
+                        average_v_step, uploads, weights, cfg.bound, phase="average_v"
+                    )
+        else:
+            fed.note(
+                "local non-private SGD baseline: each party trains on its own data only; nothing is released"
+            )
+        fed.parties.run(
+            hfl_finetune_step,
+            v_msg.single(),
+            cfg.finetune_steps,
+            cfg.local_lr,
+            cfg.bound,
+            phase="finetune",
+        )
+        parts = fed.get(fed.parties.run(hfl_evaluate_step, phase="evaluate"))
+        test_mse = sum(s for s, _ in parts.values()) / max(1, sum(c for _, c in parts.values()))
+        if cfg.privacy_unit == "rating":
+            fed.note(
+                "per-rating in HFL has a gap (spec §7.8): the pre-trained u_i depends on all of the user's "
+                "ratings; per-user (privacy_unit=user) is sound"
+            )
+        metrics = {
+            "test_mse": test_mse,
+            "setting": "hfl",
+            "method": cfg.method,
+            "parties": len(names),
+            "privacy_unit": cfg.privacy_unit,
+            "noise_multiplier": info["z"],
+            "delta": info["delta"],
+            "users": info["n"],
+            "items": info["m"],
+        }
+        headline = f"HFL {cfg.method} test MSE {test_mse:.4f} ({len(names)} parties, per-{cfg.privacy_unit} DP)"
+        return Outcome(
+            tables={
+                "evaluation": pa.table(
+                    {
+                        "party": list(parts),
+                        "sse": [v[0] for v in parts.values()],
+                        "ratings": [v[1] for v in parts.values()],
+                    }
+                )
+            },
+            metrics=metrics,
+            headline=headline,
+        )
+
     def drive(self, fed, cfg: FederatedMFConfig, plan: Plan) -> Outcome:
         if cfg.setting == "vfl" and cfg.method != "central":
             return self._drive_vfl(fed, cfg, plan)
+        if cfg.setting == "hfl" and cfg.method != "central":
+            return self._drive_hfl(fed, cfg, plan)
         info = plan.info
         m, p = info["m"], cfg.rank
         if cfg.method == "central":
