@@ -167,3 +167,20 @@ def test_hfl_after_fine_tuning_beats_local_non_private_sgd():
         hfl.privacy.composition == "parallel" and hfl.privacy.epsilon <= 1.0 + 1e-6
     )  # disjoint users
     assert local.privacy.epsilon == 0  # nothing released
+
+
+def test_reproduction_job_small(tmp_path, capsys):
+    """jobs/federated_mf_repro.py --small: MSE vs ε for the three settings, orderings, JSON and plot."""
+    import json
+    import runpy
+    from pathlib import Path
+
+    job = runpy.run_path(
+        str(Path(__file__).resolve().parents[1] / "jobs" / "federated_mf_repro.py")
+    )
+    assert job["main"](["--small", "--backend", "local", "--out", str(tmp_path)]) == 0
+    record = json.loads((tmp_path / "federated_mf_repro.json").read_text())
+    assert {r["setting"] for r in record["rows"]} == {"vfl", "hfl", "lfl"}
+    assert all(record["orderings"].values()), record["orderings"]
+    assert (tmp_path / "federated_mf_repro.png").stat().st_size > 20_000
+    assert '"orderings_hold": true' in capsys.readouterr().out
