@@ -184,3 +184,45 @@ def test_reproduction_job_small(tmp_path, capsys):
     assert all(record["orderings"].values()), record["orderings"]
     assert (tmp_path / "federated_mf_repro.png").stat().st_size > 20_000
     assert '"orderings_hold": true' in capsys.readouterr().out
+
+
+def test_vfl_split_by_a_column(tmp_path):
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+
+    gen = np.random.default_rng(0)
+    n, m = 200, 30
+    users, items = np.nonzero(gen.random((n, m)) < 0.3)
+    genre = np.array(["drama", "comedy", "horror"])[items % 3]
+    path = tmp_path / "r.csv"
+    pacsv.write_csv(
+        pa.table(
+            {
+                "user_id": users,
+                "item_id": items,
+                "rating": gen.integers(1, 6, users.size),
+                "genre": genre,
+            }
+        ),
+        path,
+    )
+    result = rayfed.run(
+        "federated-mf",
+        setting="vfl",
+        method="vfl",
+        iterations=5,
+        backend="local",
+        out_dir=None,
+        data={"path": str(path)},
+        split_column="genre",
+    )
+    assert result.metrics["parties"] == 3 and np.isfinite(result.metrics["test_mse"])
+    with pytest.raises(rayfed.ConfigError, match="split_column"):
+        rayfed.run(
+            "federated-mf",
+            setting="vfl",
+            method="vfl",
+            backend="local",
+            out_dir=None,
+            split_column="genre",
+        )

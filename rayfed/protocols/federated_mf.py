@@ -96,6 +96,10 @@ class FederatedMFConfig:
         "rating", "VFL: per-rating or per-user privacy"
     )
     trim: int = option(5, "VFL per-user: each party keeps at most this many ratings per user")
+    split_column: str | None = option(
+        None,
+        "VFL: a column of the ratings file; each of its values is one party's item set (e.g. genre)",
+    )
     vfl_lr: float = option(0.05, "VFL: learning rate of the local DP-SGD steps")
     data: DataConfig = field(
         default_factory=DataConfig, metadata={"help": "ratings file (user, item, rating)"}
@@ -592,6 +596,32 @@ class FederatedMF(Protocol):
             cfg.data.path, user=cols[0], item=cols[1], rating=cols[2], format=cfg.data.format
         )
 
+    @staticmethod
+    def _owner_by_column(cfg: FederatedMFConfig, ratings: mf.Ratings) -> np.ndarray:
+        """Party of each item from ``split_column`` (its first value per item), parties in value order."""
+        from rayfed.data import load_table, require_columns
+
+        if cfg.setting != "vfl" or cfg.data.path is None:
+            raise ConfigError(
+                "split_column",
+                "splits items of a ratings file in the VFL setting",
+                "setting=vfl with data.path",
+            )
+        table = load_table(cfg.data.path, cfg.data.format)
+        item_col = ((cfg.data.columns or {}).get("ratings") or ["user_id", "item_id", "rating"])[1]
+        require_columns(table, [cfg.split_column], "split_column")
+        items = table.column(item_col).to_numpy(zero_copy_only=False)
+        values = np.asarray(table.column(cfg.split_column).to_pylist(), dtype=object).astype(str)
+        first = np.unique(items, return_index=True)[1]  # sorted item ids: the dense index order
+        groups, owner = np.unique(values[first], return_inverse=True)
+        if groups.size < 2:
+            raise ConfigError(
+                "split_column",
+                f"column {cfg.split_column!r} has a single value",
+                "two or more values",
+            )
+        return owner.astype(np.int64)
+
     def _plan_partitioned(self, cfg: FederatedMFConfig, seed: int) -> Plan:
         """VFL: items dealt at random to s parties; per-rating: parallel over parties (disjoint items,
         Thm 4.4.1); per-user: a user's ratings span every party, so all parties compose (spec §3.2).
@@ -610,9 +640,13 @@ class FederatedMF(Protocol):
         if not 0 < cfg.sampling_rate <= 1 or cfg.local_steps < 1:
             raise ConfigError("sampling_rate", "need sampling_rate in (0, 1] and local_steps >= 1")
         delta = cfg.delta if cfg.delta is not None else 1.0 / len(ratings)
-        owner = gen.integers(0, cfg.parties, axis)
+        if cfg.split_column is not None:
+            owner = self._owner_by_column(cfg, ratings)
+            n_parties = int(owner.max()) + 1
+        else:
+            owner, n_parties = gen.integers(0, cfg.parties, axis), cfg.parties
         parties = {}
-        for k in range(cfg.parties):
+        for k in range(n_parties):
             items = np.flatnonzero(owner == k) if vfl else np.arange(ratings.m)
             rows = {
                 name: part.take(np.flatnonzero(owner[part.item if vfl else part.user] == k))
@@ -635,7 +669,7 @@ class FederatedMF(Protocol):
         z = gaussian_noise_multiplier(
             cfg.epsilon,
             delta,
-            steps=steps * (cfg.parties if compose_all else 1),
+            steps=steps * (n_parties if compose_all else 1),
             sampling_rate=cfg.sampling_rate,
         )
         theta = cfg.trim if per_user else 1
