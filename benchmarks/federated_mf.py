@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
                 "items": result.metrics["items"],
                 "secagg_degree": result.metrics["secagg_degree"],
                 "bytes_moved": result.transcript_totals["bytes"],
-                "phase_seconds": _phases(result.timings),
+                "phase_seconds": result.metrics["phase_seconds"],
             }
         )
         print(f"{name}: {seconds:.1f} s, test MSE {records[-1]['test_mse']:.4f}", file=sys.stderr)
@@ -69,14 +69,6 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(args.out)
     return 0
-
-
-def _phases(timings: list[dict]) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for t in timings:
-        if t["phase"] != "(round)":
-            out[t["phase"]] = out.get(t["phase"], 0.0) + t["seconds"]
-    return out
 
 
 if __name__ == "__main__":

@@ -114,6 +114,7 @@ def run(
         )
         fed.start()
         outcome = proto.drive(fed, cfg, plan)
+        outcome.metrics.setdefault("phase_seconds", fed.phase_seconds())
         privacy = fed.privacy_report()
         result = Result(
             protocol=proto.name,

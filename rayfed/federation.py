@@ -555,6 +555,14 @@ class Federation:
             raise PartyFailed(who_text, self.round_no, phase, _reason(err)) from err
         return out[0] if single else out
 
+    def phase_seconds(self) -> dict[str, float]:
+        """Total seconds per phase name so far (round totals excluded)."""
+        out: dict[str, float] = {}
+        for t in self.timings:
+            if t["phase"] != "(round)":
+                out[t["phase"]] = out.get(t["phase"], 0.0) + t["seconds"]
+        return out
+
     def require_quorum(self, alive: int, minimum: int, phase: str) -> None:
         """BelowThreshold unless at least ``minimum`` participants are still alive after ``phase``."""
         if alive < minimum:

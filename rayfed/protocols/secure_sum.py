@@ -285,10 +285,7 @@ class SecureSum(Protocol):
             self._plaintext(fed.seed, cfg.rounds - 1, last.survivors, cfg, plan)
         )
         params = info["params"]
-        phase_seconds: dict[str, float] = {}
-        for t in fed.timings:
-            if t["phase"] != "(round)":
-                phase_seconds[t["phase"]] = phase_seconds.get(t["phase"], 0.0) + t["seconds"]
+        phase_seconds = fed.phase_seconds()
         metrics = {
             "exact": all(e for _, e in results),
             "mode": cfg.mode,
