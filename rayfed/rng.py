@@ -39,6 +39,10 @@ PURPOSES: dict[str, int] = {
     "secagg-graph": 14,
     "secagg-pairs": 15,
     "secagg-shares": 16,
+    "trim": 17,
+    "replacement": 18,
+    "dropout-round2": 19,
+    "finetune": 20,
     "test": 99,
 }
 

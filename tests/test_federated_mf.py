@@ -226,3 +226,43 @@ def test_vfl_split_by_a_column(tmp_path):
             out_dir=None,
             split_column="genre",
         )
+
+
+def test_option_checks_and_defaults(tmp_path):
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+
+    from rayfed.protocols.federated_mf import threshold
+
+    assert (
+        threshold(1000, 0.7) == 300 and threshold(943, 0.3) == 661
+    )  # exact, not ceil(300.00000000000006)
+    path = tmp_path / "r.csv"
+    pacsv.write_csv(
+        pa.table({"user_id": [0, 1, 2, 0], "item_id": [0, 1, 1, 2], "rating": [1, 10, 3, 7]}), path
+    )
+    for setting in ("vfl", "hfl", "lfl"):  # ratings above R break every sensitivity bound
+        with pytest.raises(rayfed.ConfigError, match="bound"):
+            rayfed.run(
+                "federated-mf",
+                setting=setting,
+                backend="local",
+                out_dir=None,
+                data={"path": str(path)},
+            )
+    with pytest.raises(rayfed.ConfigError, match="omega.*does not apply to setting=vfl"):
+        rayfed.run("federated-mf", setting="vfl", omega=0.5, backend="local", out_dir=None)
+    with pytest.raises(rayfed.ConfigError, match="local_steps.*does not apply to setting=lfl"):
+        rayfed.run("federated-mf", local_steps=5, backend="local", out_dir=None)
+    with pytest.raises(rayfed.ConfigError, match="trim"):
+        rayfed.run("federated-mf", setting="vfl", trim=0, backend="local", out_dir=None)
+    default_vfl = rayfed.run(
+        "federated-mf", setting="vfl", iterations=2, backend="local", out_dir=None
+    )
+    assert (
+        default_vfl.metrics["method"] == "vfl" and default_vfl.metrics["privacy_unit"] == "rating"
+    )
+    central = rayfed.run(
+        "federated-mf", setting="hfl", method="central", backend="local", out_dir=None
+    )
+    assert 0 < central.metrics["test_mse"] < 2

@@ -30,6 +30,7 @@ only, V at its initialisation), ``central`` (non-private central SGD on the pool
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from dataclasses import dataclass, field
@@ -59,63 +60,121 @@ class FederatedMFConfig:
         "lfl: one simulated user per rating-row owner; vfl: parties hold disjoint item sets; "
         "hfl: parties hold disjoint user sets",
     )
-    method: Literal["lfl", "ldp", "stage1", "central", "vfl", "hfl", "local"] = option(
-        "lfl",
-        "lfl: LFL-SGDMF; ldp: LDP-level noise; stage1: pre-training only; central: non-private central SGD; "
-        "vfl: VFL-SGDMF; hfl: HFL-SGDMF; local: each party alone (VFL: with DP; HFL: non-private local SGD)",
+    method: Literal["lfl", "ldp", "stage1", "central", "vfl", "hfl", "local"] | None = option(
+        None,
+        "default: the setting's own algorithm. lfl: ldp (LDP-level noise), stage1 (pre-training only); "
+        "vfl: local (each party alone, with DP); hfl: local (non-private local SGD); any: central",
     )
     mode: Literal["corrected", "faithful"] = option(
         "corrected",
-        "corrected: the spec's fix (nominal ε holds); faithful: the thesis (effective ε is larger)",
+        "LFL: corrected (the spec's fix, nominal ε holds) or faithful (the thesis; ε is larger)",
     )
-    epsilon: float = option(1.0, "target ε (per user, over all T iterations)")
+    epsilon: float = option(
+        1.0, "target ε (per user, or per rating in VFL/HFL with privacy_unit=rating)"
+    )
     delta: float | None = option(None, "δ (default 1/number of ratings)")
-    iterations: int = option(10, "T, server iterations")
-    omega: float = option(0.3, "ω: tolerated dropout fraction; threshold t = ceil((1-ω) n)")
-    dropout: float = option(0.0, "actual dropout rate per iteration, in each of the two rounds")
+    iterations: int = option(10, "T, server iterations (the spec uses 10 for LFL, 100 for VFL/HFL)")
     rank: int = option(10, "embedding dimension p")
     bound: float = option(5.0, "R: rows are clipped to ‖x‖² <= R (ratings must lie in [0, R])")
-    lr: float = option(2.0, "γ, server learning rate of V (the update is divided by |U1|)")
-    pretrain_steps: int = option(50, "Stage 1 local gradient steps on u_i")
-    finetune_steps: int = option(50, "Stage 3 local gradient steps on u_i")
-    local_lr: float = option(
-        0.05, "local learning rate of u_i (per rating, averaged over the user's ratings)"
+    pretrain_steps: int = option(50, "LFL/HFL Stage 1: local gradient steps on the user embeddings")
+    finetune_steps: int = option(
+        50,
+        "LFL/HFL: local, unpublished Stage-3 steps; VFL: κ noisy steps on V_Fk (published, charged)",
     )
+    local_lr: float = option(0.05, "LFL/HFL: learning rate of the local (non-private) steps")
+    omega: float = option(0.3, "LFL: ω, tolerated dropout fraction; threshold t = ceil((1-ω) n)")
+    dropout: float = option(
+        0.0, "LFL: actual dropout rate per iteration, in each of the two rounds"
+    )
+    lr: float = option(2.0, "LFL: γ, server learning rate of V (the update is divided by |U1|)")
     secagg_mode: Literal["secure", "simulation", "dealer"] = option(
-        "simulation", "secure aggregation mode for Round 1 (see rayfed run secure-sum --help)"
+        "simulation",
+        "LFL: secure aggregation mode for Round 1 (only secure protects against the server)",
     )
-    cohorts: int | None = option(None, "user-cohort actors (default: this machine's CPUs)")
-    users: int = option(2000, "synthetic data: users")
-    items: int = option(200, "synthetic data: items")
-    density: float = option(0.05, "synthetic data: fraction of observed ratings")
-    test_fraction: float = option(0.1, "held-out fraction of each user's ratings")
+    cohorts: int | None = option(None, "LFL: user-cohort actors (default: this machine's CPUs)")
     parties: int = option(2, "VFL/HFL: parties s (items, resp. users, dealt at random)")
-    local_steps: int = option(10, "VFL: T', local DP-SGD steps between averages")
-    sampling_rate: float = option(0.01, "VFL: η, Poisson user-level sampling rate per local step")
-    privacy_unit: Literal["rating", "user"] = option(
-        "rating", "VFL: per-rating or per-user privacy"
+    local_steps: int = option(10, "VFL/HFL: T', local DP-SGD steps between averages")
+    sampling_rate: float = option(
+        0.01, "VFL/HFL: η, Poisson user-level sampling rate per local step"
     )
-    trim: int = option(5, "VFL per-user: each party keeps at most this many ratings per user")
+    privacy_unit: Literal["rating", "user"] | None = option(
+        None, "VFL/HFL: per-rating or per-user privacy (default: VFL rating, HFL user; spec §7.8)"
+    )
+    trim: int | None = option(
+        None, "VFL/HFL per-user: ratings kept per user and party (default VFL 5, HFL 10)"
+    )
     split_column: str | None = option(
         None,
         "VFL: a column of the ratings file; each of its values is one party's item set (e.g. genre)",
     )
-    vfl_lr: float = option(0.05, "VFL: learning rate of the local DP-SGD steps")
+    vfl_lr: float = option(0.05, "VFL/HFL: learning rate of the local DP-SGD steps (constant)")
+    users: int = option(2000, "synthetic data: users")
+    items: int = option(200, "synthetic data: items")
+    density: float = option(0.05, "synthetic data: fraction of observed ratings")
+    test_fraction: float = option(0.1, "held-out fraction of each user's ratings")
     data: DataConfig = field(
         default_factory=DataConfig, metadata={"help": "ratings file (user, item, rating)"}
     )
 
     def validate(self) -> None:
         check_budget(self.epsilon, self.delta if self.delta is not None else 1e-6)
-        for name in ("iterations", "rank", "users", "items"):
+        for name in ("iterations", "rank", "users", "items", "parties", "local_steps"):
             if getattr(self, name) < 1:
                 raise ConfigError(name, f"must be >= 1, got {getattr(self, name)}")
-        if not 0 <= self.omega < 1:
-            raise ConfigError("omega", f"must be in [0, 1), got {self.omega}")
-        if not 0 <= self.dropout < 1:
-            raise ConfigError("dropout", f"must be in [0, 1), got {self.dropout}")
-        if self.bound <= 0 or self.lr <= 0 or self.local_lr <= 0:
-            raise ConfigError("bound", "bound, lr and local_lr must be > 0")
+        for name in ("pretrain_steps", "finetune_steps"):
+            if getattr(self, name) < 0:
+                raise ConfigError(name, f"must be >= 0, got {getattr(self, name)}")
+        if self.trim is not None and self.trim < 1:
+            raise ConfigError("trim", f"must be >= 1, got {self.trim}")
+        for name, low, high in (("omega", 0, 1), ("dropout", 0, 1)):
+            if not low <= getattr(self, name) < high:
+                raise ConfigError(name, f"must be in [0, 1), got {getattr(self, name)}")
+        for name in ("sampling_rate", "density", "test_fraction"):
+            if not 0 < getattr(self, name) <= 1:
+                raise ConfigError(name, f"must be in (0, 1], got {getattr(self, name)}")
+        for name in ("bound", "lr", "local_lr", "vfl_lr"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(name, f"must be > 0, got {getattr(self, name)}")
+        self._reject_inapplicable()
+
+    def _reject_inapplicable(self) -> None:
+        """An option the setting ignores, set to a non-default value, is an error."""
+        lfl_only = ("mode", "omega", "dropout", "lr", "secagg_mode", "cohorts")
+        partitioned_only = (
+            "parties",
+            "local_steps",
+            "sampling_rate",
+            "privacy_unit",
+            "trim",
+            "vfl_lr",
+        )
+        ignored = partitioned_only + ("split_column",) if self.setting == "lfl" else lfl_only
+        if self.setting == "hfl":
+            ignored += ("split_column",)
+        default = FederatedMFConfig()
+        for name in ignored:
+            if getattr(self, name) != getattr(default, name):
+                raise ConfigError(name, f"does not apply to setting={self.setting}", "drop it")
+        if self.split_column is not None and self.parties != default.parties:
+            raise ConfigError(
+                "parties", "the parties come from split_column's values", "drop parties"
+            )
+
+    def resolved_method(self) -> str:
+        return self.method or self.setting
+
+    def resolved_unit(self) -> str:
+        return self.privacy_unit or ("user" if self.setting in ("hfl", "lfl") else "rating")
+
+    def resolved_trim(self) -> int:
+        return self.trim or (10 if self.setting == "hfl" else 5)
+
+
+def threshold(n: int, omega: float) -> int:
+    """t = ⌈(1-ω)n⌉ computed exactly (a float product like 0.3·1000 is not exact)."""
+    from fractions import Fraction
+
+    return math.ceil((1 - Fraction(str(omega))) * n)
 
 
 # --- the maths of one LFL iteration (pure) -----------------------------------------------------------
@@ -141,7 +200,7 @@ def effective_variance(zeta1: float, zeta2: float, u1: int, u2: int) -> float:
 
 def worst_case_variance(mode: str, method: str, n: int, omega: float) -> float:
     """min F_eff over every outcome the protocol accepts (|U1| >= t, |U2| <= |U1|): charged up front."""
-    t = math.ceil((1 - omega) * n)
+    t = threshold(n, omega)
     z1, z2, _ = noise_shares(mode, method, n, omega, t)
     return effective_variance(z1, z2, t, t)
 
@@ -227,11 +286,11 @@ def lfl_round2_step(
 ) -> Message:
     """Round 2: each Round-1 survivor still online sends ξ̄_i = -ξ_i + ξ'_i (ξ_i regenerated from its key)."""
     ids = ctx.state["ids"][np.isin(ctx.state["ids"], u1)]
-    online = rng.keyed_uniform(ctx.seed, "dropout", 1_000_000 + round, ids, 1)[:, 0] >= dropout
+    online = rng.keyed_uniform(ctx.seed, "dropout-round2", round, ids, 1)[:, 0] >= dropout
     ids = ids[online]
     m, p = shapes
     xi = share_sd * _gaussian(ctx.seed, "gaussian", round, ids, m * p)
-    replacement = replace_sd * _gaussian(ctx.seed, "gaussian", 2_000_000 + round, ids, m * p)
+    replacement = replace_sd * _gaussian(ctx.seed, "replacement", round, ids, m * p)
     return Message("noise_replacement", {"ids": ids, "values": replacement - xi}, to="coordinator")
 
 
@@ -254,13 +313,21 @@ def init_v_step(ctx: StepContext, m: int, p: int, mean: float, bound: float) -> 
 
 
 def update_v_step(
-    ctx: StepContext, s1: np.ndarray, round2: dict, u1: int, lr: float, beta: float, bound: float
+    ctx: StepContext,
+    s1: np.ndarray,
+    round2: dict,
+    u1: int,
+    lr: float,
+    beta: float,
+    bound: float,
+    event,
 ) -> Message:
-    """V <- Π_𝒱(V - γ/|U1| (S1 + β N2)), N2 the sum of the replacement messages."""
+    """V <- Π_𝒱(V - γ/|U1| (S1 + β N2)), N2 the sum of the replacement messages; the published V
+    carries the iteration's DP event (charged, scope "run", before Round 1 drew any noise)."""
     v = ctx.state["v"]
     n2 = sum((np.asarray(r["values"]).sum(axis=0) for r in round2.values()), np.zeros(v.size))
     ctx.state["v"] = mf.project(v - lr / u1 * (s1 + beta * n2).reshape(v.shape), bound)
-    return Message("item_embeddings", ctx.state["v"], to="cohorts")
+    return Message("item_embeddings", ctx.state["v"], to="cohorts", dp_event=event, scope="run")
 
 
 def current_v_step(ctx: StepContext) -> Message:
@@ -268,17 +335,25 @@ def current_v_step(ctx: StepContext) -> Message:
 
 
 # --- VFL-SGDMF (spec §2.5): parties hold disjoint item sets, the server averages U ---------------------
+def _trim(ctx: StepContext, users: np.ndarray, items: np.ndarray, keep_per_user: int) -> np.ndarray:
+    """Keep at most θ ratings per user, chosen by a draw keyed by (user, item): independent of row order."""
+    draw = rng.keyed_uniform(
+        ctx.seed, "trim", 0, users.astype(np.uint64) * np.uint64(2**32) + items, 1
+    )[:, 0]
+    order = np.lexsort((draw, users))
+    counts = np.bincount(users, minlength=ctx.meta["n"])
+    rank = np.arange(users.size) - np.repeat(np.cumsum(counts) - counts, counts)
+    keep = np.zeros(users.size, dtype=bool)
+    keep[order] = rank < keep_per_user
+    return keep
+
+
 def vfl_init_step(ctx: StepContext, p: int, mean: float, bound: float, trim: int | None) -> int:
     """Party: V_Fk in 𝒱 and, for per-user privacy, each user trimmed to at most θ ratings (once)."""
     items = ctx.meta["items"]
     ctx.state["v"] = mf.project(mf.init_embeddings(items.size, p, mean, ctx.rng("init", 0)), bound)
     users, item, rating = _user_ratings(ctx, "train")
-    keep = np.ones(users.size, dtype=bool)
-    if trim is not None:
-        order = np.lexsort((ctx.rng("sample", 0).random(users.size), users))
-        counts = np.bincount(users, minlength=ctx.meta["n"])
-        rank = np.arange(users.size) - np.repeat(np.cumsum(counts) - counts, counts)
-        keep[order] = rank < trim
+    keep = _trim(ctx, users, item, trim) if trim is not None else np.ones(users.size, dtype=bool)
     local = np.searchsorted(items, item)
     ctx.state["train"] = (users[keep], local[keep], rating[keep])
     return int(keep.sum())
@@ -297,6 +372,7 @@ def _vfl_steps(
     bound: float,
     m_share: float,
     update_u: bool,
+    purpose: str = "gaussian",
 ) -> tuple[np.ndarray, int]:
     """``steps`` DP-SGD steps (spec §2.5): Poisson user sampling, gradient sums plus N(0, σ²), divided by
     the public B = η|Ω_k|, projected; returns the party's U^(k)."""
@@ -304,9 +380,9 @@ def _vfl_steps(
     v = ctx.state["v"]
     n = ctx.meta["n"]
     b = max(rate * users.size, 1.0)
-    gen = ctx.rng("gaussian", round)
-    for _ in range(steps):
-        sampled = gen.random(n) < rate
+    for step in range(steps):
+        gen = ctx.rng(purpose, round, (ctx.name, step))  # the noise of this step
+        sampled = ctx.rng("sample", round, (ctx.name, step)).random(n) < rate
         rows = np.flatnonzero(sampled[users])
         batch = mf.Ratings(users[rows], items[rows], ratings[rows], n, v.shape[0], 0, bound)
         g_u, g_v = mf.gradient_sums(u, v, batch)
@@ -366,7 +442,8 @@ def vfl_finetune_step(
         ctx,
         ctx.state["u"],
         steps,
-        10**6,
+        0,
+        purpose="finetune",
         lr=lr,
         rate=rate,
         sigma_u=0.0,
@@ -414,12 +491,7 @@ def hfl_pretrain_step(
     """Stage 1 on the party's own (untrimmed) ratings, V fixed, no noise; then the Stage-2 trimming."""
     pretrain_step(ctx, v, p, mean, steps, lr, bound)
     users, items, ratings = _user_ratings(ctx, "train")
-    keep = np.ones(users.size, dtype=bool)
-    if trim is not None:
-        order = np.lexsort((ctx.rng("sample", 0).random(users.size), users))
-        counts = np.bincount(users, minlength=ctx.meta["n"])
-        rank = np.arange(users.size) - np.repeat(np.cumsum(counts) - counts, counts)
-        keep[order] = rank < trim
+    keep = _trim(ctx, users, items, trim) if trim is not None else np.ones(users.size, dtype=bool)
     ctx.state["train"] = (users[keep], items[keep], ratings[keep])
     return int(keep.sum())
 
@@ -500,28 +572,28 @@ class FederatedMF(Protocol):
             "vfl": ("vfl", "local", "central"),
             "hfl": ("hfl", "local", "central"),
         }[cfg.setting]
-        if cfg.method not in allowed:
+        if cfg.resolved_method() not in allowed:
             raise ConfigError(
                 "method", f"{cfg.method!r} does not apply to setting={cfg.setting}", allowed
             )
-        if cfg.setting in ("vfl", "hfl"):
-            return self._plan_partitioned(cfg, seed)
+        # the drivers work on the resolved options; the manifest keeps what the user wrote
+        cfg = dataclasses.replace(
+            cfg,
+            method=cfg.resolved_method(),
+            privacy_unit=cfg.resolved_unit(),
+            trim=cfg.resolved_trim(),
+        )
+        plan = (
+            self._plan_partitioned(cfg, seed)
+            if cfg.setting in ("vfl", "hfl")
+            else self._plan_lfl(cfg, seed)
+        )
+        plan.info["cfg"] = cfg
+        return plan
+
+    def _plan_lfl(self, cfg: FederatedMFConfig, seed: int) -> Plan:
         gen = rng.stream(seed, "synthetic", 0, "federated-mf")
-        if cfg.data.path is None:
-            ratings = mf.synthetic_ratings(
-                cfg.users, cfg.items, density=cfg.density, low=1.0, high=cfg.bound, rng=gen
-            )
-        else:
-            cols = (cfg.data.columns or {}).get("ratings", ["user_id", "item_id", "rating"])
-            ratings = mf.load_ratings(
-                cfg.data.path, user=cols[0], item=cols[1], rating=cols[2], format=cfg.data.format
-            )
-        if ratings.low < 0 or ratings.high > cfg.bound:
-            raise ConfigError(
-                "bound",
-                f"ratings span [{ratings.low}, {ratings.high}] but R = {cfg.bound}",
-                f"bound >= {ratings.high} (the clipping argument needs ratings in [0, R])",
-            )
+        ratings = self._ratings(cfg, gen)
         train, test = mf.split(ratings, cfg.test_fraction, gen, by_user=True)
         delta = cfg.delta if cfg.delta is not None else 1.0 / len(ratings)
         check_budget(cfg.epsilon, delta)
@@ -554,7 +626,7 @@ class FederatedMF(Protocol):
         params = find_params(n, dropout=cfg.omega, corrupt=0.05)
         clip = sensitivity + 8 * z * sensitivity * math.sqrt(
             max(
-                noise_shares(cfg.mode, cfg.method, n, cfg.omega, math.ceil((1 - cfg.omega) * n))[0],
+                noise_shares(cfg.mode, cfg.method, n, cfg.omega, threshold(n, cfg.omega))[0],
                 1e-12,
             )
         )
@@ -580,13 +652,25 @@ class FederatedMF(Protocol):
                 params=params,
                 encoding=FixedPoint.choose(n, clip, 16),
                 mean=float(train.rating.mean()),
-                threshold=math.ceil((1 - cfg.omega) * n),
+                threshold=threshold(n, cfg.omega),
                 registry=np.arange(n, dtype=np.int64),
             ),
         )
 
     @staticmethod
     def _ratings(cfg: FederatedMFConfig, gen: np.random.Generator) -> mf.Ratings:
+        """The run's ratings, checked to lie in [0, R]: every sensitivity bound depends on it."""
+        ratings = FederatedMF._load(cfg, gen)
+        if ratings.low < 0 or ratings.high > cfg.bound:
+            raise ConfigError(
+                "bound",
+                f"ratings span [{ratings.low}, {ratings.high}] but R = {cfg.bound}",
+                f"bound >= {ratings.high} (the clipping argument needs ratings in [0, R])",
+            )
+        return ratings
+
+    @staticmethod
+    def _load(cfg: FederatedMFConfig, gen: np.random.Generator) -> mf.Ratings:
         if cfg.data.path is None:
             return mf.synthetic_ratings(
                 cfg.users, cfg.items, density=cfg.density, low=1.0, high=cfg.bound, rng=gen
@@ -665,7 +749,7 @@ class FederatedMF(Protocol):
         per_user = cfg.privacy_unit == "user"
         # VFL publishes V_Fk after κ more noisy steps; HFL's Stage 3 is local and never published
         steps = cfg.iterations * cfg.local_steps + (cfg.finetune_steps if vfl else 0)
-        compose_all = per_user and vfl
+        compose_all = per_user and vfl and cfg.method == "vfl"  # the local-only baseline: s = 1
         z = gaussian_noise_multiplier(
             cfg.epsilon,
             delta,
@@ -889,6 +973,7 @@ class FederatedMF(Protocol):
         )
 
     def drive(self, fed, cfg: FederatedMFConfig, plan: Plan) -> Outcome:
+        cfg = plan.info["cfg"]
         if cfg.setting == "vfl" and cfg.method != "central":
             return self._drive_vfl(fed, cfg, plan)
         if cfg.setting == "hfl" and cfg.method != "central":
@@ -955,6 +1040,7 @@ class FederatedMF(Protocol):
             dim=m * p,
             tag=fed.run_id.encode(),
             dropout=DropoutSchedule(rates={"before_advertise": cfg.dropout}),
+            min_survivors=info["threshold"],  # secure aggregation itself aborts below t
         )
         v = fed.one(v_msg)
         row = {"iteration": t, "skipped": False}
@@ -983,9 +1069,23 @@ class FederatedMF(Protocol):
         else:
             round2, u2 = {}, 0
         v_msg = fed.coordinator.run(
-            update_v_step, agg.sum, round2, u1, cfg.lr, beta, cfg.bound, phase="update_v"
+            update_v_step,
+            agg.sum,
+            round2,
+            u1,
+            cfg.lr,
+            beta,
+            cfg.bound,
+            dp_event.GaussianDpEvent(info["z_charge"]),
+            phase="update_v",
         )
-        row.update(u1=u1, u2=u2, f_eff=effective_variance(zeta1, zeta2, u1, u2))
+        # f_eff: the server's best estimate (what DP must cover); f_applied: the update's own noise
+        row.update(
+            u1=u1,
+            u2=u2,
+            f_eff=effective_variance(zeta1, zeta2, u1, u2),
+            f_applied=u2 * beta**2 * zeta2 + (u1 - u2) * zeta1 + u2 * (1 - beta) ** 2 * zeta1,
+        )
         return v_msg, row
 
     @staticmethod
@@ -1006,6 +1106,11 @@ class FederatedMF(Protocol):
             fed.note(
                 "corrected mode: effective noise >= σ_v² in every accepted outcome, so the nominal ε holds"
             )
+        if cfg.method in ("lfl", "ldp") and cfg.secagg_mode != "secure":
+            fed.note(
+                f"secagg_mode={cfg.secagg_mode}: the DP statement assumes an ideal secure aggregation; in "
+                "this mode the coordinator could derive the masks (a simulation, not a deployment)"
+            )
         fed.note(
             f"σ_v = z·2R^(3/2) with z = {info['z']:.4g} from dp-accounting (RDP, T={cfg.iterations}, "
             f"δ={info['delta']:.3g}); skipped iterations are charged too (conservative)"
@@ -1013,6 +1118,12 @@ class FederatedMF(Protocol):
 
     def _outcome(self, cfg, plan, test_mse, history, skipped) -> Outcome:
         info = plan.info
+        if "params" not in info:  # the central baseline of the VFL/HFL settings
+            return Outcome(
+                tables={},
+                metrics={"test_mse": test_mse, "setting": cfg.setting, "method": "central"},
+                headline=f"central non-private SGD test MSE {test_mse:.4f}",
+            )
         metrics = {
             "test_mse": test_mse,
             "method": cfg.method,
@@ -1025,6 +1136,9 @@ class FederatedMF(Protocol):
             "iterations": history,
             "secagg_degree": info["params"].degree,
             "threshold": info["threshold"],
+            "secagg_mode": cfg.secagg_mode,
+            "epsilon_nominal": cfg.epsilon,
+            "epsilon_worst_case": plan.budget.epsilon,
         }
         headline = (
             f"LFL {cfg.method} test MSE {test_mse:.4f} ({info['n']} users, {info['m']} items)"
@@ -1034,7 +1148,10 @@ class FederatedMF(Protocol):
         table = (
             pa.Table.from_pylist(
                 [
-                    {k: r.get(k) for k in ("iteration", "skipped", "u1", "u2", "f_eff")}
+                    {
+                        k: r.get(k)
+                        for k in ("iteration", "skipped", "u1", "u2", "f_eff", "f_applied")
+                    }
                     for r in history
                 ]
             )

@@ -75,14 +75,20 @@ def make_spec(
     dropout: DropoutSchedule | None = None,
     tag: bytes = b"rayfed",
     kill: tuple[str, str] | None = None,
+    min_survivors: int | None = None,
 ) -> RoundSpec:
+    """A round's public parameters; ``min_survivors`` can raise (never lower) the finder's quorum,
+    e.g. to a protocol's own threshold such as LFL's ⌈(1-ω)n⌉."""
+    quorum = (
+        params.min_survivors if min_survivors is None else max(params.min_survivors, min_survivors)
+    )
     return RoundSpec(
         round=round,
         mode=mode,
         registry=np.asarray(registry, dtype=np.int64),
         degree=params.degree,
         threshold=params.threshold,
-        min_survivors=params.min_survivors,
+        min_survivors=quorum,
         complete=params.complete,
         encoding=encoding,
         dim=dim,
