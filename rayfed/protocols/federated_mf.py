@@ -561,6 +561,34 @@ def average_v_step(ctx: StepContext, uploads: dict, weights: dict, bound: float)
     return Message("item_embeddings", v, to="parties")
 
 
+def _partitioned_outcome(cfg: FederatedMFConfig, info: dict, parts: dict) -> Outcome:
+    """VFL/HFL result: pooled test MSE over the parties' evaluation replies (sse, count)."""
+    test_mse = sum(v[0] for v in parts.values()) / max(1, sum(v[1] for v in parts.values()))
+    metrics = {
+        "test_mse": test_mse,
+        "setting": cfg.setting,
+        "method": cfg.method,
+        "parties": len(parts),
+        "privacy_unit": cfg.privacy_unit,
+        "noise_multiplier": info["z"],
+        "delta": info["delta"],
+        "users": info["n"],
+        "items": info["m"],
+    }
+    headline = (
+        f"{cfg.setting.upper()} {cfg.method} test MSE {test_mse:.4f} ({len(parts)} parties, "
+        f"per-{cfg.privacy_unit} DP)"
+    )
+    table = pa.table(
+        {
+            "party": list(parts),
+            "sse": [v[0] for v in parts.values()],
+            "ratings": [v[1] for v in parts.values()],
+        }
+    )
+    return Outcome(tables={"evaluation": table}, metrics=metrics, headline=headline)
+
+
 class FederatedMF(Protocol):
     name = "federated-mf"
     summary = "federated matrix factorisation with DP: LFL-SGDMF over real secure aggregation, with dropouts"
@@ -849,37 +877,12 @@ class FederatedMF(Protocol):
                 phase="finetune",
             )
         parts = fed.get(fed.parties.run(vfl_evaluate_step, phase="evaluate"))
-        test_mse = sum(s for s, _ in parts.values()) / max(1, sum(c for _, c in parts.values()))
         fed.note(
             f"noise multiplier z = {info['z']:.4g} (σ = z·Δ, Δ = {info['delta_joint']:.4g} joint, "
             f"{info['delta_v']:.4g} fine-tuning) for {cfg.iterations}x{cfg.local_steps}+{cfg.finetune_steps} "
             f"steps at η = {cfg.sampling_rate:g}, δ = {info['delta']:.3g}"
         )
-        metrics = {
-            "test_mse": test_mse,
-            "setting": "vfl",
-            "method": cfg.method,
-            "parties": len(names),
-            "privacy_unit": cfg.privacy_unit,
-            "noise_multiplier": info["z"],
-            "delta": info["delta"],
-            "users": info["n"],
-            "items": info["m"],
-        }
-        headline = f"VFL {cfg.method} test MSE {test_mse:.4f} ({len(names)} parties, per-{cfg.privacy_unit} DP)"
-        return Outcome(
-            tables={
-                "evaluation": pa.table(
-                    {
-                        "party": list(parts),
-                        "sse": [v[0] for v in parts.values()],
-                        "ratings": [v[1] for v in parts.values()],
-                    }
-                )
-            },
-            metrics=metrics,
-            headline=headline,
-        )
+        return _partitioned_outcome(cfg, info, parts)
 
     def _drive_hfl(self, fed, cfg: FederatedMFConfig, plan: Plan) -> Outcome:
         from rayfed.privacy.calibration import gaussian_steps_event
@@ -940,37 +943,12 @@ class FederatedMF(Protocol):
             phase="finetune",
         )
         parts = fed.get(fed.parties.run(hfl_evaluate_step, phase="evaluate"))
-        test_mse = sum(s for s, _ in parts.values()) / max(1, sum(c for _, c in parts.values()))
         if cfg.privacy_unit == "rating":
             fed.note(
                 "per-rating in HFL has a gap (spec §7.8): the pre-trained u_i depends on all of the user's "
                 "ratings; per-user (privacy_unit=user) is sound"
             )
-        metrics = {
-            "test_mse": test_mse,
-            "setting": "hfl",
-            "method": cfg.method,
-            "parties": len(names),
-            "privacy_unit": cfg.privacy_unit,
-            "noise_multiplier": info["z"],
-            "delta": info["delta"],
-            "users": info["n"],
-            "items": info["m"],
-        }
-        headline = f"HFL {cfg.method} test MSE {test_mse:.4f} ({len(names)} parties, per-{cfg.privacy_unit} DP)"
-        return Outcome(
-            tables={
-                "evaluation": pa.table(
-                    {
-                        "party": list(parts),
-                        "sse": [v[0] for v in parts.values()],
-                        "ratings": [v[1] for v in parts.values()],
-                    }
-                )
-            },
-            metrics=metrics,
-            headline=headline,
-        )
+        return _partitioned_outcome(cfg, info, parts)
 
     def drive(self, fed, cfg: FederatedMFConfig, plan: Plan) -> Outcome:
         cfg = plan.info["cfg"]
