@@ -266,3 +266,15 @@ def test_option_checks_and_defaults(tmp_path):
         "federated-mf", setting="hfl", method="central", backend="local", out_dir=None
     )
     assert 0 < central.metrics["test_mse"] < 2
+
+
+@pytest.mark.ray
+@pytest.mark.parametrize("setting", ["vfl", "hfl"])
+def test_party_settings_on_ray_equal_in_process(ray_cluster, setting):
+    kw = dict(setting=setting, iterations=2, users=300, items=40, out_dir=None)
+    on_ray, local = (
+        rayfed.run("federated-mf", **kw),
+        rayfed.run("federated-mf", backend="local", **kw),
+    )
+    assert on_ray.metrics["test_mse"] == local.metrics["test_mse"]
+    assert on_ray.privacy.epsilon == pytest.approx(local.privacy.epsilon)
