@@ -43,6 +43,8 @@ PURPOSES: dict[str, int] = {
     "replacement": 18,
     "dropout-round2": 19,
     "finetune": 20,
+    "hash-key": 21,
+    "olh-hash": 22,
     "test": 99,
 }
 

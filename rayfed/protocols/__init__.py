@@ -12,6 +12,7 @@ REGISTRY: dict[str, tuple[str, str]] = {
     "pattern-count": ("rayfed.protocols.pattern_count", "PatternCount"),
     "secure-sum": ("rayfed.protocols.secure_sum", "SecureSum"),
     "federated-mf": ("rayfed.protocols.federated_mf", "FederatedMF"),
+    "vfl-kmeans": ("rayfed.protocols.vfl_kmeans", "VflKmeans"),
 }
 
 

@@ -1,0 +1,50 @@
+"""Numerical building blocks of the clustering protocols: weighted k-means, DPLSF, FM sketches and
+the metrics the papers report. Pure functions of arrays and a numpy Generator; no Ray."""
+
+from __future__ import annotations
+
+import numpy as np
+from sklearn.cluster import KMeans
+from sklearn.metrics import v_measure_score
+
+
+def seed_of(rng: np.random.Generator) -> int:
+    """A 31-bit seed for scikit-learn, drawn from a rayfed stream."""
+    return int(rng.integers(0, 2**31 - 1))
+
+
+def weighted_kmeans(
+    points: np.ndarray, weights: np.ndarray, k: int, rng: np.random.Generator, n_init: int = 10
+) -> np.ndarray:
+    """k centers by k-means++ / Lloyd on weighted points (scikit-learn). Points of weight <= 0 are
+    dropped; with fewer than k points left, the points themselves are the centers (repeated), so
+    the result always has k rows."""
+    keep = weights > 0
+    points, weights = points[keep], weights[keep]
+    if len(points) == 0:
+        raise ValueError("weighted k-means needs at least one point of positive weight")
+    if len(points) <= k:
+        return points[np.resize(np.arange(len(points)), k)].copy()
+    km = KMeans(n_clusters=k, init="k-means++", n_init=n_init, random_state=seed_of(rng))
+    return km.fit(points, sample_weight=weights).cluster_centers_
+
+
+def nearest(x: np.ndarray, centers: np.ndarray, chunk: int = 65536) -> np.ndarray:
+    """Index of the nearest center (squared Euclidean) of every row of ``x``."""
+    out = np.empty(len(x), dtype=np.int64)
+    c2 = (centers**2).sum(axis=1)
+    for a in range(0, len(x), chunk):
+        part = x[a : a + chunk]
+        out[a : a + len(part)] = np.argmin(c2[None, :] - 2.0 * part @ centers.T, axis=1)
+    return out
+
+
+def normalised_loss(x: np.ndarray, centers: np.ndarray) -> float:
+    """(1/n) Σ_x min_c ||x - c||² — the k-means loss per point the VFL k-means paper reports."""
+    diff = x - centers[nearest(x, centers)]
+    return float(np.einsum("ij,ij->", diff, diff) / len(x))
+
+
+def v_measure(reference: np.ndarray, x: np.ndarray, centers: np.ndarray) -> float:
+    """V-measure (β = 1) of the nearest-center labels against reference labels."""
+    return float(v_measure_score(reference, nearest(x, centers)))

@@ -1,0 +1,131 @@
+"""DPLSF — the LSH-forest private k-means of Google's differential-privacy library, in the VFL
+adaptation of Li, Wang & Li (VLDB'23, App. B.1; spec shared/specs/vfl-kmeans.md §2.3).
+
+Points in [-1, 1]^d are routed down a SimHash tree of depth L = 20. Every tree level publishes
+discrete-Laplace counts of its nodes (a point is in one node per level: L+1 levels share 20 % of
+the budget); a node branches while its noisy count is >= 3θ and a child survives while its noisy
+count is >= θ. Each leaf publishes a noisy sum with per-dimension Laplace noise of scale d/ε_sum
+(sensitivity 1 per coordinate; leaves are disjoint, so the sums compose in parallel: 80 % of the
+budget). Weighted k-means++ on the noisy leaf means gives the k centers. The whole is pure ε-DP.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from dp_accounting import dp_event
+
+from rayfed.clustering import weighted_kmeans
+from rayfed.privacy import discrete_laplace, laplace
+
+DEPTH = 20
+COUNT_FRACTION = 0.2
+
+
+def budgets(epsilon: float, depth: int = DEPTH, count_fraction: float = COUNT_FRACTION):
+    """(ε per tree level for the counts, ε for the leaf sums)."""
+    return count_fraction * epsilon / (depth + 1), (1.0 - count_fraction) * epsilon
+
+
+def dplsf_event(epsilon: float, d: int, depth: int = DEPTH, count_fraction: float = COUNT_FRACTION):
+    """The DP event of one DPLSF run: L+1 levels of discrete-Laplace counts, then the leaf sums."""
+    eps_level, eps_sum = budgets(epsilon, depth, count_fraction)
+    counts = dp_event.DiscreteLaplaceDpEvent(noise_parameter=eps_level / 1, sensitivity=1)
+    sums = dp_event.LaplaceDpEvent(noise_multiplier=(d / eps_sum) / d)
+    return dp_event.ComposedDpEvent([dp_event.SelfComposedDpEvent(counts, depth + 1), sums])
+
+
+def threshold(d: int, eps_sum: float, root_count: int, k: int) -> int:
+    """θ = max(1, min(⌊10·√d·σ_sum⌋, ⌊ĉ_root / 2k⌋)), σ_sum = √2·d/ε_sum (the noise's std)."""
+    sigma_sum = math.sqrt(2.0) * d / eps_sum
+    return max(1, min(math.floor(10 * math.sqrt(d) * sigma_sum), math.floor(root_count / (2 * k))))
+
+
+class _Tree:
+    """The per-point state of the tree walk: each point's node code at the current level, whether
+    it is still in a live node, and the leaf it ended in."""
+
+    def __init__(self, n: int):
+        self.code = np.zeros(n, dtype=np.int64)
+        self.active = np.ones(n, dtype=bool)
+        self.leaf_of = np.full(n, -1, dtype=np.int64)
+        self.leaf_counts: list[np.ndarray] = []
+
+    def settle(self, nodes: np.ndarray, counts: np.ndarray) -> None:
+        """Make these current-level nodes leaves, with their noisy counts as weights."""
+        if nodes.size == 0:
+            return
+        order = np.argsort(nodes)
+        sorted_nodes = nodes[order]
+        pts = np.flatnonzero(self.active)
+        pos = np.minimum(np.searchsorted(sorted_nodes, self.code[pts]), nodes.size - 1)
+        hit = sorted_nodes[pos] == self.code[pts]
+        base = sum(c.size for c in self.leaf_counts)
+        self.leaf_of[pts[hit]] = base + order[pos[hit]]
+        self.active[pts[hit]] = False
+        self.leaf_counts.append(np.asarray(counts, dtype=np.float64))
+
+
+def dplsf(
+    x: np.ndarray,
+    k: int,
+    epsilon: float,
+    rng: np.random.Generator,
+    *,
+    depth: int = DEPTH,
+    count_fraction: float = COUNT_FRACTION,
+) -> tuple[np.ndarray, dp_event.DpEvent, dict]:
+    """(k centers, the DP event, facts about the tree) for points ``x`` in [-1, 1]^d."""
+    n, d = x.shape
+    eps_level, eps_sum = budgets(epsilon, depth, count_fraction)
+    bits = (x @ rng.standard_normal((d, depth)) < 0).astype(np.int64)
+    root, count_event = discrete_laplace(
+        np.array([n]), l1_sensitivity=1, epsilon=eps_level, rng=rng
+    )
+    theta = threshold(d, eps_sum, int(root[0]), k)
+    tree = _Tree(n)
+    nodes, counts = np.zeros(1, dtype=np.int64), root.astype(np.float64)
+    levels = 1
+    for level in range(depth):
+        branch = counts >= 3 * theta
+        tree.settle(nodes[~branch], counts[~branch])
+        if not branch.any():
+            break
+        parents = nodes[branch]
+        children = np.stack([2 * parents, 2 * parents + 1], axis=1).reshape(-1)  # sorted pairs
+        pts = np.flatnonzero(tree.active)
+        child_of = 2 * tree.code[pts] + bits[pts, level]
+        order = np.argsort(children)
+        slot = order[np.searchsorted(children[order], child_of)]
+        true = np.bincount(slot, minlength=children.size)
+        noisy, _ = discrete_laplace(true, l1_sensitivity=1, epsilon=eps_level, rng=rng)
+        levels += 1
+        kept = (noisy >= theta).reshape(-1, 2)
+        barren = ~kept.any(axis=1)
+        tree.settle(parents[barren], counts[branch][barren])
+        still = tree.active[pts]
+        keep_pt = kept.reshape(-1)[slot] & still
+        tree.active[pts[still & ~keep_pt]] = False  # points of dropped children are discarded
+        tree.code[pts[keep_pt]] = child_of[keep_pt]
+        nodes, counts = children[kept.reshape(-1)], noisy[kept.reshape(-1)].astype(np.float64)
+    else:
+        tree.settle(nodes, counts)
+    weights = np.concatenate(tree.leaf_counts) if tree.leaf_counts else np.zeros(0)
+    member = tree.leaf_of >= 0
+    sums = np.stack(
+        [
+            np.bincount(tree.leaf_of[member], weights=x[member, j], minlength=weights.size)
+            for j in range(d)
+        ],
+        axis=1,
+    )
+    noisy_sums, sum_event = laplace(sums, l1_sensitivity=d, epsilon=eps_sum, rng=rng)
+    means = np.clip(noisy_sums / np.maximum(weights, 1.0)[:, None], -1.0, 1.0)
+    weights = np.maximum(weights, 1.0)
+    centers = weighted_kmeans(means, weights, k, rng)
+    event = dp_event.ComposedDpEvent(
+        [dp_event.SelfComposedDpEvent(count_event, depth + 1), sum_event]
+    )
+    info = {"theta": theta, "leaves": int(weights.size), "levels_used": levels}
+    return centers, event, info

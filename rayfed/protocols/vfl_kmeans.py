@@ -1,0 +1,886 @@
+"""DP vertical federated k-means with Flajolet–Martin membership sketches — DPFMPS of Li, Wang &
+Li, "Differentially Private Vertical Federated Clustering" (VLDB'23), and its baselines
+(spec: shared/specs/vfl-kmeans.md).
+
+S parties hold column blocks of the same n users (rows aligned by key); the untrusted server is the
+coordinator. One round: the parties agree on secret hash keys among themselves (X25519 + AES-GCM,
+the server relays only ciphertexts); one random party sends n̂ = n + Lap(1/ε0); every party runs
+DPLSF on its columns (ε1), assigns its users to the nearest local center, and sends its local
+centers and an M x k' matrix of DP FM sketches of the clusters ((ε2, δ2)); the server weighs the
+k'^S grid of concatenated local centers (BasicEst or 2PEst) and runs weighted k-means on it.
+
+``method`` picks the membership encoding and weight estimator; the baselines share everything else:
+
+=================  =============================================  ===============================
+method             what the parties send                          weights / privacy
+=================  =============================================  ===============================
+dpfmps-2pest       DPLSF centers + FM sketches                    2PEst; (ε, δ)
+dpfmps-basic       DPLSF centers + FM sketches                    BasicEst; (ε, δ)
+ind-lap            DPLSF centers + Laplace cluster sizes          independence; ε
+ldp-agg-2pest      DPLSF centers + per-user GRR/OLH labels        P⁻¹ pair tables + 2PEst; ε
+vfl-nonprivate     k-means centers (k' = k) + exact labels        exact; not private
+central-dplsf      one curator with every column: DPLSF           ε
+central-kmeans     one curator with every column: k-means         not private
+=================  =============================================  ===============================
+
+Privacy (Theorem 4): sequential over the parties, ε0 + S(ε1 + ε2) = ε and S·δ2 = δ, under
+add/remove-one-user neighbours, assuming an ideal hash with keys the server does not know and no
+party colluding with the server. The ledger records Lemma 1's (ε2, δ2) per sketch message; the
+result also states the tighter zCDP bound for the same noise.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+import pyarrow as pa
+from dp_accounting import dp_event
+
+from rayfed import rng
+from rayfed.actors.base import Message, StepContext
+from rayfed.clustering import fm, nearest, normalised_loss, v_measure, weighted_kmeans
+from rayfed.clustering.dplsf import dplsf, dplsf_event
+from rayfed.config import DataConfig, option
+from rayfed.data import even_groups, load_table, require_clean, sort_by_key, vertical
+from rayfed.errors import ConfigError, DataError
+from rayfed.federation import PerMember
+from rayfed.privacy import Budget, EpsilonDeltaDpEvent, check_budget, kary_randomized_response
+from rayfed.privacy import laplace as laplace_mechanism
+from rayfed.protocols.base import Outcome, Plan, Protocol
+from rayfed.secagg import groupkey
+
+METHODS = (
+    "dpfmps-2pest",
+    "dpfmps-basic",
+    "ind-lap",
+    "ldp-agg-2pest",
+    "vfl-nonprivate",
+    "central-dplsf",
+    "central-kmeans",
+)
+#: membership encoding of each VFL method (the central methods have none)
+ENCODING = {
+    "dpfmps-2pest": "fm",
+    "dpfmps-basic": "fm",
+    "ind-lap": "histogram",
+    "ldp-agg-2pest": "ldp",
+    "vfl-nonprivate": "labels",
+}
+CURATOR = "curator"
+
+#: Table 5.1 of the thesis: automatically chosen k' by (n, S), for ε = 0.5, 1, 2, 3, 4.
+K_PRIME_TABLE = {
+    (20000, 2): (4, 5, 5, 6, 6),
+    (60000, 2): (5, 6, 6, 7, 7),
+    (100000, 2): (6, 6, 7, 7, 7),
+    (20000, 4): (4, 4, 5, 5, 5),
+    (60000, 4): (4, 5, 6, 6, 6),
+    (100000, 4): (5, 6, 6, 7, 7),
+}
+K_PRIME_TABLE_EPS = (0.5, 1.0, 2.0, 3.0, 4.0)
+RHO_LANG = 0.649  # the FM estimator's relative sd constant the paper takes from Lang (2017)
+
+
+@dataclass(frozen=True)
+class VflKmeansConfig:
+    """Options of ``rayfed run vfl-kmeans``."""
+
+    method: Literal[METHODS] = option("dpfmps-2pest", "protocol or baseline: " + ", ".join(METHODS))
+    epsilon: float = option(1.0, "total privacy budget ε over all parties and phases")
+    delta: float | None = option(None, "total δ (FM sketches only); default 1/n as the paper")
+    k: int = option(5, "number of final clusters")
+    k_prime: int | Literal["auto"] = option(
+        "auto", "local clusters per party; auto: Table 5.1 / the noise-vs-signal rule (§2.10)"
+    )
+    k_prime_rule: Literal["table", "formula"] = option(
+        "table",
+        "auto k': the thesis's Table 5.1 where it has the (n, S, ε) cell, else the formula; "
+        "formula: always the paper's rule",
+    )
+    sketches: int = option(4096, "M, the number of FM hash keys (sketch rows)")
+    gamma: float = option(1.0, "γ of the geometric hash Geometric(γ/(1+γ))")
+    estimator: Literal[fm.ESTIMATORS] = option(
+        "corrected",
+        "FM cardinality estimator: corrected (bias-corrected harmonic mean); literal (the paper's "
+        "formula, biased x1.5-2.2: shown for comparison only)",
+    )
+    count_fraction: float = option(0.02, "1 - b: share of ε spent on the noisy user count n̂")
+    iterations: int = option(3000, "2PEst: at most this many pair updates")
+    tolerance: float = option(1.0, "2PEst: stop when every pair table is matched within this")
+    key_agreement: Literal["seeded", "secure"] = option(
+        "seeded",
+        "hash-key agreement randomness: seeded (reproducible from the run seed, a simulation) or "
+        "secure (OS randomness; the keys exist only inside the parties)",
+    )
+    max_grid_cells: int = option(
+        1_000_000, "refuse a grid of more than this many cells k'^S (each cell costs 8·m bytes)"
+    )
+    parties: int = option(2, "number of parties S (synthetic data, or to deal a file's columns)")
+    users: int = option(20_000, "synthetic data: number of users n")
+    dims: int = option(8, "synthetic data: number of attributes m")
+    spread: float = option(0.1, "synthetic data: std of each Gaussian component per coordinate")
+    bounds: dict[str, list[float]] | None = option(
+        None, "data file: declared [low, high] of every feature column (mapped to [-1, 1])"
+    )
+    out_of_bounds: Literal["error", "clip"] = option(
+        "error", "a data value outside its declared bounds: error, or clip it to the bounds"
+    )
+    label: str | None = option(
+        None,
+        "data file: reference label column for the V-measure (default: central k-means labels)",
+    )
+    evaluate: bool = option(
+        True, "add loss, V-measure and intersection error (computed from the raw data: not private)"
+    )
+    data: DataConfig = field(default_factory=DataConfig, metadata={"help": "data source"})
+
+    def validate(self) -> None:
+        check_budget(self.epsilon, 0.0 if self.delta is None else self.delta)
+        if self.delta == 0 and ENCODING.get(self.method) == "fm":
+            raise ConfigError("delta", "FM sketches need δ > 0", "e.g. 1/n (the default)")
+        for name in ("k", "sketches", "iterations", "max_grid_cells", "parties", "users", "dims"):
+            if getattr(self, name) < 1:
+                raise ConfigError(name, f"must be >= 1, got {getattr(self, name)}")
+        if self.k_prime != "auto" and self.k_prime < 1:
+            raise ConfigError("k_prime", f"must be >= 1 or 'auto', got {self.k_prime}")
+        if not 0 < self.count_fraction < 1:
+            raise ConfigError("count_fraction", f"must be in (0, 1), got {self.count_fraction}")
+        if not self.gamma > 0:
+            raise ConfigError("gamma", f"must be > 0, got {self.gamma}")
+        if not self.spread > 0:
+            raise ConfigError("spread", f"must be > 0, got {self.spread}")
+        if self.tolerance < 0:
+            raise ConfigError("tolerance", f"must be >= 0, got {self.tolerance}")
+
+
+# --- budget and k' (public arithmetic) -----------------------------------------------------------
+@dataclass(frozen=True)
+class Split:
+    """The budget split of Alg. 1: n̂ query, each party's LocCluster and MemEnc."""
+
+    eps0: float
+    eps1: float
+    eps2: float
+    delta2: float
+
+
+def split_budget(cfg: VflKmeansConfig, parties: int, delta: float) -> Split:
+    """ε0 = (1-b)ε, ε1 = ε2 = bε/2S, δ2 = δ/S (LDP-AGG: ε0 = 0; central: ε1 = ε)."""
+    eps = cfg.epsilon
+    if cfg.method == "vfl-nonprivate":
+        return Split(0.0, 0.0, 0.0, 0.0)
+    if cfg.method.startswith("central"):
+        return Split(0.0, eps, 0.0, 0.0)
+    if cfg.method == "ldp-agg-2pest":
+        return Split(0.0, eps / (2 * parties), eps / (2 * parties), 0.0)
+    rest = (1.0 - cfg.count_fraction) * eps
+    fm_delta = delta / parties if ENCODING[cfg.method] == "fm" else 0.0
+    return Split(cfg.count_fraction * eps, rest / (2 * parties), rest / (2 * parties), fm_delta)
+
+
+def k_prime_formula(
+    n_hat: float, k: int, parties: int, eps2: float, delta: float, m: int, rho: float = RHO_LANG
+) -> int:
+    """§2.10: k' = max(k0, ⌈k^{1/S}⌉), k0 the smallest integer with 2σ >= n̂/k0²,
+    σ = ρ(n̂ - n̂/k0²)/√M + 4ρ·s·(k0-1)·sqrt(ln 1/δ)/ε2, s = 2."""
+    floor = math.ceil(k ** (1.0 / parties) - 1e-9)
+    for k0 in range(1, 10_000):
+        sigma = (
+            rho * (n_hat - n_hat / k0**2) / math.sqrt(m)
+            + 4 * rho * 2 * (k0 - 1) * math.sqrt(math.log(1.0 / delta)) / eps2
+        )
+        if 2 * sigma >= n_hat / k0**2:
+            return max(k0, floor)
+    return max(10_000, floor)
+
+
+def k_prime_from_table(n_hat: float, parties: int, epsilon: float) -> int | None:
+    """Table 5.1's k' for the row within 2 % of n̂, or None if the table has no such cell."""
+    for (n, s), row in K_PRIME_TABLE.items():
+        if s == parties and abs(n_hat - n) <= 0.02 * n:
+            for eps, kp in zip(K_PRIME_TABLE_EPS, row, strict=True):
+                if math.isclose(epsilon, eps):
+                    return kp
+    return None
+
+
+def choose_k_prime(
+    cfg: VflKmeansConfig, n_hat: float, parties: int, split: Split, delta: float
+) -> tuple[int, str]:
+    """(k', how it was chosen)."""
+    if cfg.method == "vfl-nonprivate":
+        return cfg.k, "k' = k (non-private VFL)"
+    if cfg.k_prime != "auto":
+        return int(cfg.k_prime), "given"
+    if cfg.k_prime_rule == "table":
+        kp = k_prime_from_table(n_hat, parties, cfg.epsilon)
+        if kp is not None:
+            return kp, "Table 5.1"
+    kp = k_prime_formula(n_hat, cfg.k, parties, split.eps2, delta, cfg.sketches)
+    return kp, "formula (§2.10)"
+
+
+# --- data -----------------------------------------------------------------------------------------
+def synthetic_table(users: int, dims: int, k: int, spread: float, seed: int) -> pa.Table:
+    """Spec §5.1: k centers uniform in [-1, 1]^m, uniform labels, N(0, spread²) per coordinate,
+    clipped to [-1, 1]; ``label`` is the generating component."""
+    gen = rng.stream(seed, "synthetic", 0, "vfl-kmeans")
+    centers = gen.uniform(-1.0, 1.0, (k, dims))
+    labels = gen.integers(0, k, users)
+    x = np.clip(centers[labels] + gen.normal(0.0, spread, (users, dims)), -1.0, 1.0)
+    cols: dict[str, Any] = {"user_id": np.arange(users, dtype=np.int64)}
+    cols.update({f"x{j}": x[:, j] for j in range(dims)})
+    cols["label"] = labels
+    return pa.table(cols)
+
+
+def random_split(features: list[str], parties: int, seed: int) -> dict[str, list[str]]:
+    """The synthetic experiment's random split of the attributes into S even groups."""
+    perm = rng.stream(seed, "partition", 0, "vfl-kmeans").permutation(len(features))
+    groups = even_groups([features[i] for i in perm], parties)
+    return {p: sorted(cols, key=features.index) for p, cols in groups.items()}
+
+
+def to_unit(values: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """Map declared bounds [lo, hi] to [-1, 1] (spec §2.1)."""
+    return 2.0 * (values - lo) / (hi - lo) - 1.0
+
+
+def from_unit(values: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    return (values + 1.0) / 2.0 * (hi - lo) + lo
+
+
+def features_of(table: pa.Table, columns: list[str]) -> np.ndarray:
+    """(n, len(columns)) float64 matrix of a party's feature columns."""
+    return np.column_stack([table.column(c).to_numpy().astype(np.float64) for c in columns])
+
+
+def unit_features(ctx: StepContext) -> np.ndarray:
+    """The party's columns mapped to [-1, 1] from their declared (public) bounds."""
+    meta = ctx.meta
+    x = features_of(ctx.table, meta["columns"])
+    return np.clip(to_unit(x, np.asarray(meta["lo"]), np.asarray(meta["hi"])), -1.0, 1.0)
+
+
+# --- step functions: parties ---------------------------------------------------------------------
+def keygen_step(ctx: StepContext, *, secure: bool) -> Message:
+    """Party: a fresh X25519 key pair and key share; publish the public key to the other parties."""
+    secret = os.urandom(64) if secure else ctx.rng("hash-key").bytes(64)
+    ctx.state["group"], public = groupkey.new_member(secret)
+    return Message("key_public", public, to="parties")
+
+
+def key_share_step(ctx: StepContext, publics: dict[str, bytes], *, order: list[str]) -> Message:
+    """Party: its key share, encrypted for every other party."""
+    pubs = [publics[p] for p in order]
+    shares = groupkey.encrypt_share(ctx.state["group"], order.index(ctx.name), pubs)
+    return Message("key_shares", shares, to="parties")
+
+
+def key_combine_step(
+    ctx: StepContext, publics: dict[str, bytes], shares: dict[str, dict], *, order: list[str]
+) -> None:
+    """Party: decrypt the shares addressed to it; the XOR of all S shares is the hash key."""
+    me = order.index(ctx.name)
+    sent = {order.index(p): c for p, c in shares.items()}
+    group = ctx.state.pop("group")
+    ctx.state["hash_key"] = groupkey.combine(group, me, [publics[p] for p in order], sent)
+
+
+def count_step(ctx: StepContext, *, epsilon0: float | None) -> Message:
+    """Party: n̂ = n + Lap(1/ε0) (sensitivity 1, add/remove), or n itself where n is public."""
+    n = np.array([float(ctx.table.num_rows)])
+    if epsilon0 is None:
+        return Message("n", float(n[0]))
+    noisy, event = laplace_mechanism(
+        n, l1_sensitivity=1, epsilon=epsilon0, rng=ctx.rng("laplace", 0, "n-hat")
+    )
+    return Message("n_hat", float(noisy[0]), dp_event=event)
+
+
+def local_cluster_step(
+    ctx: StepContext, *, private: bool, k: int, epsilon: float, round: int
+) -> Message:
+    """Party: DPLSF (ε) or non-private k-means on its columns; label its users by nearest center."""
+    x = unit_features(ctx)
+    gen = ctx.rng("clustering", round)
+    if private:
+        centers, event, _ = dplsf(x, k, epsilon, gen)
+    else:
+        centers, event = weighted_kmeans(x, np.ones(len(x)), k, gen), None
+    ctx.state["labels"] = nearest(x, centers)
+    return Message("local_centers", centers, dp_event=event)
+
+
+def fm_step(
+    ctx: StepContext,
+    *,
+    k: int,
+    m: int,
+    gamma: float,
+    eps2: float,
+    delta2: float,
+    round: int,
+) -> Message:
+    """Party: M x k' DP FM sketches of its local clusters (DPFMPS-Gen, Alg. 3): the same secret
+    keys at every party (AES as the keyed hash), fresh phantoms per entry."""
+    labels = ctx.state["labels"]
+    key = ctx.state["hash_key"]
+    eps_prime = fm.sketch_epsilon(eps2, delta2, m)
+    real = fm.cluster_max_hash(
+        lambda ids, n: groupkey.keyed_words(key, ids, n),
+        np.arange(labels.size, dtype=np.uint64),  # row order is aligned across parties
+        labels,
+        k,
+        m,
+        gamma,
+    )
+    sketch = fm.dp_sketch(
+        real,
+        fm.phantom_count(eps_prime),
+        fm.alpha_min(eps_prime, gamma),
+        gamma,
+        ctx.rng("sketch", round),
+    )
+    return Message("fm_sketches", sketch, dp_event=EpsilonDeltaDpEvent(eps2, delta2))
+
+
+def histogram_step(ctx: StepContext, *, k: int, eps2: float, round: int) -> Message:
+    """Party (IND-LAP): the sizes of its k' clusters plus Lap(1/ε2) each."""
+    counts = np.bincount(ctx.state["labels"], minlength=k)
+    noisy, event = laplace_mechanism(
+        counts, l1_sensitivity=1, epsilon=eps2, rng=ctx.rng("laplace", round)
+    )
+    return Message("noisy_histogram", noisy, dp_event=event)
+
+
+def olh_hashes(seed: int, party: int, users: int, k: int, g: int) -> np.ndarray:
+    """(users, k') public per-user OLH hash tables [k'] → [g] (from the run seed)."""
+    u = rng.keyed_uniform(seed, "olh-hash", party, np.arange(users, dtype=np.uint64), k)
+    return np.minimum((u * g).astype(np.int64), g - 1)
+
+
+def ldp_step(ctx: StepContext, *, k: int, eps2: float, party: int, round: int) -> Message:
+    """Party (LDP-AGG): each user's local label through GRR over [k'] or OLH (ε2-LDP)."""
+    labels = ctx.state["labels"]
+    oracle, g, _, _ = fm.ldp_probabilities(eps2, k)
+    gen = ctx.rng("randomized-response", round)
+    if oracle == "olh":
+        hashed = olh_hashes(ctx.seed, party, labels.size, k, g)[np.arange(labels.size), labels]
+        reports, event = kary_randomized_response(hashed, k=g, epsilon=eps2, rng=gen)
+    else:
+        reports, event = kary_randomized_response(labels, k=k, epsilon=eps2, rng=gen)
+    return Message("ldp_reports", reports, dp_event=event)
+
+
+def labels_step(ctx: StepContext) -> Message:
+    """Party (non-private VFL): every user's local label, in the clear."""
+    return Message("labels", ctx.state["labels"])
+
+
+# --- step functions: the server ------------------------------------------------------------------
+def build_grid(centers: list[np.ndarray], positions: list[list[int]], m: int) -> np.ndarray:
+    """(k'^S, m): every combination of local centers, in the global attribute order."""
+    k = centers[0].shape[0]
+    index = np.indices((k,) * len(centers)).reshape(len(centers), -1)
+    grid = np.empty((index.shape[1], m))
+    for ell, (c, pos) in enumerate(zip(centers, positions, strict=True)):
+        grid[:, pos] = c[index[ell]]
+    return grid
+
+
+def grid_weights(
+    ctx: StepContext,
+    encoding: str,
+    memberships: list[Any],
+    *,
+    n_hat: float,
+    k: int,
+    cfg: dict,
+    round: int,
+) -> tuple[np.ndarray, int]:
+    """(grid weights of shape (k',)*S summing to n̂, 2PEst iterations run)."""
+    gen = ctx.rng("clustering", round, "2pest")
+    if encoding == "fm":
+        eps_prime = fm.sketch_epsilon(cfg["eps2"], cfg["delta2"], cfg["sketches"])
+        n_p = fm.phantom_count(eps_prime)
+        if cfg["method"] == "dpfmps-basic":
+            return fm.basic_est(n_hat, memberships, n_p, cfg["gamma"], cfg["estimator"]), 0
+        return fm.two_pass_est(
+            n_hat,
+            memberships,
+            n_p,
+            cfg["gamma"],
+            gen,
+            cfg["estimator"],
+            cfg["iterations"],
+            cfg["tolerance"],
+        )
+    if encoding == "histogram":
+        return fm.normalise(fm.independence_grid(n_hat, memberships), n_hat), 0
+    if encoding == "ldp":
+        oracle, g, p, q = fm.ldp_probabilities(cfg["eps2"], k)
+        supports = []
+        for party, reports in enumerate(memberships):
+            if oracle == "olh":
+                table = olh_hashes(ctx.seed, party, reports.size, k, g)
+                supports.append(table == reports[:, None])
+            else:
+                supports.append(reports[:, None] == np.arange(k)[None, :])
+        return fm.ldp_two_pass(supports, p, q, n_hat, gen, cfg["iterations"], cfg["tolerance"])
+    return fm.exact_grid(memberships, k), 0
+
+
+def server_step(
+    ctx: StepContext,
+    centers: dict[str, np.ndarray],
+    memberships: dict[str, Any],
+    *,
+    order: list[str],
+    positions: list[list[int]],
+    n_hat: float,
+    k: int,
+    k_prime: int,
+    encoding: str,
+    cfg: dict,
+    round: int,
+) -> dict:
+    """Server: weigh the grid of local-center combinations and run weighted k-means on it."""
+    local = [np.asarray(centers[p]) for p in order]
+    weights, iterations = grid_weights(
+        ctx,
+        encoding,
+        [memberships[p] for p in order],
+        n_hat=n_hat,
+        k=k_prime,
+        cfg=cfg,
+        round=round,
+    )
+    m = sum(len(p) for p in positions)
+    grid = build_grid(local, positions, m)
+    final = weighted_kmeans(grid, weights.reshape(-1), k, ctx.rng("clustering", round, "final"))
+    return {"centers": final, "weights": weights, "local": local, "iterations": iterations}
+
+
+def curator_step(ctx: StepContext, *, private: bool, k: int, epsilon: float) -> Message:
+    """The central baselines: one curator with every column clusters directly."""
+    return local_cluster_step(ctx, private=private, k=k, epsilon=epsilon, round=0)
+
+
+# --- the protocol ----------------------------------------------------------------------------------
+def _reject_inapplicable(cfg: VflKmeansConfig) -> None:
+    default = VflKmeansConfig()
+    if cfg.data.path is None:
+        for name, value in (
+            ("data.columns", cfg.data.columns),
+            ("data.key", cfg.data.key),
+            ("bounds", cfg.bounds),
+            ("label", cfg.label),
+        ):
+            if value is not None:
+                raise ConfigError(
+                    name,
+                    "applies to a data file, but no data.path is given",
+                    "set data.path, or drop this option for synthetic data",
+                )
+        return
+    for name in ("users", "dims", "spread"):
+        if getattr(cfg, name) != getattr(default, name):
+            raise ConfigError(
+                name, "applies to synthetic data only, but data.path is given", "drop this option"
+            )
+
+
+def _load(cfg: VflKmeansConfig, seed: int):
+    """(table, features in global order, groups, lo, hi, reference label column or None)."""
+    if cfg.data.path is None:
+        table = synthetic_table(cfg.users, cfg.dims, cfg.k, cfg.spread, seed)
+        features = [f"x{j}" for j in range(cfg.dims)]
+        lo, hi = np.full(cfg.dims, -1.0), np.full(cfg.dims, 1.0)
+        return table, features, random_split(features, cfg.parties, seed), lo, hi, "label"
+    table = sort_by_key(load_table(cfg.data.path, cfg.data.format), cfg.data.key)
+    if cfg.data.columns is not None:
+        groups = {p: list(c) for p, c in cfg.data.columns.items()}
+    elif cfg.bounds:
+        groups = even_groups(list(cfg.bounds), cfg.parties)
+    else:
+        raise ConfigError(
+            "bounds",
+            "a data file needs the declared bounds of every feature column",
+            "e.g. --set bounds.age=[0,100] --set bounds.income=[0,2e5]",
+        )
+    grouped = {c for cols in groups.values() for c in cols}
+    features = [c for c in table.column_names if c in grouped]
+    bounds = cfg.bounds or {}
+    for col in features:
+        b = bounds.get(col)
+        if b is None or len(b) != 2 or not b[0] < b[1]:
+            raise ConfigError(
+                f"bounds.{col}",
+                f"column {col!r} needs declared bounds [low, high] with low < high, got {b!r}",
+                "public bounds from domain knowledge, e.g. [0, 100]",
+            )
+    if cfg.label is not None and cfg.label not in table.column_names:
+        raise DataError("label", f"column {cfg.label!r} is not in the data", table.column_names)
+    lo = np.array([bounds[c][0] for c in features], dtype=np.float64)
+    hi = np.array([bounds[c][1] for c in features], dtype=np.float64)
+    return table, features, groups, lo, hi, cfg.label
+
+
+def _check_bounds(x: np.ndarray, features: list[str], lo, hi, policy: str) -> None:
+    outside = (x < lo) | (x > hi)
+    if policy == "error" and outside.any():
+        j = int(np.flatnonzero(outside.any(axis=0))[0])
+        raise DataError(
+            f"bounds.{features[j]}",
+            f"{int(outside[:, j].sum())} value(s) of column {features[j]!r} lie outside the "
+            f"declared bounds [{lo[j]:g}, {hi[j]:g}]",
+            "wider bounds, or out_of_bounds=clip",
+        )
+
+
+def _check_grid(cells: int, limit: int, k_prime: int, parties: int, m: int) -> None:
+    if cells > limit:
+        raise ConfigError(
+            "k_prime",
+            f"the grid has k'^S = {k_prime}^{parties} = {cells:,} cells, above max_grid_cells="
+            f"{limit:,} (the server holds {cells * m * 8 / 2**20:,.0f} MiB of grid points and "
+            "runs k-means on them)",
+            "a smaller k', fewer parties, or raise max_grid_cells",
+        )
+
+
+class VflKmeans(Protocol):
+    name = "vfl-kmeans"
+    summary = "DP vertical federated k-means with Flajolet–Martin sketches (DPFMPS) and baselines"
+    Config = VflKmeansConfig
+
+    def plan(self, cfg: VflKmeansConfig, seed: int) -> Plan:
+        _reject_inapplicable(cfg)
+        table, features, groups, lo, hi, label_col = _load(cfg, seed)
+        require_clean(table, features)
+        x_raw = features_of(table, features)
+        _check_bounds(x_raw, features, lo, hi, cfg.out_of_bounds)
+        n, m = x_raw.shape
+        if n < 1:
+            raise DataError("data.path", "the data has no rows", "a file with users")
+        central = cfg.method.startswith("central")
+        delta = 1.0 / n if cfg.delta is None else cfg.delta
+        if central:
+            groups = {CURATOR: list(features)}
+        parties_n = len(groups)
+        split = split_budget(cfg, parties_n, delta)
+        if ENCODING.get(cfg.method) == "fm" and split.eps2 > 2 * math.log(1 / split.delta2):
+            raise ConfigError(
+                "epsilon",
+                f"ε2 = {split.eps2:.3g} exceeds 2·ln(1/δ2) = {2 * math.log(1 / split.delta2):.3g}: "
+                "Lemma 1 does not apply",
+                "a smaller ε or a smaller δ",
+            )
+        if not central:
+            k_plan, _ = choose_k_prime(cfg, n, parties_n, split, delta)
+            _check_grid(k_plan**parties_n, cfg.max_grid_cells, k_plan, parties_n, m)
+        partitions = vertical(table, groups, cfg.data.key)
+        index = {c: j for j, c in enumerate(features)}
+        parties = {
+            p: (
+                partitions[p],
+                {
+                    "columns": cols,
+                    "lo": [float(lo[index[c]]) for c in cols],
+                    "hi": [float(hi[index[c]]) for c in cols],
+                },
+            )
+            for p, cols in groups.items()
+        }
+        evaluation = None
+        if cfg.evaluate:
+            x = np.clip(to_unit(x_raw, lo, hi), -1.0, 1.0)
+            if label_col is not None:
+                reference = table.column(label_col).to_numpy(zero_copy_only=False)
+            else:
+                gen = rng.stream(seed, "clustering", 0, "reference")
+                reference = nearest(x, weighted_kmeans(x, np.ones(n), cfg.k, gen))
+            evaluation = {"x": x, "reference": reference}
+        return Plan(
+            budget=self._budget(cfg, split, parties_n),
+            ledger=dict(
+                accountant="pure",
+                relation="replace_one" if cfg.method == "ldp-agg-2pest" else "add_or_remove_one",
+                composition="sequential",
+                statement=self._statement(cfg),
+            ),
+            parties=parties,
+            rounds=1 if central else 3,
+            evaluation=evaluation,
+            info={
+                "order": list(groups),
+                "positions": [[index[c] for c in groups[p]] for p in groups],
+                "features": features,
+                "lo": lo,
+                "hi": hi,
+                "users": n,
+                "delta": delta,
+                "split": split,
+            },
+        )
+
+    @staticmethod
+    def _budget(cfg: VflKmeansConfig, split: Split, parties: int) -> Budget:
+        if cfg.method in ("vfl-nonprivate", "central-kmeans"):
+            return Budget.none()
+        return Budget(cfg.epsilon, split.delta2 * parties)
+
+    @staticmethod
+    def _statement(cfg: VflKmeansConfig) -> str:
+        if cfg.method in ("vfl-nonprivate", "central-kmeans"):
+            return "not private: a non-private baseline"
+        if cfg.method.startswith("central"):
+            return "central DP: one trusted curator holds every column"
+        if cfg.method == "ldp-agg-2pest":
+            return (
+                "ε2-LDP label reports per party plus DPLSF; replace-one neighbours (every user "
+                "sends a report, so n itself is public); sequential over the parties"
+            )
+        return (
+            "DP towards the server (Theorem 4): add/remove one user, sequential over the S parties "
+            "that each hold part of every record; assumes no party colludes with the server"
+        )
+
+    def drive(self, fed, cfg: VflKmeansConfig, plan: Plan) -> Outcome:
+        if cfg.method.startswith("central"):
+            return self._drive_central(fed, cfg, plan)
+        info, split = plan.info, plan.info["split"]
+        order, encoding = info["order"], ENCODING[cfg.method]
+        if encoding == "fm":
+            with fed.round(0):
+                self._agree_keys(fed, cfg, order)
+        with fed.round(1):
+            n_hat = self._count(fed, cfg, split, order)
+            k_prime, rule = choose_k_prime(cfg, n_hat, len(order), split, info["delta"])
+            m = len(info["features"])
+            _check_grid(k_prime ** len(order), cfg.max_grid_cells, k_prime, len(order), m)
+        with fed.round(2):
+            private = cfg.method != "vfl-nonprivate"
+            if private:
+                fed.charge(
+                    [
+                        (p, "DPLSF local clustering", dplsf_event(split.eps1, len(cols)))
+                        for p, cols in zip(order, info["positions"], strict=True)
+                    ]
+                )
+            centers = fed.parties.run(
+                local_cluster_step,
+                private=private,
+                k=k_prime,
+                epsilon=split.eps1 or 1.0,
+                round=2,
+                phase="local-clustering",
+            )
+            memberships = self._encode(fed, cfg, encoding, split, order, k_prime)
+            out = fed.one(
+                fed.coordinator.run(
+                    server_step,
+                    centers,
+                    memberships,
+                    order=order,
+                    positions=info["positions"],
+                    n_hat=n_hat,
+                    k=cfg.k,
+                    k_prime=k_prime,
+                    encoding=encoding,
+                    cfg=self._server_cfg(cfg, split),
+                    round=2,
+                    phase="server",
+                )
+            )
+        self._notes(fed, cfg, plan, k_prime, rule)
+        return self._outcome(cfg, plan, out, n_hat, k_prime, rule)
+
+    # --- driver pieces ----------------------------------------------------------------------------
+    @staticmethod
+    def _agree_keys(fed, cfg: VflKmeansConfig, order: list[str]) -> None:
+        publics = fed.parties.run(
+            keygen_step, secure=cfg.key_agreement == "secure", phase="key-agreement"
+        )
+        shares = fed.parties.run(key_share_step, publics, order=order, phase="key-shares")
+        fed.parties.run(key_combine_step, publics, shares, order=order, phase="key-combine")
+
+    @staticmethod
+    def _count(fed, cfg: VflKmeansConfig, split: Split, order: list[str]) -> float:
+        """n̂ from one party chosen at random by the server (exact n where n is public anyway)."""
+        chosen = order[int(rng.stream(fed.seed, "sample", 1, "n-hat-party").integers(len(order)))]
+        if split.eps0 > 0:
+            fed.charge(
+                [
+                    (
+                        chosen,
+                        "noisy user count n̂",
+                        dp_event.LaplaceDpEvent(noise_multiplier=(1 / split.eps0) / 1),
+                    )
+                ]
+            )
+        reply = fed.parties.run(
+            count_step,
+            epsilon0=split.eps0 if split.eps0 > 0 else None,
+            members=[chosen],
+            phase="user-count",
+        )
+        return max(1.0, float(round(fed.one(reply))))
+
+    @staticmethod
+    def _encode(fed, cfg, encoding: str, split: Split, order: list[str], k_prime: int):
+        if encoding == "fm":
+            event = EpsilonDeltaDpEvent(split.eps2, split.delta2)
+            fed.charge([(p, "FM membership sketches", event) for p in order])
+            return fed.parties.run(
+                fm_step,
+                k=k_prime,
+                m=cfg.sketches,
+                gamma=cfg.gamma,
+                eps2=split.eps2,
+                delta2=split.delta2,
+                round=2,
+                phase="membership",
+            )
+        if encoding == "histogram":
+            event = dp_event.LaplaceDpEvent(noise_multiplier=(1 / split.eps2) / 1)
+            fed.charge([(p, "noisy cluster sizes", event) for p in order])
+            return fed.parties.run(
+                histogram_step, k=k_prime, eps2=split.eps2, round=2, phase="membership"
+            )
+        if encoding == "ldp":
+            oracle, g, _, _ = fm.ldp_probabilities(split.eps2, k_prime)
+            buckets = g if oracle == "olh" else k_prime
+            p = buckets / (math.exp(split.eps2) + buckets - 1)
+            event = dp_event.RandomizedResponseDpEvent(noise_parameter=p, num_buckets=buckets)
+            fed.charge([(p_, f"{oracle.upper()} label reports", event) for p_ in order])
+            return fed.parties.run(
+                ldp_step,
+                k=k_prime,
+                eps2=split.eps2,
+                party=PerMember({p_: j for j, p_ in enumerate(order)}),
+                round=2,
+                phase="membership",
+            )
+        return fed.parties.run(labels_step, phase="membership")
+
+    @staticmethod
+    def _server_cfg(cfg: VflKmeansConfig, split: Split) -> dict:
+        return {
+            "method": cfg.method,
+            "eps2": split.eps2,
+            "delta2": split.delta2,
+            "sketches": cfg.sketches,
+            "gamma": cfg.gamma,
+            "estimator": cfg.estimator,
+            "iterations": cfg.iterations,
+            "tolerance": cfg.tolerance,
+        }
+
+    def _drive_central(self, fed, cfg: VflKmeansConfig, plan: Plan) -> Outcome:
+        private = cfg.method == "central-dplsf"
+        with fed.round(0):
+            if private:
+                fed.charge(
+                    [(CURATOR, "DPLSF", dplsf_event(cfg.epsilon, len(plan.info["features"])))]
+                )
+            reply = fed.parties.run(
+                curator_step, private=private, k=cfg.k, epsilon=cfg.epsilon, phase="central"
+            )
+            centers = np.asarray(fed.one(reply))
+        if private:
+            fed.note("central DP: one trusted curator holds every column (a comparator, not VFL)")
+        out = {"centers": centers, "weights": None, "local": [], "iterations": 0}
+        return self._outcome(cfg, plan, out, float(plan.info["users"]), cfg.k, "central")
+
+    @staticmethod
+    def _notes(fed, cfg: VflKmeansConfig, plan: Plan, k_prime: int, rule: str) -> None:
+        split, n = plan.info["split"], plan.info["users"]
+        s = len(plan.info["order"])
+        if ENCODING[cfg.method] == "fm":
+            eps_prime = fm.sketch_epsilon(split.eps2, split.delta2, cfg.sketches)
+            tight = fm.tight_epsilon(eps_prime, cfg.sketches, split.delta2)
+            fed.note(
+                f"FM sketches: ε'={eps_prime:.3g} per key, n_p={fm.phantom_count(eps_prime)} phantoms; "
+                f"Lemma 1 charges (ε2={split.eps2:.4g}, δ2={split.delta2:.3g}) per party; the same noise "
+                f"is also ({tight:.4g}, δ2)-DP by zCDP composition (tighter; the ledger keeps Lemma 1)"
+            )
+            fed.note(
+                "the sketches' guarantee assumes an ideal hash whose keys the server never sees: "
+                "AES-256 under the parties' group key (X25519 + AES-GCM key transport) stands in"
+            )
+            if cfg.key_agreement == "seeded":
+                fed.note(
+                    "key_agreement=seeded: the hash key and every noise draw follow from the run "
+                    "seed in manifest.json (a simulation); use key_agreement=secure for OS keys"
+                )
+            if cfg.estimator == "literal":
+                fed.note(
+                    "estimator=literal: the paper's FM estimator overestimates by x1.5-2.2 "
+                    "(spec §2.8); the grid weights collapse towards independence"
+                )
+        if cfg.method == "vfl-nonprivate":
+            fed.note("not private: every user's local label reaches the server")
+        if cfg.delta is None and ENCODING[cfg.method] == "fm":
+            fed.note(f"δ = 1/n = {1 / n:.3g} (the paper's setting; n is the data size)")
+        fed.note(f"k' = {k_prime} ({rule}); {s} parties, grid of {k_prime**s:,} cells")
+        if plan.evaluation is not None:
+            fed.note("loss, V-measure and intersection error use the raw data: not private")
+
+    @staticmethod
+    def _outcome(cfg, plan: Plan, out: dict, n_hat: float, k_prime: int, rule: str) -> Outcome:
+        info = plan.info
+        centers = np.asarray(out["centers"])
+        lo, hi = info["lo"], info["hi"]
+        data_centers = from_unit(centers, lo, hi)
+        tables = {
+            "centers": pa.table(
+                {"cluster": np.arange(len(centers))}
+                | {c: data_centers[:, j] for j, c in enumerate(info["features"])}
+            )
+        }
+        s = len(info["order"])
+        metrics: dict[str, Any] = {
+            "method": cfg.method,
+            "users": info["users"],
+            "parties": s,
+            "k": cfg.k,
+            "k_prime": k_prime,
+            "k_prime_rule": rule,
+            "n_hat": n_hat,
+            "epsilon0": info["split"].eps0,
+            "epsilon1": info["split"].eps1,
+            "epsilon2": info["split"].eps2,
+            "delta2": info["split"].delta2,
+            "iterations_2pest": out["iterations"],
+        }
+        grid_cols: dict[str, Any] = {}
+        if out["weights"] is not None:
+            w = np.asarray(out["weights"])
+            index = np.indices(w.shape).reshape(w.ndim, -1)
+            grid_cols = {p: index[j] for j, p in enumerate(info["order"])}
+            grid_cols["weight"] = w.reshape(-1)
+        headline = f"{cfg.method}: {cfg.k} centers from {s} part{'ies' if s > 1 else 'y'} x {info['users']:,} users"
+        if plan.evaluation is not None:
+            x, reference = plan.evaluation["x"], plan.evaluation["reference"]
+            metrics["loss"] = normalised_loss(x, centers)
+            metrics["v_measure"] = v_measure(reference, x, centers)
+            if out["weights"] is not None:
+                labels = [
+                    nearest(x[:, pos], c)
+                    for pos, c in zip(info["positions"], out["local"], strict=True)
+                ]
+                true = fm.exact_grid(labels, k_prime)
+                grid_cols["true_weight"] = true.reshape(-1)
+                metrics["intersection_error"] = float(np.abs(w - true).sum() / info["users"])
+            headline += f"; loss {metrics['loss']:.4f}, V-measure {metrics['v_measure']:.3f}"
+        if grid_cols:
+            tables["grid"] = pa.table(grid_cols)
+        if k_prime and out["weights"] is not None:
+            headline += f" (k'={k_prime})"
+        return Outcome(tables=tables, metrics=metrics, headline=headline)
