@@ -22,6 +22,7 @@ import math
 import numpy as np
 
 ESTIMATORS = ("corrected", "literal")
+PROJECTIONS = ("clip", "simplex")
 
 
 # --- one sketch ---------------------------------------------------------------------------------
@@ -48,8 +49,10 @@ def tight_epsilon(eps_prime: float, m: int, delta: float) -> float:
 
 
 def geometric_from_words(words: np.ndarray, gamma: float) -> np.ndarray:
-    """Geometric(γ/(1+γ)) values ⌈-ln U / ln(1+γ)⌉ >= 1 from uint64 words, U = (w+1)/2^64."""
-    u = (words.astype(np.float64) + 1.0) * 2.0**-64
+    """Geometric(γ/(1+γ)) values ⌈-ln U / ln(1+γ)⌉ >= 1 from unsigned words, U = (w+1)/2^bits.
+
+    32-bit words resolve the hash up to (1+γ)^-y = 2^-32: exact for sets far below 2^32 ids."""
+    u = (words.astype(np.float64) + 1.0) * 2.0 ** -(8 * words.dtype.itemsize)
     return np.maximum(1, np.ceil(-np.log(u) / math.log1p(gamma))).astype(np.int64)
 
 
@@ -62,20 +65,24 @@ def phantom_max(n_p: int, gamma: float, shape, rng: np.random.Generator) -> np.n
 
 
 def cluster_max_hash(
-    hash_words, ids: np.ndarray, labels: np.ndarray, k: int, m: int, gamma: float, chunk=2048
+    hash_words, ids: np.ndarray, labels: np.ndarray, k: int, m: int, gamma: float, chunk=512
 ) -> np.ndarray:
     """(M, k) max over each cluster's ids of the keyed geometric hash (0 for an empty cluster).
 
-    ``hash_words(ids, M)`` returns (len(ids), M) uint64 words; the maximum of the hash is the hash of
-    the minimum word, so the reduction runs on the words and converts once.
+    ``hash_words(ids, M)`` returns (len(ids), M) unsigned words; the maximum of the hash is the hash
+    of the minimum word, so the reduction runs on the words and converts once.
     """
-    best = np.full((m, k), np.iinfo(np.uint64).max, dtype=np.uint64)
+    best = None
+    for c in range(k):
+        members = ids[labels == c]
+        for a in range(0, members.size, chunk):
+            low = hash_words(members[a : a + chunk], m).min(axis=0)
+            if best is None:
+                best = np.full((m, k), np.iinfo(low.dtype).max, dtype=low.dtype)
+            np.minimum(best[:, c], low, out=best[:, c])
+    if best is None:
+        return np.zeros((m, k), dtype=np.int64)
     present = np.bincount(labels, minlength=k) > 0
-    for a in range(0, ids.size, chunk):
-        words = hash_words(ids[a : a + chunk], m)
-        lab = labels[a : a + chunk]
-        for c in np.unique(lab):
-            np.minimum(best[:, c], words[lab == c].min(axis=0), out=best[:, c])
     return np.where(present[None, :], geometric_from_words(best, gamma), 0)
 
 
@@ -110,8 +117,24 @@ def leave_one_out_max(a: np.ndarray) -> np.ndarray:
     return np.where(np.arange(k)[None, :] == order[:, -1:], second, top)
 
 
-def normalise(w: np.ndarray, total: float) -> np.ndarray:
-    """Clip at 0 and rescale to sum ``total`` (uniform if nothing is left) — BasicEst line 13."""
+def normalise(w: np.ndarray, total: float, projection: str = "clip") -> np.ndarray:
+    """BasicEst line 13, "ensure Σw = n̂ and w >= 0" (spec §2.8).
+
+    ``clip``: clip at 0 and rescale (uniform if nothing is left) — the spec's default.
+    ``simplex``: the Euclidean projection onto {w >= 0, Σw = n̂} (Duchi et al. 2008): subtracts one
+    common shift before clipping, so the positive noise of empty cells is removed rather than
+    rescaled — far less spurious mass (spec §2.8 names it as the alternative).
+    """
+    w = np.asarray(w, dtype=np.float64)
+    if projection == "simplex":
+        v = w.reshape(-1)
+        u = np.sort(v)[::-1]
+        excess = np.cumsum(u) - total
+        rank = np.arange(1, v.size + 1)
+        last = np.flatnonzero(u - excess / rank > 0)[-1]
+        return np.maximum(w - excess[last] / (last + 1), 0.0)
+    if projection != "clip":
+        raise ValueError(f"unknown projection {projection!r}; one of {PROJECTIONS}")
     w = np.maximum(w, 0.0)
     s = w.sum()
     return w * (total / s) if s > 0 else np.full(w.shape, total / w.size)
@@ -123,6 +146,7 @@ def basic_est(
     n_p: int,
     gamma: float,
     estimator: str = "corrected",
+    projection: str = "clip",
     max_bytes: int = 64 << 20,
 ) -> np.ndarray:
     """DPFMPS-BasicEst (Alg. 4): weights of the k'^s grid, shape (k',)*s, summing to n̂."""
@@ -144,7 +168,7 @@ def basic_est(
         union = gamma / ((1.0 + gamma) * log_base) * m / acc
     else:
         union = np.exp(m / acc * log_base)
-    return normalise(n_hat - (union - s * (k - 1) * n_p), n_hat)
+    return normalise(n_hat - (union - s * (k - 1) * n_p), n_hat, projection)
 
 
 def marginal(w: np.ndarray, axes: tuple[int, int]) -> np.ndarray:
@@ -169,6 +193,7 @@ def refine_pairwise(
     rng: np.random.Generator,
     iterations: int = 3000,
     tolerance: float = 1.0,
+    projection: str = "clip",
 ) -> tuple[np.ndarray, int]:
     """The 2PEst update (Alg. 5) with the spec's per-step clipping: pick a random pair, spread the
     gap between the grid's pair marginal and the estimated pair table evenly over the cells
@@ -190,7 +215,7 @@ def refine_pairwise(
         np.maximum(w, 0.0, out=w)
         if max(worst.values()) < tolerance:
             break
-    return normalise(w, n_hat), t
+    return normalise(w, n_hat, projection), t
 
 
 def two_pass_est(
@@ -202,18 +227,19 @@ def two_pass_est(
     estimator: str = "corrected",
     iterations: int = 3000,
     tolerance: float = 1.0,
+    projection: str = "clip",
 ) -> tuple[np.ndarray, int]:
     """DPFMPS-2PEst (Alg. 5): independence init from single-cluster sizes, then fit to the
     pairwise BasicEst tables. At S = 2 it is BasicEst itself."""
     if len(sketches) == 2:
-        return basic_est(n_hat, sketches, n_p, gamma, estimator), 0
+        return basic_est(n_hat, sketches, n_p, gamma, estimator, projection), 0
     singles = [estimate(a, gamma, estimator) - n_p for a in sketches]
     pairs = {
-        (i, j): basic_est(n_hat, [sketches[i], sketches[j]], n_p, gamma, estimator)
+        (i, j): basic_est(n_hat, [sketches[i], sketches[j]], n_p, gamma, estimator, projection)
         for i, j in itertools.combinations(range(len(sketches)), 2)
     }
     w = independence_grid(n_hat, singles)
-    return refine_pairwise(w, pairs, n_hat, rng, iterations, tolerance)
+    return refine_pairwise(w, pairs, n_hat, rng, iterations, tolerance, projection)
 
 
 # --- the baselines' weights -----------------------------------------------------------------------
@@ -248,6 +274,7 @@ def ldp_two_pass(
     rng: np.random.Generator,
     iterations: int = 3000,
     tolerance: float = 1.0,
+    projection: str = "clip",
 ) -> tuple[np.ndarray, int]:
     """LDP-AGG-2PEst: pair tables (P1⊗P1)^{-1} ŵ and singles P1^{-1} ŵ from the users' support
     matrices (n x k' booleans per party), then the 2PEst fit (or the one table at S = 2)."""
@@ -255,8 +282,9 @@ def ldp_two_pass(
     pairs = {}
     for i, j in itertools.combinations(range(len(mats)), 2):
         table = mats[i].T @ mats[j]
-        pairs[(i, j)] = normalise(unbias_axis(unbias_axis(table, p, q, 0), p, q, 1), n)
+        pairs[(i, j)] = normalise(unbias_axis(unbias_axis(table, p, q, 0), p, q, 1), n, projection)
     if len(mats) == 2:
         return pairs[(0, 1)], 0
     singles = [unbias_axis(b.sum(axis=0), p, q, 0) for b in mats]
-    return refine_pairwise(independence_grid(n, singles), pairs, n, rng, iterations, tolerance)
+    w = independence_grid(n, singles)
+    return refine_pairwise(w, pairs, n, rng, iterations, tolerance, projection)

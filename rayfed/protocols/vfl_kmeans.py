@@ -109,6 +109,11 @@ class VflKmeansConfig:
         "formula, biased x1.5-2.2: shown for comparison only)",
     )
     count_fraction: float = option(0.02, "1 - b: share of ε spent on the noisy user count n̂")
+    projection: Literal[fm.PROJECTIONS] = option(
+        "simplex",
+        "make the grid weights >= 0 and sum to n̂ (Alg. 4 line 13): simplex (Euclidean projection: "
+        "removes the noise of empty cells) or clip (clip at 0 and rescale: the spec's suggestion)",
+    )
     iterations: int = option(3000, "2PEst: at most this many pair updates")
     tolerance: float = option(1.0, "2PEst: stop when every pair table is matched within this")
     key_agreement: Literal["seeded", "secure"] = option(
@@ -332,7 +337,7 @@ def fm_step(
     key = ctx.state["hash_key"]
     eps_prime = fm.sketch_epsilon(eps2, delta2, m)
     real = fm.cluster_max_hash(
-        lambda ids, n: groupkey.keyed_words(key, ids, n),
+        lambda ids, n: groupkey.keyed_words(key, ids, n, np.uint32),
         np.arange(labels.size, dtype=np.uint64),  # row order is aligned across parties
         labels,
         k,
@@ -409,7 +414,10 @@ def grid_weights(
         eps_prime = fm.sketch_epsilon(cfg["eps2"], cfg["delta2"], cfg["sketches"])
         n_p = fm.phantom_count(eps_prime)
         if cfg["method"] == "dpfmps-basic":
-            return fm.basic_est(n_hat, memberships, n_p, cfg["gamma"], cfg["estimator"]), 0
+            weights = fm.basic_est(
+                n_hat, memberships, n_p, cfg["gamma"], cfg["estimator"], cfg["projection"]
+            )
+            return weights, 0
         return fm.two_pass_est(
             n_hat,
             memberships,
@@ -419,9 +427,11 @@ def grid_weights(
             cfg["estimator"],
             cfg["iterations"],
             cfg["tolerance"],
+            cfg["projection"],
         )
     if encoding == "histogram":
-        return fm.normalise(fm.independence_grid(n_hat, memberships), n_hat), 0
+        grid = fm.independence_grid(n_hat, memberships)
+        return fm.normalise(grid, n_hat, cfg["projection"]), 0
     if encoding == "ldp":
         oracle, g, p, q = fm.ldp_probabilities(cfg["eps2"], k)
         supports = []
@@ -431,7 +441,9 @@ def grid_weights(
                 supports.append(table == reports[:, None])
             else:
                 supports.append(reports[:, None] == np.arange(k)[None, :])
-        return fm.ldp_two_pass(supports, p, q, n_hat, gen, cfg["iterations"], cfg["tolerance"])
+        return fm.ldp_two_pass(
+            supports, p, q, n_hat, gen, cfg["iterations"], cfg["tolerance"], cfg["projection"]
+        )
     return fm.exact_grid(memberships, k), 0
 
 
@@ -780,6 +792,7 @@ class VflKmeans(Protocol):
             "estimator": cfg.estimator,
             "iterations": cfg.iterations,
             "tolerance": cfg.tolerance,
+            "projection": cfg.projection,
         }
 
     def _drive_central(self, fed, cfg: VflKmeansConfig, plan: Plan) -> Outcome:

@@ -8,7 +8,7 @@ relays only public keys and ciphertexts, so it learns nothing of the key; one ho
 share makes the key uniform.
 
 :func:`keyed_words` is the keyed hash: AES-256 in ECB mode as a PRF on (id, block) inputs, giving
-64-bit words per id — vectorised, about 1 GB/s here.
+words per id — vectorised, about 1 GB/s here.
 """
 
 from __future__ import annotations
@@ -65,13 +65,16 @@ def combine(state: dict, me: int, publics: list[bytes], sent: dict[int, dict[int
     return key.tobytes()
 
 
-def keyed_words(key: bytes, ids: np.ndarray, n: int, chunk: int = 4096) -> np.ndarray:
-    """``(len(ids), n)`` pseudorandom uint64 words: AES-256_key(id, block) split in two words."""
+def keyed_words(
+    key: bytes, ids: np.ndarray, n: int, dtype=np.uint64, chunk: int = 4096
+) -> np.ndarray:
+    """``(len(ids), n)`` pseudorandom words: AES-256_key(id, block), each block cut into words."""
     ids = np.asarray(ids, dtype=np.uint64)
-    blocks = (n + 1) // 2
+    dtype = np.dtype(dtype).newbyteorder("<")
+    blocks = -(-n * dtype.itemsize // 16)
     prf = _crypto.Prf(key, blocks, min(chunk, max(1, ids.size)))
-    out = np.empty((ids.size, n), dtype=np.uint64)
+    out = np.empty((ids.size, n), dtype=dtype)
     for a in range(0, ids.size, chunk):
         part = ids[a : a + chunk]
-        out[a : a + part.size] = prf(part).view("<u8")[:, :n]
+        out[a : a + part.size] = prf(part).view(dtype)[:, :n]
     return out
