@@ -261,3 +261,61 @@ def test_a_one_hot_encoding_too_large_for_memory(out_dir, csv_file):
 
 def test_paper_calibration_beyond_its_range(out_dir):
     expect(ConfigError, "epsilon", out_dir, "pattern-count", epsilon=7.8)
+
+
+# --- vfl-kmeans ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", ["k", "k_prime", "sketches"])
+@pytest.mark.parametrize("value", [0, -3])
+def test_vfl_kmeans_nonpositive_sizes(out_dir, name, value):
+    err = expect(ConfigError, name, out_dir, "vfl-kmeans", **{name: value})
+    assert err.field == name
+
+
+def test_vfl_kmeans_party_without_columns(out_dir, csv_file):
+    path = csv_file({"a": [0.1, 0.2], "b": [0.3, 0.4]})
+    err = expect(
+        ConfigError,
+        "data.columns.p1",
+        out_dir,
+        "vfl-kmeans",
+        data={"path": path, "columns": {"p0": ["a", "b"], "p1": []}},
+        bounds={"a": [0, 1], "b": [0, 1]},
+    )
+    assert "column" in err.allowed
+
+
+def test_vfl_kmeans_data_outside_declared_bounds(out_dir, csv_file):
+    path = csv_file({"a": [0.1, 2.5, 0.3], "b": [0.3, 0.4, 0.5]})
+    err = expect(
+        DataError,
+        "bounds.a",
+        out_dir,
+        "vfl-kmeans",
+        data={"path": path},
+        bounds={"a": [0, 1], "b": [0, 1]},
+    )
+    assert "1 value(s)" in err.problem and "out_of_bounds=clip" in err.allowed
+
+
+def test_vfl_kmeans_missing_bounds(out_dir, csv_file):
+    path = csv_file({"a": [0.1, 0.2], "b": [0.3, 0.4]})
+    expect(ConfigError, "bounds", out_dir, "vfl-kmeans", data={"path": path})
+    err = expect(
+        ConfigError,
+        "bounds.b",
+        out_dir,
+        "vfl-kmeans",
+        data={"path": path, "columns": {"p0": ["a"], "p1": ["b"]}},
+        bounds={"a": [0, 1]},
+    )
+    assert "[0, 100]" in err.allowed
+
+
+def test_vfl_kmeans_grid_beyond_memory_limit(out_dir):
+    err = expect(ConfigError, "k_prime", out_dir, "vfl-kmeans", k_prime=40, parties=4)
+    assert "2,560,000 cells" in err.problem and "max_grid_cells=1,000,000" in err.problem
+
+
+def test_vfl_kmeans_lemma1_condition(out_dir):
+    err = expect(ConfigError, "epsilon", out_dir, "vfl-kmeans", epsilon=100.0, delta=0.4)
+    assert "Lemma 1" in err.problem

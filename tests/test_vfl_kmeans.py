@@ -1,0 +1,217 @@
+"""vfl-kmeans end to end: the paper's anchors and orderings (spec shared/specs/vfl-kmeans.md §6
+R1–R5, R9), the ledger, the transcript, data files, and Ray == in-process.
+
+Every run uses the synthetic mixed Gaussian of §5.1 (n = 20,000, m = 8, k = 5, σ = 0.1); a seed
+fixes both the data and the noise. The private losses vary a lot from seed to seed (DPLSF's
+noisy tree), so each comparison averages several seeds and states the standard error it relies on.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pytest
+
+import rayfed
+
+PAPER_S2 = {  # Table 2 of the paper: normalised loss, synthetic, S = 2
+    1.0: {"dpfmps-2pest": 0.7193, "ind-lap": 1.1724, "ldp-agg-2pest": 1.2716},
+    4.0: {"dpfmps-2pest": 0.1525, "ind-lap": 0.9640, "ldp-agg-2pest": 0.3069},
+}
+PAPER_CENTRAL_DPLSF_EPS4 = 0.1240
+
+
+def run(method="dpfmps-2pest", **options):
+    return rayfed.run("vfl-kmeans", method=method, backend="local", out_dir=None, **options)
+
+
+def losses(method, seeds, **options) -> np.ndarray:
+    return np.array([run(method, seed=s, **options).metrics["loss"] for s in seeds])
+
+
+def mean_and_se(values: np.ndarray) -> tuple[float, float]:
+    return float(values.mean()), float(values.std(ddof=1) / np.sqrt(values.size))
+
+
+def test_nonprivate_anchors():
+    """R1: central k-means ≈ 0.0763 (the spread of clipped Gaussians over seeds is 0.073–0.078,
+    spec §5.1) and non-private VFL within 0.0015 of it (failure signal: > 0.01 above)."""
+    for parties in (2, 4):
+        for seed in range(2):
+            central = run("central-kmeans", seed=seed, parties=parties)
+            vfl = run("vfl-nonprivate", seed=seed, parties=parties)
+            assert abs(central.metrics["loss"] - 0.0763) < 0.004
+            assert abs(vfl.metrics["loss"] - central.metrics["loss"]) < 0.0015
+            assert vfl.metrics["v_measure"] > 0.97 and central.metrics["v_measure"] > 0.99
+            assert vfl.privacy.summary().startswith("no differential privacy")
+
+
+@pytest.mark.slow
+def test_s2_eps1_ordering_and_magnitude():
+    """R2 at S = 2, ε = 1: DPFMPS-2PEst < IND-LAP < LDP-AGG-2PEst, and DPFMPS within ±50 % of the
+    paper's 0.72 with the spec's line-13 rule (clip and rescale). With the default simplex
+    projection DPFMPS is lower still (≈ 0.35; README)."""
+    dpfmps = losses("dpfmps-2pest", range(8))
+    dpfmps_clip = losses("dpfmps-2pest", range(8), projection="clip")
+    ind = losses("ind-lap", range(16))
+    ldp = losses("ldp-agg-2pest", range(16))
+    # paired over the first 16 seeds (same data): the LDP-IND gap is several of its standard errors
+    gap, gap_se = mean_and_se(ldp - ind)
+    assert gap > 3 * gap_se
+    assert dpfmps.mean() < ind.mean() and dpfmps_clip.mean() < ind.mean()
+    mean, se = mean_and_se(dpfmps_clip)
+    assert 0.5 * 0.72 < mean < 1.5 * 0.72, (mean, se)
+    assert dpfmps.mean() + 3 * mean_and_se(dpfmps)[1] < ind.mean()
+
+
+@pytest.mark.slow
+def test_s2_eps4_close_to_central_dplsf():
+    """R3 at S = 2, ε = 4: DPFMPS-2PEst <= 1.3 x central DPLSF. Our central DPLSF (≈ 0.079) is
+    better than the paper's (0.124), so the bound is checked against ours — the stricter one."""
+    seeds = range(12)
+    dpfmps = losses("dpfmps-2pest", seeds, epsilon=4)
+    central = losses("central-dplsf", seeds, epsilon=4)
+    ind = losses("ind-lap", seeds, epsilon=4)
+    ratio = dpfmps.mean() / central.mean()
+    ratio_se = ratio * mean_and_se(dpfmps)[1] / dpfmps.mean()  # central's se is 10x smaller
+    assert ratio + ratio_se < 1.3, (ratio, ratio_se)
+    assert dpfmps.mean() < 1.3 * PAPER_CENTRAL_DPLSF_EPS4
+    assert dpfmps.mean() < ind.mean()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("epsilon", [1.0, 4.0])
+def test_s4_2pest_beats_basicest_and_baselines(epsilon):
+    """R4 at S = 4: 2PEst clearly better than BasicEst (same sketches: paired by seed), and the
+    paper's orderings (ε=1: 2PEst < IND < LDP; ε=4: 2PEst < LDP < IND)."""
+    seeds = range(4)
+    two_pass = losses("dpfmps-2pest", seeds, epsilon=epsilon, parties=4)
+    basic = losses("dpfmps-basic", seeds, epsilon=epsilon, parties=4)
+    ind = losses("ind-lap", seeds, epsilon=epsilon, parties=4)
+    ldp = losses("ldp-agg-2pest", seeds, epsilon=epsilon, parties=4)
+    gap, gap_se = mean_and_se(basic - two_pass)
+    assert gap > 2 * gap_se and basic.mean() > 1.5 * two_pass.mean()
+    if epsilon == 1.0:
+        assert two_pass.mean() < ind.mean() < ldp.mean()
+    else:
+        assert two_pass.mean() < ldp.mean() < ind.mean()
+
+
+def test_basic_and_2pest_give_the_same_weights_at_s2():
+    """R5: at S = 2, 2PEst is BasicEst (the same sketches give identical grid weights)."""
+    a = run("dpfmps-2pest", seed=3, users=4000, sketches=512).tables["grid"]
+    b = run("dpfmps-basic", seed=3, users=4000, sketches=512).tables["grid"]
+    assert a.column("weight").equals(b.column("weight"))
+
+
+@pytest.mark.parametrize("sketches,k_prime", [(4096, 5), (2048, 8)])
+def test_sketch_payload_in_transcript(sketches, k_prime):
+    """R9: each party's sketch message is exactly 8·M·k' bytes; its centers 8·k'·m_ℓ bytes; the
+    per-user baseline sends 8n bytes."""
+    result = run(sketches=sketches, k_prime=k_prime, users=5000)
+    rows = result.transcript.to_pylist()
+    sketches_sent = [r for r in rows if r["name"] == "fm_sketches"]
+    assert {r["sender"] for r in sketches_sent} == {"p0", "p1"}
+    assert all(r["bytes"] == 8 * sketches * k_prime for r in sketches_sent)
+    assert all(r["receiver"] == "coordinator" for r in sketches_sent)
+    centers = [r for r in rows if r["name"] == "local_centers"]
+    assert sorted(r["bytes"] for r in centers) == [8 * k_prime * 4] * 2
+    # nothing about the hash key reaches the coordinator
+    assert all(r["receiver"] != "coordinator" for r in rows if r["name"].startswith("key_"))
+    labels = run("vfl-nonprivate", users=5000).transcript.to_pylist()
+    assert [r["bytes"] for r in labels if r["name"] == "labels"] == [8 * 5000] * 2
+
+
+def test_ledger_totals_equal_the_declared_budget():
+    """Every noise addition is charged and the totals equal Theorem 4's split."""
+    result = run(epsilon=2.0, users=4000, sketches=512)
+    p = result.privacy
+    assert p.epsilon == pytest.approx(2.0) and p.delta == pytest.approx(1 / 4000)
+    assert (p.budget_epsilon, p.budget_delta) == (2.0, pytest.approx(1 / 4000))
+    labels = sorted(e["label"] for e in p.entries)
+    assert labels == sorted(
+        ["noisy user count n̂"] + ["DPLSF local clustering"] * 2 + ["FM membership sketches"] * 2
+    )
+    assert p.neighboring_relation.lower().startswith("add")
+    assert any("zCDP" in note for note in p.notes)
+    ind = run("ind-lap", epsilon=2.0, users=4000).privacy
+    assert (ind.epsilon, ind.delta) == (pytest.approx(2.0), 0.0)
+    ldp = run("ldp-agg-2pest", epsilon=2.0, users=4000).privacy
+    assert ldp.epsilon == pytest.approx(2.0) and ldp.neighboring_relation.lower().startswith("rep")
+    central = run("central-dplsf", epsilon=2.0, users=4000).privacy
+    assert central.epsilon == pytest.approx(2.0)
+
+
+def test_literal_estimator_collapses_to_uniform_weights():
+    """§2.8: with the paper's literal FM estimator every cell's estimate is negative, so the spec's
+    clip-and-rescale gives uniform weights (intersection error ≈ 1.60, IND's level); the corrected
+    estimator does far better on the same sketches."""
+    options = dict(epsilon=4.0, k_prime=5, projection="clip")
+    literal = [run(estimator="literal", seed=s, **options) for s in range(2)]
+    corrected = [run(seed=s, **options) for s in range(2)]
+    for r in literal:
+        w = r.tables["grid"].column("weight").to_numpy()
+        assert np.allclose(w, w.mean())
+        assert r.metrics["intersection_error"] > 1.4
+    assert np.mean([r.metrics["intersection_error"] for r in corrected]) < 0.8
+
+
+def test_data_file_with_bounds_key_and_split(tmp_path):
+    """A user's CSV: rows in any order (aligned by key), declared bounds, a non-contiguous split,
+    a label column; centers come back in data units inside the bounds; OS key agreement."""
+    gen = np.random.default_rng(5)
+    n = 3000
+    label = gen.integers(0, 3, n)
+    means = np.array([[10, 200, 0.1, 5], [30, 800, 0.5, 1], [50, 500, 0.9, 3]], dtype=float)
+    x = means[label] + gen.normal(0, [2, 30, 0.03, 0.3], (n, 4))
+    x = np.clip(x, [0, 0, 0, 0], [60, 1000, 1, 6])
+    order = gen.permutation(n)
+    table = pa.table(
+        {
+            "id": order,
+            "age": x[order, 0],
+            "income": x[order, 1],
+            "score": x[order, 2],
+            "visits": x[order, 3],
+            "segment": label[order],
+        }
+    )
+    path = tmp_path / "users.csv"
+    pacsv.write_csv(table, path)
+    result = run(
+        k=3,
+        k_prime=3,
+        epsilon=8.0,
+        sketches=1024,
+        key_agreement="secure",
+        label="segment",
+        bounds={"age": [0, 60], "income": [0, 1000], "score": [0, 1], "visits": [0, 6]},
+        data={
+            "path": str(path),
+            "key": "id",
+            "columns": {"a": ["age", "score"], "b": ["income", "visits"]},
+        },
+    )
+    centers = result.tables["centers"]
+    assert centers.column_names == ["cluster", "age", "income", "score", "visits"]
+    for col, (lo, hi) in {"age": (0, 60), "income": (0, 1000)}.items():
+        values = centers.column(col).to_numpy()
+        assert (values >= lo).all() and (values <= hi).all()
+    assert result.metrics["v_measure"] > 0.8
+    assert not any("key_agreement=seeded" in note for note in result.privacy.notes)
+
+
+@pytest.mark.ray
+def test_ray_equals_local(ray_cluster):
+    """The same seed gives the same centers, weights and ledger on Ray actors and in-process."""
+    options = dict(method="dpfmps-2pest", parties=3, users=3000, sketches=256, seed=11)
+    on_ray = rayfed.run("vfl-kmeans", out_dir=None, **options)
+    local = rayfed.run("vfl-kmeans", backend="local", out_dir=None, **options)
+    assert on_ray.tables["centers"].equals(local.tables["centers"])
+    assert on_ray.tables["grid"].equals(local.tables["grid"])
+    assert on_ray.privacy.epsilon == local.privacy.epsilon
+    events = [json.loads(r["dp_event"]) for r in on_ray.transcript.to_pylist() if r["dp_event"]]
+    assert len(events) == 1 + 3 + 3  # n̂, three DPLSF runs, three sketch matrices
