@@ -1,6 +1,7 @@
-"""Unit checks of the DP vertical k-means building blocks (spec shared/specs/vfl-kmeans.md §2.5-2.10,
-§6 R5, R10, R11): FM sketch parameters and estimators, BasicEst / 2PEst, the LDP inversion, DPLSF,
-the group key and keyed hash, and the pure functions of the protocol (budget split, k', grid).
+"""Unit checks of the DP vertical k-means building blocks (spec shared/specs/vfl-kmeans.md
+§2.5-2.10, §6 R5, R10, R11): FM sketch parameters and estimators, BasicEst / 2PEst, the LDP
+inversion, DPLSF, the group key and keyed hash, and the pure functions of the protocol (budget
+split, k', grid).
 
 Randomness is fixed (rayfed.rng streams with purpose "test"); every statistical tolerance is derived
 from the estimator's variance in a comment next to the assertion.
@@ -35,8 +36,9 @@ def _key(name: str) -> bytes:
     return _gen("key", name).bytes(32)
 
 
-def _hash(key: bytes):
-    return lambda ids, m: groupkey.keyed_words(key, ids, m)
+def _hash(key: bytes, dtype=np.uint32):
+    """The keyed hash as the protocol's fm_step calls it (32-bit words by default)."""
+    return lambda ids, m: groupkey.keyed_words(key, ids, m, dtype)
 
 
 def _correlated_labels(n, parties, k, stay, seed, permute=False):
@@ -66,7 +68,8 @@ def _sketches(labels, k, m, eps2, delta2, key, ident, gamma=1.0):
 
 def _max_moments(n: int, gamma: float) -> tuple[float, float]:
     """E[X], E[X²] of X = (1+γ)^{-U}, U the max of n i.i.d. Geometric(γ/(1+γ)) on {1, 2, …}:
-    P(U <= y) = (1 - (1+γ)^{-y})^n, summed exactly over y (the mass beyond 4000 is < N(1+γ)^-4000 < 1e-160)."""
+    P(U <= y) = (1 - (1+γ)^{-y})^n, summed exactly over y (the mass beyond y = 4000 is below
+    N(1+γ)^-4000: negligible)."""
     y = np.arange(0, 4000, dtype=np.float64)
     cdf = (-np.expm1(-y * math.log1p(gamma))) ** n
     pmf = np.diff(cdf)
@@ -139,11 +142,13 @@ def test_corrected_estimator_is_unbiased_and_literal_is_not(size, gamma, spec_rh
 
 
 # --- 3. the estimator on real keyed hashes -------------------------------------------------------
+@pytest.mark.parametrize("dtype", [np.uint32, np.uint64], ids=["u32", "u64"])
 @pytest.mark.parametrize("key_name", ["a", "b", "c"])
-def test_corrected_estimator_on_keyed_hashes(key_name):
+def test_corrected_estimator_on_keyed_hashes(key_name, dtype):
     n = 20000
     ids = np.arange(n, dtype=np.uint64)
-    sketch = fm.cluster_max_hash(_hash(_key(key_name)), ids, np.zeros(n, np.int64), 1, M, 1.0)
+    labels = np.zeros(n, np.int64)
+    sketch = fm.cluster_max_hash(_hash(_key(key_name), dtype), ids, labels, 1, M, 1.0)
     assert sketch.shape == (M, 1)
     est = float(fm.estimate(sketch, 1.0)[0])
     # one estimate has sd ≈ 1.07·N/√M (§2.8, γ=1): within 4 sd of N
@@ -151,22 +156,27 @@ def test_corrected_estimator_on_keyed_hashes(key_name):
 
 
 # --- 4. union property ---------------------------------------------------------------------------
-def test_union_sketch_is_the_elementwise_max():
+@pytest.mark.parametrize("dtype", [np.uint32, np.uint64], ids=["u32", "u64"])
+def test_union_sketch_is_the_elementwise_max(dtype):
     n, k, m = 3000, 4, 256
     ids = np.arange(n, dtype=np.uint64) * 7 + 11
     labels = _gen("union").integers(0, k, n)
-    key = _key("union")
-    a = fm.cluster_max_hash(_hash(key), ids, labels, k, m, 1.0)
+    hash_words = _hash(_key("union"), dtype)
+    a = fm.cluster_max_hash(hash_words, ids, labels, k, m, 1.0)
+    assert a.shape == (m, k) and np.all(a >= 1)
     merged = np.where(labels == 3, 1, labels)  # clusters 1 and 3 merged into 1
-    b = fm.cluster_max_hash(_hash(key), ids, merged, k, m, 1.0)
+    b = fm.cluster_max_hash(hash_words, ids, merged, k, m, 1.0)
     assert np.array_equal(np.maximum(a[:, 1], a[:, 3]), b[:, 1])
     assert np.array_equal(a[:, [0, 2]], b[:, [0, 2]])
     assert np.all(b[:, 3] == 0)  # an empty cluster's sketch is 0
-    whole = fm.cluster_max_hash(_hash(key), ids, np.zeros(n, np.int64), 1, m, 1.0)
+    whole = fm.cluster_max_hash(hash_words, ids, np.zeros(n, np.int64), 1, m, 1.0)
     assert np.array_equal(a.max(axis=1), whole[:, 0])
-    # the chunking of the ids does not matter
-    small_chunks = fm.cluster_max_hash(_hash(key), ids, labels, k, m, 1.0, chunk=333)
-    assert np.array_equal(a, small_chunks)
+    # the chunking of the ids and their order do not matter
+    assert np.array_equal(a, fm.cluster_max_hash(hash_words, ids, labels, k, m, 1.0, chunk=333))
+    rev = slice(None, None, -1)
+    assert np.array_equal(a, fm.cluster_max_hash(hash_words, ids[rev], labels[rev], k, m, 1.0))
+    none = np.zeros(0, dtype=np.uint64)
+    assert np.array_equal(fm.cluster_max_hash(hash_words, none, none, k, m, 1.0), np.zeros((m, k)))
 
 
 # --- 5. the α_min floor --------------------------------------------------------------------------
@@ -204,16 +214,19 @@ def test_leave_one_out_max_matches_brute_force(k):
 
 
 # --- 7. R5: 2PEst is BasicEst at S = 2 -----------------------------------------------------------
+@pytest.mark.parametrize("projection", fm.PROJECTIONS)
 @pytest.mark.parametrize("estimator", fm.ESTIMATORS)
-def test_two_pass_equals_basic_at_two_parties(estimator):
+def test_two_pass_equals_basic_at_two_parties(estimator, projection):
     n, k, m = 3000, 3, 512
     labels = _correlated_labels(n, 3, k, 0.8, seed=7)
     sk, n_p = _sketches(labels, k, m, 2.0, 1.0 / (3 * n), _key("r5"), "r5")
     n_hat = 3000.7
-    w2, its = fm.two_pass_est(n_hat, sk[:2], n_p, 1.0, _gen("r5", 2), estimator)
+    args = (estimator, 3000, 1.0, projection)  # estimator, iterations, tolerance, projection
+    w2, its = fm.two_pass_est(n_hat, sk[:2], n_p, 1.0, _gen("r5", 2), *args)
     assert its == 0
-    assert np.array_equal(w2, fm.basic_est(n_hat, sk[:2], n_p, 1.0, estimator))
-    w3, its = fm.two_pass_est(n_hat, sk, n_p, 1.0, _gen("r5", 3), estimator, iterations=500)
+    assert np.array_equal(w2, fm.basic_est(n_hat, sk[:2], n_p, 1.0, estimator, projection))
+    args = (estimator, 500, 1.0, projection)
+    w3, its = fm.two_pass_est(n_hat, sk, n_p, 1.0, _gen("r5", 3), *args)
     assert w3.shape == (k, k, k)
     assert 1 <= its <= 500
     assert math.isclose(w3.sum(), n_hat, rel_tol=1e-12)
@@ -263,7 +276,7 @@ def test_basic_est_recovers_correlated_grid():
     assert (n_p, floor) == (208, 8)
     ids = np.arange(n, dtype=np.uint64)
     joint = labels[0] * k + labels[1]
-    errors, literal_errors = [], []
+    errors, simplex_errors, literal_errors = [], [], []
     for r in range(keys):
         key = _key(f"basic-{r}")
         # the sketch of every joint cell once; a party's cluster is a union of cells, so its sketch
@@ -276,6 +289,9 @@ def test_basic_est_recovers_correlated_grid():
         w = fm.basic_est(float(n), sk, n_p, 1.0)
         assert w.shape == (k, k) and math.isclose(w.sum(), n) and np.all(w >= 0)
         errors.append(_l1(w, truth, n))
+        w = fm.basic_est(float(n), sk, n_p, 1.0, projection="simplex")
+        assert w.shape == (k, k) and math.isclose(w.sum(), n) and np.all(w >= 0)
+        simplex_errors.append(_l1(w, truth, n))
         literal_errors.append(_l1(fm.basic_est(float(n), sk, n_p, 1.0, "literal"), truth, n))
     err = float(np.mean(errors))
     # Theorem 6 with ρ ≈ 1.04 (§2.8): a cell's sd is σ ≈ ρ(n - w*)/√M + ρ·s(k'-1)·n_p/√M, i.e.
@@ -286,6 +302,10 @@ def test_basic_est_recovers_correlated_grid():
     # the exact-in-distribution shortcut of §2.5 gives mean 0.29, sd 0.14. The mean over 4 keys
     # has sd ≈ 0.07, so the bound 0.6 is ≈ 4 sd above 0.29.
     assert err < 0.6, errors
+    # The simplex projection (the protocol's default) subtracts one common shift instead of
+    # rescaling, so the noise of the near-empty cells goes: the same simulation gives mean 0.097,
+    # sd 0.019 per run → the mean of 4 has sd ≈ 0.01 and 0.15 is > 5 sd above 0.097.
+    assert float(np.mean(simplex_errors)) < 0.15, simplex_errors
     assert ind_err > 1.0 and ind_err > 2 * err, (ind_err, errors)
     # §6 R6 diagnostic: the literal estimator collapses to (near-)uniform weights, IND-level error
     assert min(literal_errors) > 0.8 * ind_err, (literal_errors, ind_err)
@@ -474,3 +494,39 @@ def test_build_grid_positions_and_cell_order():
     assert grid2.shape == (k * k, 4)
     assert np.array_equal(grid2[1], [c0[0, 0], c1[1, 0], c0[0, 1], c1[1, 1]])  # cell (0, 1)
     assert np.array_equal(grid2[k], [c0[1, 0], c1[0, 0], c0[1, 1], c1[0, 1]])  # cell (1, 0)
+
+
+# --- 16. the simplex projection of the grid weights (Alg. 4 line 13) ----------------------------
+def _simplex_by_bisection(v, total):
+    """Reference: the projection is max(v - τ, 0) with Σ = total; Σ is decreasing in τ."""
+    lo, hi = v.min() - total, v.max()
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if np.maximum(v - mid, 0).sum() > total else (lo, mid)
+    return np.maximum(v - (lo + hi) / 2, 0.0)
+
+
+@pytest.mark.parametrize("shape", [(7,), (5, 5), (3, 3, 3)])
+def test_simplex_projection(shape):
+    gen = _gen("simplex", *shape)
+    total = 1000.0
+    for _ in range(20):
+        v = gen.normal(40.0, 120.0, shape)  # grid weights with noise: many negative cells
+        w = fm.normalise(v, total, "simplex")
+        assert w.shape == v.shape
+        assert math.isclose(w.sum(), total) and np.all(w >= 0)
+        assert np.allclose(w, _simplex_by_bisection(v.reshape(-1), total).reshape(shape))
+        # KKT: the positive cells moved by one common shift τ; the zero cells were <= τ
+        shift = (v - w)[w > 0]
+        assert np.allclose(shift, shift[0])
+        assert np.all(v[w == 0] <= shift[0] + 1e-9)
+        # no point of the simplex is closer to v (spot check against the clip-and-rescale point
+        # and random simplex points)
+        best = np.linalg.norm(v - w)
+        assert best <= np.linalg.norm(v - fm.normalise(v, total, "clip")) + 1e-9
+        others = gen.dirichlet(np.ones(v.size), 50) * total
+        assert np.all(np.linalg.norm(v.reshape(1, -1) - others, axis=1) >= best - 1e-9)
+    inside = gen.dirichlet(np.ones(int(np.prod(shape)))).reshape(shape) * total
+    assert np.allclose(fm.normalise(inside, total, "simplex"), inside)  # already feasible
+    with pytest.raises(ValueError):
+        fm.normalise(v, total, "projected")

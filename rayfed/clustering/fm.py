@@ -140,22 +140,21 @@ def normalise(w: np.ndarray, total: float, projection: str = "clip") -> np.ndarr
     return w * (total / s) if s > 0 else np.full(w.shape, total / w.size)
 
 
-def basic_est(
+def raw_intersections(
     n_hat: float,
     sketches: list[np.ndarray],
     n_p: int,
     gamma: float,
     estimator: str = "corrected",
-    projection: str = "clip",
     max_bytes: int = 64 << 20,
 ) -> np.ndarray:
-    """DPFMPS-BasicEst (Alg. 4): weights of the k'^s grid, shape (k',)*s, summing to n̂."""
+    """BasicEst before line 13: n̂ minus the estimated union of each cell's complements, less the
+    s(k'-1) merged phantom sets. Shape (k',)*s; unbiased for the corrected estimator, may be < 0."""
     s, (m, k) = len(sketches), sketches[0].shape
     if k == 1:
         return np.full((1,) * s, float(n_hat))
     loo = [leave_one_out_max(a).astype(np.float64) for a in sketches]
-    cells = k**s
-    chunk = max(1, max_bytes // (8 * cells))
+    chunk = max(1, max_bytes // (8 * k**s))
     log_base = math.log1p(gamma)
     acc = np.zeros((k,) * s)
     for a in range(0, m, chunk):
@@ -168,7 +167,30 @@ def basic_est(
         union = gamma / ((1.0 + gamma) * log_base) * m / acc
     else:
         union = np.exp(m / acc * log_base)
-    return normalise(n_hat - (union - s * (k - 1) * n_p), n_hat, projection)
+    return n_hat - (union - s * (k - 1) * n_p)
+
+
+def basic_est(
+    n_hat: float,
+    sketches: list[np.ndarray],
+    n_p: int,
+    gamma: float,
+    estimator: str = "corrected",
+    projection: str = "clip",
+) -> np.ndarray:
+    """DPFMPS-BasicEst (Alg. 4): weights of the k'^s grid, shape (k',)*s, summing to n̂."""
+    raw = raw_intersections(n_hat, sketches, n_p, gamma, estimator)
+    return normalise(raw, n_hat, projection)
+
+
+def theorem6_sd(
+    n: float, true: np.ndarray, m: int, s: int, k: int, eps2: float, delta: float, rho: float
+):
+    """Theorem 6's sd of a cell estimate: ρ(n - w*)/√M + 4ρ·s·(k'-1)·sqrt(ln 1/δ)/ε2."""
+    return (
+        rho * (n - true) / math.sqrt(m)
+        + 4 * rho * s * (k - 1) * math.sqrt(math.log(1 / delta)) / eps2
+    )
 
 
 def marginal(w: np.ndarray, axes: tuple[int, int]) -> np.ndarray:
