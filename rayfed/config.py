@@ -95,6 +95,8 @@ class RunOptions:
 def _type_name(tp: Any) -> str:
     if typing.get_origin(tp) is Literal:
         return "one of " + "|".join(str(a) for a in typing.get_args(tp))
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in typing.get_args(tp))
     return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
 
 

@@ -215,3 +215,31 @@ def test_ray_equals_local(ray_cluster):
     assert on_ray.privacy.epsilon == local.privacy.epsilon
     events = [json.loads(r["dp_event"]) for r in on_ray.transcript.to_pylist() if r["dp_event"]]
     assert len(events) == 1 + 3 + 3  # n̂, three DPLSF runs, three sketch matrices
+
+
+def test_reproduction_job_small(tmp_path):
+    """jobs/vfl_kmeans_repro.py --small: the table, ablation, Theorem 6 check, JSON and plot."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    job = Path(__file__).resolve().parents[1] / "jobs" / "vfl_kmeans_repro.py"
+    done = subprocess.run(
+        [sys.executable, str(job), "--small", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    record = json.loads((tmp_path / "vfl_kmeans_repro.json").read_text())
+    methods = {(r["method"], r["variant"]) for r in record["rows"]}
+    assert {
+        ("dpfmps-2pest", ""),
+        ("ind-lap", ""),
+        ("central-dplsf", ""),
+        ("dpfmps-2pest", "clip"),
+    } <= methods
+    assert record["theorem6_R13"]["draws"] == 5 and "2" in record["ablation_R12"]
+    assert all(r["epsilon_spent"] <= (r["epsilon"] or 0) + 1e-9 for r in record["rows"])
+    assert (tmp_path / "vfl_kmeans_repro.png").stat().st_size > 20_000
+    assert "RESULT_JSON" in done.stdout

@@ -17,14 +17,15 @@ def weighted_kmeans(
     points: np.ndarray, weights: np.ndarray, k: int, rng: np.random.Generator, n_init: int = 10
 ) -> np.ndarray:
     """k centers by k-means++ / Lloyd on weighted points (scikit-learn). Points of weight <= 0 are
-    dropped; with fewer than k points left, the points themselves are the centers (repeated), so
-    the result always has k rows."""
+    dropped; with k or fewer distinct points left, they are the centers (repeated), so the result
+    always has k rows."""
     keep = weights > 0
     points, weights = points[keep], weights[keep]
     if len(points) == 0:
         raise ValueError("weighted k-means needs at least one point of positive weight")
-    if len(points) <= k:
-        return points[np.resize(np.arange(len(points)), k)].copy()
+    distinct = np.unique(points, axis=0)
+    if len(distinct) <= k:
+        return distinct[np.resize(np.arange(len(distinct)), k)].copy()
     km = KMeans(n_clusters=k, init="k-means++", n_init=n_init, random_state=seed_of(rng))
     return km.fit(points, sample_weight=weights).cluster_centers_
 
