@@ -199,7 +199,8 @@ def ablation(args, parties: int, eps: float) -> dict:
 
 def theorem6(args, eps: float = 1.0, k_prime: int = 5, draws: int = 30) -> dict:
     """R13: the empirical sd of BasicEst's raw cell estimates over fresh keys and phantoms, against
-    Theorem 6 with ρ ≈ 1.04 (the corrected estimator at γ = 1; the spec rounds it to 1.07) and the paper's ρ = 0.649."""
+    Theorem 6 with ρ ≈ 1.04 (the corrected estimator at γ = 1; the spec says ≈ 1.07) and with the
+    paper's ρ = 0.649 (Lang's estimator)."""
     table = vk.synthetic_table(args.users, 8, 5, 0.1, 0)
     x = vk.features_of(table, [f"x{j}" for j in range(8)])
     n, m_keys = len(x), 4096
