@@ -319,3 +319,44 @@ def test_vfl_kmeans_grid_beyond_memory_limit(out_dir):
 def test_vfl_kmeans_lemma1_condition(out_dir):
     err = expect(ConfigError, "epsilon", out_dir, "vfl-kmeans", epsilon=100.0, delta=0.4)
     assert "Lemma 1" in err.problem
+
+
+def test_vfl_kmeans_file_errors_name_the_field(out_dir, csv_file):
+    path = csv_file({"id": [1, 2, 3], "a": [0.1, 0.2, 0.3], "b": [0.3, 0.4, 0.5]})
+    bounds = {"a": [0, 1], "b": [0, 1]}
+    expect(
+        DataError, "bounds.zz", out_dir, "vfl-kmeans", data={"path": path}, bounds={"zz": [0, 1]}
+    )
+    err = expect(
+        ConfigError,
+        "data.columns.p0",
+        out_dir,
+        "vfl-kmeans",
+        data={"path": path, "key": "id", "columns": {"p0": ["id", "a"], "p1": ["b"]}},
+        bounds=bounds | {"id": [0, 9]},
+    )
+    assert "key column" in err.problem
+    expect(
+        ConfigError,
+        "parties",
+        out_dir,
+        "vfl-kmeans",
+        parties=3,
+        data={"path": path, "columns": {"p0": ["a"], "p1": ["b"]}},
+        bounds=bounds,
+    )
+
+
+@pytest.mark.parametrize(
+    "options,field",
+    [
+        ({"parties": 1}, "parties"),
+        ({"users": 1}, "users"),
+        ({"method": "ind-lap", "delta": 1e-5}, "delta"),
+        ({"method": "vfl-nonprivate", "k_prime": 3}, "k_prime"),
+        ({"k_prime": 1}, "k_prime"),
+    ],
+)
+def test_vfl_kmeans_inapplicable_options(out_dir, options, field):
+    err = expect(ConfigError, field, out_dir, "vfl-kmeans", **options)
+    assert err.field == field

@@ -141,6 +141,11 @@ def test_ledger_totals_equal_the_declared_budget():
     assert (ind.epsilon, ind.delta) == (pytest.approx(2.0), 0.0)
     ldp = run("ldp-agg-2pest", epsilon=2.0, users=4000).privacy
     assert ldp.epsilon == pytest.approx(2.0) and ldp.neighboring_relation.lower().startswith("rep")
+    # replace-one: each party's DPLSF runs at ε1/2 and is charged twice (a removal and an addition)
+    dplsf_entries = [e for e in ldp.entries if e["label"] == "DPLSF local clustering"]
+    assert dplsf_entries and all(
+        e["type"] == "SelfComposedDpEvent" and e["count"] == 2 for e in dplsf_entries
+    )
     central = run("central-dplsf", epsilon=2.0, users=4000).privacy
     assert central.epsilon == pytest.approx(2.0)
 

@@ -17,22 +17,23 @@ import numpy as np
 from dp_accounting import dp_event
 
 from rayfed.clustering import weighted_kmeans
-from rayfed.privacy import discrete_laplace, laplace
+from rayfed.privacy import discrete_laplace, discrete_laplace_event, laplace, laplace_event
 
 DEPTH = 20
-COUNT_FRACTION = 0.2
+COUNT_SHARE = 0.2
 
 
-def budgets(epsilon: float, depth: int = DEPTH, count_fraction: float = COUNT_FRACTION):
+def budgets(epsilon: float, depth: int = DEPTH, count_share: float = COUNT_SHARE):
     """(ε per tree level for the counts, ε for the leaf sums)."""
-    return count_fraction * epsilon / (depth + 1), (1.0 - count_fraction) * epsilon
+    return count_share * epsilon / (depth + 1), (1.0 - count_share) * epsilon
 
 
-def dplsf_event(epsilon: float, d: int, depth: int = DEPTH, count_fraction: float = COUNT_FRACTION):
-    """The DP event of one DPLSF run: L+1 levels of discrete-Laplace counts, then the leaf sums."""
-    eps_level, eps_sum = budgets(epsilon, depth, count_fraction)
-    counts = dp_event.DiscreteLaplaceDpEvent(noise_parameter=eps_level / 1, sensitivity=1)
-    sums = dp_event.LaplaceDpEvent(noise_multiplier=(d / eps_sum) / d)
+def dplsf_event(epsilon: float, d: int, depth: int = DEPTH, count_share: float = COUNT_SHARE):
+    """The DP event of one DPLSF run (add/remove one point): L+1 levels of discrete-Laplace counts,
+    then the leaf sums."""
+    eps_level, eps_sum = budgets(epsilon, depth, count_share)
+    counts = discrete_laplace_event(1, eps_level)
+    sums = laplace_event(d, eps_sum)
     return dp_event.ComposedDpEvent([dp_event.SelfComposedDpEvent(counts, depth + 1), sums])
 
 
@@ -74,11 +75,11 @@ def dplsf(
     rng: np.random.Generator,
     *,
     depth: int = DEPTH,
-    count_fraction: float = COUNT_FRACTION,
+    count_share: float = COUNT_SHARE,
 ) -> tuple[np.ndarray, dp_event.DpEvent, dict]:
     """(k centers, the DP event, facts about the tree) for points ``x`` in [-1, 1]^d."""
     n, d = x.shape
-    eps_level, eps_sum = budgets(epsilon, depth, count_fraction)
+    eps_level, eps_sum = budgets(epsilon, depth, count_share)
     bits = (x @ rng.standard_normal((d, depth)) < 0).astype(np.int64)
     root, count_event = discrete_laplace(
         np.array([n]), l1_sensitivity=1, epsilon=eps_level, rng=rng

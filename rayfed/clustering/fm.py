@@ -150,6 +150,8 @@ def raw_intersections(
 ) -> np.ndarray:
     """BasicEst before line 13: n̂ minus the estimated union of each cell's complements, less the
     s(k'-1) merged phantom sets. Shape (k',)*s; unbiased for the corrected estimator, may be < 0."""
+    if estimator not in ESTIMATORS:
+        raise ValueError(f"unknown estimator {estimator!r}; one of {ESTIMATORS}")
     s, (m, k) = len(sketches), sketches[0].shape
     if k == 1:
         return np.full((1,) * s, float(n_hat))

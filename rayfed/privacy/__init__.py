@@ -14,9 +14,12 @@ from rayfed.privacy.mechanisms import (
     binary_randomized_response,
     binary_rr_event,
     discrete_laplace,
+    discrete_laplace_event,
     gaussian,
     kary_randomized_response,
+    kary_rr_event,
     laplace,
+    laplace_event,
     rr_keep_probability,
 )
 
@@ -30,11 +33,14 @@ __all__ = [
     "binary_rr_event",
     "check_budget",
     "discrete_laplace",
+    "discrete_laplace_event",
     "event_to_dict",
     "gaussian",
     "gaussian_noise_multiplier",
     "gaussian_steps_event",
     "kary_randomized_response",
+    "kary_rr_event",
     "laplace",
+    "laplace_event",
     "rr_keep_probability",
 ]

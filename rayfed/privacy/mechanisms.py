@@ -21,13 +21,19 @@ def _positive(name: str, value: float) -> float:
     return float(value)
 
 
+def laplace_event(l1_sensitivity: float, epsilon: float) -> dp_event.LaplaceDpEvent:
+    """The event of :func:`laplace` — build a charge with this, so it equals the drawn event."""
+    sens = _positive("l1_sensitivity", l1_sensitivity)
+    return dp_event.LaplaceDpEvent(noise_multiplier=sens / _positive("epsilon", epsilon) / sens)
+
+
 def laplace(values, *, l1_sensitivity: float, epsilon: float, rng: np.random.Generator):
     """Add Lap(Δ₁/ε) noise to every coordinate of ``values``: ε-DP for ℓ₁ sensitivity Δ₁."""
-    sens = _positive("l1_sensitivity", l1_sensitivity)
-    scale = sens / _positive("epsilon", epsilon)
+    event = laplace_event(l1_sensitivity, epsilon)
+    scale = float(l1_sensitivity) / float(epsilon)
     values = np.asarray(values, dtype=np.float64)
     release = values + rng.laplace(0.0, scale, size=values.shape)
-    return release, dp_event.LaplaceDpEvent(noise_multiplier=scale / sens)
+    return release, event
 
 
 def gaussian(values, *, l2_sensitivity: float, sigma: float, rng: np.random.Generator):
@@ -39,24 +45,28 @@ def gaussian(values, *, l2_sensitivity: float, sigma: float, rng: np.random.Gene
     return release, dp_event.GaussianDpEvent(noise_multiplier=sigma / sens)
 
 
+def discrete_laplace_event(l1_sensitivity: int, epsilon: float) -> dp_event.DiscreteLaplaceDpEvent:
+    """The event of :func:`discrete_laplace`."""
+    if not (isinstance(l1_sensitivity, (int, np.integer)) and l1_sensitivity >= 1):
+        raise ConfigError("l1_sensitivity", f"must be an integer >= 1, got {l1_sensitivity!r}")
+    a = _positive("epsilon", epsilon) / int(l1_sensitivity)
+    return dp_event.DiscreteLaplaceDpEvent(noise_parameter=a, sensitivity=int(l1_sensitivity))
+
+
 def discrete_laplace(values, *, l1_sensitivity: int, epsilon: float, rng: np.random.Generator):
     """Add discrete Laplace (two-sided geometric) noise, P(z) ∝ exp(-a|z|), a = ε/Δ₁, to integers.
 
     Sampled as the difference of two i.i.d. geometric variables with success 1 - e^{-a}, which
     is exactly DLap(a).
     """
-    if not (isinstance(l1_sensitivity, (int, np.integer)) and l1_sensitivity >= 1):
-        raise ConfigError("l1_sensitivity", f"must be an integer >= 1, got {l1_sensitivity!r}")
-    a = _positive("epsilon", epsilon) / int(l1_sensitivity)
+    event = discrete_laplace_event(l1_sensitivity, epsilon)
     values = np.asarray(values)
     if not np.issubdtype(values.dtype, np.integer):
         raise ConfigError("values", "the discrete Laplace mechanism needs integer values")
-    p = -math.expm1(-a)
+    p = -math.expm1(-event.noise_parameter)
     noise = rng.geometric(p, size=values.shape) - rng.geometric(p, size=values.shape)
     release = values.astype(np.int64) + noise
-    return release, dp_event.DiscreteLaplaceDpEvent(
-        noise_parameter=a, sensitivity=int(l1_sensitivity)
-    )
+    return release, event
 
 
 def rr_keep_probability(epsilon: float) -> float:
@@ -90,6 +100,14 @@ def binary_randomized_response(bits, *, keep_probability: float, rng: np.random.
     return bits ^ flip, event
 
 
+def kary_rr_event(k: int, epsilon: float) -> dp_event.RandomizedResponseDpEvent:
+    """The event of :func:`kary_randomized_response`: a uniform report with p = k/(e^ε + k - 1)."""
+    if not (isinstance(k, (int, np.integer)) and k >= 2):
+        raise ConfigError("k", f"must be an integer >= 2, got {k!r}")
+    p = k / (math.exp(_positive("epsilon", epsilon)) + k - 1)
+    return dp_event.RandomizedResponseDpEvent(noise_parameter=p, num_buckets=int(k))
+
+
 def kary_randomized_response(values, *, k: int, epsilon: float, rng: np.random.Generator):
     """Generalised (k-ary) randomized response on values in {0, …, k-1}: ε-DP per value.
 
@@ -97,14 +115,11 @@ def kary_randomized_response(values, *, k: int, epsilon: float, rng: np.random.G
     k - 1 values uniformly; equivalently (dp_accounting's form) reports a uniform value with
     probability p = k / (e^ε + k - 1) and the true one otherwise.
     """
-    if not (isinstance(k, (int, np.integer)) and k >= 2):
-        raise ConfigError("k", f"must be an integer >= 2, got {k!r}")
-    eps = _positive("epsilon", epsilon)
+    event = kary_rr_event(k, epsilon)
     values = np.asarray(values)
     if values.size and (values.min() < 0 or values.max() >= k):
         raise ConfigError("values", f"must lie in {{0, …, {k - 1}}}")
-    p = k / (math.exp(eps) + k - 1)
-    randomize = rng.random(values.shape) < p
+    randomize = rng.random(values.shape) < event.noise_parameter
     uniform = rng.integers(0, k, size=values.shape)
     release = np.where(randomize, uniform, values).astype(np.int64)
-    return release, dp_event.RandomizedResponseDpEvent(noise_parameter=p, num_buckets=int(k))
+    return release, event

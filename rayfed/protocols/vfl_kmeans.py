@@ -48,7 +48,14 @@ from rayfed.config import DataConfig, option
 from rayfed.data import even_groups, load_table, require_clean, sort_by_key, vertical
 from rayfed.errors import ConfigError, DataError
 from rayfed.federation import PerMember
-from rayfed.privacy import Budget, EpsilonDeltaDpEvent, check_budget, kary_randomized_response
+from rayfed.privacy import (
+    Budget,
+    EpsilonDeltaDpEvent,
+    check_budget,
+    kary_randomized_response,
+    kary_rr_event,
+    laplace_event,
+)
 from rayfed.privacy import laplace as laplace_mechanism
 from rayfed.protocols.base import Outcome, Plan, Protocol
 from rayfed.secagg import groupkey
@@ -147,11 +154,21 @@ class VflKmeansConfig:
         check_budget(self.epsilon, 0.0 if self.delta is None else self.delta)
         if self.delta == 0 and ENCODING.get(self.method) == "fm":
             raise ConfigError("delta", "FM sketches need δ > 0", "e.g. 1/n (the default)")
-        for name in ("k", "sketches", "iterations", "max_grid_cells", "parties", "users", "dims"):
+        for name in ("k", "sketches", "iterations", "max_grid_cells", "parties", "dims"):
             if getattr(self, name) < 1:
                 raise ConfigError(name, f"must be >= 1, got {getattr(self, name)}")
-        if self.k_prime != "auto" and self.k_prime < 1:
-            raise ConfigError("k_prime", f"must be >= 1 or 'auto', got {self.k_prime}")
+        if self.users < 2:
+            raise ConfigError("users", f"must be >= 2, got {self.users}")
+        if self.k_prime != "auto" and self.k_prime < 2:
+            raise ConfigError("k_prime", f"must be >= 2 or 'auto', got {self.k_prime}")
+        if self.delta is not None and ENCODING.get(self.method) != "fm":
+            raise ConfigError(
+                "delta",
+                f"method {self.method} is pure ε-DP and uses no δ",
+                "drop delta, or a dpfmps method",
+            )
+        if self.k_prime != "auto" and self.method == "vfl-nonprivate":
+            raise ConfigError("k_prime", "vfl-nonprivate uses k' = k (Ding et al.)", "drop k_prime")
         if not 0 < self.count_fraction < 1:
             raise ConfigError("count_fraction", f"must be in (0, 1), got {self.count_fraction}")
         if not self.gamma > 0:
@@ -225,7 +242,7 @@ def choose_k_prime(
         kp = k_prime_from_table(n_hat, parties, cfg.epsilon)
         if kp is not None:
             return kp, "Table 5.1"
-    kp = k_prime_formula(n_hat, cfg.k, parties, split.eps2, delta, cfg.sketches)
+    kp = max(2, k_prime_formula(n_hat, cfg.k, parties, split.eps2, delta, cfg.sketches))
     return kp, "formula (§2.10)"
 
 
@@ -307,14 +324,24 @@ def count_step(ctx: StepContext, *, epsilon0: float | None) -> Message:
     return Message("n_hat", float(noisy[0]), dp_event=event)
 
 
+def local_event(epsilon: float, d: int, replace_one: bool) -> dp_event.DpEvent:
+    """The DP event of a party's DPLSF at ε: under replace-one neighbours (LDP-AGG) a replacement
+    is a removal and an addition, so DPLSF runs at ε/2 twice over (group privacy of 2)."""
+    if replace_one:
+        return dp_event.SelfComposedDpEvent(dplsf_event(epsilon / 2, d), 2)
+    return dplsf_event(epsilon, d)
+
+
 def local_cluster_step(
-    ctx: StepContext, *, private: bool, k: int, epsilon: float, round: int
+    ctx: StepContext, *, k: int, epsilon: float | None, replace_one: bool, round: int
 ) -> Message:
-    """Party: DPLSF (ε) or non-private k-means on its columns; label its users by nearest center."""
+    """Party: DPLSF at ε (None: non-private k-means) on its columns; label users by nearest center."""
     x = unit_features(ctx)
     gen = ctx.rng("clustering", round)
-    if private:
-        centers, event, _ = dplsf(x, k, epsilon, gen)
+    if epsilon is not None:
+        centers, event, _ = dplsf(x, k, epsilon / 2 if replace_one else epsilon, gen)
+        if replace_one:
+            event = dp_event.SelfComposedDpEvent(event, 2)
     else:
         centers, event = weighted_kmeans(x, np.ones(len(x)), k, gen), None
     ctx.state["labels"] = nearest(x, centers)
@@ -364,7 +391,8 @@ def histogram_step(ctx: StepContext, *, k: int, eps2: float, round: int) -> Mess
 
 
 def olh_hashes(seed: int, party: int, users: int, k: int, g: int) -> np.ndarray:
-    """(users, k') public per-user OLH hash tables [k'] → [g] (from the run seed)."""
+    """(users, k') public per-user OLH hash tables [k'] → [g] (from the run seed; the keyed
+    generator's round slot carries the party index, so every party has its own hash family)."""
     u = rng.keyed_uniform(seed, "olh-hash", party, np.arange(users, dtype=np.uint64), k)
     return np.minimum((u * g).astype(np.int64), g - 1)
 
@@ -411,8 +439,7 @@ def grid_weights(
     """(grid weights of shape (k',)*S summing to n̂, 2PEst iterations run)."""
     gen = ctx.rng("clustering", round, "2pest")
     if encoding == "fm":
-        eps_prime = fm.sketch_epsilon(cfg["eps2"], cfg["delta2"], cfg["sketches"])
-        n_p = fm.phantom_count(eps_prime)
+        n_p = cfg["phantoms"]
         if cfg["method"] == "dpfmps-basic":
             weights = fm.basic_est(
                 n_hat, memberships, n_p, cfg["gamma"], cfg["estimator"], cfg["projection"]
@@ -478,9 +505,9 @@ def server_step(
     return {"centers": final, "weights": weights, "local": local, "iterations": iterations}
 
 
-def curator_step(ctx: StepContext, *, private: bool, k: int, epsilon: float) -> Message:
+def curator_step(ctx: StepContext, *, k: int, epsilon: float | None) -> Message:
     """The central baselines: one curator with every column clusters directly."""
-    return local_cluster_step(ctx, private=private, k=k, epsilon=epsilon, round=0)
+    return local_cluster_step(ctx, k=k, epsilon=epsilon, replace_one=False, round=0)
 
 
 # --- the protocol ----------------------------------------------------------------------------------
@@ -515,8 +542,19 @@ def _load(cfg: VflKmeansConfig, seed: int):
         lo, hi = np.full(cfg.dims, -1.0), np.full(cfg.dims, 1.0)
         return table, features, random_split(features, cfg.parties, seed), lo, hi, "label"
     table = sort_by_key(load_table(cfg.data.path, cfg.data.format), cfg.data.key)
+    for col in cfg.bounds or {}:
+        if col not in table.column_names:
+            raise DataError(
+                f"bounds.{col}", f"column {col!r} is not in the data", table.column_names
+            )
     if cfg.data.columns is not None:
         groups = {p: list(c) for p, c in cfg.data.columns.items()}
+        if cfg.parties not in (VflKmeansConfig().parties, len(groups)):
+            raise ConfigError(
+                "parties",
+                f"{cfg.parties} parties but data.columns names {len(groups)}",
+                "drop parties when data.columns is given",
+            )
     elif cfg.bounds:
         groups = even_groups(list(cfg.bounds), cfg.parties)
     else:
@@ -525,6 +563,13 @@ def _load(cfg: VflKmeansConfig, seed: int):
             "a data file needs the declared bounds of every feature column",
             "e.g. --set bounds.age=[0,100] --set bounds.income=[0,2e5]",
         )
+    for party, cols in groups.items():
+        if cfg.data.key in cols:
+            raise ConfigError(
+                f"data.columns.{party}",
+                f"lists the key column {cfg.data.key!r} as a feature",
+                "feature columns only; the key aligns the rows",
+            )
     grouped = {c for cols in groups.values() for c in cols}
     features = [c for c in table.column_names if c in grouped]
     bounds = cfg.bounds or {}
@@ -578,13 +623,17 @@ class VflKmeans(Protocol):
         x_raw = features_of(table, features)
         _check_bounds(x_raw, features, lo, hi, cfg.out_of_bounds)
         n, m = x_raw.shape
-        if n < 1:
-            raise DataError("data.path", "the data has no rows", "a file with users")
+        if n < 2:
+            raise DataError("data.path", f"the data has {n} row(s)", "a file with 2 or more users")
         central = cfg.method.startswith("central")
         delta = 1.0 / n if cfg.delta is None else cfg.delta
         if central:
             groups = {CURATOR: list(features)}
         parties_n = len(groups)
+        if parties_n < 2 and not central:
+            raise ConfigError(
+                "parties", f"{cfg.method} needs 2 or more parties, got {parties_n}", "parties >= 2"
+            )
         split = split_budget(cfg, parties_n, delta)
         if ENCODING.get(cfg.method) == "fm" and split.eps2 > 2 * math.log(1 / split.delta2):
             raise ConfigError(
@@ -658,10 +707,17 @@ class VflKmeans(Protocol):
                 "ε2-LDP label reports per party plus DPLSF; replace-one neighbours (every user "
                 "sends a report, so n itself is public); sequential over the parties"
             )
-        return (
+        statement = (
             "DP towards the server (Theorem 4): add/remove one user, sequential over the S parties "
             "that each hold part of every record; assumes no party colludes with the server"
         )
+        if ENCODING[cfg.method] == "fm":
+            statement += (
+                ", an ideal hash whose keys the server never sees, and — as the paper's proof "
+                "does — that the parties' sketches compose like independent mechanisms, although "
+                "they share the hash keys"
+            )
+        return statement
 
     def drive(self, fed, cfg: VflKmeansConfig, plan: Plan) -> Outcome:
         if cfg.method.startswith("central"):
@@ -678,18 +734,23 @@ class VflKmeans(Protocol):
             _check_grid(k_prime ** len(order), cfg.max_grid_cells, k_prime, len(order), m)
         with fed.round(2):
             private = cfg.method != "vfl-nonprivate"
+            replace_one = cfg.method == "ldp-agg-2pest"
             if private:
                 fed.charge(
                     [
-                        (p, "DPLSF local clustering", dplsf_event(split.eps1, len(cols)))
-                        for p, cols in zip(order, info["positions"], strict=True)
+                        (
+                            p,
+                            "DPLSF local clustering",
+                            local_event(split.eps1, len(pos), replace_one),
+                        )
+                        for p, pos in zip(order, info["positions"], strict=True)
                     ]
                 )
             centers = fed.parties.run(
                 local_cluster_step,
-                private=private,
                 k=k_prime,
-                epsilon=split.eps1 or 1.0,
+                epsilon=split.eps1 if private else None,
+                replace_one=replace_one,
                 round=2,
                 phase="local-clustering",
             )
@@ -727,15 +788,7 @@ class VflKmeans(Protocol):
         """n̂ from one party chosen at random by the server (exact n where n is public anyway)."""
         chosen = order[int(rng.stream(fed.seed, "sample", 1, "n-hat-party").integers(len(order)))]
         if split.eps0 > 0:
-            fed.charge(
-                [
-                    (
-                        chosen,
-                        "noisy user count n̂",
-                        dp_event.LaplaceDpEvent(noise_multiplier=(1 / split.eps0) / 1),
-                    )
-                ]
-            )
+            fed.charge([(chosen, "noisy user count n̂", laplace_event(1, split.eps0))])
         reply = fed.parties.run(
             count_step,
             epsilon0=split.eps0 if split.eps0 > 0 else None,
@@ -760,22 +813,20 @@ class VflKmeans(Protocol):
                 phase="membership",
             )
         if encoding == "histogram":
-            event = dp_event.LaplaceDpEvent(noise_multiplier=(1 / split.eps2) / 1)
+            event = laplace_event(1, split.eps2)
             fed.charge([(p, "noisy cluster sizes", event) for p in order])
             return fed.parties.run(
                 histogram_step, k=k_prime, eps2=split.eps2, round=2, phase="membership"
             )
         if encoding == "ldp":
             oracle, g, _, _ = fm.ldp_probabilities(split.eps2, k_prime)
-            buckets = g if oracle == "olh" else k_prime
-            p = buckets / (math.exp(split.eps2) + buckets - 1)
-            event = dp_event.RandomizedResponseDpEvent(noise_parameter=p, num_buckets=buckets)
-            fed.charge([(p_, f"{oracle.upper()} label reports", event) for p_ in order])
+            event = kary_rr_event(g if oracle == "olh" else k_prime, split.eps2)
+            fed.charge([(p, f"{oracle.upper()} label reports", event) for p in order])
             return fed.parties.run(
                 ldp_step,
                 k=k_prime,
                 eps2=split.eps2,
-                party=PerMember({p_: j for j, p_ in enumerate(order)}),
+                party=PerMember({p: j for j, p in enumerate(order)}),
                 round=2,
                 phase="membership",
             )
@@ -783,11 +834,14 @@ class VflKmeans(Protocol):
 
     @staticmethod
     def _server_cfg(cfg: VflKmeansConfig, split: Split) -> dict:
+        """The public parameters the server needs (not δ: the default δ = 1/n would tell it n)."""
+        phantoms = None
+        if ENCODING[cfg.method] == "fm":
+            phantoms = fm.phantom_count(fm.sketch_epsilon(split.eps2, split.delta2, cfg.sketches))
         return {
             "method": cfg.method,
             "eps2": split.eps2,
-            "delta2": split.delta2,
-            "sketches": cfg.sketches,
+            "phantoms": phantoms,
             "gamma": cfg.gamma,
             "estimator": cfg.estimator,
             "iterations": cfg.iterations,
@@ -803,7 +857,7 @@ class VflKmeans(Protocol):
                     [(CURATOR, "DPLSF", dplsf_event(cfg.epsilon, len(plan.info["features"])))]
                 )
             reply = fed.parties.run(
-                curator_step, private=private, k=cfg.k, epsilon=cfg.epsilon, phase="central"
+                curator_step, k=cfg.k, epsilon=cfg.epsilon if private else None, phase="central"
             )
             centers = np.asarray(fed.one(reply))
         if private:
@@ -818,12 +872,12 @@ class VflKmeans(Protocol):
         if ENCODING[cfg.method] == "fm":
             eps_prime = fm.sketch_epsilon(split.eps2, split.delta2, cfg.sketches)
             tight = fm.tight_epsilon(eps_prime, cfg.sketches, split.delta2)
-            total = split.eps0 + s * (split.eps1 + tight)
             fed.note(
                 f"FM sketches: ε'={eps_prime:.3g} per key, n_p={fm.phantom_count(eps_prime)} "
                 f"phantoms; Lemma 1 charges (ε2={split.eps2:.4g}, δ2={split.delta2:.3g}) per party. "
-                f"The same noise is also ({tight:.4g}, δ2)-DP by zCDP composition, so the run is "
-                f"in fact ({total:.4g}, {s * split.delta2:.3g})-DP; the ledger keeps Lemma 1's account"
+                f"One party's M keys are also ({tight:.4g}, δ2)-DP by zCDP composition (Lemma 1 is "
+                "loose); the ledger keeps Lemma 1's account, and composing the parties assumes "
+                "their sketches are independent although they share the keys (as the paper does)"
             )
             fed.note(
                 "the sketches' guarantee assumes an ideal hash whose keys the server never sees: "
@@ -831,8 +885,9 @@ class VflKmeans(Protocol):
             )
             if cfg.key_agreement == "seeded":
                 fed.note(
-                    "key_agreement=seeded: the hash key and every noise draw follow from the run "
-                    "seed in manifest.json (a simulation); use key_agreement=secure for OS keys"
+                    "key_agreement=seeded: NOT private towards the server — the hash key and every "
+                    "noise draw follow from the run seed in manifest.json, which the coordinator "
+                    "holds (a simulation); key_agreement=secure draws the keys from the OS"
                 )
             if cfg.estimator == "literal":
                 fed.note(
@@ -842,7 +897,10 @@ class VflKmeans(Protocol):
         if cfg.method == "vfl-nonprivate":
             fed.note("not private: every user's local label reaches the server")
         if cfg.delta is None and ENCODING[cfg.method] == "fm":
-            fed.note(f"δ = 1/n = {1 / n:.3g} (the paper's setting; n is the data size)")
+            fed.note(
+                f"δ = 1/n = {1 / n:.3g}, the paper's setting: it treats the data size n as public; "
+                "give delta explicitly to keep n private (the server is sent n_p, not δ)"
+            )
         fed.note(f"k' = {k_prime} ({rule}); {s} parties, grid of {k_prime**s:,} cells")
         if plan.evaluation is not None:
             fed.note("loss, V-measure and intersection error use the raw data: not private")
