@@ -40,7 +40,7 @@ from rayfed.config import DataConfig, option
 from rayfed.data import even_groups, load_table, party_names, require_clean, sort_by_key, vertical
 from rayfed.errors import ConfigError, DataError
 from rayfed.privacy import Budget, binary_randomized_response, binary_rr_event, check_budget
-from rayfed.protocols.base import Outcome, Plan, Protocol
+from rayfed.protocols.base import Outcome, Plan, Protocol, reject_inapplicable
 
 Domain = int | list[str | int]
 
@@ -382,35 +382,6 @@ def _resolve_patterns(cfg: PatternCountConfig, labels: list[list[str]]) -> np.nd
 MAX_ONEHOT_BYTES = 4 << 30
 
 
-def _reject_inapplicable(cfg: PatternCountConfig) -> None:
-    """Options that the chosen data source ignores are an error, not silently dropped."""
-    default = PatternCountConfig()
-    if cfg.data.path is None:
-        for name, value in (
-            ("data.columns", cfg.data.columns),
-            ("data.key", cfg.data.key),
-            ("domains", cfg.domains),
-        ):
-            if value is not None:
-                raise ConfigError(
-                    name,
-                    "applies to a data file, but no data.path is given",
-                    "set data.path, or drop this option for synthetic data",
-                )
-        return
-    for name in ("users", "domain_size", "correlation"):
-        if getattr(cfg, name) != getattr(default, name):
-            raise ConfigError(
-                name, "applies to synthetic data only, but data.path is given", "drop this option"
-            )
-    if cfg.data.columns is not None and cfg.parties not in (default.parties, len(cfg.data.columns)):
-        raise ConfigError(
-            "parties",
-            f"{cfg.parties} parties but data.columns names {len(cfg.data.columns)}",
-            "drop parties when data.columns is given",
-        )
-
-
 def _check_memory(groups: dict[str, list[str]], domains: dict[str, Domain], users: int) -> None:
     """Each party materialises a (values x users) one-hot matrix: refuse one above 4 GiB."""
     for party, cols in groups.items():
@@ -430,7 +401,7 @@ class PatternCount(Protocol):
     Config = PatternCountConfig
 
     def plan(self, cfg: PatternCountConfig, seed: int) -> Plan:
-        _reject_inapplicable(cfg)
+        reject_inapplicable(cfg, ["domains"], ["users", "domain_size", "correlation"])
         if cfg.data.path is None:
             table = synthetic_table(cfg.users, cfg.parties, cfg.domain_size, cfg.correlation, seed)
             domains: dict[str, Domain] = {f"x{j}": cfg.domain_size for j in range(cfg.parties)}

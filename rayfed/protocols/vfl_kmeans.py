@@ -57,7 +57,7 @@ from rayfed.privacy import (
     laplace_event,
 )
 from rayfed.privacy import laplace as laplace_mechanism
-from rayfed.protocols.base import Outcome, Plan, Protocol
+from rayfed.protocols.base import Outcome, Plan, Protocol, reject_inapplicable
 from rayfed.secagg import groupkey
 
 METHODS = (
@@ -511,29 +511,6 @@ def curator_step(ctx: StepContext, *, k: int, epsilon: float | None) -> Message:
 
 
 # --- the protocol ----------------------------------------------------------------------------------
-def _reject_inapplicable(cfg: VflKmeansConfig) -> None:
-    default = VflKmeansConfig()
-    if cfg.data.path is None:
-        for name, value in (
-            ("data.columns", cfg.data.columns),
-            ("data.key", cfg.data.key),
-            ("bounds", cfg.bounds),
-            ("label", cfg.label),
-        ):
-            if value is not None:
-                raise ConfigError(
-                    name,
-                    "applies to a data file, but no data.path is given",
-                    "set data.path, or drop this option for synthetic data",
-                )
-        return
-    for name in ("users", "dims", "spread"):
-        if getattr(cfg, name) != getattr(default, name):
-            raise ConfigError(
-                name, "applies to synthetic data only, but data.path is given", "drop this option"
-            )
-
-
 def _load(cfg: VflKmeansConfig, seed: int):
     """(table, features in global order, groups, lo, hi, reference label column or None)."""
     if cfg.data.path is None:
@@ -549,12 +526,6 @@ def _load(cfg: VflKmeansConfig, seed: int):
             )
     if cfg.data.columns is not None:
         groups = {p: list(c) for p, c in cfg.data.columns.items()}
-        if cfg.parties not in (VflKmeansConfig().parties, len(groups)):
-            raise ConfigError(
-                "parties",
-                f"{cfg.parties} parties but data.columns names {len(groups)}",
-                "drop parties when data.columns is given",
-            )
     elif cfg.bounds:
         groups = even_groups(list(cfg.bounds), cfg.parties)
     else:
@@ -617,7 +588,7 @@ class VflKmeans(Protocol):
     Config = VflKmeansConfig
 
     def plan(self, cfg: VflKmeansConfig, seed: int) -> Plan:
-        _reject_inapplicable(cfg)
+        reject_inapplicable(cfg, ["bounds", "label"], ["users", "dims", "spread"])
         table, features, groups, lo, hi, label_col = _load(cfg, seed)
         require_clean(table, features)
         x_raw = features_of(table, features)
