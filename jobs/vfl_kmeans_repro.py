@@ -32,6 +32,7 @@ from rayfed import rng
 from rayfed.clustering import fm, nearest, normalised_loss, weighted_kmeans
 from rayfed.clustering.dplsf import dplsf
 from rayfed.protocols import vfl_kmeans as vk
+from rayfed.protocols import vfl_kmeans_steps as steps
 from rayfed.secagg import groupkey
 
 PRIVATE = ["dpfmps-2pest", "dpfmps-basic", "ind-lap", "ldp-agg-2pest", "central-dplsf"]
@@ -149,10 +150,10 @@ def ablation(args, parties: int, eps: float) -> dict:
     out = {"DPLSF + exact intersection": [], "k-means + DPFMPS-2PEst": []}
     for seed in range(args.reps):
         cfg = vk.VflKmeansConfig(epsilon=eps, parties=parties, users=args.users)
-        table = vk.synthetic_table(cfg.users, cfg.dims, cfg.k, cfg.spread, seed)
+        table = steps.synthetic_table(cfg.users, cfg.dims, cfg.k, cfg.spread, seed)
         features = [f"x{j}" for j in range(cfg.dims)]
-        groups = vk.random_split(features, parties, seed)
-        x = vk.features_of(table, features)
+        groups = steps.random_split(features, parties, seed)
+        x = steps.features_of(table, features)
         positions = [[features.index(c) for c in cols] for cols in groups.values()]
         delta = 1.0 / len(x)
         split = vk.split_budget(cfg, parties, delta)
@@ -165,7 +166,7 @@ def ablation(args, parties: int, eps: float) -> dict:
         ]
         # DPLSF centers, exact cell counts
         labels = [nearest(x[:, p], c) for p, c in zip(positions, private_centers, strict=True)]
-        grid = vk.build_grid(private_centers, positions, x.shape[1])
+        grid = steps.build_grid(private_centers, positions, x.shape[1])
         w = fm.exact_grid(labels, k_prime).reshape(-1)
         out["DPLSF + exact intersection"].append(
             normalised_loss(x, weighted_kmeans(grid, w, cfg.k, gen))
@@ -193,7 +194,7 @@ def ablation(args, parties: int, eps: float) -> dict:
         ]
         n_hat = len(x) + gen.laplace(0, 1 / split.eps0)
         w, _ = fm.two_pass_est(n_hat, sketches, n_p, cfg.gamma, gen, projection=cfg.projection)
-        grid = vk.build_grid(plain_centers, positions, x.shape[1])
+        grid = steps.build_grid(plain_centers, positions, x.shape[1])
         out["k-means + DPFMPS-2PEst"].append(
             normalised_loss(x, weighted_kmeans(grid, w.reshape(-1), cfg.k, gen))
         )
@@ -204,8 +205,8 @@ def theorem6(args, eps: float = 1.0, k_prime: int = 5, draws: int = 30) -> dict:
     """R13: the empirical sd of BasicEst's raw cell estimates over fresh keys and phantoms, against
     Theorem 6 with ρ ≈ 1.04 (the corrected estimator at γ = 1; the spec says ≈ 1.07) and with the
     paper's ρ = 0.649 (Lang's estimator)."""
-    table = vk.synthetic_table(args.users, 8, 5, 0.1, 0)
-    x = vk.features_of(table, [f"x{j}" for j in range(8)])
+    table = steps.synthetic_table(args.users, 8, 5, 0.1, 0)
+    x = steps.features_of(table, [f"x{j}" for j in range(8)])
     n, m_keys = len(x), 4096
     positions = [[0, 1, 2, 3], [4, 5, 6, 7]]
     gen = rng.stream(0, "test", 0, "theorem6")

@@ -21,6 +21,7 @@ from rayfed.clustering import fm, normalised_loss, seed_of
 from rayfed.clustering.dplsf import dplsf, dplsf_event
 from rayfed.privacy import PureDpAccountant, kary_randomized_response
 from rayfed.protocols import vfl_kmeans as vk
+from rayfed.protocols import vfl_kmeans_steps as steps
 from rayfed.secagg import groupkey
 
 ROOT = 20240611
@@ -414,8 +415,8 @@ def test_split_budget():
 
 # --- 13. DPLSF ------------------------------------------------------------------------------------
 def test_dplsf_with_a_large_budget_matches_kmeans():
-    table = vk.synthetic_table(20000, 8, 5, 0.1, seed=13)
-    x = vk.features_of(table, [f"x{j}" for j in range(8)])
+    table = steps.synthetic_table(20000, 8, 5, 0.1, seed=13)
+    x = steps.features_of(table, [f"x{j}" for j in range(8)])
     eps = 1000.0
     centers, event, info = dplsf(x, 5, eps, _gen("dplsf"))
     assert centers.shape == (5, 8)
@@ -475,7 +476,7 @@ def test_build_grid_positions_and_cell_order():
     gen = _gen("grid")
     positions = [[0, 2], [1, 3], [4]]  # non-contiguous split of 5 global attributes
     centers = [gen.random((k, len(p))) for p in positions]
-    grid = vk.build_grid(centers, positions, 5)
+    grid = steps.build_grid(centers, positions, 5)
     assert grid.shape == (k**3, 5)
     weights = gen.random((k,) * 3)
     flat = weights.reshape(-1)
@@ -489,7 +490,7 @@ def test_build_grid_positions_and_cell_order():
     index = np.indices((k,) * 3).reshape(3, -1)  # the enumeration build_grid documents
     assert np.array_equal(grid[:, [0, 2]], centers[0][index[0]])
     # two parties, the spec's example split [[0, 2], [1, 3]]
-    grid2 = vk.build_grid(centers[:2], positions[:2], 4)
+    grid2 = steps.build_grid(centers[:2], positions[:2], 4)
     c0, c1 = centers[0], centers[1]
     assert grid2.shape == (k * k, 4)
     assert np.array_equal(grid2[1], [c0[0, 0], c1[1, 0], c0[0, 1], c1[1, 1]])  # cell (0, 1)

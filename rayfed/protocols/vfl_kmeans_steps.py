@@ -1,0 +1,285 @@
+"""Data helpers and step functions of ``vfl-kmeans`` (the driver and config are in
+:mod:`rayfed.protocols.vfl_kmeans`): what each party and the server run, as plain functions of
+(ctx, inputs) -> message, testable without Ray."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+from dp_accounting import dp_event
+
+from rayfed import rng
+from rayfed.actors.base import Message, StepContext
+from rayfed.clustering import fm, nearest, weighted_kmeans
+from rayfed.clustering.dplsf import dplsf, dplsf_event
+from rayfed.data import even_groups
+from rayfed.privacy import EpsilonDeltaDpEvent, kary_randomized_response
+from rayfed.privacy import laplace as laplace_mechanism
+from rayfed.secagg import groupkey
+
+
+# --- data -----------------------------------------------------------------------------------------
+def synthetic_table(users: int, dims: int, k: int, spread: float, seed: int) -> pa.Table:
+    """Spec §5.1: k centers uniform in [-1, 1]^m, uniform labels, N(0, spread²) per coordinate,
+    clipped to [-1, 1]; ``label`` is the generating component."""
+    gen = rng.stream(seed, "synthetic", 0, "vfl-kmeans")
+    centers = gen.uniform(-1.0, 1.0, (k, dims))
+    labels = gen.integers(0, k, users)
+    x = np.clip(centers[labels] + gen.normal(0.0, spread, (users, dims)), -1.0, 1.0)
+    cols: dict[str, Any] = {"user_id": np.arange(users, dtype=np.int64)}
+    cols.update({f"x{j}": x[:, j] for j in range(dims)})
+    cols["label"] = labels
+    return pa.table(cols)
+
+
+def random_split(features: list[str], parties: int, seed: int) -> dict[str, list[str]]:
+    """The synthetic experiment's random split of the attributes into S even groups."""
+    perm = rng.stream(seed, "partition", 0, "vfl-kmeans").permutation(len(features))
+    groups = even_groups([features[i] for i in perm], parties)
+    return {p: sorted(cols, key=features.index) for p, cols in groups.items()}
+
+
+def to_unit(values: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """Map declared bounds [lo, hi] to [-1, 1] (spec §2.1)."""
+    return 2.0 * (values - lo) / (hi - lo) - 1.0
+
+
+def from_unit(values: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    return (values + 1.0) / 2.0 * (hi - lo) + lo
+
+
+def features_of(table: pa.Table, columns: list[str]) -> np.ndarray:
+    """(n, len(columns)) float64 matrix of a party's feature columns."""
+    return np.column_stack([table.column(c).to_numpy().astype(np.float64) for c in columns])
+
+
+def unit_features(ctx: StepContext) -> np.ndarray:
+    """The party's columns mapped to [-1, 1] from their declared (public) bounds."""
+    meta = ctx.meta
+    x = features_of(ctx.table, meta["columns"])
+    return np.clip(to_unit(x, np.asarray(meta["lo"]), np.asarray(meta["hi"])), -1.0, 1.0)
+
+
+# --- step functions: parties ---------------------------------------------------------------------
+def keygen_step(ctx: StepContext, *, secure: bool) -> Message:
+    """Party: a fresh X25519 key pair and key share; publish the public key to the other parties."""
+    secret = os.urandom(64) if secure else ctx.rng("hash-key").bytes(64)
+    ctx.state["group"], public = groupkey.new_member(secret)
+    return Message("key_public", public, to="parties")
+
+
+def key_share_step(ctx: StepContext, publics: dict[str, bytes], *, order: list[str]) -> Message:
+    """Party: its key share, encrypted for every other party."""
+    pubs = [publics[p] for p in order]
+    shares = groupkey.encrypt_share(ctx.state["group"], order.index(ctx.name), pubs)
+    return Message("key_shares", shares, to="parties")
+
+
+def key_combine_step(
+    ctx: StepContext, publics: dict[str, bytes], shares: dict[str, dict], *, order: list[str]
+) -> None:
+    """Party: decrypt the shares addressed to it; the XOR of all S shares is the hash key."""
+    me = order.index(ctx.name)
+    sent = {order.index(p): c for p, c in shares.items()}
+    group = ctx.state.pop("group")
+    ctx.state["hash_key"] = groupkey.combine(group, me, [publics[p] for p in order], sent)
+
+
+def count_step(ctx: StepContext, *, epsilon0: float | None) -> Message:
+    """Party: n̂ = n + Lap(1/ε0) (sensitivity 1, add/remove), or n itself where n is public."""
+    n = np.array([float(ctx.table.num_rows)])
+    if epsilon0 is None:
+        return Message("n", float(n[0]))
+    noisy, event = laplace_mechanism(
+        n, l1_sensitivity=1, epsilon=epsilon0, rng=ctx.rng("laplace", 0, "n-hat")
+    )
+    return Message("n_hat", float(noisy[0]), dp_event=event)
+
+
+def local_event(epsilon: float, d: int, replace_one: bool) -> dp_event.DpEvent:
+    """The DP event of a party's DPLSF at ε: under replace-one neighbours (LDP-AGG) a replacement
+    is a removal and an addition, so DPLSF runs at ε/2 twice over (group privacy of 2)."""
+    if replace_one:
+        return dp_event.SelfComposedDpEvent(dplsf_event(epsilon / 2, d), 2)
+    return dplsf_event(epsilon, d)
+
+
+def local_cluster_step(
+    ctx: StepContext, *, k: int, epsilon: float | None, replace_one: bool, round: int
+) -> Message:
+    """Party: DPLSF at ε (None: non-private k-means) on its columns; label users by nearest center."""
+    x = unit_features(ctx)
+    gen = ctx.rng("clustering", round)
+    if epsilon is not None:
+        centers, event, _ = dplsf(x, k, epsilon / 2 if replace_one else epsilon, gen)
+        if replace_one:
+            event = dp_event.SelfComposedDpEvent(event, 2)
+    else:
+        centers, event = weighted_kmeans(x, np.ones(len(x)), k, gen), None
+    ctx.state["labels"] = nearest(x, centers)
+    return Message("local_centers", centers, dp_event=event)
+
+
+def fm_step(
+    ctx: StepContext,
+    *,
+    k: int,
+    m: int,
+    gamma: float,
+    eps2: float,
+    delta2: float,
+    round: int,
+) -> Message:
+    """Party: M x k' DP FM sketches of its local clusters (DPFMPS-Gen, Alg. 3): the same secret
+    keys at every party (AES as the keyed hash), fresh phantoms per entry."""
+    labels = ctx.state["labels"]
+    key = ctx.state["hash_key"]
+    eps_prime = fm.sketch_epsilon(eps2, delta2, m)
+    real = fm.cluster_max_hash(
+        lambda ids, n: groupkey.keyed_words(key, ids, n, np.uint32),
+        np.arange(labels.size, dtype=np.uint64),  # row order is aligned across parties
+        labels,
+        k,
+        m,
+        gamma,
+    )
+    sketch = fm.dp_sketch(
+        real,
+        fm.phantom_count(eps_prime),
+        fm.alpha_min(eps_prime, gamma),
+        gamma,
+        ctx.rng("sketch", round),
+    )
+    return Message("fm_sketches", sketch, dp_event=EpsilonDeltaDpEvent(eps2, delta2))
+
+
+def histogram_step(ctx: StepContext, *, k: int, eps2: float, round: int) -> Message:
+    """Party (IND-LAP): the sizes of its k' clusters plus Lap(1/ε2) each."""
+    counts = np.bincount(ctx.state["labels"], minlength=k)
+    noisy, event = laplace_mechanism(
+        counts, l1_sensitivity=1, epsilon=eps2, rng=ctx.rng("laplace", round)
+    )
+    return Message("noisy_histogram", noisy, dp_event=event)
+
+
+def olh_hashes(seed: int, party: int, users: int, k: int, g: int) -> np.ndarray:
+    """(users, k') public per-user OLH hash tables [k'] → [g] (from the run seed; the keyed
+    generator's round slot carries the party index, so every party has its own hash family)."""
+    u = rng.keyed_uniform(seed, "olh-hash", party, np.arange(users, dtype=np.uint64), k)
+    return np.minimum((u * g).astype(np.int64), g - 1)
+
+
+def ldp_step(ctx: StepContext, *, k: int, eps2: float, party: int, round: int) -> Message:
+    """Party (LDP-AGG): each user's local label through GRR over [k'] or OLH (ε2-LDP)."""
+    labels = ctx.state["labels"]
+    oracle, g, _, _ = fm.ldp_probabilities(eps2, k)
+    gen = ctx.rng("randomized-response", round)
+    if oracle == "olh":
+        hashed = olh_hashes(ctx.seed, party, labels.size, k, g)[np.arange(labels.size), labels]
+        reports, event = kary_randomized_response(hashed, k=g, epsilon=eps2, rng=gen)
+    else:
+        reports, event = kary_randomized_response(labels, k=k, epsilon=eps2, rng=gen)
+    return Message("ldp_reports", reports, dp_event=event)
+
+
+def labels_step(ctx: StepContext) -> Message:
+    """Party (non-private VFL): every user's local label, in the clear."""
+    return Message("labels", ctx.state["labels"])
+
+
+# --- step functions: the server ------------------------------------------------------------------
+def build_grid(centers: list[np.ndarray], positions: list[list[int]], m: int) -> np.ndarray:
+    """(k'^S, m): every combination of local centers, in the global attribute order."""
+    k = centers[0].shape[0]
+    index = np.indices((k,) * len(centers)).reshape(len(centers), -1)
+    grid = np.empty((index.shape[1], m))
+    for ell, (c, pos) in enumerate(zip(centers, positions, strict=True)):
+        grid[:, pos] = c[index[ell]]
+    return grid
+
+
+def grid_weights(
+    ctx: StepContext,
+    encoding: str,
+    memberships: list[Any],
+    *,
+    n_hat: float,
+    k: int,
+    cfg: dict,
+    round: int,
+) -> tuple[np.ndarray, int]:
+    """(grid weights of shape (k',)*S summing to n̂, 2PEst iterations run)."""
+    gen = ctx.rng("clustering", round, "2pest")
+    if encoding == "fm":
+        n_p = cfg["phantoms"]
+        if cfg["method"] == "dpfmps-basic":
+            weights = fm.basic_est(
+                n_hat, memberships, n_p, cfg["gamma"], cfg["estimator"], cfg["projection"]
+            )
+            return weights, 0
+        return fm.two_pass_est(
+            n_hat,
+            memberships,
+            n_p,
+            cfg["gamma"],
+            gen,
+            cfg["estimator"],
+            cfg["iterations"],
+            cfg["tolerance"],
+            cfg["projection"],
+        )
+    if encoding == "histogram":
+        grid = fm.independence_grid(n_hat, memberships)
+        return fm.normalise(grid, n_hat, cfg["projection"]), 0
+    if encoding == "ldp":
+        oracle, g, p, q = fm.ldp_probabilities(cfg["eps2"], k)
+        supports = []
+        for party, reports in enumerate(memberships):
+            if oracle == "olh":
+                table = olh_hashes(ctx.seed, party, reports.size, k, g)
+                supports.append(table == reports[:, None])
+            else:
+                supports.append(reports[:, None] == np.arange(k)[None, :])
+        return fm.ldp_two_pass(
+            supports, p, q, n_hat, gen, cfg["iterations"], cfg["tolerance"], cfg["projection"]
+        )
+    return fm.exact_grid(memberships, k), 0
+
+
+def server_step(
+    ctx: StepContext,
+    centers: dict[str, np.ndarray],
+    memberships: dict[str, Any],
+    *,
+    order: list[str],
+    positions: list[list[int]],
+    n_hat: float,
+    k: int,
+    k_prime: int,
+    encoding: str,
+    cfg: dict,
+    round: int,
+) -> dict:
+    """Server: weigh the grid of local-center combinations and run weighted k-means on it."""
+    local = [np.asarray(centers[p]) for p in order]
+    weights, iterations = grid_weights(
+        ctx,
+        encoding,
+        [memberships[p] for p in order],
+        n_hat=n_hat,
+        k=k_prime,
+        cfg=cfg,
+        round=round,
+    )
+    m = sum(len(p) for p in positions)
+    grid = build_grid(local, positions, m)
+    final = weighted_kmeans(grid, weights.reshape(-1), k, ctx.rng("clustering", round, "final"))
+    return {"centers": final, "weights": weights, "local": local, "iterations": iterations}
+
+
+def curator_step(ctx: StepContext, *, k: int, epsilon: float | None) -> Message:
+    """The central baselines: one curator with every column clusters directly."""
+    return local_cluster_step(ctx, k=k, epsilon=epsilon, replace_one=False, round=0)
