@@ -45,6 +45,7 @@ PURPOSES: dict[str, int] = {
     "finetune": 20,
     "hash-key": 21,
     "olh-hash": 22,
+    "evaluation": 23,
     "test": 99,
 }
 

@@ -13,6 +13,7 @@ REGISTRY: dict[str, tuple[str, str]] = {
     "secure-sum": ("rayfed.protocols.secure_sum", "SecureSum"),
     "federated-mf": ("rayfed.protocols.federated_mf", "FederatedMF"),
     "vfl-kmeans": ("rayfed.protocols.vfl_kmeans", "VflKmeans"),
+    "square-wave": ("rayfed.protocols.square_wave", "SquareWave"),
 }
 
 

@@ -1,0 +1,146 @@
+"""The Square Wave mechanism and EM/EMS reconstruction (spec §2.8–2.13).
+
+A user with v ∈ [0, 1] reports ṽ ∈ [-b, 1+b] with density p within b of v and q elsewhere,
+p/q = e^ε; b is the closed form maximising the mutual-information bound. The aggregator histograms
+the reports into d̃ buckets over [-b, 1+b] and finds the d-bucket input histogram of maximum
+likelihood under the transition matrix M by EM, or by EMS (EM with a (1,2,1)/4 smoothing step).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+#: stopping guards of the EM loop (the authors' code): at most this many iterations, and stop
+#: once an iteration moves the estimate by at most 1/n in L1
+MAX_ITERATIONS = 10_000
+
+
+def band_half_width(eps: float) -> float:
+    """b_SW(ε) = (εe^ε - e^ε + 1) / (2e^ε(e^ε - 1 - ε)); → 1/2 as ε → 0."""
+    if eps < 1e-4:  # the closed form cancels catastrophically; its limit is 1/2 - ε/12
+        return 0.5 - eps / 12
+    e = math.exp(eps)
+    return (eps * e - e + 1) / (2 * e * (e - 1 - eps))
+
+
+def densities(eps: float, b: float) -> tuple[float, float]:
+    """(p, q) = (e^ε, 1) / (2be^ε + 1): 2b·p + 1·q = 1."""
+    e = math.exp(eps)
+    return e / (2 * b * e + 1), 1 / (2 * b * e + 1)
+
+
+def perturb(values: np.ndarray, eps: float, b: float, u: np.ndarray) -> np.ndarray:
+    """Continuous SW by the single-uniform inverse CDF (u: one column per user)."""
+    p, q = densities(eps, b)
+    r = u[:, 0]
+    low = q * values
+    high = low + 2 * b * p
+    return np.where(
+        r <= low,
+        r / q - b,
+        np.where(r <= high, (r - low) / p + values - b, (r - high) / q + values + b),
+    )
+
+
+def discrete_parameters(eps: float, d: int) -> tuple[int, float, float]:
+    """Discrete SW over {0..d-1} (B-R): (b, p, q) with b = ⌊b_SW·d⌋, (2b+1)p + (d-1)q = 1."""
+    b = int(math.floor(band_half_width(eps) * d))
+    e = math.exp(eps)
+    return b, e / ((2 * b + 1) * e + d - 1), 1 / ((2 * b + 1) * e + d - 1)
+
+
+def perturb_discrete(values: np.ndarray, eps: float, d: int, u: np.ndarray) -> np.ndarray:
+    """Discrete SW: ṽ ∈ {-b..d-1+b}; probability p within b of v, q for the other d-1 values."""
+    b, p, _ = discrete_parameters(eps, d)
+    high = u[:, 0] < (2 * b + 1) * p
+    near = values - b + np.minimum((u[:, 1] * (2 * b + 1)).astype(np.int64), 2 * b)
+    # the d - 1 far values: -b..v-b-1 and v+b+1..d-1+b
+    k = np.minimum((u[:, 1] * (d - 1)).astype(np.int64), d - 2)
+    far = np.where(k < values, k - b, k + 2 * b + 1 - b)
+    return np.where(high, near, far)
+
+
+def _ramp_area(x: np.ndarray) -> np.ndarray:
+    return np.maximum(x, 0.0) ** 2 / 2
+
+
+def transition_matrix(eps: float, b: float, d: int, d_out: int) -> np.ndarray:
+    """M[j, i] = Pr[ṽ in output bucket j | v uniform in input bucket i] (spec §2.11, exact)."""
+    p, q = densities(eps, b)
+    width_in, width_out = 1.0 / d, (1 + 2 * b) / d_out
+    a = (np.arange(d) * width_in)[None, :]
+    c = (-b + np.arange(d_out) * width_out)[:, None]
+
+    def area(s: float) -> np.ndarray:  # measure of {(v, t) in the two buckets : t - v <= s}
+        return (
+            _ramp_area(a + width_in + s - c)
+            - _ramp_area(a + s - c)
+            - _ramp_area(a + width_in + s - c - width_out)
+            + _ramp_area(a + s - c - width_out)
+        )
+
+    return q * width_out + (p - q) * (area(b) - area(-b)) / width_in
+
+
+def discrete_transition_matrix(eps: float, d: int) -> np.ndarray:
+    """M[j, i] for discrete SW: output value j - b given input i."""
+    b, p, q = discrete_parameters(eps, d)
+    j = np.arange(d + 2 * b)[:, None] - b
+    return np.where(np.abs(j - np.arange(d)[None, :]) <= b, p, q)
+
+
+def histogram(reports: np.ndarray, b: float, d_out: int) -> np.ndarray:
+    """Counts of continuous reports in d̃ equal buckets over [-b, 1+b]."""
+    idx = np.floor((reports + b) / (1 + 2 * b) * d_out).astype(np.int64)
+    return np.bincount(np.clip(idx, 0, d_out - 1), minlength=d_out).astype(np.float64)
+
+
+def smooth(x: np.ndarray) -> np.ndarray:
+    """The S-step: (1,2,1)/4 binomial smoothing, row-normalised at both edges, renormalised."""
+    out = np.empty_like(x)
+    out[1:-1] = 0.5 * x[1:-1] + 0.25 * (x[:-2] + x[2:])
+    out[0] = (2 * x[0] + x[1]) / 3
+    out[-1] = (x[-2] + 2 * x[-1]) / 3
+    return out / out.sum()
+
+
+def log_likelihood(counts: np.ndarray, m: np.ndarray, x: np.ndarray) -> float:
+    """Σ_j n_j ln (Mx)_j on the raw counts."""
+    mx = m @ x
+    keep = counts > 0
+    return float(counts[keep] @ np.log(mx[keep]))
+
+
+def expectation_maximisation(
+    counts: np.ndarray,
+    m: np.ndarray,
+    *,
+    smoothing: bool,
+    tolerance: float,
+    max_iterations: int = MAX_ITERATIONS,
+) -> tuple[np.ndarray, int]:
+    """EM (smoothing False) or EMS (True) from a uniform start (spec §2.12, Algorithm 1).
+
+    Stops when the count log-likelihood improves by less than ``tolerance`` (checked from the
+    third iteration), when an iteration moves the estimate by at most 1/n in L1, or after
+    ``max_iterations``. Returns (estimate summing to 1, iterations run).
+    """
+    d = m.shape[1]
+    n = counts.sum()
+    x = np.full(d, 1.0 / d)
+    previous = log_likelihood(counts, m, x)
+    for it in range(1, max_iterations + 1):
+        ratio = np.divide(counts, m @ x, out=np.zeros_like(counts), where=counts > 0)
+        new = x * (m.T @ ratio)
+        new /= new.sum()
+        if smoothing:
+            new = smooth(new)
+        current = log_likelihood(counts, m, new)
+        moved = np.abs(new - x).sum()
+        x = new
+        if it > 2 and abs(current - previous) < tolerance or moved <= 1.0 / n:
+            return x, it
+        previous = current
+    return x, max_iterations

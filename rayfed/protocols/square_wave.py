@@ -1,0 +1,573 @@
+"""Square Wave LDP distribution estimation with EM/EMS, and its baselines — chapter 3 of Zitao Li's
+thesis / Li, Wang, Lopuhaä-Zwakenberg, Li & Škorić, SIGMOD 2020 (spec shared/specs/square-wave.md).
+
+Users live in UserCohortActors as rows (user_id, value); each perturbs its own value in [0, 1]
+(mapped from declared bounds) with per-user uniforms keyed by its id, so a report does not depend
+on which cohort hosts the user. The aggregator (coordinator) receives one report per user and
+reconstructs a d-bucket histogram of [0, 1].
+
+``method``:
+
+* ``sw-ems`` / ``sw-em`` — Square Wave (continuous, R-B; ``bucketize=br`` for the discrete one),
+  EMS or EM on the report histogram;
+* ``cfo`` — GRR or OLH (by the variance rule) on ``bins`` equal bins, Norm-Sub, spread uniformly;
+* ``hh`` / ``hh-admm`` — a ``branching``-ary hierarchy, one layer per user, with Hay et al.'s
+  constrained inference (range queries only) or the non-negative least-squares fit of HH-ADMM;
+* ``haar-hrr`` — the Haar hierarchy with Hadamard randomized response (range queries only);
+* ``sr`` / ``pm`` — stochastic rounding / the piecewise mechanism for the mean; with
+  ``moments=both`` half the users report v and the other half (v - μ̃)² for the variance.
+
+Privacy: every user sends one report, ε-LDP (replace-one on its value); users compose in parallel.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from rayfed import rng
+from rayfed.actors.base import Message, StepContext
+from rayfed.config import DataConfig, option
+from rayfed.data import load_table, per_user, require_clean
+from rayfed.errors import ConfigError, DataError
+from rayfed.ldp import hierarchy, metrics, oracles
+from rayfed.ldp import square_wave as sw
+from rayfed.privacy import Budget, EpsilonDeltaDpEvent, check_budget
+from rayfed.protocols.base import Outcome, Plan, Protocol
+
+METHODS = ("sw-ems", "sw-em", "cfo", "hh", "hh-admm", "haar-hrr", "sr", "pm")
+HISTOGRAM_METHODS = ("sw-ems", "sw-em", "cfo", "hh-admm")  # valid distributions: every metric
+RANGE_ONLY = ("hh", "haar-hrr")  # may be negative: range queries only (spec Table 3.2)
+
+
+@dataclass(frozen=True)
+class SquareWaveConfig:
+    """Options of ``rayfed run square-wave``."""
+
+    method: Literal[METHODS] = option("sw-ems", "estimator: " + ", ".join(METHODS))
+    epsilon: float = option(1.0, "ε of every user's one report (ε-LDP)")
+    buckets: int = option(256, "d, buckets of the estimated histogram of [0, 1]")
+    output_buckets: int | None = option(None, "SW: d̃, buckets of the report histogram (default d)")
+    bucketize: Literal["rb", "br"] = option(
+        "rb", "SW: rb = continuous SW, then bucketize (the paper's experiments); br = discrete SW"
+    )
+    tolerance: float | None = option(
+        None, "EM/EMS: stop when the log-likelihood gains less (default 1e-3·e^ε EM, 1e-3 EMS)"
+    )
+    max_iterations: int = option(sw.MAX_ITERATIONS, "EM/EMS: at most this many iterations")
+    bins: int = option(16, "cfo: number of bins c (must divide d)")
+    branching: int = option(4, "hh, hh-admm: branching factor β (d must be a power of it)")
+    moments: Literal["both", "mean"] = option(
+        "both", "sr, pm: both = half the users for the mean, half for the variance; mean = all"
+    )
+    users: int = option(100_000, "synthetic data: number of users n")
+    beta_a: float = option(5.0, "synthetic data: Beta(a, b) shape a")
+    beta_b: float = option(2.0, "synthetic data: Beta(a, b) shape b")
+    column: str | None = option(None, "data file: the numerical column to estimate")
+    bounds: list[float] | None = option(
+        None, "data file: declared [low, high] of the column (mapped to [0, 1])"
+    )
+    missing: Literal["error", "drop"] = option(
+        "error", "data file: a missing value is an error, or its row is dropped"
+    )
+    cohorts: int | None = option(None, "user-cohort actors (default: this machine's CPUs)")
+    range_queries: int = option(1000, "random range queries per width for the range-query error")
+    evaluate: bool = option(True, "add the error metrics (from the raw values: not private)")
+    data: DataConfig = field(default_factory=DataConfig, metadata={"help": "data source"})
+
+    def validate(self) -> None:
+        check_budget(self.epsilon, 0.0)
+        if self.buckets < 2:
+            raise ConfigError("buckets", f"must be >= 2, got {self.buckets}", "e.g. 256 or 1024")
+        if self.output_buckets is not None and self.output_buckets < 2:
+            raise ConfigError("output_buckets", f"must be >= 2, got {self.output_buckets}")
+        for name in ("max_iterations", "users", "range_queries"):
+            if getattr(self, name) < 1:
+                raise ConfigError(name, f"must be >= 1, got {getattr(self, name)}")
+        if self.tolerance is not None and self.tolerance < 0:
+            raise ConfigError("tolerance", f"must be >= 0, got {self.tolerance}")
+        if self.method == "cfo" and (self.bins < 2 or self.buckets % self.bins):
+            raise ConfigError(
+                "bins", f"{self.bins} bins must be >= 2 and divide d = {self.buckets}", "16, 32, 64"
+            )
+        if self.method in ("hh", "hh-admm"):
+            if self.branching < 2:
+                raise ConfigError("branching", f"must be >= 2, got {self.branching}")
+            _require_power(self.buckets, self.branching, "buckets")
+        if self.method == "haar-hrr":
+            _require_power(self.buckets, 2, "buckets")
+        if self.beta_a <= 0 or self.beta_b <= 0:
+            raise ConfigError("beta_a", "Beta shapes must be > 0")
+        if self.bounds is not None and (
+            len(self.bounds) != 2 or not self.bounds[0] < self.bounds[1]
+        ):
+            raise ConfigError("bounds", f"must be [low, high] with low < high, got {self.bounds}")
+        if self.cohorts is not None and self.cohorts < 1:
+            raise ConfigError("cohorts", f"must be >= 1, got {self.cohorts}")
+
+    def em_tolerance(self) -> float:
+        if self.tolerance is not None:
+            return self.tolerance
+        return 1e-3 * (math.exp(self.epsilon) if self.method == "sw-em" else 1.0)
+
+
+def _require_power(d: int, base: int, name: str) -> None:
+    h = round(math.log(d, base))
+    if base**h != d or h < 1:
+        raise ConfigError(name, f"{d} is not a power of {base}", f"e.g. {base**4}")
+
+
+# --- step functions: users (in cohorts) -------------------------------------------------------------
+def _users(ctx: StepContext, part: str | None, split_seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(ids, values in [0, 1]) of this cohort's users, or of its half ``part`` (mean/variance)."""
+    ids = ctx.table.column("user_id").to_numpy().astype(np.uint64)
+    values = ctx.table.column("value").to_numpy()
+    if part is None:
+        return ids, values
+    in_mean = rng.keyed_uniform(split_seed, "sample", 0, ids, 1)[:, 0] < 0.5
+    keep = in_mean if part == "mean" else ~in_mean
+    return ids[keep], values[keep]
+
+
+def _uniforms(ctx: StepContext, ids: np.ndarray, columns: int, round: int) -> np.ndarray:
+    return rng.keyed_uniform(ctx.seed, "randomized-response", round, ids, columns)
+
+
+def _ldp(name: str, payload: Any, eps: float, scope: str | None = None) -> Message:
+    return Message(name, payload, dp_event=EpsilonDeltaDpEvent(eps, 0.0), scope=scope)
+
+
+def sw_step(
+    ctx: StepContext, *, eps: float, b: float, discrete: bool, d: int, round: int
+) -> Message:
+    """Users: one Square Wave report each (a float in [-b, 1+b], or discrete SW's integer)."""
+    ids, v = _users(ctx, None, 0)
+    if discrete:
+        values = np.minimum((v * d).astype(np.int64), d - 1)
+        return _ldp(
+            "sw_reports", sw.perturb_discrete(values, eps, d, _uniforms(ctx, ids, 2, round)), eps
+        )
+    return _ldp("sw_reports", sw.perturb(v, eps, b, _uniforms(ctx, ids, 1, round)), eps)
+
+
+def _frequency_report(
+    ctx: StepContext, ids: np.ndarray, values: np.ndarray, domain: int, eps: float, u, round: int
+) -> dict:
+    """GRR over the domain, or OLH (the report then carries the user's public hash seed: its id)."""
+    if oracles.use_grr(domain, eps):
+        return {"report": oracles.grr_perturb(values, domain, eps, u)}
+    params = oracles.olh_params(rng.keyed_bits64(ctx.seed, "olh-hash", round, ids, 2))
+    return {"report": oracles.olh_perturb(values, params, eps, u), "ids": ids.astype(np.int64)}
+
+
+def cfo_step(ctx: StepContext, *, eps: float, bins: int, round: int) -> Message:
+    """Users: the bin of the value through GRR or OLH."""
+    ids, v = _users(ctx, None, 0)
+    binned = np.minimum((v * bins).astype(np.int64), bins - 1)
+    u = _uniforms(ctx, ids, 2, round)
+    return _ldp("cfo_reports", _frequency_report(ctx, ids, binned, bins, eps, u, round), eps)
+
+
+def hh_step(ctx: StepContext, *, eps: float, d: int, branching: int, round: int) -> Message:
+    """Users: a uniformly chosen layer ℓ and the FO report of the value's ancestor there."""
+    ids, v = _users(ctx, None, 0)
+    leaf = np.minimum((v * d).astype(np.int64), d - 1)
+    u = _uniforms(ctx, ids, 3, round)
+    sizes = hierarchy.layer_sizes(d, branching)
+    layer = np.minimum((u[:, 2] * len(sizes)).astype(np.int64), len(sizes) - 1) + 1
+    node = hierarchy.ancestor(leaf, layer, branching)
+    report = np.empty_like(node)
+    for ell, size in enumerate(sizes, start=1):
+        mine = layer == ell
+        part = _frequency_report(ctx, ids[mine], node[mine], size, eps, u[mine], round)
+        report[mine] = part["report"]
+    return _ldp(
+        "hh_reports",
+        {"layer": layer.astype(np.int8), "report": report, "ids": ids.astype(np.int64)},
+        eps,
+    )
+
+
+def haar_step(ctx: StepContext, *, eps: float, d: int, round: int) -> Message:
+    """Users: a uniformly chosen height and an HRR report of that level's signed coefficient."""
+    ids, v = _users(ctx, None, 0)
+    leaf = np.minimum((v * d).astype(np.int64), d - 1)
+    u = _uniforms(ctx, ids, 3, round)
+    heights = int(round_log2(d))
+    height = np.minimum((u[:, 2] * heights).astype(np.int64), heights - 1) + 1
+    node, sign = hierarchy.haar_signs(leaf, height)
+    rows = np.empty_like(node)
+    bits = np.empty(node.size, dtype=np.int8)
+    for h in range(1, heights + 1):
+        mine = height == h
+        rows[mine], bits[mine] = oracles.hrr_perturb(node[mine], sign[mine], d >> h, eps, u[mine])
+    return _ldp("haar_reports", {"height": height.astype(np.int8), "row": rows, "bit": bits}, eps)
+
+
+def round_log2(d: int) -> int:
+    return int(round(math.log2(d)))
+
+
+def moment_step(
+    ctx: StepContext, *, mechanism: str, eps: float, part: str | None, mu: float, round: int
+) -> Message:
+    """Users (SR/PM): report v mapped to [-1, 1], or — the variance half — (v - μ̃)² mapped so."""
+    ids, v = _users(ctx, part, ctx.seed)
+    x = 2 * v - 1 if part != "variance" else 2 * (v - mu) ** 2 - 1
+    u = _uniforms(ctx, ids, 2, round)
+    perturb = oracles.sr_perturb if mechanism == "sr" else oracles.pm_perturb
+    scope = f"{ctx.name}/{part or 'mean'}"
+    return _ldp(f"{mechanism}_reports", perturb(x, eps, u), eps, scope=scope)
+
+
+# --- step functions: the aggregator ------------------------------------------------------------------
+def _gather(reports: dict[str, Any], key: str | None = None) -> np.ndarray:
+    parts = [reports[c] if key is None else reports[c][key] for c in sorted(reports)]
+    return np.concatenate(parts) if parts else np.zeros(0)
+
+
+def _frequencies(reports: dict, domain: int, eps: float, n: int) -> np.ndarray:
+    if oracles.use_grr(domain, eps):
+        return oracles.grr_estimate(reports["report"], domain, eps, n)
+    params = oracles.olh_params(
+        rng.keyed_bits64(
+            reports["seed"], "olh-hash", reports["round"], reports["ids"].astype(np.uint64), 2
+        )
+    )
+    return oracles.olh_estimate(reports["report"], params, domain, eps, n)
+
+
+def estimate_step(
+    ctx: StepContext, reports: dict[str, Any], *, method: str, cfg: dict, round: int
+) -> dict:
+    """Aggregator: the d-bucket estimate of the value distribution from every received report."""
+    d, eps = cfg["buckets"], cfg["epsilon"]
+    if method in ("sw-ems", "sw-em"):
+        values = _gather(reports)
+        if cfg["discrete"]:
+            b, _, _ = sw.discrete_parameters(eps, d)
+            counts = np.bincount(values + b, minlength=d + 2 * b).astype(np.float64)
+            m = sw.discrete_transition_matrix(eps, d)
+        else:
+            counts = sw.histogram(values, cfg["b"], cfg["output_buckets"])
+            m = sw.transition_matrix(eps, cfg["b"], d, cfg["output_buckets"])
+        est, iterations = sw.expectation_maximisation(
+            counts,
+            m,
+            smoothing=method == "sw-ems",
+            tolerance=cfg["tolerance"],
+            max_iterations=cfg["max_iterations"],
+        )
+        return {"estimate": est, "iterations": iterations, "reports": int(values.size)}
+    if method == "cfo":
+        merged = {k: _gather(reports, k) for k in reports[next(iter(reports))]}
+        merged.update(seed=ctx.seed, round=round)
+        n = merged["report"].size
+        freq = oracles.norm_sub(_frequencies(merged, cfg["bins"], eps, n))
+        return {"estimate": np.repeat(freq / (d // cfg["bins"]), d // cfg["bins"]), "reports": n}
+    if method in ("hh", "hh-admm"):
+        layer = _gather(reports, "layer")
+        report, ids = _gather(reports, "report"), _gather(reports, "ids")
+        sizes = hierarchy.layer_sizes(d, cfg["branching"])
+        layers = []
+        for ell, size in enumerate(sizes, start=1):
+            mine = layer == ell
+            part = {"report": report[mine], "ids": ids[mine], "seed": ctx.seed, "round": round}
+            layers.append(_frequencies(part, size, eps, max(1, int(mine.sum()))))
+        if method == "hh":
+            est = hierarchy.constrained_inference(layers, cfg["branching"])[0]
+        else:
+            est = hierarchy.admm_leaves(layers, cfg["branching"])
+        return {"estimate": est, "reports": int(layer.size)}
+    if method == "haar-hrr":
+        height = _gather(reports, "height")
+        rows, bits = _gather(reports, "row"), _gather(reports, "bit")
+        coefficients = []
+        for h in range(1, round_log2(d) + 1):
+            mine = height == h
+            coefficients.append(
+                oracles.hrr_estimate(rows[mine], bits[mine], d >> h, eps, max(1, int(mine.sum())))
+            )
+        return {"estimate": hierarchy.haar_leaves(coefficients), "reports": int(height.size)}
+    raise ValueError(f"unknown histogram method {method!r}")
+
+
+def moment_estimate_step(ctx: StepContext, reports: dict[str, Any], *, part: str) -> dict:
+    """Aggregator (SR/PM): the average of the unbiased reports, mapped back to [0, 1] units."""
+    values = _gather(reports)
+    mean = float(values.mean()) if values.size else 0.0
+    if part == "variance":
+        return {"variance": (mean + 1) / 2, "reports": int(values.size)}
+    return {"mean": (mean + 1) / 2, "reports": int(values.size)}
+
+
+# --- the protocol ----------------------------------------------------------------------------------
+def synthetic_values(users: int, a: float, b: float, seed: int) -> np.ndarray:
+    """Spec §4.2: n i.i.d. draws from Beta(a, b) (default Beta(5, 2))."""
+    return rng.stream(seed, "synthetic", 0, "square-wave").beta(a, b, users)
+
+
+def true_histogram(values: np.ndarray, d: int) -> np.ndarray:
+    """Frequencies of d equal buckets of [0, 1]; a value of exactly 1 falls in the last bucket."""
+    idx = np.minimum((values * d).astype(np.int64), d - 1)
+    return np.bincount(idx, minlength=d) / values.size
+
+
+def _load_values(cfg: SquareWaveConfig, seed: int) -> np.ndarray:
+    if cfg.data.path is None:
+        return synthetic_values(cfg.users, cfg.beta_a, cfg.beta_b, seed)
+    if cfg.column is None or cfg.bounds is None:
+        raise ConfigError(
+            "column" if cfg.column is None else "bounds",
+            "a data file needs the column to estimate and its declared bounds",
+            "e.g. --set column=air_time --set bounds=[0,700]",
+        )
+    table = load_table(cfg.data.path, cfg.data.format)
+    if cfg.column not in table.column_names:
+        raise DataError("column", f"column {cfg.column!r} is not in the data", table.column_names)
+    col = table.column(cfg.column)
+    if not (pa.types.is_integer(col.type) or pa.types.is_floating(col.type)):
+        raise DataError(
+            "column", f"column {cfg.column!r} is not numeric ({col.type})", "a numerical column"
+        )
+    if cfg.missing == "drop":
+        col = pc.drop_null(col)
+        values = col.to_numpy(zero_copy_only=False).astype(np.float64)
+        values = values[np.isfinite(values)]
+    else:
+        require_clean(table.select([cfg.column]), [cfg.column], "column")
+        values = col.to_numpy(zero_copy_only=False).astype(np.float64)
+    lo, hi = cfg.bounds
+    outside = int(np.count_nonzero((values < lo) | (values > hi)))
+    if outside:
+        raise DataError(
+            "bounds",
+            f"{outside} value(s) of {cfg.column!r} lie outside the declared bounds [{lo:g}, {hi:g}]",
+            "bounds that cover the domain (public knowledge, not the data's min/max)",
+        )
+    if values.size < 2:
+        raise DataError("column", f"{values.size} usable value(s)", "2 or more users")
+    return (values - lo) / (hi - lo)
+
+
+class SquareWave(Protocol):
+    name = "square-wave"
+    summary = (
+        "Square Wave LDP distribution estimation with EM/EMS and the CFO/hierarchy/SR/PM baselines"
+    )
+    Config = SquareWaveConfig
+
+    def plan(self, cfg: SquareWaveConfig, seed: int) -> Plan:
+        reject_inapplicable_users(cfg)
+        values = _load_values(cfg, seed)
+        n = values.size
+        n_cohorts = min(cfg.cohorts or os.cpu_count() or 1, n)
+        table = pa.table({"user_id": np.arange(n, dtype=np.int64), "value": values})
+        cohorts = {name: (t, {}) for name, t in per_user(table, "user_id", n_cohorts).items()}
+        evaluation = None
+        if cfg.evaluate:
+            evaluation = {
+                "histogram": true_histogram(values, cfg.buckets),
+                "mean": float(values.mean()),
+                "variance": float(values.var()),
+            }
+        two_rounds = cfg.method in ("sr", "pm") and cfg.moments == "both"
+        return Plan(
+            budget=Budget(cfg.epsilon, 0.0),
+            ledger=dict(
+                accountant="pure",
+                relation="replace_one",
+                composition="parallel",
+                statement="ε-LDP: every user sends one report computed from its own value alone; "
+                "users (and the two halves of SR/PM's moments) compose in parallel",
+            ),
+            cohorts=cohorts,
+            rounds=2 if two_rounds else 1,
+            evaluation=evaluation,
+            info={"users": n},
+        )
+
+    def drive(self, fed, cfg: SquareWaveConfig, plan: Plan) -> Outcome:
+        if cfg.method in ("sr", "pm"):
+            return self._drive_moments(fed, cfg, plan)
+        eps, d = cfg.epsilon, cfg.buckets
+        b = sw.band_half_width(eps)
+        server = {
+            "buckets": d,
+            "epsilon": eps,
+            "b": b,
+            "output_buckets": cfg.output_buckets or d,
+            "discrete": cfg.bucketize == "br",
+            "tolerance": cfg.em_tolerance(),
+            "max_iterations": cfg.max_iterations,
+            "bins": cfg.bins,
+            "branching": cfg.branching,
+        }
+        with fed.round(0):
+            fed.charge(
+                [
+                    (c, f"{cfg.method} report per user (ε-LDP)", EpsilonDeltaDpEvent(eps, 0.0))
+                    for c in fed.cohorts.names
+                ]
+            )
+            if cfg.method in ("sw-ems", "sw-em"):
+                reports = fed.cohorts.run(
+                    sw_step,
+                    eps=eps,
+                    b=b,
+                    discrete=server["discrete"],
+                    d=d,
+                    round=0,
+                    phase="perturb",
+                )
+            elif cfg.method == "cfo":
+                reports = fed.cohorts.run(
+                    cfo_step, eps=eps, bins=cfg.bins, round=0, phase="perturb"
+                )
+            elif cfg.method in ("hh", "hh-admm"):
+                reports = fed.cohorts.run(
+                    hh_step, eps=eps, d=d, branching=cfg.branching, round=0, phase="perturb"
+                )
+            else:
+                reports = fed.cohorts.run(haar_step, eps=eps, d=d, round=0, phase="perturb")
+            out = fed.one(
+                fed.coordinator.run(
+                    estimate_step, reports, method=cfg.method, cfg=server, round=0, phase="estimate"
+                )
+            )
+        self._notes(fed, cfg)
+        return self._histogram_outcome(cfg, plan, out, b)
+
+    def _drive_moments(self, fed, cfg: SquareWaveConfig, plan: Plan) -> Outcome:
+        eps = cfg.epsilon
+        parts = ["mean", "variance"] if cfg.moments == "both" else [None]
+        results: dict[str, Any] = {}
+        mu = 0.0
+        for r, part in enumerate(parts):
+            with fed.round(r):
+                scope = [
+                    (
+                        f"{c}/{part or 'mean'}",
+                        f"{cfg.method} report ({part or 'mean'}, ε-LDP)",
+                        EpsilonDeltaDpEvent(eps, 0.0),
+                    )
+                    for c in fed.cohorts.names
+                ]
+                fed.charge(scope)
+                reports = fed.cohorts.run(
+                    moment_step,
+                    mechanism=cfg.method,
+                    eps=eps,
+                    part=part,
+                    mu=mu,
+                    round=r,
+                    phase=f"perturb-{part or 'mean'}",
+                )
+                out = fed.one(
+                    fed.coordinator.run(
+                        moment_estimate_step,
+                        reports,
+                        part=part or "mean",
+                        phase=f"estimate-{part or 'mean'}",
+                    )
+                )
+                results.update(out)
+                if "mean" in out:
+                    mu = min(1.0, max(0.0, out["mean"]))
+        self._notes(fed, cfg)
+        metrics_: dict[str, Any] = {
+            "method": cfg.method,
+            "users": plan.info["users"],
+            "epsilon": eps,
+            "mean": results["mean"],
+        }
+        if "variance" in results:
+            metrics_["variance"] = results["variance"]
+        headline = f"{cfg.method}: mean {results['mean']:.4f}"
+        if plan.evaluation is not None:
+            metrics_["mean_error"] = abs(results["mean"] - plan.evaluation["mean"])
+            headline += f" (error {metrics_['mean_error']:.2e})"
+            if "variance" in results:
+                metrics_["variance_error"] = abs(results["variance"] - plan.evaluation["variance"])
+        if "variance" in results:
+            headline += f", variance {results['variance']:.4f}"
+        table = pa.table(
+            {
+                "statistic": list(k for k in ("mean", "variance") if k in results),
+                "estimate": [results[k] for k in ("mean", "variance") if k in results],
+            }
+        )
+        return Outcome(tables={"moments": table}, metrics=metrics_, headline=headline)
+
+    @staticmethod
+    def _notes(fed, cfg: SquareWaveConfig) -> None:
+        fed.note(
+            "simulation: every user's randomness follows from the run seed in manifest.json; the "
+            "guarantee assumes each user's randomness stays with that user"
+        )
+        if cfg.evaluate:
+            fed.note("the error metrics compare with the raw values: they are not private")
+        if cfg.method in RANGE_ONLY:
+            fed.note(
+                f"{cfg.method}'s estimate can be negative: only its range-query errors are meaningful (spec Table 3.2)"
+            )
+
+    @staticmethod
+    def _histogram_outcome(cfg: SquareWaveConfig, plan: Plan, out: dict, b: float) -> Outcome:
+        d = cfg.buckets
+        est = np.asarray(out["estimate"])
+        columns: dict[str, Any] = {
+            "bucket": np.arange(d),
+            "lower": np.arange(d) / d,
+            "upper": (np.arange(d) + 1) / d,
+            "estimate": est,
+        }
+        result: dict[str, Any] = {
+            "method": cfg.method,
+            "users": plan.info["users"],
+            "epsilon": cfg.epsilon,
+            "buckets": d,
+        }
+        if cfg.method in ("sw-ems", "sw-em"):
+            result.update(b=b, iterations=out["iterations"], tolerance=cfg.em_tolerance())
+        headline = f"{cfg.method}: {d}-bucket distribution of {plan.info['users']:,} users at ε={cfg.epsilon:g}"
+        if plan.evaluation is not None:
+            truth = plan.evaluation["histogram"]
+            columns["true"] = truth
+            starts = metrics.range_starts(
+                rng.stream(0, "evaluation", 0, "range-queries"), cfg.range_queries
+            )
+            scores = metrics.all_metrics(truth, est, starts)
+            if cfg.method in RANGE_ONLY:
+                scores = {k: v for k, v in scores.items() if k.startswith("range_error")}
+            result.update(scores)
+            if "wasserstein" in scores:
+                headline += f"; W1 {scores['wasserstein']:.2e}, KS {scores['ks']:.2e}"
+            else:
+                headline += f"; range error (α=0.1) {scores['range_error_0.1']:.2e}"
+        return Outcome(tables={"histogram": pa.table(columns)}, metrics=result, headline=headline)
+
+
+def reject_inapplicable_users(cfg: SquareWaveConfig) -> None:
+    """File options without a file, synthetic options with one."""
+    if cfg.data.columns is not None:
+        raise ConfigError("data.columns", "square-wave estimates one column", "set column instead")
+    if cfg.data.path is None:
+        for name in ("column", "bounds"):
+            if getattr(cfg, name) is not None:
+                raise ConfigError(
+                    name, "applies to a data file, but no data.path is given", "set data.path"
+                )
+        return
+    default = SquareWaveConfig()
+    for name in ("users", "beta_a", "beta_b"):
+        if getattr(cfg, name) != getattr(default, name):
+            raise ConfigError(
+                name, "applies to synthetic data only, but data.path is given", "drop this option"
+            )
