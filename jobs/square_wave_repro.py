@@ -209,8 +209,8 @@ def main(argv: list[str] | None = None) -> int:
         "checks": checks,
         "seconds": time.perf_counter() - started,
     }
+    record["plots"] = plot(rows, epsilons, out)
     (out / "square_wave_repro.json").write_text(json.dumps(record, indent=2) + "\n")
-    plot(rows, epsilons, out / "square_wave_repro.png")
     for name, ok in checks.items():
         print(f"{'ok  ' if ok else 'FAIL'} {name}")
     print(
@@ -219,26 +219,19 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def plot(rows, epsilons, path) -> None:
+def plot(rows, epsilons, out: Path) -> list[str]:
+    """One PNG per dataset: a panel per metric (log scale) and a legend panel."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    names = list(dict.fromkeys(r["dataset"] for r in rows))
-    fig, axes = plt.subplots(
-        len(names), len(METRICS), figsize=(3.6 * len(METRICS), 3.4 * len(names)), squeeze=False
-    )
-    colours = dict(
-        zip(
-            [m[0] for m in METHODS],
-            plt.rcParams["axes.prop_cycle"].by_key()["color"] * 2,
-            strict=False,
-        )
-    )
-    for i, name in enumerate(names):
-        for j, metric in enumerate(METRICS):
-            ax = axes[i, j]
+    cmap = plt.get_cmap("tab20")
+    colours = {label: cmap(i) for i, (label, _, _) in enumerate(METHODS)}
+    paths = []
+    for name in dict.fromkeys(r["dataset"] for r in rows):
+        fig, axes = plt.subplots(2, 4, figsize=(17, 8))
+        for ax, metric in zip(axes.flat, METRICS, strict=False):
             for label, _, _ in METHODS:
                 pts = sorted(
                     (r["epsilon"], r[metric])
@@ -261,23 +254,31 @@ def plot(rows, epsilons, path) -> None:
                     ax.scatter(
                         *zip(*pts, strict=True),
                         marker="*",
-                        s=50,
+                        s=70,
                         facecolors="none",
                         edgecolors=colours[label],
                     )
-            ax.set(yscale="log", xlabel="ε", title=f"{name}: {metric}")
+            ax.set(yscale="log", xlabel="ε", title=metric.replace("_", " "))
             ax.set_xticks(epsilons, [f"{e:g}" for e in epsilons])
             ax.grid(alpha=0.3)
-    handles, labels = axes[0, 0].get_legend_handles_labels()
-    more = axes[0, METRICS.index("mean_error")].get_legend_handles_labels()
-    for h, lab in zip(*more, strict=True):
-        if lab not in labels:
-            handles.append(h)
-            labels.append(lab)
-    fig.legend(handles, labels, loc="lower center", ncol=7, fontsize=8)
-    fig.tight_layout(rect=(0, 0.06, 1, 1))
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+        legend = axes.flat[-1]
+        legend.axis("off")
+        handles = {}
+        for ax in axes.flat[:-1]:
+            for h, lab in zip(*ax.get_legend_handles_labels(), strict=True):
+                handles.setdefault(lab, h)
+        if name.startswith("Beta"):
+            handles["reference (spec §5.3)"] = legend.scatter(
+                [], [], marker="*", s=70, facecolors="none", edgecolors="k"
+            )
+        legend.legend(handles.values(), handles.keys(), loc="center", fontsize=10)
+        fig.suptitle(f"{name}: error vs ε (mean over repetitions)")
+        fig.tight_layout()
+        path = out / f"square_wave_repro_{''.join(c for c in name if c.isalnum()).lower()}.png"
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+        paths.append(str(path))
+    return paths
 
 
 if __name__ == "__main__":
