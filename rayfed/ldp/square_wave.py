@@ -19,8 +19,8 @@ MAX_ITERATIONS = 10_000
 
 def band_half_width(eps: float) -> float:
     """b_SW(ε) = (εe^ε - e^ε + 1) / (2e^ε(e^ε - 1 - ε)); → 1/2 as ε → 0."""
-    if eps < 1e-4:  # the closed form cancels catastrophically; its limit is 1/2 - ε/12
-        return 0.5 - eps / 12
+    if eps < 1e-4:  # the closed form cancels catastrophically; its series is 1/2 - ε/3 + ε²/9 …
+        return 0.5 - eps / 3 + eps**2 / 9
     e = math.exp(eps)
     return (eps * e - e + 1) / (2 * e * (e - 1 - eps))
 
@@ -127,6 +127,7 @@ def expectation_maximisation(
     third iteration), when an iteration moves the estimate by at most 1/n in L1, or after
     ``max_iterations``. Returns (estimate summing to 1, iterations run).
     """
+    counts = np.asarray(counts, dtype=np.float64)
     d = m.shape[1]
     n = counts.sum()
     x = np.full(d, 1.0 / d)
