@@ -5,8 +5,9 @@
 One run of ``rayfed run square-wave`` (SW-EMS, ε = 1, d = 256, Beta(5, 2)) on an embedded local Ray
 with one cohort per CPU: plan (data, dealing users to cohorts), actors, every user's perturbation
 in the cohorts, aggregation and EMS on the coordinator. Target (issue 7): <= 30 s and <= 4 GiB on
-2 cores. Ray's own start is timed separately; memory is the peak of the summed resident memory of
-the driver and every Ray process (raylet, GCS and workers included), sampled every 50 ms.
+2 cores. Ray's own start is timed separately; memory is the peak of the summed proportional set
+size (PSS) of the driver and every process it started (the embedded Ray's raylet, GCS and
+workers), sampled every 50 ms.
 """
 
 from __future__ import annotations
@@ -24,27 +25,37 @@ import rayfed
 TARGET_S, TARGET_BYTES = 30.0, 4 << 30
 
 
-def _rss(pid: str) -> int:
+def _pss(pid: str) -> int:
+    """Proportional set size: shared pages (libraries, Ray's object store) split among sharers."""
     try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
                 return int(line.split()[1]) * 1024
     except OSError:
         pass
     return 0
 
 
-def _ray_or_self(pid: str) -> bool:
-    if pid == str(os.getpid()):
-        return True
-    try:
-        return b"ray" in Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return False
+def _family(root: int) -> list[str]:
+    """The driver and every process descended from it (the embedded Ray's raylet, GCS, workers)."""
+    parent: dict[str, str] = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            continue
+        parent[pid] = stat.rsplit(")", 1)[1].split()[1]
+    family, frontier = {str(root)}, [str(root)]
+    while frontier:
+        current = frontier.pop()
+        children = [p for p, pp in parent.items() if pp == current and p not in family]
+        family.update(children)
+        frontier.extend(children)
+    return sorted(family)
 
 
 class PeakMemory:
-    """Polls the summed RSS of the driver and the Ray processes in a background thread."""
+    """Polls the summed PSS of the driver and its descendants in a background thread."""
 
     def __init__(self, interval: float = 0.05):
         self.interval, self.peak, self._stop = interval, 0, threading.Event()
@@ -52,8 +63,7 @@ class PeakMemory:
 
     def _poll(self) -> None:
         while not self._stop.is_set():
-            pids = [p for p in os.listdir("/proc") if p.isdigit() and _ray_or_self(p)]
-            self.peak = max(self.peak, sum(_rss(p) for p in pids))
+            self.peak = max(self.peak, sum(_pss(p) for p in _family(os.getpid())))
             time.sleep(self.interval)
 
     def __enter__(self) -> PeakMemory:
@@ -83,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     record = {
         "name": f"SW-EMS, {args.users:,} users, d={args.buckets}, ε=1, Ray path",
         "users": args.users,
-        "cpus": os.cpu_count(),
+        "cpus": os.cpu_count(),  # of this machine: the benchmark runs an embedded local Ray
         "cohorts": len(
             [c for c in result.transcript_totals["bytes_by_sender"] if c != "coordinator"]
         ),

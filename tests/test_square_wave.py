@@ -85,6 +85,7 @@ def test_default_run_reports_every_metric_and_the_privacy_spent():
 @pytest.mark.parametrize(
     "method,options",
     [
+        ("sw-ems", {}),
         ("sw-ems", {"bucketize": "br"}),
         ("cfo", {"bins": 64, "epsilon": 1.0}),  # OLH
         ("cfo", {"bins": 16, "epsilon": 4.0}),  # GRR
@@ -98,6 +99,12 @@ def test_results_do_not_depend_on_the_cohorts(method, options):
     a = run(method, users=20_000, cohorts=1, **options).tables["histogram"]
     b = run(method, users=20_000, cohorts=3, **options).tables["histogram"]
     assert a.column("estimate").equals(b.column("estimate"))
+
+
+def test_moments_do_not_depend_on_the_cohorts():
+    a = run("pm", users=20_000, cohorts=1).tables["moments"]
+    b = run("pm", users=20_000, cohorts=12).tables["moments"]
+    assert a.equals(b)
 
 
 def test_range_only_methods_report_range_errors_only():
@@ -154,6 +161,13 @@ def test_ray_equals_local(ray_cluster):
         ({"method": "hh-admm", "buckets": 200}, "buckets"),
         ({"method": "haar-hrr", "buckets": 100}, "buckets"),
         ({"column": "x"}, "column"),
+        ({"epsilon": 25.0}, "epsilon"),
+        ({"buckets": 8192}, "buckets"),
+        ({"beta_b": 0.0}, "beta_b"),
+        ({"bins": 32}, "bins"),  # sw-ems has no bins
+        ({"method": "cfo", "tolerance": 1e-4}, "tolerance"),
+        ({"bucketize": "br", "output_buckets": 300}, "output_buckets"),
+        ({"missing": "drop"}, "missing"),
     ],
 )
 def test_bad_options(options, field):

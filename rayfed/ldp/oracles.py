@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from scipy.linalg import hadamard
 
 MERSENNE = (1 << 31) - 1  # the universal hash's prime
 
@@ -93,8 +94,11 @@ def norm_sub(x: np.ndarray) -> np.ndarray:
 
 # --- HRR ------------------------------------------------------------------------------------------
 def hadamard_entry(rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
-    """φ[j, a] = (-1)^popcount(j & a) of the Sylvester Hadamard matrix."""
-    return 1 - 2 * (np.bitwise_count(np.bitwise_and(rows, cols)) & 1).astype(np.int64)
+    """φ[j, a] = (-1)^popcount(j & a) of the Sylvester Hadamard matrix (parity by XOR folding)."""
+    x = np.bitwise_and(rows, cols).astype(np.uint64)
+    for shift in (32, 16, 8, 4, 2, 1):
+        x ^= x >> np.uint64(shift)
+    return 1 - 2 * (x & np.uint64(1)).astype(np.int64)
 
 
 def hrr_perturb(
@@ -110,8 +114,6 @@ def hrr_perturb(
 
 def hrr_estimate(rows: np.ndarray, bits: np.ndarray, size: int, eps: float, n: int) -> np.ndarray:
     """θ̂_a = ((e^ε+1)/(e^ε-1)) (1/n) Σ_k y'_k φ[j_k, a], for every a (one Hadamard product)."""
-    from scipy.linalg import hadamard
-
     totals = np.bincount(rows, weights=bits.astype(np.float64), minlength=size)
     e = math.exp(eps)
     return (e + 1) / (e - 1) * (hadamard(size) @ totals) / n

@@ -141,7 +141,7 @@ def expectation_maximisation(
         current = log_likelihood(counts, m, new)
         moved = np.abs(new - x).sum()
         x = new
-        if it > 2 and abs(current - previous) < tolerance or moved <= 1.0 / n:
+        if (it > 2 and abs(current - previous) < tolerance) or moved <= 1.0 / n:
             return x, it
         previous = current
     return x, max_iterations

@@ -41,8 +41,9 @@ from rayfed.ldp import square_wave as sw
 from rayfed.privacy import Budget, EpsilonDeltaDpEvent, check_budget
 from rayfed.protocols.base import Outcome, Plan, Protocol
 
+MAX_EPSILON = 20.0
+MAX_BUCKETS = 4096
 METHODS = ("sw-ems", "sw-em", "cfo", "hh", "hh-admm", "haar-hrr", "sr", "pm")
-HISTOGRAM_METHODS = ("sw-ems", "sw-em", "cfo", "hh-admm")  # valid distributions: every metric
 RANGE_ONLY = ("hh", "haar-hrr")  # may be negative: range queries only (spec Table 3.2)
 
 
@@ -83,10 +84,23 @@ class SquareWaveConfig:
 
     def validate(self) -> None:
         check_budget(self.epsilon, 0.0)
-        if self.buckets < 2:
-            raise ConfigError("buckets", f"must be >= 2, got {self.buckets}", "e.g. 256 or 1024")
-        if self.output_buckets is not None and self.output_buckets < 2:
-            raise ConfigError("output_buckets", f"must be >= 2, got {self.output_buckets}")
+        if self.epsilon > MAX_EPSILON:
+            raise ConfigError(
+                "epsilon",
+                f"{self.epsilon} is above {MAX_EPSILON}: SW's transition matrix loses its precision "
+                "(p/q = e^ε) and such a report is no longer private in any useful sense",
+                f"0 < ε <= {MAX_EPSILON}",
+            )
+        for name in ("buckets", "output_buckets"):
+            value = getattr(self, name)
+            if value is not None and not 2 <= value <= MAX_BUCKETS:
+                raise ConfigError(
+                    name,
+                    f"must be in [2, {MAX_BUCKETS}], got {value} (the aggregator holds dense "
+                    "d̃ x d transition and Hadamard matrices: 128 MiB each at the limit)",
+                    "e.g. 256 or 1024",
+                )
+        _reject_unused_options(self)
         for name in ("max_iterations", "users", "range_queries"):
             if getattr(self, name) < 1:
                 raise ConfigError(name, f"must be >= 1, got {getattr(self, name)}")
@@ -102,8 +116,9 @@ class SquareWaveConfig:
             _require_power(self.buckets, self.branching, "buckets")
         if self.method == "haar-hrr":
             _require_power(self.buckets, 2, "buckets")
-        if self.beta_a <= 0 or self.beta_b <= 0:
-            raise ConfigError("beta_a", "Beta shapes must be > 0")
+        for name in ("beta_a", "beta_b"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(name, f"a Beta shape must be > 0, got {getattr(self, name)}")
         if self.bounds is not None and (
             len(self.bounds) != 2 or not self.bounds[0] < self.bounds[1]
         ):
@@ -115,6 +130,27 @@ class SquareWaveConfig:
         if self.tolerance is not None:
             return self.tolerance
         return 1e-3 * (math.exp(self.epsilon) if self.method == "sw-em" else 1.0)
+
+
+#: options that only some methods read: giving one to another method is an error, not ignored
+METHOD_OPTIONS = {
+    "output_buckets": ("sw-ems", "sw-em"),
+    "bucketize": ("sw-ems", "sw-em"),
+    "tolerance": ("sw-ems", "sw-em"),
+    "max_iterations": ("sw-ems", "sw-em"),
+    "bins": ("cfo",),
+    "branching": ("hh", "hh-admm"),
+    "moments": ("sr", "pm"),
+}
+
+
+def _reject_unused_options(cfg: SquareWaveConfig) -> None:
+    default = SquareWaveConfig()
+    for name, methods in METHOD_OPTIONS.items():
+        if cfg.method not in methods and getattr(cfg, name) != getattr(default, name):
+            raise ConfigError(name, f"does not apply to method {cfg.method}", f"methods {methods}")
+    if cfg.bucketize == "br" and cfg.output_buckets is not None:
+        raise ConfigError("output_buckets", "discrete SW (bucketize=br) outputs d + 2b values")
 
 
 def _require_power(d: int, base: int, name: str) -> None:
@@ -159,11 +195,11 @@ def sw_step(
 def _frequency_report(
     ctx: StepContext, ids: np.ndarray, values: np.ndarray, domain: int, eps: float, u, round: int
 ) -> dict:
-    """GRR over the domain, or OLH (the report then carries the user's public hash seed: its id)."""
+    """GRR over the domain, or OLH: the report ⟨H, y⟩ carries the user's hash (a, b)."""
     if oracles.use_grr(domain, eps):
         return {"report": oracles.grr_perturb(values, domain, eps, u)}
     params = oracles.olh_params(rng.keyed_bits64(ctx.seed, "olh-hash", round, ids, 2))
-    return {"report": oracles.olh_perturb(values, params, eps, u), "ids": ids.astype(np.int64)}
+    return {"report": oracles.olh_perturb(values, params, eps, u), "hash": params}
 
 
 def cfo_step(ctx: StepContext, *, eps: float, bins: int, round: int) -> Message:
@@ -183,15 +219,16 @@ def hh_step(ctx: StepContext, *, eps: float, d: int, branching: int, round: int)
     layer = np.minimum((u[:, 2] * len(sizes)).astype(np.int64), len(sizes) - 1) + 1
     node = hierarchy.ancestor(leaf, layer, branching)
     report = np.empty_like(node)
+    hashes = np.zeros((node.size, 2), dtype=np.int64)
     for ell, size in enumerate(sizes, start=1):
         mine = layer == ell
         part = _frequency_report(ctx, ids[mine], node[mine], size, eps, u[mine], round)
         report[mine] = part["report"]
-    return _ldp(
-        "hh_reports",
-        {"layer": layer.astype(np.int8), "report": report, "ids": ids.astype(np.int64)},
-        eps,
-    )
+        if "hash" in part:
+            hashes[mine] = part["hash"]
+    olh = ~np.array([oracles.use_grr(size, eps) for size in sizes])[layer - 1]
+    payload = {"layer": layer.astype(np.int8), "report": report, "hash": hashes[olh]}
+    return _ldp("hh_reports", payload, eps)
 
 
 def haar_step(ctx: StepContext, *, eps: float, d: int, round: int) -> Message:
@@ -227,25 +264,27 @@ def moment_step(
 
 
 # --- step functions: the aggregator ------------------------------------------------------------------
+def _cohort_order(name: str) -> tuple[int, str]:
+    digits = "".join(ch for ch in name if ch.isdigit())
+    return (int(digits) if digits else -1, name)
+
+
 def _gather(reports: dict[str, Any], key: str | None = None) -> np.ndarray:
-    parts = [reports[c] if key is None else reports[c][key] for c in sorted(reports)]
+    """Every cohort's reports, concatenated in user order (cohorts hold contiguous id blocks)."""
+    names = sorted(reports, key=_cohort_order)
+    parts = [reports[c] if key is None else reports[c][key] for c in names]
     return np.concatenate(parts) if parts else np.zeros(0)
 
 
-def _frequencies(reports: dict, domain: int, eps: float, n: int) -> np.ndarray:
-    if oracles.use_grr(domain, eps):
-        return oracles.grr_estimate(reports["report"], domain, eps, n)
-    params = oracles.olh_params(
-        rng.keyed_bits64(
-            reports["seed"], "olh-hash", reports["round"], reports["ids"].astype(np.uint64), 2
-        )
-    )
-    return oracles.olh_estimate(reports["report"], params, domain, eps, n)
+def _frequencies(report: np.ndarray, hashes: np.ndarray | None, domain: int, eps: float):
+    """GRR or OLH frequency estimates of one group of users (OLH when hashes are given)."""
+    n = max(1, report.size)
+    if hashes is None:
+        return oracles.grr_estimate(report, domain, eps, n)
+    return oracles.olh_estimate(report, hashes, domain, eps, n)
 
 
-def estimate_step(
-    ctx: StepContext, reports: dict[str, Any], *, method: str, cfg: dict, round: int
-) -> dict:
+def estimate_step(ctx: StepContext, reports: dict[str, Any], *, method: str, cfg: dict) -> dict:
     """Aggregator: the d-bucket estimate of the value distribution from every received report."""
     d, eps = cfg["buckets"], cfg["epsilon"]
     if method in ("sw-ems", "sw-em"):
@@ -266,20 +305,24 @@ def estimate_step(
         )
         return {"estimate": est, "iterations": iterations, "reports": int(values.size)}
     if method == "cfo":
-        merged = {k: _gather(reports, k) for k in reports[next(iter(reports))]}
-        merged.update(seed=ctx.seed, round=round)
-        n = merged["report"].size
-        freq = oracles.norm_sub(_frequencies(merged, cfg["bins"], eps, n))
-        return {"estimate": np.repeat(freq / (d // cfg["bins"]), d // cfg["bins"]), "reports": n}
+        report = _gather(reports, "report")
+        olh = not oracles.use_grr(cfg["bins"], eps)
+        freq = oracles.norm_sub(
+            _frequencies(report, _gather(reports, "hash") if olh else None, cfg["bins"], eps)
+        )
+        spread = d // cfg["bins"]
+        return {"estimate": np.repeat(freq / spread, spread), "reports": int(report.size)}
     if method in ("hh", "hh-admm"):
-        layer = _gather(reports, "layer")
-        report, ids = _gather(reports, "report"), _gather(reports, "ids")
+        layer, report = _gather(reports, "layer"), _gather(reports, "report")
         sizes = hierarchy.layer_sizes(d, cfg["branching"])
+        olh_layer = ~np.array([oracles.use_grr(size, eps) for size in sizes])
+        hashes = np.zeros((layer.size, 2), dtype=np.int64)
+        hashes[olh_layer[layer - 1]] = _gather(reports, "hash").reshape(-1, 2)
         layers = []
         for ell, size in enumerate(sizes, start=1):
             mine = layer == ell
-            part = {"report": report[mine], "ids": ids[mine], "seed": ctx.seed, "round": round}
-            layers.append(_frequencies(part, size, eps, max(1, int(mine.sum()))))
+            own = hashes[mine] if olh_layer[ell - 1] else None
+            layers.append(_frequencies(report[mine], own, size, eps))
         if method == "hh":
             est = hierarchy.constrained_inference(layers, cfg["branching"])[0]
         else:
@@ -301,7 +344,7 @@ def estimate_step(
 def moment_estimate_step(ctx: StepContext, reports: dict[str, Any], *, part: str) -> dict:
     """Aggregator (SR/PM): the average of the unbiased reports, mapped back to [0, 1] units."""
     values = _gather(reports)
-    mean = float(values.mean()) if values.size else 0.0
+    mean = math.fsum(values) / values.size if values.size else 0.0
     if part == "variance":
         return {"variance": (mean + 1) / 2, "reports": int(values.size)}
     return {"mean": (mean + 1) / 2, "reports": int(values.size)}
@@ -364,7 +407,7 @@ class SquareWave(Protocol):
     Config = SquareWaveConfig
 
     def plan(self, cfg: SquareWaveConfig, seed: int) -> Plan:
-        reject_inapplicable_users(cfg)
+        _reject_inapplicable(cfg)
         values = _load_values(cfg, seed)
         n = values.size
         n_cohorts = min(cfg.cohorts or os.cpu_count() or 1, n)
@@ -438,7 +481,7 @@ class SquareWave(Protocol):
                 reports = fed.cohorts.run(haar_step, eps=eps, d=d, round=0, phase="perturb")
             out = fed.one(
                 fed.coordinator.run(
-                    estimate_step, reports, method=cfg.method, cfg=server, round=0, phase="estimate"
+                    estimate_step, reports, method=cfg.method, cfg=server, phase="estimate"
                 )
             )
         self._notes(fed, cfg)
@@ -535,11 +578,16 @@ class SquareWave(Protocol):
             "buckets": d,
         }
         if cfg.method in ("sw-ems", "sw-em"):
-            result.update(b=b, iterations=out["iterations"], tolerance=cfg.em_tolerance())
+            if cfg.bucketize == "br":  # discrete SW: b is an integer number of buckets
+                result["b_buckets"] = sw.discrete_parameters(cfg.epsilon, d)[0]
+            else:
+                result["b"] = b
+            result.update(iterations=out["iterations"], tolerance=cfg.em_tolerance())
         headline = f"{cfg.method}: {d}-bucket distribution of {plan.info['users']:,} users at ε={cfg.epsilon:g}"
         if plan.evaluation is not None:
             truth = plan.evaluation["histogram"]
             columns["true"] = truth
+            # the same queries for every run and method (keyed by nothing), so errors compare
             starts = metrics.range_starts(
                 rng.stream(0, "evaluation", 0, "range-queries"), cfg.range_queries
             )
@@ -554,11 +602,13 @@ class SquareWave(Protocol):
         return Outcome(tables={"histogram": pa.table(columns)}, metrics=result, headline=headline)
 
 
-def reject_inapplicable_users(cfg: SquareWaveConfig) -> None:
+def _reject_inapplicable(cfg: SquareWaveConfig) -> None:
     """File options without a file, synthetic options with one."""
     if cfg.data.columns is not None:
         raise ConfigError("data.columns", "square-wave estimates one column", "set column instead")
     if cfg.data.path is None:
+        if cfg.missing != "error":
+            raise ConfigError("missing", "applies to a data file, but no data.path is given")
         for name in ("column", "bounds"):
             if getattr(cfg, name) is not None:
                 raise ConfigError(
