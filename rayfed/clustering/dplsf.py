@@ -28,9 +28,20 @@ def budgets(epsilon: float, depth: int = DEPTH, count_share: float = COUNT_SHARE
     return count_share * epsilon / (depth + 1), (1.0 - count_share) * epsilon
 
 
-def dplsf_event(epsilon: float, d: int, depth: int = DEPTH, count_share: float = COUNT_SHARE):
-    """The DP event of one DPLSF run (add/remove one point): L+1 levels of discrete-Laplace counts,
-    then the leaf sums."""
+def dplsf_event(
+    epsilon: float,
+    d: int,
+    *,
+    replace_one: bool = False,
+    depth: int = DEPTH,
+    count_share: float = COUNT_SHARE,
+):
+    """The DP event of one DPLSF run at ε: L+1 levels of discrete-Laplace counts, then the leaf
+    sums (add/remove one point). Under replace-one neighbours a replacement is a removal and an
+    addition, so the run is calibrated at ε/2 and the event counts twice (group privacy of 2)."""
+    if replace_one:
+        inner = dplsf_event(epsilon / 2, d, depth=depth, count_share=count_share)
+        return dp_event.SelfComposedDpEvent(inner, 2)
     eps_level, eps_sum = budgets(epsilon, depth, count_share)
     counts = discrete_laplace_event(1, eps_level)
     sums = laplace_event(d, eps_sum)
@@ -74,10 +85,15 @@ def dplsf(
     epsilon: float,
     rng: np.random.Generator,
     *,
+    replace_one: bool = False,
     depth: int = DEPTH,
     count_share: float = COUNT_SHARE,
 ) -> tuple[np.ndarray, dp_event.DpEvent, dict]:
-    """(k centers, the DP event, facts about the tree) for points ``x`` in [-1, 1]^d."""
+    """(k centers, the DP event, facts about the tree) for points ``x`` in [-1, 1]^d; ε-DP under
+    add/remove one point, or under replace-one with ``replace_one`` (then run at ε/2)."""
+    if replace_one:
+        centers, event, info = dplsf(x, k, epsilon / 2, rng, depth=depth, count_share=count_share)
+        return centers, dp_event.SelfComposedDpEvent(event, 2), info
     n, d = x.shape
     eps_level, eps_sum = budgets(epsilon, depth, count_share)
     bits = (x @ rng.standard_normal((d, depth)) < 0).astype(np.int64)

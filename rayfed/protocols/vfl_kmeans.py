@@ -68,7 +68,6 @@ from rayfed.protocols.vfl_kmeans_steps import (
     labels_step,
     ldp_step,
     local_cluster_step,
-    local_event,
     random_split,
     server_step,
     synthetic_table,
@@ -463,7 +462,7 @@ class VflKmeans(Protocol):
                         (
                             p,
                             "DPLSF local clustering",
-                            local_event(split.eps1, len(pos), replace_one),
+                            dplsf_event(split.eps1, len(pos), replace_one=replace_one),
                         )
                         for p, pos in zip(order, info["positions"], strict=True)
                     ]

@@ -9,12 +9,11 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-from dp_accounting import dp_event
 
 from rayfed import rng
 from rayfed.actors.base import Message, StepContext
 from rayfed.clustering import fm, nearest, weighted_kmeans
-from rayfed.clustering.dplsf import dplsf, dplsf_event
+from rayfed.clustering.dplsf import dplsf
 from rayfed.data import even_groups
 from rayfed.privacy import EpsilonDeltaDpEvent, kary_randomized_response
 from rayfed.privacy import laplace as laplace_mechanism
@@ -99,14 +98,6 @@ def count_step(ctx: StepContext, *, epsilon0: float | None) -> Message:
     return Message("n_hat", float(noisy[0]), dp_event=event)
 
 
-def local_event(epsilon: float, d: int, replace_one: bool) -> dp_event.DpEvent:
-    """The DP event of a party's DPLSF at ε: under replace-one neighbours (LDP-AGG) a replacement
-    is a removal and an addition, so DPLSF runs at ε/2 twice over (group privacy of 2)."""
-    if replace_one:
-        return dp_event.SelfComposedDpEvent(dplsf_event(epsilon / 2, d), 2)
-    return dplsf_event(epsilon, d)
-
-
 def local_cluster_step(
     ctx: StepContext, *, k: int, epsilon: float | None, replace_one: bool, round: int
 ) -> Message:
@@ -114,9 +105,7 @@ def local_cluster_step(
     x = unit_features(ctx)
     gen = ctx.rng("clustering", round)
     if epsilon is not None:
-        centers, event, _ = dplsf(x, k, epsilon / 2 if replace_one else epsilon, gen)
-        if replace_one:
-            event = dp_event.SelfComposedDpEvent(event, 2)
+        centers, event, _ = dplsf(x, k, epsilon, gen, replace_one=replace_one)
     else:
         centers, event = weighted_kmeans(x, np.ones(len(x)), k, gen), None
     ctx.state["labels"] = nearest(x, centers)
