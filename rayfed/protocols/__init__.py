@@ -14,6 +14,7 @@ REGISTRY: dict[str, tuple[str, str]] = {
     "federated-mf": ("rayfed.protocols.federated_mf", "FederatedMF"),
     "vfl-kmeans": ("rayfed.protocols.vfl_kmeans", "VflKmeans"),
     "square-wave": ("rayfed.protocols.square_wave", "SquareWave"),
+    "vfl-primitives": ("rayfed.protocols.vfl_primitives", "VflPrimitives"),
 }
 
 
