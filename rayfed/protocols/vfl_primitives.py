@@ -48,6 +48,7 @@ from rayfed.privacy import (
     Budget,
     binary_randomized_response,
     check_budget,
+    gaussian,
     gaussian_noise_multiplier,
     laplace,
     laplace_event,
@@ -284,14 +285,13 @@ def local_cluster_step(ctx: StepContext, *, k: int, eps: float, radius: float) -
 
 
 def sketch_step(
-    ctx: StepContext, *, s: int, attempt: int, sigma: float, sensitivity: float, label: bool
+    ctx: StepContext, *, s: int, attempt: int, sigma: float, sensitivity: float
 ) -> Message:
     """Server: G A^(j) + N(0, σ²) per entry (the label server: G b + n)."""
-    a = _matrix(ctx)
-    noisy = sketch_multiply(ctx.seed, attempt, s, a) + ctx.rng("gaussian", 0).normal(
-        0.0, sigma, (s, a.shape[1])
+    sketch = sketch_multiply(ctx.seed, attempt, s, _matrix(ctx))
+    noisy, event = gaussian(
+        sketch, l2_sensitivity=sensitivity, sigma=sigma, rng=ctx.rng("gaussian", 0)
     )
-    event = dp_event.GaussianDpEvent(noise_multiplier=sigma / sensitivity)
     return Message("noisy_sketch", noisy, dp_event=event)
 
 
@@ -716,7 +716,6 @@ class VflPrimitives(Protocol):
                 attempt=info["attempt"],
                 sigma=info["sigma"],
                 sensitivity=info["sensitivity"],
-                label=False,
                 members=senders,
                 phase="sketch",
             )
