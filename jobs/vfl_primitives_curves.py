@@ -123,6 +123,8 @@ def plot(rows, path) -> None:
                 xlabel="ε" if axis == "epsilon" else "m (users)",
                 title=task if row == 0 else "",
             )
+            ax.set_xticks(x, [f"{v:g}" for v in x])
+            ax.xaxis.set_minor_locator(plt.NullLocator())
             ax.set_ylabel(label, fontsize=8)
             ax.grid(alpha=0.3)
     fig.suptitle("DP VFL primitives: error vs ε (top, m fixed) and vs m (bottom, ε fixed)")
