@@ -46,6 +46,7 @@ PURPOSES: dict[str, int] = {
     "hash-key": 21,
     "olh-hash": 22,
     "evaluation": 23,
+    "anchors": 24,
     "test": 99,
 }
 

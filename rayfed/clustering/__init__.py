@@ -49,3 +49,24 @@ def normalised_loss(x: np.ndarray, centers: np.ndarray) -> float:
 def v_measure(reference: np.ndarray, x: np.ndarray, centers: np.ndarray) -> float:
     """V-measure (β = 1) of the nearest-center labels against reference labels."""
     return float(v_measure_score(reference, nearest(x, centers)))
+
+
+def kcluster(d: np.ndarray, k: int, rng: np.random.Generator, max_iter: int = 300) -> np.ndarray:
+    """kCluster (Sun, Zhao & Ye, Alg. 2) on a distance matrix: start from k random records as
+    singleton clusters, then repeatedly move every record to the cluster with the smallest *average
+    distance* to its members (self-distance included; an empty cluster is never chosen) until no
+    label changes. Returns the labels."""
+    n = d.shape[0]
+    seeds = rng.choice(n, k, replace=False)
+    labels = np.argmin(d[:, seeds], axis=1)
+    for _ in range(max_iter):
+        members = np.zeros((n, k), dtype=d.dtype)
+        members[np.arange(n), labels] = 1
+        count = members.sum(axis=0)
+        average = (d @ members) / np.maximum(count, 1)
+        average[:, count == 0] = np.inf
+        new = np.argmin(average, axis=1)
+        if np.array_equal(new, labels):
+            break
+        labels = new
+    return labels

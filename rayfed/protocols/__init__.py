@@ -15,6 +15,7 @@ REGISTRY: dict[str, tuple[str, str]] = {
     "vfl-kmeans": ("rayfed.protocols.vfl_kmeans", "VflKmeans"),
     "square-wave": ("rayfed.protocols.square_wave", "SquareWave"),
     "vfl-primitives": ("rayfed.protocols.vfl_primitives", "VflPrimitives"),
+    "ldp-bitvector": ("rayfed.protocols.ldp_bitvector", "LdpBitvector"),
 }
 
 
