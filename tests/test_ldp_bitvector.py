@@ -111,3 +111,24 @@ def test_bad_input(tmp_path):
         with pytest.raises(ConfigError) as info:
             run(**{field: value})
         assert info.value.field == field
+
+
+def test_reproduction_job_small(tmp_path):
+    """jobs/ldp_bitvector_repro.py --small: Table III, NMI vs ε, estimator curves, DBSCAN, plot."""
+    import json
+    import subprocess
+    import sys
+
+    job = Path(__file__).resolve().parents[1] / "jobs" / "ldp_bitvector_repro.py"
+    done = subprocess.run(
+        [sys.executable, str(job), "--small", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    record = json.loads((tmp_path / "ldp_bitvector_repro.json").read_text())
+    assert len(record["table_iii"]) == 9 and len(record["nmi_vs_epsilon"]) == 3
+    chained = record["estimator"]["consistence"]
+    assert all(r["with"] < r["without"] for r in chained)
+    assert (tmp_path / "ldp_bitvector_repro.png").stat().st_size > 20_000
