@@ -131,7 +131,8 @@ def hockey_stick(eps: float, k: int) -> float:
     keep = log_a > log_b
     if not keep.any():
         return 0.0
-    return float(np.exp(logsumexp(log_a[keep])) - np.exp(logsumexp(log_b[keep])))
+    delta = float(np.exp(logsumexp(log_a[keep])) - np.exp(logsumexp(log_b[keep])))
+    return min(1.0, max(0.0, delta))  # the difference of two sums near 1 can round past 1
 
 
 def max_differing_bits(r: np.ndarray, t: float, low: float, high: float) -> int:
