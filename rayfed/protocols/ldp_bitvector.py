@@ -502,7 +502,8 @@ class LdpBitvector(Protocol):
             "paper_delta": bv.paper_delta(cfg.epsilon, cfg.bits),
             "epsilon_per_record": plan.info["dims"] * plan.info["k_max"] * cfg.epsilon,
         }
-        headline = f"{cfg.method} ({cfg.encoding}): {metrics['clusters_found']} clusters over {len(labels):,} records"
+        how = cfg.method if cfg.method in BASELINES else f"{cfg.method} ({cfg.encoding})"
+        headline = f"{how}: {metrics['clusters_found']} clusters over {len(labels):,} records"
         truth = plan.evaluation["labels"]
         if truth is not None:
             metrics["nmi"] = float(normalized_mutual_info_score(truth, labels))
