@@ -113,20 +113,11 @@ def test_bad_input(tmp_path):
         assert info.value.field == field
 
 
-def test_reproduction_job_small(tmp_path):
+def test_reproduction_job_small(run_small_job):
     """jobs/ldp_bitvector_repro.py --small: Table III, NMI vs ε, estimator curves, DBSCAN, plot."""
     import json
-    import subprocess
-    import sys
 
-    job = Path(__file__).resolve().parents[1] / "jobs" / "ldp_bitvector_repro.py"
-    done = subprocess.run(
-        [sys.executable, str(job), "--small", "--out", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
+    tmp_path = run_small_job("ldp_bitvector_repro.py", timeout=600)
     record = json.loads((tmp_path / "ldp_bitvector_repro.json").read_text())
     assert len(record["table_iii"]) == 9 and len(record["nmi_vs_epsilon"]) == 3
     chained = record["estimator"]["consistence"]

@@ -222,20 +222,9 @@ def test_ray_equals_local(ray_cluster):
     assert len(events) == 1 + 3 + 3  # n̂, three DPLSF runs, three sketch matrices
 
 
-def test_reproduction_job_small(tmp_path):
+def test_reproduction_job_small(run_small_job):
     """jobs/vfl_kmeans_repro.py --small: the table, ablation, Theorem 6 check, JSON and plot."""
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    job = Path(__file__).resolve().parents[1] / "jobs" / "vfl_kmeans_repro.py"
-    done = subprocess.run(
-        [sys.executable, str(job), "--small", "--out", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
+    tmp_path = run_small_job("vfl_kmeans_repro.py", timeout=300)
     record = json.loads((tmp_path / "vfl_kmeans_repro.json").read_text())
     methods = {(r["method"], r["variant"]) for r in record["rows"]}
     assert {
@@ -247,4 +236,3 @@ def test_reproduction_job_small(tmp_path):
     assert record["theorem6_R13"]["draws"] == 5 and "2" in record["ablation_R12"]
     assert all(r["epsilon_spent"] <= (r["epsilon"] or 0) + 1e-9 for r in record["rows"])
     assert (tmp_path / "vfl_kmeans_repro.png").stat().st_size > 20_000
-    assert "RESULT_JSON" in done.stdout

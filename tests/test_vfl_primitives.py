@@ -173,21 +173,11 @@ def test_bad_data_files(tmp_path):
         run("kmeans", data={"path": str(path)})
 
 
-def test_curves_job_small(tmp_path):
+def test_curves_job_small(run_small_job):
     """jobs/vfl_primitives_curves.py --small: error vs ε and vs m for every task, JSON and plot."""
     import json
-    import subprocess
-    import sys
-    from pathlib import Path
 
-    job = Path(__file__).resolve().parents[1] / "jobs" / "vfl_primitives_curves.py"
-    done = subprocess.run(
-        [sys.executable, str(job), "--small", "--out", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
+    tmp_path = run_small_job("vfl_primitives_curves.py", timeout=300)
     record = json.loads((tmp_path / "vfl_primitives_curves.json").read_text())
     assert {r["task"] for r in record["rows"]} == set(vp.TASKS)
     assert {r["axis"] for r in record["rows"]} == {"epsilon", "users"}
