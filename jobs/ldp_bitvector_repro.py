@@ -137,7 +137,7 @@ def shapes(args) -> list[dict]:
                     bounds=bounds,
                     label="label",
                     bits=args.bits,
-                    data={"path": str(path)},
+                    data={"path": str(path), "columns": {"p0": ["x"], "p1": ["y"]}},
                 )
                 value = nmi(options, [0], args.backend)[0]
                 rows.append(

@@ -47,6 +47,8 @@ METHODS = ("kcluster", "dbscan", "agglomerative", "kmeans", "adp", "rsp")
 BASELINES = ("kmeans", "adp", "rsp")
 TRUSTED = "trusted"
 ROW_BLOCK = 2048
+PAIR_BLOCK = 16384
+DECOMPOSITION_LIMIT = 1000
 CONSISTENCE_LIMIT = 1000
 
 
@@ -74,8 +76,11 @@ class LdpBitvectorConfig:
     consistence_radius: float = option(0.5, "Algorithm 1's local-view radius as a fraction of 2t")
     adp_sigma: float = option(1.0, "adp: noise sd on the raw data scale")
     rsp_dims: int = option(32, "rsp: projected dimensions q")
-    partition: Literal["horizontal", "vertical"] = option(
-        "horizontal", "custodians hold row blocks (horizontal) or column blocks (vertical)"
+    partition: Literal["horizontal", "vertical", "vertical-decomposition"] = option(
+        "horizontal",
+        "custodians hold row blocks (horizontal) or column blocks (vertical: each encodes its "
+        "attributes); vertical-decomposition: Alice (the analyst) uses her attributes exactly and "
+        "Bob encodes two sums per record pair (Eq. 21–23)",
     )
     parties: int = option(2, "number of data custodians")
     dataset: Literal["digits"] = option(
@@ -154,6 +159,55 @@ def exact_step(ctx: StepContext) -> Message:
     return Message("values", {"x": _scaled(ctx), "records": ctx.table.column("record").to_numpy()})
 
 
+def pair_sums(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For every record pair i < j: (pairs, u = ‖x_i‖² + ‖x_j‖², v = 2·x_i·x_j); u - v = ‖x_i - x_j‖²."""
+    i, j = np.triu_indices(x.shape[0], k=1)
+    sq = (x**2).sum(1)
+    return np.stack([i, j], axis=1), sq[i] + sq[j], 2 * np.einsum("pk,pk->p", x[i], x[j])
+
+
+def pair_step(ctx: StepContext, *, eps: float | None, s: int, round: int) -> Message:
+    """Bob (decomposition, Eq. 21–23): DPBV codes of u and v for every record pair, on a common
+    range whose half-width t covers it (so |u - v| is in local view)."""
+    x = _scaled(ctx)
+    _, u, v = pair_sums(x)
+    r, t = ctx.meta["pair_anchors"], ctx.meta["pair_t"]
+    packed = []
+    for a in range(0, u.size, PAIR_BLOCK):
+        both = np.concatenate([u[a : a + PAIR_BLOCK], v[a : a + PAIR_BLOCK]])
+        bits = bv.encode(both, r, t)
+        if eps is not None:
+            ids = np.arange(a, a + both.size // 2, dtype=np.uint64)
+            keys = np.concatenate([2 * ids, 2 * ids + np.uint64(1)])
+            bits = bv.randomize(
+                bits, eps, rng.keyed_uniform(ctx.seed, "randomized-response", round, keys, s)
+            )
+        packed.append(np.packbits(bits, axis=1).reshape(2, -1, (s + 7) // 8))
+    event = None
+    if eps is not None:
+        per_record = 2 * (x.shape[0] - 1) * ctx.meta["pair_k_max"]
+        event = dp_event.SelfComposedDpEvent(binary_rr_event(bv.keep_probability(eps)), per_record)
+    return Message("pair_codes", np.concatenate(packed, axis=1), dp_event=event)
+
+
+def decomposition_distances(
+    alice: np.ndarray, codes: np.ndarray, s: int, mu: float, eps: float | None
+) -> np.ndarray:
+    """sqrt(L² + max(R̂², 0)): Alice's exact part, Bob's part from the Hamming distance between the
+    codes of u and v of each pair (the debiased estimate of |u - v| = R²)."""
+    n = alice.shape[0]
+    d2 = _exact_distances(alice).astype(np.float64) ** 2
+    i, j = np.triu_indices(n, k=1)
+    r2 = np.empty(i.size)
+    for a in range(0, i.size, PAIR_BLOCK):
+        cu = np.unpackbits(codes[0, a : a + PAIR_BLOCK], axis=1, count=s).astype(bool)
+        cv = np.unpackbits(codes[1, a : a + PAIR_BLOCK], axis=1, count=s).astype(bool)
+        r2[a : a + PAIR_BLOCK] = bv.debias((cu != cv).sum(1), s, mu, eps)
+    d2[i, j] += np.maximum(r2, 0.0)
+    d2[j, i] = d2[i, j]
+    return np.sqrt(d2).astype(np.float32)
+
+
 def distance_matrix(
     blocks: list[np.ndarray], s: int, mu: float, eps: float | None, consistence: float | None
 ) -> np.ndarray:
@@ -223,6 +277,16 @@ def collector_step(
         )
     labels = cluster(d, cfg, ctx.rng("clustering", 0))
     return {"records": records, "labels": labels}
+
+
+def decomposition_collector_step(
+    ctx: StepContext, alice: dict[str, dict], bob: dict[str, np.ndarray], *, cfg: dict
+) -> dict:
+    """Collector for Alice (decomposition): her exact part plus Bob's pair codes, then cluster."""
+    (values,), (codes,) = alice.values(), bob.values()
+    eps = cfg["epsilon"] if cfg["encoding"] == "dpbv" else None
+    d = decomposition_distances(values["x"], codes, cfg["bits"], cfg["pair_mu"], eps)
+    return {"records": values["records"], "labels": cluster(d, cfg, ctx.rng("clustering", 0))}
 
 
 def _exact_distances(x: np.ndarray) -> np.ndarray:
@@ -303,6 +367,37 @@ def _load(cfg: LdpBitvectorConfig) -> tuple[pa.Table, list[str], str | None, lis
     )
 
 
+def _decomposition_parties(cfg, table, features, common, seed):
+    """Alice (first column group: her exact part) and Bob (second group: pair codes of u and v on
+    [0, R], R = 2·d_B·U², with half-width t = R/2 so every |u - v| is in local view)."""
+    groups = dict(cfg.data.columns) if cfg.data.columns else even_groups(features, 2)
+    if len(groups) != 2:
+        raise ConfigError("parties", "the decomposition needs exactly two custodians (Alice, Bob)")
+    n = table.num_rows
+    if n > DECOMPOSITION_LIMIT:
+        raise ConfigError(
+            "partition",
+            f"the decomposition encodes every record pair: {n:,} records is above "
+            f"{DECOMPOSITION_LIMIT:,} ({n * (n - 1) // 2:,} pairs)",
+            "a sample, or partition=vertical",
+        )
+    (alice, alice_cols), (bob, bob_cols) = groups.items()
+    top = 2 * len(bob_cols) * max(abs(cfg.low), abs(cfg.high)) ** 2
+    t = top / 2
+    anchors = bv.anchors(rng.stream(seed, "anchors", 1, "pairs"), 1, cfg.bits, 0.0, top, t)[0]
+    pair = {
+        "pair_t": t,
+        "pair_mu": bv.anchor_range(0.0, top, t),
+        "pair_k_max": bv.max_differing_bits(anchors, t, 0.0, top),
+    }
+    parts = vertical(table, groups, "record")
+    parties = {
+        alice: (parts[alice], {**common, "columns": alice_cols}),
+        bob: (parts[bob], {**common, **pair, "columns": bob_cols, "pair_anchors": anchors}),
+    }
+    return parties, [alice, bob], pair
+
+
 class LdpBitvector(Protocol):
     name = "ldp-bitvector"
     summary = "Clustering in the anonymised Hamming space: LDP bit vectors (DPBV), kCluster/DBSCAN"
@@ -342,6 +437,9 @@ class LdpBitvector(Protocol):
         if baseline:
             parties = {TRUSTED: (table.select(features + ["record"]), {"columns": features})}
             order = [TRUSTED]
+        elif cfg.partition == "vertical-decomposition" and cfg.encoding != "exact":
+            parties, order, pair = _decomposition_parties(cfg, table, features, common, seed)
+            common.update(pair)
         elif cfg.partition == "horizontal":
             blocks = horizontal(table.select(features + ["record"]), cfg.parties)
             parties = {
@@ -370,6 +468,9 @@ class LdpBitvector(Protocol):
             order = list(groups)
         private = not baseline and cfg.encoding == "dpbv"
         record_eps = d * k_max * cfg.epsilon
+        decomposition = cfg.partition == "vertical-decomposition" and cfg.encoding != "exact"
+        if decomposition:  # Bob's record enters n - 1 pairs, two codes each; Alice's part is exact
+            record_eps = 2 * (n - 1) * common["pair_k_max"] * cfg.epsilon
         return Plan(
             budget=Budget(record_eps, 0.0) if private else Budget.none(),
             ledger=dict(
@@ -377,8 +478,15 @@ class LdpBitvector(Protocol):
                 relation="replace_one",
                 composition="parallel" if cfg.partition == "horizontal" else "sequential",
                 statement=(
-                    f"pure ε-LDP per record: {d} attributes x up to {k_max} differing bits x "
-                    f"ε={cfg.epsilon:g} per bit = {record_eps:g} (the paper's (ε, δ) of Thm 4 does not hold)"
+                    (
+                        f"decomposition: Alice is the analyst and uses her attributes exactly (not "
+                        f"protected); each of Bob's records enters {n - 1} pairs x 2 codes x up to "
+                        f"{common.get('pair_k_max')} differing bits: pure {record_eps:g}-LDP"
+                        if decomposition
+                        else f"pure ε-LDP per record: {d} attributes x up to {k_max} differing "
+                        f"bits x ε={cfg.epsilon:g} per bit = {record_eps:g} (the paper's (ε, δ) "
+                        "of Thm 4 does not hold)"
+                    )
                     if private
                     else "not private: "
                     + (
@@ -397,6 +505,9 @@ class LdpBitvector(Protocol):
                 "dims": d,
                 "k_max": k_max,
                 "mu": bv.anchor_range(cfg.low, cfg.high, cfg.half_width),
+                "decomposition": decomposition,
+                "pair_mu": common.get("pair_mu"),
+                "pair_k_max": common.get("pair_k_max"),
             },
         )
 
@@ -415,6 +526,8 @@ class LdpBitvector(Protocol):
                         phase="baseline",
                     )
                 )
+            elif info["decomposition"]:
+                out = self._drive_decomposition(fed, cfg, info)
             else:
                 if cfg.encoding == "exact":
                     sent = fed.parties.run(exact_step, phase="values")
@@ -438,29 +551,59 @@ class LdpBitvector(Protocol):
                     sent = fed.parties.run(
                         encode_step, eps=eps, s=cfg.bits, t=cfg.half_width, round=0, phase="encode"
                     )
-                server = {
-                    "method": cfg.method,
-                    "encoding": cfg.encoding,
-                    "partition": cfg.partition,
-                    "bits": cfg.bits,
-                    "half_width": cfg.half_width,
-                    "mu": info["mu"],
-                    "epsilon": cfg.epsilon,
-                    "k": cfg.k,
-                    "restarts": cfg.restarts,
-                    "dbscan_eps": cfg.dbscan_eps,
-                    "min_samples": cfg.min_samples,
-                    "linkage": cfg.linkage,
-                    "consistence": cfg.consistence,
-                    "consistence_radius": cfg.consistence_radius,
-                }
                 out = fed.one(
                     fed.coordinator.run(
-                        collector_step, sent, order=order, cfg=server, phase="collect"
+                        collector_step,
+                        sent,
+                        order=order,
+                        cfg=self._server_cfg(cfg, info),
+                        phase="collect",
                     )
                 )
         self._notes(fed, cfg, info)
         return self._outcome(cfg, plan, out)
+
+    @staticmethod
+    def _server_cfg(cfg: LdpBitvectorConfig, info: dict) -> dict:
+        return {
+            "method": cfg.method,
+            "encoding": cfg.encoding,
+            "partition": cfg.partition,
+            "bits": cfg.bits,
+            "half_width": cfg.half_width,
+            "mu": info["mu"],
+            "pair_mu": info["pair_mu"],
+            "epsilon": cfg.epsilon,
+            "k": cfg.k,
+            "restarts": cfg.restarts,
+            "dbscan_eps": cfg.dbscan_eps,
+            "min_samples": cfg.min_samples,
+            "linkage": cfg.linkage,
+            "consistence": cfg.consistence,
+            "consistence_radius": cfg.consistence_radius,
+        }
+
+    def _drive_decomposition(self, fed, cfg: LdpBitvectorConfig, info: dict) -> dict:
+        alice, bob = info["order"]
+        eps = cfg.epsilon if cfg.encoding == "dpbv" else None
+        if eps is not None:
+            keep = bv.keep_probability(eps)
+            per_record = 2 * (info["records"] - 1) * info["pair_k_max"]
+            event = dp_event.SelfComposedDpEvent(binary_rr_event(keep), per_record)
+            fed.charge([(bob, "pair codes of u and v (randomized response)", event)])
+        exact = fed.parties.run(exact_step, members=[alice], phase="alice-values")
+        codes = fed.parties.run(
+            pair_step, eps=eps, s=cfg.bits, round=0, members=[bob], phase="pair-codes"
+        )
+        return fed.one(
+            fed.coordinator.run(
+                decomposition_collector_step,
+                exact,
+                codes,
+                cfg=self._server_cfg(cfg, info),
+                phase="collect",
+            )
+        )
 
     @staticmethod
     def _notes(fed, cfg: LdpBitvectorConfig, info: dict) -> None:
@@ -485,7 +628,14 @@ class LdpBitvector(Protocol):
         )
         if cfg.partition == "vertical":
             fed.note(
-                "vertical: every custodian encodes its own attributes (non-decomposition); the per-pair decomposition of Eq. 21–23 is not implemented"
+                "vertical, non-decomposition: every custodian encodes its own attributes; the "
+                "collector joins the codes on the record key"
+            )
+        if info["decomposition"]:
+            fed.note(
+                "decomposition (Eq. 21–23): Alice's attributes are used exactly, as the analyst's "
+                "own data; Bob encodes u and v of every pair, so each of his records is charged "
+                f"for {info['records'] - 1} pairs"
             )
 
     @staticmethod
@@ -500,7 +650,7 @@ class LdpBitvector(Protocol):
             "clusters_found": int(len(set(labels.tolist()) - {-1})),
             "k_max": plan.info["k_max"],
             "paper_delta": bv.paper_delta(cfg.epsilon, cfg.bits),
-            "epsilon_per_record": plan.info["dims"] * plan.info["k_max"] * cfg.epsilon,
+            "epsilon_per_record": plan.budget.epsilon,
         }
         how = cfg.method if cfg.method in BASELINES else f"{cfg.method} ({cfg.encoding})"
         headline = f"{how}: {metrics['clusters_found']} clusters over {len(labels):,} records"
