@@ -67,7 +67,8 @@ def test_band_half_width_matches_spec_table(eps):
     # the table prints 3 decimals; one unit in the last place, because the table's own rounding
     # is off by one there at ε = 0.5 (2bp = 1 - q = 0.54149, printed 0.542 next to q = 0.459)
     assert 2 * b * p == pytest.approx(band_mass, abs=1e-3)
-    assert 1 - (2 * b + 1) * q == pytest.approx(lemma_factor, abs=1e-3)
+    outside_band = 1 - (2 * b + 1) * q  # Lemma 1's factor
+    assert outside_band == pytest.approx(lemma_factor, abs=1e-3)
 
 
 def test_band_half_width_small_epsilon():
