@@ -29,7 +29,7 @@ import numpy as np
 
 import rayfed
 from rayfed import rng
-from rayfed.clustering import fm, nearest, normalised_loss, weighted_kmeans
+from rayfed.clustering import fm, nearest, normalised_loss, product_grid, weighted_kmeans
 from rayfed.clustering.dplsf import dplsf
 from rayfed.protocols import vfl_kmeans as vk
 from rayfed.protocols import vfl_kmeans_steps as steps
@@ -166,7 +166,7 @@ def ablation(args, parties: int, eps: float) -> dict:
         ]
         # DPLSF centers, exact cell counts
         labels = [nearest(x[:, p], c) for p, c in zip(positions, private_centers, strict=True)]
-        grid = steps.build_grid(private_centers, positions, x.shape[1])
+        grid = product_grid(private_centers, positions, x.shape[1])
         w = fm.exact_grid(labels, k_prime).reshape(-1)
         out["DPLSF + exact intersection"].append(
             normalised_loss(x, weighted_kmeans(grid, w, cfg.k, gen))
@@ -194,7 +194,7 @@ def ablation(args, parties: int, eps: float) -> dict:
         ]
         n_hat = len(x) + gen.laplace(0, 1 / split.eps0)
         w, _ = fm.two_pass_est(n_hat, sketches, n_p, cfg.gamma, gen, projection=cfg.projection)
-        grid = steps.build_grid(plain_centers, positions, x.shape[1])
+        grid = product_grid(plain_centers, positions, x.shape[1])
         out["k-means + DPFMPS-2PEst"].append(
             normalised_loss(x, weighted_kmeans(grid, w.reshape(-1), cfg.k, gen))
         )

@@ -360,3 +360,41 @@ def test_vfl_kmeans_file_errors_name_the_field(out_dir, csv_file):
 def test_vfl_kmeans_inapplicable_options(out_dir, options, field):
     err = expect(ConfigError, field, out_dir, "vfl-kmeans", **options)
     assert err.field == field
+
+
+@pytest.mark.parametrize(
+    "protocol,options,field",
+    [
+        ("vfl-kmeans", {"iterations": 0}, "iterations"),
+        ("vfl-kmeans", {"max_grid_cells": 0}, "max_grid_cells"),
+        ("vfl-kmeans", {"count_fraction": 1.0}, "count_fraction"),
+        ("vfl-kmeans", {"gamma": 0.0}, "gamma"),
+        ("vfl-kmeans", {"spread": -0.1}, "spread"),
+        ("vfl-kmeans", {"tolerance": -1.0}, "tolerance"),
+        ("vfl-kmeans", {"method": "ind-lap", "delta": 1e-5}, "delta"),
+        ("square-wave", {"tolerance": -1.0}, "tolerance"),
+        ("square-wave", {"max_iterations": 0}, "max_iterations"),
+        ("square-wave", {"range_queries": 0}, "range_queries"),
+        ("square-wave", {"cohorts": 0}, "cohorts"),
+        ("square-wave", {"method": "hh", "branching": 1}, "branching"),
+        ("vfl-primitives", {"alpha": 1.0}, "alpha"),
+        ("vfl-primitives", {"sketch_constant": 0.0}, "sketch_constant"),
+        ("vfl-primitives", {"nu": 0.0}, "nu"),
+        ("vfl-primitives", {"radius": -1.0}, "radius"),
+        ("vfl-primitives", {"dims": 0}, "dims"),
+        ("vfl-primitives", {"users": 0}, "users"),
+        ("ldp-bitvector", {"restarts": 0}, "restarts"),
+        ("ldp-bitvector", {"min_samples": 0}, "min_samples"),
+        ("ldp-bitvector", {"rsp_dims": 0}, "rsp_dims"),
+        ("ldp-bitvector", {"max_points": 0}, "max_points"),
+        ("ldp-bitvector", {"consistence_radius": 0.0}, "consistence_radius"),
+        ("ldp-bitvector", {"dbscan_eps": 0.0}, "dbscan_eps"),
+        ("ldp-bitvector", {"adp_sigma": -1.0}, "adp_sigma"),
+        ("ldp-bitvector", {"low": 10.0, "high": 5.0}, "high"),
+        ("ldp-bitvector", {"bounds": [3.0, 1.0]}, "bounds"),
+        ("ldp-bitvector", {"parties": 0}, "parties"),
+    ],
+)
+def test_new_protocols_name_the_field_at_fault(out_dir, protocol, options, field):
+    err = expect(ConfigError, field, out_dir, protocol, **options)
+    assert err.field == field

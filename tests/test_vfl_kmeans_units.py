@@ -17,7 +17,7 @@ from cryptography.exceptions import InvalidTag
 from sklearn.cluster import KMeans
 
 from rayfed import rng
-from rayfed.clustering import fm, normalised_loss, seed_of
+from rayfed.clustering import fm, normalised_loss, product_grid, seed_of
 from rayfed.clustering.dplsf import dplsf, dplsf_event
 from rayfed.privacy import PureDpAccountant, kary_randomized_response
 from rayfed.protocols import vfl_kmeans as vk
@@ -471,12 +471,12 @@ def test_group_key_agreement_and_keyed_words():
 
 
 # --- 15. the grid of local-center combinations ----------------------------------------------------
-def test_build_grid_positions_and_cell_order():
+def test_product_grid_positions_and_cell_order():
     k = 3
     gen = _gen("grid")
     positions = [[0, 2], [1, 3], [4]]  # non-contiguous split of 5 global attributes
     centers = [gen.random((k, len(p))) for p in positions]
-    grid = steps.build_grid(centers, positions, 5)
+    grid = product_grid(centers, positions, 5)
     assert grid.shape == (k**3, 5)
     weights = gen.random((k,) * 3)
     flat = weights.reshape(-1)
@@ -487,10 +487,10 @@ def test_build_grid_positions_and_cell_order():
             expected[pos] = centers[ell][cell[ell]]
         assert np.array_equal(grid[row], expected)
         assert flat[row] == weights[cell]
-    index = np.indices((k,) * 3).reshape(3, -1)  # the enumeration build_grid documents
+    index = np.indices((k,) * 3).reshape(3, -1)  # the enumeration product_grid documents
     assert np.array_equal(grid[:, [0, 2]], centers[0][index[0]])
     # two parties, the spec's example split [[0, 2], [1, 3]]
-    grid2 = steps.build_grid(centers[:2], positions[:2], 4)
+    grid2 = product_grid(centers[:2], positions[:2], 4)
     c0, c1 = centers[0], centers[1]
     assert grid2.shape == (k * k, 4)
     assert np.array_equal(grid2[1], [c0[0, 0], c1[1, 0], c0[0, 1], c1[1, 1]])  # cell (0, 1)

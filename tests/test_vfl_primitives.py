@@ -11,7 +11,7 @@ import pyarrow.csv as pacsv
 import pytest
 
 import rayfed
-from rayfed.clustering import nearest, weighted_kmeans
+from rayfed.clustering import nearest, product_grid, weighted_kmeans
 from rayfed.errors import ConfigError, DataError
 from rayfed.protocols import vfl_primitives as vp
 
@@ -32,7 +32,7 @@ def test_product_grid_cost_identity_and_nearest_center():
     a = gen.normal(size=(3000, 7))
     positions = [[0, 3, 5], [1, 2], [4, 6]]  # a non-contiguous split over v = 3 servers
     local = [weighted_kmeans(a[:, pos], np.ones(len(a)), 3, gen) for pos in positions]
-    grid = vp.product_grid(local, positions, 7)
+    grid = product_grid(local, positions, 7)
     per_server = sum(vp.cost(a[:, pos], c, 2) for pos, c in zip(positions, local, strict=True))
     assert vp.cost(a, grid, 2) == pytest.approx(per_server, rel=1e-10)
     labels = [nearest(a[:, pos], c) for pos, c in zip(positions, local, strict=True)]

@@ -30,6 +30,17 @@ def weighted_kmeans(
     return km.fit(points, sample_weight=weights).cluster_centers_
 
 
+def product_grid(centers: list[np.ndarray], positions: list[list[int]], d: int) -> np.ndarray:
+    """(k^v, d): every concatenation of the v parties' local centers (one from each), placed at
+    the parties' column positions; cells enumerate in C order over (party 0's center, …)."""
+    k = centers[0].shape[0]
+    index = np.indices((k,) * len(centers)).reshape(len(centers), -1)
+    grid = np.empty((index.shape[1], d))
+    for j, (c, pos) in enumerate(zip(centers, positions, strict=True)):
+        grid[:, pos] = c[index[j]]
+    return grid
+
+
 def nearest(x: np.ndarray, centers: np.ndarray, chunk: int = 65536) -> np.ndarray:
     """Index of the nearest center (squared Euclidean) of every row of ``x``."""
     out = np.empty(len(x), dtype=np.int64)

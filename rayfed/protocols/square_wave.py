@@ -264,15 +264,10 @@ def moment_step(
 
 
 # --- step functions: the aggregator ------------------------------------------------------------------
-def _cohort_order(name: str) -> tuple[int, str]:
-    digits = "".join(ch for ch in name if ch.isdigit())
-    return (int(digits) if digits else -1, name)
-
-
 def _gather(reports: dict[str, Any], key: str | None = None) -> np.ndarray:
-    """Every cohort's reports, concatenated in user order (cohorts hold contiguous id blocks)."""
-    names = sorted(reports, key=_cohort_order)
-    parts = [reports[c] if key is None else reports[c][key] for c in names]
+    """Every cohort's reports concatenated (in one fixed order for every field: the estimates are
+    sums over users, so the order does not matter beyond aligning the fields)."""
+    parts = [reports[c] if key is None else reports[c][key] for c in sorted(reports)]
     return np.concatenate(parts) if parts else np.zeros(0)
 
 

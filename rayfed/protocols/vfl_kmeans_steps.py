@@ -12,7 +12,7 @@ import pyarrow as pa
 
 from rayfed import rng
 from rayfed.actors.base import Message, StepContext
-from rayfed.clustering import fm, nearest, weighted_kmeans
+from rayfed.clustering import fm, nearest, product_grid, weighted_kmeans
 from rayfed.clustering.dplsf import dplsf
 from rayfed.data import even_groups
 from rayfed.privacy import EpsilonDeltaDpEvent, kary_randomized_response
@@ -180,14 +180,6 @@ def labels_step(ctx: StepContext) -> Message:
 
 
 # --- step functions: the server ------------------------------------------------------------------
-def build_grid(centers: list[np.ndarray], positions: list[list[int]], m: int) -> np.ndarray:
-    """(k'^S, m): every combination of local centers, in the global attribute order."""
-    k = centers[0].shape[0]
-    index = np.indices((k,) * len(centers)).reshape(len(centers), -1)
-    grid = np.empty((index.shape[1], m))
-    for ell, (c, pos) in enumerate(zip(centers, positions, strict=True)):
-        grid[:, pos] = c[index[ell]]
-    return grid
 
 
 def grid_weights(
@@ -264,7 +256,7 @@ def server_step(
         round=round,
     )
     m = sum(len(p) for p in positions)
-    grid = build_grid(local, positions, m)
+    grid = product_grid(local, positions, m)
     final = weighted_kmeans(grid, weights.reshape(-1), k, ctx.rng("clustering", round, "final"))
     return {"centers": final, "weights": weights, "local": local, "iterations": iterations}
 

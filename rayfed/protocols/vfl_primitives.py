@@ -39,7 +39,7 @@ from dp_accounting import dp_event
 
 from rayfed import rng
 from rayfed.actors.base import Message, StepContext
-from rayfed.clustering import nearest, weighted_kmeans
+from rayfed.clustering import nearest, product_grid, weighted_kmeans
 from rayfed.clustering.dplsf import dplsf, dplsf_event
 from rayfed.config import DataConfig, option
 from rayfed.data import even_groups, load_table, require_clean, sort_by_key, vertical
@@ -190,16 +190,6 @@ def lp_constants(v: int, m: int, eps: float, alpha: float) -> tuple[float, float
 def pattern_weights(size: int, v: int, p: float) -> np.ndarray:
     """(Σρ)^p for every pattern ρ in {0..size-1}^v (Alg. 2 sums over all of {0..M}^v)."""
     return np.indices((size,) * v).sum(axis=0).astype(np.float64) ** p
-
-
-def product_grid(centers: list[np.ndarray], positions: list[list[int]], d: int) -> np.ndarray:
-    """All k^v concatenations of the servers' local centers, in the global column order."""
-    k = centers[0].shape[0]
-    index = np.indices((k,) * len(centers)).reshape(len(centers), -1)
-    grid = np.empty((index.shape[1], d))
-    for j, (c, pos) in enumerate(zip(centers, positions, strict=True)):
-        grid[:, pos] = c[index[j]]
-    return grid
 
 
 def cost(a: np.ndarray, centers: np.ndarray, p: float, weights: np.ndarray | None = None) -> float:
