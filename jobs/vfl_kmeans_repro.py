@@ -31,6 +31,7 @@ import rayfed
 from rayfed import rng
 from rayfed.clustering import fm, nearest, normalised_loss, product_grid, weighted_kmeans
 from rayfed.clustering.dplsf import dplsf
+from rayfed.data.scaling import features_of
 from rayfed.protocols import vfl_kmeans as vk
 from rayfed.protocols import vfl_kmeans_steps as steps
 from rayfed.secagg import groupkey
@@ -153,7 +154,7 @@ def ablation(args, parties: int, eps: float) -> dict:
         table = steps.synthetic_table(cfg.users, cfg.dims, cfg.k, cfg.spread, seed)
         features = [f"x{j}" for j in range(cfg.dims)]
         groups = steps.random_split(features, parties, seed)
-        x = steps.features_of(table, features)
+        x = features_of(table, features)
         positions = [[features.index(c) for c in cols] for cols in groups.values()]
         delta = 1.0 / len(x)
         split = vk.split_budget(cfg, parties, delta)
@@ -206,7 +207,7 @@ def theorem6(args, eps: float = 1.0, k_prime: int = 5, draws: int = 30) -> dict:
     Theorem 6 with ρ ≈ 1.04 (the corrected estimator at γ = 1; the spec says ≈ 1.07) and with the
     paper's ρ = 0.649 (Lang's estimator)."""
     table = steps.synthetic_table(args.users, 8, 5, 0.1, 0)
-    x = steps.features_of(table, [f"x{j}" for j in range(8)])
+    x = features_of(table, [f"x{j}" for j in range(8)])
     n, m_keys = len(x), 4096
     positions = [[0, 1, 2, 3], [4, 5, 6, 7]]
     gen = rng.stream(0, "test", 0, "theorem6")

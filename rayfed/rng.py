@@ -47,6 +47,7 @@ PURPOSES: dict[str, int] = {
     "olh-hash": 22,
     "evaluation": 23,
     "anchors": 24,
+    "group-key": 25,
     "test": 99,
 }
 

@@ -19,6 +19,7 @@ from sklearn.cluster import KMeans
 from rayfed import rng
 from rayfed.clustering import fm, normalised_loss, product_grid, seed_of
 from rayfed.clustering.dplsf import dplsf, dplsf_event
+from rayfed.data.scaling import features_of
 from rayfed.privacy import PureDpAccountant, kary_randomized_response
 from rayfed.protocols import vfl_kmeans as vk
 from rayfed.protocols import vfl_kmeans_steps as steps
@@ -416,7 +417,7 @@ def test_split_budget():
 # --- 13. DPLSF ------------------------------------------------------------------------------------
 def test_dplsf_with_a_large_budget_matches_kmeans():
     table = steps.synthetic_table(20000, 8, 5, 0.1, seed=13)
-    x = steps.features_of(table, [f"x{j}" for j in range(8)])
+    x = features_of(table, [f"x{j}" for j in range(8)])
     eps = 1000.0
     centers, event, info = dplsf(x, 5, eps, _gen("dplsf"))
     assert centers.shape == (5, 8)

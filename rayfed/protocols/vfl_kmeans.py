@@ -45,6 +45,7 @@ from rayfed.clustering import fm, nearest, normalised_loss, v_measure, weighted_
 from rayfed.clustering.dplsf import dplsf_event
 from rayfed.config import DataConfig, option
 from rayfed.data import even_groups, load_table, require_clean, sort_by_key, vertical
+from rayfed.data.scaling import check_bounds, declared_bounds, features_of, from_unit, to_unit
 from rayfed.errors import ConfigError, DataError
 from rayfed.federation import PerMember
 from rayfed.privacy import (
@@ -55,23 +56,18 @@ from rayfed.privacy import (
     laplace_event,
 )
 from rayfed.protocols.base import Outcome, Plan, Protocol, reject_inapplicable
+from rayfed.protocols.key_agreement import agree_group_key
 from rayfed.protocols.vfl_kmeans_steps import (
     count_step,
     curator_step,
-    features_of,
     fm_step,
-    from_unit,
     histogram_step,
-    key_combine_step,
-    key_share_step,
-    keygen_step,
     labels_step,
     ldp_step,
     local_cluster_step,
     random_split,
     server_step,
     synthetic_table,
-    to_unit,
 )
 
 METHODS = (
@@ -293,32 +289,10 @@ def _load(cfg: VflKmeansConfig, seed: int):
             )
     grouped = {c for cols in groups.values() for c in cols}
     features = [c for c in table.column_names if c in grouped]
-    bounds = cfg.bounds or {}
-    for col in features:
-        b = bounds.get(col)
-        if b is None or len(b) != 2 or not b[0] < b[1]:
-            raise ConfigError(
-                f"bounds.{col}",
-                f"column {col!r} needs declared bounds [low, high] with low < high, got {b!r}",
-                "public bounds from domain knowledge, e.g. [0, 100]",
-            )
+    lo, hi = declared_bounds(cfg.bounds, features)
     if cfg.label is not None and cfg.label not in table.column_names:
         raise DataError("label", f"column {cfg.label!r} is not in the data", table.column_names)
-    lo = np.array([bounds[c][0] for c in features], dtype=np.float64)
-    hi = np.array([bounds[c][1] for c in features], dtype=np.float64)
     return table, features, groups, lo, hi, cfg.label
-
-
-def _check_bounds(x: np.ndarray, features: list[str], lo, hi, policy: str) -> None:
-    outside = (x < lo) | (x > hi)
-    if policy == "error" and outside.any():
-        j = int(np.flatnonzero(outside.any(axis=0))[0])
-        raise DataError(
-            f"bounds.{features[j]}",
-            f"{int(outside[:, j].sum())} value(s) of column {features[j]!r} lie outside the "
-            f"declared bounds [{lo[j]:g}, {hi[j]:g}]",
-            "wider bounds, or out_of_bounds=clip",
-        )
 
 
 def _check_grid(cells: int, limit: int, k_prime: int, parties: int, m: int) -> None:
@@ -342,7 +316,7 @@ class VflKmeans(Protocol):
         table, features, groups, lo, hi, label_col = _load(cfg, seed)
         require_clean(table, features)
         x_raw = features_of(table, features)
-        _check_bounds(x_raw, features, lo, hi, cfg.out_of_bounds)
+        check_bounds(x_raw, features, lo, hi, cfg.out_of_bounds)
         n, m = x_raw.shape
         if n < 2:
             raise DataError("data.path", f"the data has {n} row(s)", "a file with 2 or more users")
@@ -498,11 +472,13 @@ class VflKmeans(Protocol):
     # --- driver pieces ----------------------------------------------------------------------------
     @staticmethod
     def _agree_keys(fed, cfg: VflKmeansConfig, order: list[str]) -> None:
-        publics = fed.parties.run(
-            keygen_step, secure=cfg.key_agreement == "secure", phase="key-agreement"
+        agree_group_key(
+            fed,
+            order,
+            secure=cfg.key_agreement == "secure",
+            purpose="hash-key",
+            slot="hash_key",
         )
-        shares = fed.parties.run(key_share_step, publics, order=order, phase="key-shares")
-        fed.parties.run(key_combine_step, publics, shares, order=order, phase="key-combine")
 
     @staticmethod
     def _count(fed, cfg: VflKmeansConfig, split: Split, order: list[str]) -> float:

@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import numpy as np
@@ -15,6 +14,7 @@ from rayfed.actors.base import Message, StepContext
 from rayfed.clustering import fm, nearest, product_grid, weighted_kmeans
 from rayfed.clustering.dplsf import dplsf
 from rayfed.data import even_groups
+from rayfed.data.scaling import features_of, to_unit
 from rayfed.privacy import EpsilonDeltaDpEvent, kary_randomized_response
 from rayfed.privacy import laplace as laplace_mechanism
 from rayfed.secagg import groupkey
@@ -41,20 +41,6 @@ def random_split(features: list[str], parties: int, seed: int) -> dict[str, list
     return {p: sorted(cols, key=features.index) for p, cols in groups.items()}
 
 
-def to_unit(values: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
-    """Map declared bounds [lo, hi] to [-1, 1] (spec §2.1)."""
-    return 2.0 * (values - lo) / (hi - lo) - 1.0
-
-
-def from_unit(values: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
-    return (values + 1.0) / 2.0 * (hi - lo) + lo
-
-
-def features_of(table: pa.Table, columns: list[str]) -> np.ndarray:
-    """(n, len(columns)) float64 matrix of a party's feature columns."""
-    return np.column_stack([table.column(c).to_numpy().astype(np.float64) for c in columns])
-
-
 def unit_features(ctx: StepContext) -> np.ndarray:
     """The party's columns mapped to [-1, 1] from their declared (public) bounds."""
     meta = ctx.meta
@@ -63,30 +49,6 @@ def unit_features(ctx: StepContext) -> np.ndarray:
 
 
 # --- step functions: parties ---------------------------------------------------------------------
-def keygen_step(ctx: StepContext, *, secure: bool) -> Message:
-    """Party: a fresh X25519 key pair and key share; publish the public key to the other parties."""
-    secret = os.urandom(64) if secure else ctx.rng("hash-key").bytes(64)
-    ctx.state["group"], public = groupkey.new_member(secret)
-    return Message("key_public", public, to="parties")
-
-
-def key_share_step(ctx: StepContext, publics: dict[str, bytes], *, order: list[str]) -> Message:
-    """Party: its key share, encrypted for every other party."""
-    pubs = [publics[p] for p in order]
-    shares = groupkey.encrypt_share(ctx.state["group"], order.index(ctx.name), pubs)
-    return Message("key_shares", shares, to="parties")
-
-
-def key_combine_step(
-    ctx: StepContext, publics: dict[str, bytes], shares: dict[str, dict], *, order: list[str]
-) -> None:
-    """Party: decrypt the shares addressed to it; the XOR of all S shares is the hash key."""
-    me = order.index(ctx.name)
-    sent = {order.index(p): c for p, c in shares.items()}
-    group = ctx.state.pop("group")
-    ctx.state["hash_key"] = groupkey.combine(group, me, [publics[p] for p in order], sent)
-
-
 def count_step(ctx: StepContext, *, epsilon0: float | None) -> Message:
     """Party: n̂ = n + Lap(1/ε0) (sensitivity 1, add/remove), or n itself where n is public."""
     n = np.array([float(ctx.table.num_rows)])

@@ -1,0 +1,226 @@
+"""Lloyd's k-means building blocks of the horizontal multiparty protocols (shared/specs/hfl-kmeans.md
+§3): size-constrained assignment as a min-cost flow (OR-Tools), data-independent and data-driven
+initialisations, and the truncation / folding post-processing. Pure functions; no Ray.
+
+Assignments are returned as ``(rows, cols)``: point ``rows[m]`` belongs to cluster ``cols[m]``. An
+exclusive assignment has ``rows == arange(n)``; the non-exclusive and E-exclusive ones may put a
+point in several clusters (or, non-exclusive, in none).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from ortools.graph.python import min_cost_flow
+
+from rayfed.clustering import nearest
+from rayfed.errors import ConfigError
+
+ASSIGNMENTS = ("constrained", "unconstrained", "non-exclusive")
+POSTS = ("none", "trunc", "fold")
+#: integer flow costs are squared distances x 2^20: ties below ~1e-6 are broken by the solver
+COST_SCALE = 2.0**20
+
+
+# --- assignment ---------------------------------------------------------------------------------
+def assign(
+    x: np.ndarray,
+    centers: np.ndarray,
+    method: str,
+    *,
+    min_size: int = 0,
+    max_size: int | None = None,
+    contribution: int = 1,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Memberships of the rows of ``x`` under ``method`` (one of :data:`ASSIGNMENTS`)."""
+    n = len(x)
+    if method == "unconstrained":
+        return np.arange(n), nearest(x, centers)
+    if method == "non-exclusive":
+        return nearest_members(x, centers, min_size)
+    if method == "constrained":
+        return flow_assign(x, centers, min_size, n if max_size is None else max_size, contribution)
+    raise ConfigError("assignment", f"unknown method {method!r}", ", ".join(ASSIGNMENTS))
+
+
+def squared_distances(x: np.ndarray, centers: np.ndarray) -> np.ndarray:
+    """(n, k) squared Euclidean distances."""
+    d2 = (x**2).sum(1)[:, None] - 2.0 * x @ centers.T + (centers**2).sum(1)[None, :]
+    return np.maximum(d2, 0.0)
+
+
+def nearest_members(x: np.ndarray, centers: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Constrained non-exclusive (§3.1(2)): each cluster independently takes its ``size`` nearest
+    points; a point may join several clusters or none."""
+    n, k = len(x), len(centers)
+    size = min(size, n)
+    if size == 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    d2 = squared_distances(x, centers)
+    rows = np.argpartition(d2, size - 1, axis=0)[:size] if size < n else np.indices((n, k))[0]
+    return rows.T.ravel(), np.repeat(np.arange(k), size)
+
+
+def flow_assign(
+    x: np.ndarray, centers: np.ndarray, min_size: int, max_size: int, contribution: int = 1
+) -> tuple[np.ndarray, np.ndarray]:
+    """Constrained E-exclusive assignment (§3.1(3)-(4)) as a min-cost flow.
+
+    Minimises Σ squared distances subject to ``min_size <= |O_i| <= max_size`` and every point in
+    at least one and at most E = ``contribution`` clusters (E = 1: exactly one, Bennett et al.).
+    Graph: point (supply E) -> clone_i (cap 1, cost ||x - μ_i||² · 2^20) -> cluster_i (cap
+    max_size, demand min_size) -> sink; point -> escape (cap E - 1) -> sink, so every point sends
+    at least one unit to a real cluster.
+    """
+    n, k, e = len(x), len(centers), int(contribution)
+    if k * min_size > e * n or n > k * max_size:
+        raise ConfigError(
+            "min_size",
+            f"no assignment of {n} points to {k} clusters of {min_size}..{max_size} points "
+            f"each with each point in 1..{e} clusters",
+            "lower min_size, raise max_size, or raise contribution",
+        )
+    cost = np.rint(squared_distances(x, centers) * COST_SCALE).astype(np.int64)
+    clone, cluster = n + np.arange(k), n + k + np.arange(k)
+    escape, sink = n + 2 * k, n + 2 * k + 1
+    points = np.arange(n)
+    tails = [np.repeat(points, k), clone, cluster]
+    heads = [np.tile(clone, n), cluster, np.full(k, sink)]
+    caps = [np.ones(n * k, np.int64), np.full(k, max_size, np.int64), np.full(k, e * n, np.int64)]
+    costs = [cost.ravel(), np.zeros(k, np.int64), np.zeros(k, np.int64)]
+    if e > 1:
+        tails += [points, [escape]]
+        heads += [np.full(n, escape), [sink]]
+        caps += [np.full(n, e - 1, np.int64), [e * n]]
+        costs += [np.zeros(n, np.int64), [0]]
+    solver = min_cost_flow.SimpleMinCostFlow()
+    arcs = solver.add_arcs_with_capacity_and_unit_cost(
+        np.concatenate(tails).astype(np.int64),
+        np.concatenate(heads).astype(np.int64),
+        np.concatenate(caps).astype(np.int64),
+        np.concatenate(costs).astype(np.int64),
+    )
+    supplies = np.zeros(n + 2 * k + 2, np.int64)
+    supplies[points] = e
+    supplies[cluster] = -min_size
+    supplies[sink] = -(e * n - k * min_size)
+    solver.set_nodes_supplies(np.arange(len(supplies)), supplies)
+    status = solver.solve()
+    if status != solver.OPTIMAL:
+        raise RuntimeError(f"min-cost flow assignment failed with status {status}")
+    flow = solver.flows(arcs[: n * k]).reshape(n, k)
+    rows, cols = np.nonzero(flow)
+    return rows, cols
+
+
+def cluster_sums(
+    x: np.ndarray, members: tuple[np.ndarray, np.ndarray], k: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """(k, d) sums and (k,) counts of the clusters; exact integers when ``x`` is integer."""
+    rows, cols = members
+    counts = np.bincount(cols, minlength=k)
+    # float64 bincount is exact for integer inputs while |sum| < 2^53 (grid values are < 2^17)
+    sums = np.stack(
+        [np.bincount(cols, weights=x[rows, h], minlength=k) for h in range(x.shape[1])], 1
+    ).reshape(k, x.shape[1])
+    if np.issubdtype(x.dtype, np.integer):
+        sums = sums.astype(np.int64)
+    return sums, counts
+
+
+# --- initialisation -----------------------------------------------------------------------------
+def sphere_packing(
+    k: int, d: int, gen: np.random.Generator, lower: float = -1.0, upper: float = 1.0
+) -> np.ndarray:
+    """Su et al.'s repulsive initialisation as diffprivlib implements it (§3.2): centers uniform in
+    the box shrunk by a, each >= 2a from the earlier ones; after 100 consecutive rejections halve
+    a and start again."""
+    a = (upper - lower) / 2.0
+    for _ in range(64):
+        centers: list[np.ndarray] = []
+        retry = 0
+        while retry < 100 and len(centers) < k:
+            cand = gen.random(d) * ((upper - lower) - 2.0 * a) + lower + a
+            if not centers or np.min(np.linalg.norm(np.asarray(centers) - cand, axis=1)) >= 2 * a:
+                centers.append(cand)
+                retry = 0
+            else:
+                retry += 1
+        if len(centers) == k:
+            return np.asarray(centers)
+        a /= 2.0
+    raise RuntimeError(f"sphere packing found no radius for {k} centers in {d} dimensions")
+
+
+def domain_random(k: int, d: int, gen: np.random.Generator, bound: float = 1.0) -> np.ndarray:
+    """k centers uniform in [-B, B]^d (the thesis's "random"; its code used [0, 1)^d, A12)."""
+    return gen.uniform(-bound, bound, (k, d))
+
+
+def data_random(x: np.ndarray, k: int, gen: np.random.Generator) -> np.ndarray:
+    """k distinct random data points (not private)."""
+    return x[gen.choice(len(x), size=k, replace=len(x) < k)].copy()
+
+
+def kmeans_plus_plus(x: np.ndarray, k: int, gen: np.random.Generator) -> np.ndarray:
+    """k-means++ seeding (Arthur & Vassilvitskii): D² sampling (not private)."""
+    centers = [x[gen.integers(len(x))]]
+    d2 = ((x - centers[0]) ** 2).sum(1)
+    for _ in range(1, k):
+        total = d2.sum()
+        j = gen.choice(len(x), p=d2 / total) if total > 0 else gen.integers(len(x))
+        centers.append(x[j])
+        d2 = np.minimum(d2, ((x - x[j]) ** 2).sum(1))
+    return np.asarray(centers)
+
+
+# --- post-processing ----------------------------------------------------------------------------
+def fold(x: np.ndarray, lo: float, hi: float) -> np.ndarray:
+    """Reflect into [lo, hi] across the nearest bound, repeatedly (§3.4, A19): a triangle wave."""
+    width = hi - lo
+    y = np.mod(np.asarray(x, dtype=np.float64) - lo, 2.0 * width)
+    return lo + np.where(y > width, 2.0 * width - y, y)
+
+
+def post_process(x: np.ndarray, method: str, lo: float, hi: float) -> np.ndarray:
+    """``none``, ``trunc`` (clip) or ``fold`` into [lo, hi]."""
+    if method == "none":
+        return np.asarray(x, dtype=np.float64)
+    if method == "trunc":
+        return np.clip(x, lo, hi)
+    if method == "fold":
+        return fold(x, lo, hi)
+    raise ConfigError("post", f"unknown post-processing {method!r}", ", ".join(POSTS))
+
+
+# --- metrics ------------------------------------------------------------------------------------
+def wcss(x: np.ndarray, centers: np.ndarray) -> tuple[float, np.ndarray]:
+    """Within-cluster sum of squares of the nearest-center partition (as the thesis reports it,
+    not divided by n), and the labels."""
+    labels = nearest(x, centers)
+    diff = x - centers[labels]
+    return float(np.einsum("ij,ij->", diff, diff)), labels
+
+
+def empty_clusters(labels: np.ndarray, k: int) -> int:
+    """k minus the number of distinct nearest-center labels."""
+    return int(k - np.unique(labels).size)
+
+
+def silhouette(
+    x: np.ndarray, labels: np.ndarray, gen: np.random.Generator, max_points: int
+) -> tuple[float, int]:
+    """Mean silhouette (scikit-learn), exact up to ``max_points`` points, else on a uniform sample
+    of that size; returns (score, points used). NaN with fewer than two non-empty clusters."""
+    from sklearn.metrics import silhouette_score
+
+    used = min(len(x), max_points)
+    if np.unique(labels).size < 2:
+        return math.nan, used
+    if used < len(x):
+        pick = gen.choice(len(x), size=used, replace=False)
+        x, labels = x[pick], labels[pick]
+        if np.unique(labels).size < 2:
+            return math.nan, used
+    return float(silhouette_score(x, labels)), used

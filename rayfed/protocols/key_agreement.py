@@ -1,0 +1,71 @@
+"""A secret group key among the parties, hidden from the coordinator (:mod:`rayfed.secagg.groupkey`),
+as three party steps and a driver helper: X25519 public keys, then key shares under AES-GCM for
+every other party, then the XOR of the shares. The coordinator relays only public keys and
+ciphertexts. Optionally each party also keeps a secret shared with each other party alone (the
+seeds of pairwise masks)."""
+
+from __future__ import annotations
+
+import os
+
+from rayfed.actors.base import Message, StepContext
+from rayfed.secagg import groupkey
+
+
+def keygen_step(ctx: StepContext, *, secure: bool, purpose: str) -> Message:
+    """Party: a fresh X25519 key pair and key share (OS randomness, or the run's ``purpose``
+    stream in simulations); publish the public key to the other parties."""
+    secret = os.urandom(64) if secure else ctx.rng(purpose).bytes(64)
+    ctx.state["group"], public = groupkey.new_member(secret)
+    return Message("key_public", public, to="parties")
+
+
+def key_share_step(ctx: StepContext, publics: dict[str, bytes], *, order: list[str]) -> Message:
+    """Party: its key share, encrypted for every other party."""
+    pubs = [publics[p] for p in order]
+    shares = groupkey.encrypt_share(ctx.state["group"], order.index(ctx.name), pubs)
+    return Message("key_shares", shares, to="parties")
+
+
+def key_combine_step(
+    ctx: StepContext,
+    publics: dict[str, bytes],
+    shares: dict[str, dict],
+    *,
+    order: list[str],
+    slot: str,
+    pair_info: bytes | None = None,
+) -> None:
+    """Party: decrypt the shares addressed to it; the XOR of all shares is the group key, kept in
+    ``ctx.state[slot]``; with ``pair_info``, ``ctx.state["pair_keys"]`` maps every other party's
+    index to the secret shared with it alone."""
+    me = order.index(ctx.name)
+    pubs = [publics[p] for p in order]
+    sent = {order.index(p): c for p, c in shares.items()}
+    group = ctx.state.pop("group")
+    ctx.state[slot] = groupkey.combine(group, me, pubs, sent)
+    if pair_info is not None:
+        ctx.state["pair_keys"] = groupkey.pair_secrets(group, me, pubs, pair_info)
+
+
+def agree_group_key(
+    fed,
+    order: list[str],
+    *,
+    secure: bool,
+    purpose: str,
+    slot: str,
+    pair_info: bytes | None = None,
+) -> None:
+    """Driver: run the three steps on ``fed.parties`` (three phases, no message to the server)."""
+    publics = fed.parties.run(keygen_step, secure=secure, purpose=purpose, phase="key-agreement")
+    shares = fed.parties.run(key_share_step, publics, order=order, phase="key-shares")
+    fed.parties.run(
+        key_combine_step,
+        publics,
+        shares,
+        order=order,
+        slot=slot,
+        pair_info=pair_info,
+        phase="key-combine",
+    )
