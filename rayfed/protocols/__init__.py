@@ -16,6 +16,7 @@ REGISTRY: dict[str, tuple[str, str]] = {
     "square-wave": ("rayfed.protocols.square_wave", "SquareWave"),
     "vfl-primitives": ("rayfed.protocols.vfl_primitives", "VflPrimitives"),
     "ldp-bitvector": ("rayfed.protocols.ldp_bitvector", "LdpBitvector"),
+    "hfl-kmeans": ("rayfed.protocols.hfl_kmeans", "HflKmeans"),
 }
 
 

@@ -1,0 +1,488 @@
+"""DP horizontally federated k-means with masked aggregation and size-constrained assignment — the
+NMA and AMN protocols of A. Ahmed, "Differentially-Private Multiparty Clustering" (MMath thesis,
+Waterloo 2023); spec: shared/specs/hfl-kmeans.md.
+
+M clients (PartyActors) each hold some rows in [-1, 1]^d (mapped from declared bounds); the
+semi-honest server is the coordinator. Setup: the clients agree on a group key the server lacks
+(X25519 + AES-GCM); they send their row counts, the server derives t_max and the other public
+parameters (§3.5.5, §3.6.4); every client derives the same initial centroids from the group key
+(sphere packing). Then t_max round trips:
+
+1. each client assigns its rows to the current centroids — by default a size-constrained
+   min-cost flow with per-client bounds ⌈c_min/M⌉ and ⌊c_max/M⌋ (OR-Tools) — and uploads, padded
+   in Z_(2^b) at precision 2^-16, either its per-cluster sums and counts (``nma``: Noise, Mask then
+   Average = DPLloyd) or its local centroids / M (``amn``: Average, Mask then Noise = CDPLloyd);
+2. the server adds the uploads and discrete-Laplace noise on the grid, still padded, and
+   broadcasts; each client unpads, post-processes (fold by default) and divides (NMA).
+
+``masking``: ``shared-seed`` (the thesis: all clients derive all pads), ``pairwise`` (pairwise
+X25519 masks on top, so a server colluding with one client learns no other client's upload) or
+``none`` (a labelled baseline). ``topology=ring`` is the serverless sketch of §7.3.1: a ring
+secure sum in which every client adds its own full Laplace noise.
+
+Privacy: add/remove one point, pure ε, composed over the t_max iterations (the server's noise) or
+in parallel over the clients (the ring's local noise). ``sensitivity`` chooses the AMN centroid
+sensitivity: ``corrected`` (2B/(M(⌈c_min/M⌉+1)), tight for a local mean) or ``thesis`` (B·E/c_min,
+about half of it: the ledger then records the larger ε that noise actually buys).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+import pyarrow as pa
+
+from rayfed import rng
+from rayfed.clustering import dplloyd
+from rayfed.clustering.constrained import ASSIGNMENTS, POSTS, empty_clusters, silhouette, wcss
+from rayfed.config import DataConfig, option
+from rayfed.data import horizontal, load_table, require_clean
+from rayfed.data.scaling import check_bounds, declared_bounds, features_of, from_unit, to_unit
+from rayfed.errors import ConfigError, DataError
+from rayfed.privacy import Budget, check_budget
+from rayfed.protocols.base import Outcome, Plan, Protocol, reject_inapplicable
+from rayfed.protocols.hfl_kmeans_steps import (
+    DATA_INITS,
+    Params,
+    aggregate_step,
+    data_init_step,
+    derive_params,
+    iterate_step,
+    noise_event,
+    overflow_check,
+    prepare_step,
+    ring_close_step,
+    ring_step,
+    setup_step,
+    size_step,
+    synthetic_table,
+)
+from rayfed.protocols.key_agreement import agree_group_key
+from rayfed.secagg import pads
+
+INITS = ("sphere-packing", "random", *DATA_INITS)
+CLIENT_SETTINGS = (
+    "aggregation",
+    "assignment",
+    "init",
+    "sum_post",
+    "count_post",
+    "centroid_post",
+    "masking",
+    "topology",
+)
+
+
+@dataclass(frozen=True)
+class HflKmeansConfig:
+    """Options of ``rayfed run hfl-kmeans``."""
+
+    aggregation: Literal["nma", "amn"] = option(
+        "nma",
+        "nma: masked per-cluster sums and counts + DPLloyd noise; amn: masked local centroids + "
+        "CDPLloyd noise",
+    )
+    epsilon: float = option(4.0, "total privacy budget ε over all iterations")
+    noise: Literal["laplace", "none"] = option(
+        "laplace", "laplace: DP; none: a non-private baseline (t_max = 7)"
+    )
+    k: int = option(8, "number of clusters")
+    clients: int = option(2, "number of clients M (row blocks after a seeded shuffle)")
+    assignment: Literal[ASSIGNMENTS] = option(
+        "constrained",
+        "constrained: min-cost flow with per-client sizes ⌈c_min/M⌉..⌊c_max/M⌋, each point in 1..E "
+        "clusters; unconstrained: nearest centroid (plain Lloyd); non-exclusive: each cluster "
+        "takes its ⌈c_min/M⌉ nearest points",
+    )
+    contribution: int = option(1, "E: constrained assignment puts a point in at most E clusters")
+    min_size: int | Literal["auto"] = option("auto", "global c_min; auto: ⌈N/(1.5k)⌉")
+    max_size: int | Literal["auto"] = option("auto", "global c_max; auto: ⌊3N/k⌋")
+    init: Literal[INITS] = option(
+        "sphere-packing",
+        "sphere-packing or random (uniform in [-1,1]^d), both from the clients' shared seed; "
+        "data-random or kmeans++ (the first client's rows: not private, noise=none only)",
+    )
+    sum_post: Literal[POSTS] = option("none", "post-processing of the noisy sums (NMA)")
+    count_post: Literal[POSTS] = option("none", "post-processing of the noisy counts (NMA)")
+    centroid_post: Literal[POSTS] = option("fold", "post-processing of the centroids")
+    iterations: int | Literal["auto"] = option(
+        "auto", "t_max; auto: the thesis's rule from N (private) or 7 (non-private)"
+    )
+    rho: float = option(dplloyd.RHO, "ρ of the NMA budget split and iteration rule")
+    sensitivity: Literal["corrected", "thesis"] = option(
+        "corrected",
+        "AMN centroid sensitivity: corrected (2B/(M(⌈c_min/M⌉+1)), one point's true effect) or "
+        "thesis (B·E/c_min: about half of it; the ledger records the ε that noise really buys)",
+    )
+    masking: Literal["shared-seed", "pairwise", "none"] = option(
+        "shared-seed",
+        "shared-seed: the thesis's pads from a seed all clients share; pairwise: plus pairwise "
+        "X25519 masks (a server colluding with one client sees no other upload); none: plaintext "
+        "uploads (an insecure baseline)",
+    )
+    topology: Literal["server", "ring"] = option(
+        "server",
+        "server: the server adds central noise to the padded sum; ring: serverless ring secure "
+        "sum, every client adds its own full noise (the thesis's §7.3.1 sketch)",
+    )
+    ring_bits: int = option(32, "the ring Z_2^b of the uploads: 32 (the thesis) or 64")
+    frac_bits: int = option(16, "fixed-point precision 2^-f")
+    key_agreement: Literal["seeded", "secure"] = option(
+        "seeded",
+        "randomness of the group key and pairwise secrets: seeded (from the run seed, a "
+        "simulation) or secure (OS randomness)",
+    )
+    users: int = option(10_000, "synthetic data: number of points N")
+    dims: int = option(2, "synthetic data: dimension d")
+    spread: float = option(0.06, "synthetic data: std of each blob per coordinate")
+    bounds: dict[str, list[float]] | None = option(
+        None, "data file: feature column -> declared [low, high] (mapped to [-1, 1])"
+    )
+    out_of_bounds: Literal["error", "clip"] = option(
+        "error", "a data value outside its declared bounds: error, or clip it"
+    )
+    evaluate: bool = option(
+        True, "add WCSS, silhouette and empty clusters on the union (raw data: not private)"
+    )
+    silhouette_points: int = option(
+        10_000, "silhouette exactly up to this many points, else on a uniform sample of them"
+    )
+    data: DataConfig = field(default_factory=DataConfig, metadata={"help": "data source"})
+
+    def validate(self) -> None:
+        check_budget(self.epsilon, 0.0)
+        for name in ("k", "contribution", "silhouette_points", "users", "dims"):
+            if getattr(self, name) < 1:
+                raise ConfigError(name, f"must be >= 1, got {getattr(self, name)}")
+        if self.clients < 2:
+            raise ConfigError("clients", f"must be >= 2, got {self.clients}", "2 or more")
+        if self.contribution > self.k:
+            raise ConfigError("contribution", f"E = {self.contribution} > k = {self.k}", "1..k")
+        if self.contribution > 1 and self.assignment != "constrained":
+            raise ConfigError(
+                "contribution", "applies to assignment=constrained only", "drop contribution"
+            )
+        for name in ("min_size", "max_size", "iterations"):
+            value = getattr(self, name)
+            if value != "auto" and value < (0 if name == "min_size" else 1):
+                raise ConfigError(name, f"must be 'auto' or >= 1, got {value}")
+        if self.ring_bits not in pads.RING_BITS:
+            raise ConfigError("ring_bits", f"got {self.ring_bits}", "32 or 64")
+        if not 0 <= self.frac_bits <= 30:
+            raise ConfigError("frac_bits", f"must be in [0, 30], got {self.frac_bits}")
+        if not self.rho > 0:
+            raise ConfigError("rho", f"must be > 0, got {self.rho}")
+        if not self.spread > 0:
+            raise ConfigError("spread", f"must be > 0, got {self.spread}")
+        if self.init in DATA_INITS and self.noise != "none":
+            raise ConfigError(
+                "init",
+                f"{self.init} picks centroids from a client's rows: not differentially private",
+                "sphere-packing or random, or noise=none",
+            )
+        if self.topology == "ring" and self.masking == "pairwise":
+            raise ConfigError(
+                "masking", "the ring masks with the first client's random pad", "shared-seed"
+            )
+        if self.aggregation == "nma" and self.sensitivity != "corrected":
+            raise ConfigError(
+                "sensitivity", "applies to AMN (NMA's sensitivities are exact)", "drop it"
+            )
+
+
+def _load(cfg: HflKmeansConfig, seed: int) -> tuple[pa.Table, list[str], np.ndarray, np.ndarray]:
+    if cfg.data.path is None:
+        table = synthetic_table(cfg.users, cfg.dims, cfg.k, cfg.spread, seed)
+        features = [f"x{j}" for j in range(cfg.dims)]
+        return table, features, np.full(cfg.dims, -1.0), np.full(cfg.dims, 1.0)
+    if cfg.data.columns is not None:
+        raise ConfigError(
+            "data.columns", "horizontal clients hold whole rows", "drop it; use bounds"
+        )
+    if not cfg.bounds:
+        raise ConfigError(
+            "bounds",
+            "a data file needs the declared bounds of every feature column",
+            "e.g. --set bounds.x=[0,1e6] --set bounds.y=[0,1e6]",
+        )
+    table = load_table(cfg.data.path, cfg.data.format)
+    for col in cfg.bounds:
+        if col not in table.column_names:
+            raise DataError(
+                f"bounds.{col}", f"column {col!r} is not in the data", table.column_names
+            )
+    features = list(cfg.bounds)
+    lo, hi = declared_bounds(cfg.bounds, features)
+    return table, features, lo, hi
+
+
+def _check_feasible(params: Params, sizes: list[int], assignment: str) -> None:
+    """Every client's constrained assignment must have a solution (§3.1: k·c_min <= E·N_l and
+    N_l <= k·c_max), checked before any actor starts."""
+    if assignment != "constrained":
+        return
+    b, k, e = params.bounds, params.k, params.contribution
+    for n_l in sizes:
+        if k * b.client_min > e * n_l or n_l > k * b.client_max:
+            raise ConfigError(
+                "min_size",
+                f"a client with {n_l} rows cannot fill {k} clusters of {b.client_min}.."
+                f"{b.client_max} rows each (per-client bounds of c_min={b.c_min}, c_max={b.c_max})",
+                "lower min_size, raise max_size, or fewer clients",
+            )
+
+
+class HflKmeans(Protocol):
+    name = "hfl-kmeans"
+    summary = "DP horizontal multiparty k-means (NMA / AMN) with masked aggregation"
+    Config = HflKmeansConfig
+
+    def plan(self, cfg: HflKmeansConfig, seed: int) -> Plan:
+        reject_inapplicable(cfg, ["bounds"], ["users", "dims", "spread"])
+        table, features, lo, hi = _load(cfg, seed)
+        require_clean(table, features)
+        x_raw = features_of(table, features)
+        check_bounds(x_raw, features, lo, hi, cfg.out_of_bounds)
+        n, d = x_raw.shape
+        if n < cfg.clients * cfg.k:
+            raise DataError(
+                "data.path",
+                f"{n} rows for {cfg.clients} clients and k = {cfg.k}",
+                f"at least {cfg.clients * cfg.k} rows, or fewer clients / clusters",
+            )
+        params = derive_params(cfg, n, d)
+        overflow_check(params, cfg.assignment, cfg.aggregation, cfg.topology)
+        order = rng.stream(seed, "partition", 0, "hfl-kmeans").permutation(n)
+        blocks = horizontal(table.select(features).take(order), cfg.clients)
+        _check_feasible(params, [t.num_rows for t in blocks.values()], cfg.assignment)
+        meta = {"columns": features, "lo": lo.tolist(), "hi": hi.tolist()}
+        evaluation = None
+        if cfg.evaluate:
+            evaluation = {"x": np.clip(to_unit(x_raw, lo, hi), -1.0, 1.0)}
+        private = cfg.noise != "none"
+        return Plan(
+            budget=Budget(params.t_max * params.epsilon_per_iteration)
+            if private
+            else Budget.none(),
+            ledger=dict(
+                accountant="pure",
+                relation="add_or_remove_one",
+                composition="parallel" if cfg.topology == "ring" else "sequential",
+                statement=self._statement(cfg),
+            ),
+            parties={p: (block, meta) for p, block in blocks.items()},
+            rounds=params.t_max + 1,
+            evaluation=evaluation,
+            info={"features": features, "lo": lo, "hi": hi, "params": params},
+        )
+
+    @staticmethod
+    def _statement(cfg: HflKmeansConfig) -> str:
+        if cfg.noise == "none":
+            return "not private: a non-private baseline (masked, but the clients see exact sums)"
+        if cfg.topology == "ring":
+            return (
+                "ε-DP per client by its own local noise (add/remove one point); parallel over the "
+                "clients' disjoint rows"
+            )
+        return (
+            "ε-DP towards every client (add/remove one point), sequential over the iterations; "
+            "assumes the server draws its noise honestly and colludes with no client"
+        )
+
+    def drive(self, fed, cfg: HflKmeansConfig, plan: Plan) -> Outcome:
+        order = sorted(plan.parties)
+        params: Params = plan.info["params"]
+        ring = cfg.topology == "ring"
+        with fed.round(0):
+            agree_group_key(
+                fed,
+                order,
+                secure=cfg.key_agreement == "secure",
+                purpose="group-key",
+                slot="group_key",
+                pair_info=pads.INFO_PAIRS if cfg.masking == "pairwise" else None,
+            )
+            # the server (on the ring: the first client) learns N and derives the parameters
+            host = fed.parties if ring else fed.coordinator
+            sizes = fed.parties.run(
+                size_step, to=order[0] if ring else "coordinator", phase="sizes"
+            )
+            broadcast = host.run(
+                setup_step,
+                sizes,
+                cfg=cfg,
+                d=params.d,
+                phase="setup",
+                **({"members": [order[0]]} if ring else {}),
+            )
+            params = fed.one(broadcast)
+            given = None
+            if cfg.init in DATA_INITS:
+                given = fed.parties.run(
+                    data_init_step, init=cfg.init, k=cfg.k, members=[order[0]], phase="init"
+                )
+            settings = {name: getattr(cfg, name) for name in CLIENT_SETTINGS}
+            fed.parties.run(
+                prepare_step,
+                broadcast.single(),
+                given,
+                settings=settings,
+                order=order,
+                phase="prepare",
+            )
+        started = time.perf_counter()
+        aggregate = None
+        for t in range(1, params.t_max + 1):
+            with fed.round(t):
+                uploads = fed.parties.run(iterate_step, aggregate, t=t, phase="assign-upload")
+                if ring:
+                    aggregate = self._ring(fed, cfg, params, order, t).single()
+                else:
+                    aggregate = self._aggregate(fed, params, uploads, t).single()
+        with fed.round(params.t_max + 1):
+            final = fed.parties.run(iterate_step, aggregate, t=params.t_max + 1, phase="update")
+        seconds = time.perf_counter() - started
+        outputs = {p: np.asarray(c) for p, c in fed.get(final, phase="outputs").items()}
+        centers = outputs[order[0]]
+        identical = all(np.array_equal(c, centers) for c in outputs.values())
+        if not identical:  # every client unpads the same words: a difference is a protocol bug
+            raise RuntimeError("the clients' final centroids differ")
+        self._notes(fed, cfg, params)
+        return self._outcome(cfg, plan, params, centers, seconds)
+
+    @staticmethod
+    def _aggregate(fed, params: Params, uploads, t: int):
+        if params.noise:
+            fed.charge(
+                [("clients", "discrete-Laplace noise on the padded aggregate", _event(params))]
+            )
+        return fed.coordinator.run(aggregate_step, uploads, params=params, t=t, phase="aggregate")
+
+    @staticmethod
+    def _ring(fed, cfg: HflKmeansConfig, params: Params, order: list[str], t: int):
+        running = None
+        secure = cfg.key_agreement == "secure"
+        for p in order:
+            if params.noise:
+                fed.charge([(p, "local discrete-Laplace noise (ring)", _event(params))])
+            running = fed.parties.run(
+                ring_step, running, t=t, secure=secure, members=[p], phase="ring"
+            )
+        return fed.parties.run(ring_close_step, running, members=[order[0]], phase="ring-close")
+
+    @staticmethod
+    def _notes(fed, cfg: HflKmeansConfig, params: Params) -> None:
+        masking = {
+            "shared-seed": "uploads and aggregates are one-time-padded in Z_2^{b} with pads every "
+            "client derives from the group key: the server sees only uniform words; the server "
+            "colluding with any one client unmasks every upload (all clients know all pads)",
+            "pairwise": "uploads carry the shared-seed pads plus pairwise X25519 masks: the server "
+            "sees only uniform words; colluding with one client it learns the aggregate (which "
+            "the clients see) but no other client's upload",
+            "none": "masking=none: NOT secure, the server sees every client's upload and the "
+            "aggregate (an insecure baseline)",
+        }[cfg.masking]
+        if cfg.topology == "ring":
+            masking = (
+                "ring: the first client pads the running sum with a random mask; each client sees "
+                "only a padded partial sum, and the release is the noisy total"
+            )
+        fed.note(masking.replace("{b}", str(params.ring_bits)))
+        if cfg.key_agreement == "seeded":
+            fed.note(
+                "key_agreement=seeded: the group key, pairwise secrets and ring mask follow from "
+                "the run seed, which the coordinator holds — a reproducible simulation, not secure "
+                "against the server; key_agreement=secure draws them from the OS"
+            )
+        fed.note(
+            f"N = {params.n} and the clients' row counts are sent in the clear and treated as "
+            "public (t_max and c_min depend on them; spec A3)"
+        )
+        if cfg.noise == "none":
+            fed.note("noise=none: not private; the clients see exact aggregates")
+            return
+        fed.note(
+            "noise: discrete Laplace on the 2^-{f} grid, sampled exactly (no floating-point "
+            "Laplace; Theorem 7.2.1's quantisation argument is then unnecessary)".replace(
+                "{f}", str(params.frac_bits)
+            )
+        )
+        if cfg.assignment != "unconstrained":
+            fed.note(
+                "the sensitivities assume one point changes only the clusters it joins; under a "
+                "size-constrained assignment it can re-route other points, which neither the "
+                "thesis's analysis nor this one covers (an assumption, not a proof)"
+            )
+        if params.claimed_epsilon is not None:
+            true_eps = params.t_max * params.epsilon_per_iteration
+            fed.note(
+                f"sensitivity=thesis: noise calibrated to Δ^μ = B·E/c_min = "
+                f"{params.sensitivity['thesis']:.4g}, but one point moves an uploaded local "
+                f"centroid by up to {params.sensitivity['true']:.4g}: the thesis claims "
+                f"ε = {params.claimed_epsilon:g}, the noise buys ε = {true_eps:.4g} (ledger)"
+            )
+        if cfg.topology == "ring":
+            fed.note(
+                f"ring: each of the {params.clients} clients adds full noise for its own rows, so "
+                "the released sum carries M times the central noise variance"
+            )
+
+    @staticmethod
+    def _outcome(cfg, plan: Plan, params: Params, centers: np.ndarray, seconds: float) -> Outcome:
+        info = plan.info
+        data_centers = from_unit(centers, info["lo"], info["hi"])
+        table = pa.table(
+            {"cluster": np.arange(len(centers))}
+            | {c: data_centers[:, j] for j, c in enumerate(info["features"])}
+        )
+        b = params.bounds
+        metrics: dict[str, Any] = {
+            "aggregation": cfg.aggregation,
+            "assignment": cfg.assignment,
+            "masking": cfg.masking,
+            "topology": cfg.topology,
+            "points": params.n,
+            "dims": params.d,
+            "k": params.k,
+            "clients": params.clients,
+            "t_max": params.t_max,
+            "epsilon_m": params.epsilon_m,
+            "c_min": b.c_min,
+            "c_max": b.c_max,
+            "client_min": b.client_min,
+            "client_max": b.client_max,
+            **params.split,
+            "noise_scales": {
+                blk.label: blk.scale / params.scale for blk in params.noise
+            },  # real units
+            "upload_bytes": params.length * params.ring_bits // 8,
+            "ms_per_iteration": 1000.0 * seconds / params.t_max,
+        }
+        headline = (
+            f"{cfg.aggregation.upper()} {cfg.assignment}, {params.clients} clients x "
+            f"{params.n:,} points, k = {params.k}, t_max = {params.t_max}"
+        )
+        if plan.evaluation is not None:
+            x = plan.evaluation["x"]
+            score, labels = wcss(x, centers)
+            gen = rng.stream(0, "evaluation", 0, "silhouette")
+            sil, used = silhouette(x, labels, gen, cfg.silhouette_points)
+            metrics.update(
+                wcss=score,
+                nicv=score / len(x),
+                empty_clusters=empty_clusters(labels, params.k),
+                silhouette=sil,
+                silhouette_points=used,
+            )
+            headline += (
+                f"; WCSS {score:.4g}, {metrics['empty_clusters']} empty, silhouette {sil:.3f}"
+            )
+        return Outcome(tables={"centroids": table}, metrics=metrics, headline=headline)
+
+
+def _event(params: Params):
+    return noise_event([block.event for block in params.noise])
