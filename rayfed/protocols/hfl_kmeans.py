@@ -135,6 +135,9 @@ class HflKmeansConfig:
         "randomness of the group key and pairwise secrets: seeded (from the run seed, a "
         "simulation) or secure (OS randomness)",
     )
+    shuffle: bool = option(
+        True, "split the rows over the clients after a seeded shuffle (the thesis); false: in order"
+    )
     users: int = option(10_000, "synthetic data: number of points N")
     dims: int = option(2, "synthetic data: dimension d")
     spread: float = option(0.06, "synthetic data: std of each blob per coordinate")
@@ -198,10 +201,6 @@ def _load(cfg: HflKmeansConfig, seed: int) -> tuple[pa.Table, list[str], np.ndar
         table = synthetic_table(cfg.users, cfg.dims, cfg.k, cfg.spread, seed)
         features = [f"x{j}" for j in range(cfg.dims)]
         return table, features, np.full(cfg.dims, -1.0), np.full(cfg.dims, 1.0)
-    if cfg.data.columns is not None:
-        raise ConfigError(
-            "data.columns", "horizontal clients hold whole rows", "drop it; use bounds"
-        )
     if not cfg.bounds:
         raise ConfigError(
             "bounds",
@@ -241,6 +240,10 @@ class HflKmeans(Protocol):
     Config = HflKmeansConfig
 
     def plan(self, cfg: HflKmeansConfig, seed: int) -> Plan:
+        if cfg.data.columns is not None:
+            raise ConfigError(
+                "data.columns", "horizontal clients hold whole rows", "drop it; use bounds"
+            )
         reject_inapplicable(cfg, ["bounds"], ["users", "dims", "spread"])
         table, features, lo, hi = _load(cfg, seed)
         require_clean(table, features)
@@ -255,8 +258,10 @@ class HflKmeans(Protocol):
             )
         params = derive_params(cfg, n, d)
         overflow_check(params, cfg.assignment, cfg.aggregation, cfg.topology)
-        order = rng.stream(seed, "partition", 0, "hfl-kmeans").permutation(n)
-        blocks = horizontal(table.select(features).take(order), cfg.clients)
+        rows = table.select(features)
+        if cfg.shuffle:
+            rows = rows.take(rng.stream(seed, "partition", 0, "hfl-kmeans").permutation(n))
+        blocks = horizontal(rows, cfg.clients)
         _check_feasible(params, [t.num_rows for t in blocks.values()], cfg.assignment)
         meta = {"columns": features, "lo": lo.tolist(), "hi": hi.tolist()}
         evaluation = None

@@ -320,17 +320,24 @@ def ring_step(ctx: StepContext, running: Any = None, *, t: int, secure: bool) ->
     noisy, event = _local_noise(ctx, st["values"], t)
     words = pads.to_ring(noisy, p.ring_bits)
     if running is None:
-        dtype = pads.ring_dtype(p.ring_bits)
-        raw = os.urandom(p.length * dtype.itemsize) if secure else None
-        if raw is None:
-            raw = ctx.rng("secagg-masks", t).bytes(p.length * dtype.itemsize)
-        st["ring_mask"] = np.frombuffer(raw, dtype=dtype).copy()
+        st["ring_mask"] = _ring_mask(ctx, t, secure)
         total = st["ring_mask"] + words
     else:
         total = np.asarray(next(iter(running.values())), dtype=words.dtype) + words
     order = st["order"]
     after = order[(st["me"] + 1) % len(order)]
     return Message("ring_partial", total, to=after, dp_event=event, scope=ctx.name)
+
+
+def _ring_mask(ctx: StepContext, t: int, secure: bool) -> np.ndarray:
+    """The first client's one-time pad of the running sum (zero with masking=none)."""
+    p = ctx.state["params"]
+    dtype = pads.ring_dtype(p.ring_bits)
+    if ctx.state["settings"]["masking"] == "none":
+        return np.zeros(p.length, dtype)
+    size = p.length * dtype.itemsize
+    raw = os.urandom(size) if secure else ctx.rng("secagg-masks", t).bytes(size)
+    return np.frombuffer(raw, dtype=dtype).copy()
 
 
 def ring_close_step(ctx: StepContext, running: dict) -> Message:
