@@ -612,6 +612,13 @@ BAD_INPUT = {
     "ring-pairwise": (dict(topology="ring", masking="pairwise"), "masking"),
     "min-size": (dict(min_size=400), "min_size"),  # 15 x 200 > 2,500 rows per client
     "ring-bits-48": (dict(ring_bits=48), "ring_bits"),
+    "min-above-max": (dict(min_size=300, max_size=200), "min_size"),
+    "non-exclusive-empty": (dict(assignment="non-exclusive", min_size=0), "min_size"),
+    "non-exclusive-too-big": (dict(assignment="non-exclusive", min_size=6000), "min_size"),
+    "unread-sum-post-amn": (dict(aggregation="amn", sum_post="fold"), "sum_post"),
+    "unread-rho-amn": (dict(aggregation="amn", rho=0.3), "rho"),
+    "unread-epsilon-nonprivate": (dict(noise="none", epsilon=1.0), "epsilon"),
+    "unread-min-size-unconstrained": (dict(assignment="unconstrained", min_size=10), "min_size"),
 }
 
 
@@ -715,3 +722,53 @@ def test_repro_job_small(run_small_job):
     assert any(r["epsilon_spent"] > 7 for r in table)  # AMN with the thesis's sensitivity
     assert "check 6: s1 AMN unconstrained private ≫ constrained" in record["checks"]
     assert all(Path(p).exists() for p in record["plots"])
+
+
+def test_too_few_synthetic_points_name_users():
+    with pytest.raises(DataError) as err:
+        rayfed.run("hfl-kmeans", backend="local", out_dir=None, users=5, k=3)
+    assert err.value.field == "users"
+
+
+def test_non_exclusive_nma_charges_the_swap():
+    """A non-exclusive cluster keeps its size, so an added point can swap out another: a sum
+    coordinate moves by up to 2B, twice the exclusive bound (the count block is unchanged)."""
+    base = dict(k=4, users=2000, backend="local", out_dir=None)
+    exclusive = rayfed.run("hfl-kmeans", **base).metrics
+    swap = rayfed.run("hfl-kmeans", assignment="non-exclusive", **base).metrics
+    # scale x ε per entry is the sensitivity; non-exclusive also has E = k (and its own t_max)
+    sens_sum = [m["noise_scales"]["sums"] * m["eps_sum"] for m in (exclusive, swap)]
+    sens_count = [m["noise_scales"]["counts"] * m["eps_count"] for m in (exclusive, swap)]
+    assert sens_sum[1] == pytest.approx(2 * 4 * sens_sum[0])
+    assert sens_count[1] == pytest.approx(4 * sens_count[0])
+
+
+def test_amn_empty_local_cluster_uploads_a_centroid_inside_the_box():
+    """With centroid_post=none centroids can leave [-1, 1]; the stand-in an empty local cluster
+    uploads is clipped, so the 2B/M sensitivity still bounds it."""
+    settings = {name: getattr(HflKmeansConfig(), name) for name in CLIENT_SETTINGS}
+    settings.update(aggregation="amn", assignment="unconstrained", centroid_post="none")
+    cfg = HflKmeansConfig(aggregation="amn", assignment="unconstrained", noise="none", k=2)
+    table = pa.table({"x0": [0.1, 0.2, 0.3]})
+    ctx = StepContext(
+        name="p0",
+        role="party",
+        seed=0,
+        table=table,
+        meta={"columns": ["x0"], "lo": [-1.0], "hi": [1.0]},
+    )
+    params = derive_params(cfg, 6, 1)
+    ctx.state.update(group_key=bytes(32))
+    prepare_step(ctx, params, settings=settings, order=["p0", "p1"])
+    ctx.state["centers"] = np.array([[0.2], [25.0]])  # cluster 1 far outside, and empty
+    message = iterate_step(ctx, t=1)
+    words = pads.from_ring(
+        message.payload
+        - pads.party_pad(
+            pads.subkey(bytes(32), pads.INFO_PADS), 1, 0, params.length, params.ring_bits
+        ),
+        params.ring_bits,
+    )
+    uploaded = words / params.scale
+    assert uploaded[1] == pytest.approx(1.0 / 2, abs=2**-15)  # clip(25) / M
+    assert uploaded[0] == pytest.approx(0.2 / 2, abs=2**-15)

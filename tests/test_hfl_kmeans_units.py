@@ -613,3 +613,13 @@ def test_wrong_pad_key_or_missing_party_gives_garbage():
         assert np.mean(garbage == want) < 0.01
         # far outside the range of a sum of 3 values in [-1, 1] on the 2^16 grid
         assert np.mean(np.abs(garbage) > 4 * SCALE) > 0.9
+
+
+def test_fold_onto_a_point_and_silhouette_on_a_tiny_sample():
+    """A zero-width interval folds everything onto it; a sample with as many labels as points
+    has no silhouette (NaN, not an error)."""
+    assert np.all(fold(np.array([-3.0, 0.5, 7.0]), 2.0, 2.0) == 2.0)
+    x = np.random.default_rng(0).normal(size=(50, 2))
+    labels = np.arange(50) % 2
+    score, used = silhouette(x, labels, np.random.default_rng(1), 2)
+    assert used == 2 and math.isnan(score)

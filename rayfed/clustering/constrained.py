@@ -120,7 +120,7 @@ def cluster_sums(
     """(k, d) sums and (k,) counts of the clusters; exact integers when ``x`` is integer."""
     rows, cols = members
     counts = np.bincount(cols, minlength=k)
-    # float64 bincount is exact for integer inputs while |sum| < 2^53 (grid values are < 2^17)
+    # float64 bincount is exact for integer inputs while every partial |sum| < 2^53
     sums = np.stack(
         [np.bincount(cols, weights=x[rows, h], minlength=k) for h in range(x.shape[1])], 1
     ).reshape(k, x.shape[1])
@@ -179,6 +179,8 @@ def kmeans_plus_plus(x: np.ndarray, k: int, gen: np.random.Generator) -> np.ndar
 def fold(x: np.ndarray, lo: float, hi: float) -> np.ndarray:
     """Reflect into [lo, hi] across the nearest bound, repeatedly (§3.4, A19): a triangle wave."""
     width = hi - lo
+    if width <= 0:
+        return np.full(np.shape(x), float(lo))
     y = np.mod(np.asarray(x, dtype=np.float64) - lo, 2.0 * width)
     return lo + np.where(y > width, 2.0 * width - y, y)
 
@@ -212,15 +214,13 @@ def silhouette(
     x: np.ndarray, labels: np.ndarray, gen: np.random.Generator, max_points: int
 ) -> tuple[float, int]:
     """Mean silhouette (scikit-learn), exact up to ``max_points`` points, else on a uniform sample
-    of that size; returns (score, points used). NaN with fewer than two non-empty clusters."""
+    of that size; returns (score, points used). NaN unless 2 <= clusters < points."""
     from sklearn.metrics import silhouette_score
 
     used = min(len(x), max_points)
-    if np.unique(labels).size < 2:
-        return math.nan, used
     if used < len(x):
         pick = gen.choice(len(x), size=used, replace=False)
         x, labels = x[pick], labels[pick]
-        if np.unique(labels).size < 2:
-            return math.nan, used
+    if not 2 <= np.unique(labels).size < used:  # the score needs 2 <= labels <= points - 1
+        return math.nan, used
     return float(silhouette_score(x, labels)), used

@@ -120,8 +120,8 @@ class HflKmeansConfig:
     masking: Literal["shared-seed", "pairwise", "none"] = option(
         "shared-seed",
         "shared-seed: the thesis's pads from a seed all clients share; pairwise: plus pairwise "
-        "X25519 masks (a server colluding with one client sees no other upload); none: plaintext "
-        "uploads (an insecure baseline)",
+        "X25519 masks (a server colluding with one client sees no other client's upload, M >= 3); "
+        "none: plaintext uploads (an insecure baseline)",
     )
     topology: Literal["server", "ring"] = option(
         "server",
@@ -169,9 +169,14 @@ class HflKmeansConfig:
                 "contribution", "applies to assignment=constrained only", "drop contribution"
             )
         for name in ("min_size", "max_size", "iterations"):
-            value = getattr(self, name)
-            if value != "auto" and value < (0 if name == "min_size" else 1):
-                raise ConfigError(name, f"must be 'auto' or >= 1, got {value}")
+            value, low = getattr(self, name), 0 if name == "min_size" else 1
+            if value != "auto" and value < low:
+                raise ConfigError(name, f"must be 'auto' or >= {low}, got {value}")
+        if "auto" not in (self.min_size, self.max_size) and self.min_size > self.max_size:
+            raise ConfigError("min_size", f"{self.min_size} > max_size = {self.max_size}")
+        if self.assignment == "non-exclusive" and self.min_size == 0:
+            raise ConfigError("min_size", "non-exclusive clusters of 0 points are empty", ">= 1")
+        self._reject_unread()
         if self.ring_bits not in pads.RING_BITS:
             raise ConfigError("ring_bits", f"got {self.ring_bits}", "32 or 64")
         if not 0 <= self.frac_bits <= 30:
@@ -190,10 +195,27 @@ class HflKmeansConfig:
             raise ConfigError(
                 "masking", "the ring masks with the first client's random pad", "shared-seed"
             )
-        if self.aggregation == "nma" and self.sensitivity != "corrected":
-            raise ConfigError(
-                "sensitivity", "applies to AMN (NMA's sensitivities are exact)", "drop it"
-            )
+
+    def _reject_unread(self) -> None:
+        """An option the chosen mode never reads is an error, not silently ignored."""
+        default = type(self)()
+        unread = {
+            "sensitivity": self.aggregation == "nma" or self.noise == "none",
+            "sum_post": self.aggregation == "amn",
+            "count_post": self.aggregation == "amn",
+            "rho": self.aggregation == "amn" or self.noise == "none",
+            "epsilon": self.noise == "none",
+            "min_size": self.assignment == "unconstrained",
+            "max_size": self.assignment == "unconstrained",
+        }
+        for name, ignored in unread.items():
+            if ignored and getattr(self, name) != getattr(default, name):
+                raise ConfigError(
+                    name,
+                    f"is not used with aggregation={self.aggregation}, noise={self.noise}, "
+                    f"assignment={self.assignment}",
+                    "drop it",
+                )
 
 
 def _load(cfg: HflKmeansConfig, seed: int) -> tuple[pa.Table, list[str], np.ndarray, np.ndarray]:
@@ -220,10 +242,22 @@ def _load(cfg: HflKmeansConfig, seed: int) -> tuple[pa.Table, list[str], np.ndar
 
 def _check_feasible(params: Params, sizes: list[int], assignment: str) -> None:
     """Every client's constrained assignment must have a solution (§3.1: k·c_min <= E·N_l and
-    N_l <= k·c_max), checked before any actor starts."""
+    N_l <= k·c_max), and a non-exclusive cluster must find its ⌈c_min/M⌉ points (the sensitivity
+    assumes that size); checked before any actor starts."""
+    b, k, e = params.bounds, params.k, params.contribution
+    if b.c_min > b.c_max:
+        raise ConfigError(
+            "min_size", f"c_min = {b.c_min} > c_max = {b.c_max}", "a smaller min_size"
+        )
+    if assignment == "non-exclusive" and b.client_min > min(sizes):
+        raise ConfigError(
+            "min_size",
+            f"a non-exclusive cluster takes ⌈c_min/M⌉ = {b.client_min} points but a client has "
+            f"only {min(sizes)} rows",
+            f"min_size <= {min(sizes) * params.clients}",
+        )
     if assignment != "constrained":
         return
-    b, k, e = params.bounds, params.k, params.contribution
     for n_l in sizes:
         if k * b.client_min > e * n_l or n_l > k * b.client_max:
             raise ConfigError(
@@ -252,7 +286,7 @@ class HflKmeans(Protocol):
         n, d = x_raw.shape
         if n < cfg.clients * cfg.k:
             raise DataError(
-                "data.path",
+                "data.path" if cfg.data.path else "users",
                 f"{n} rows for {cfg.clients} clients and k = {cfg.k}",
                 f"at least {cfg.clients * cfg.k} rows, or fewer clients / clusters",
             )
@@ -279,7 +313,7 @@ class HflKmeans(Protocol):
                 statement=self._statement(cfg),
             ),
             parties={p: (block, meta) for p, block in blocks.items()},
-            rounds=params.t_max + 1,
+            rounds=params.t_max + 2,
             evaluation=evaluation,
             info={"features": features, "lo": lo, "hi": hi, "params": params},
         )
@@ -386,8 +420,8 @@ class HflKmeans(Protocol):
             "client derives from the group key: the server sees only uniform words; the server "
             "colluding with any one client unmasks every upload (all clients know all pads)",
             "pairwise": "uploads carry the shared-seed pads plus pairwise X25519 masks: the server "
-            "sees only uniform words; colluding with one client it learns the aggregate (which "
-            "the clients see) but no other client's upload",
+            "sees only uniform words; colluding with one client it learns the aggregate before "
+            "its own noise (not DP) but, with 3 or more clients, no other client's upload",
             "none": "masking=none: NOT secure, the server sees every client's upload and the "
             "aggregate (an insecure baseline)",
         }[cfg.masking]
@@ -411,8 +445,9 @@ class HflKmeans(Protocol):
             fed.note("noise=none: not private; the clients see exact aggregates")
             return
         fed.note(
-            "noise: discrete Laplace on the 2^-{f} grid, sampled exactly (no floating-point "
-            "Laplace; Theorem 7.2.1's quantisation argument is then unnecessary)".replace(
+            "noise: discrete Laplace on the 2^-{f} grid (integer noise, so Theorem 7.2.1's "
+            "quantisation argument is not needed; drawn with numpy's geometric sampler, which "
+            "computes in floating point — not an exact sampler)".replace(
                 "{f}", str(params.frac_bits)
             )
         )
@@ -468,8 +503,8 @@ class HflKmeans(Protocol):
             "ms_per_iteration": 1000.0 * seconds / params.t_max,
         }
         headline = (
-            f"{cfg.aggregation.upper()} {cfg.assignment}, {params.clients} clients x "
-            f"{params.n:,} points, k = {params.k}, t_max = {params.t_max}"
+            f"{cfg.aggregation.upper()} {cfg.assignment}, {params.n:,} points over "
+            f"{params.clients} clients, k = {params.k}, t_max = {params.t_max}"
         )
         if plan.evaluation is not None:
             x = plan.evaluation["x"]

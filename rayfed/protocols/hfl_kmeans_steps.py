@@ -126,7 +126,10 @@ def derive_params(cfg: Any, n: int, d: int) -> Params:
     scale = 1 << cfg.frac_bits
     if nma:
         eps_sum, eps_count = dplloyd.nma_split(cfg.epsilon, t_max, d, cfg.rho)
-        grid_bound = round(dplloyd.BOUND * scale)  # |a grid-rounded coordinate| <= B·2^f
+        # one point moves a sum coordinate by its own grid value, at most B·2^f — or, where a
+        # non-exclusive cluster keeps its size, swaps out another point: 2B·2^f
+        swap = 2 if cfg.assignment == "non-exclusive" else 1
+        grid_bound = swap * round(dplloyd.BOUND * scale)
         noise = (
             Noise("sums", k * d, e * d * grid_bound, d * eps_sum),
             Noise("counts", k, e * scale, eps_count),
@@ -165,14 +168,14 @@ def overflow_check(params: Params, assignment: str, aggregation: str, topology: 
         "constrained": min(params.n, params.clients * b.client_max),
     }[assignment]
     draws = params.clients if topology == "ring" else 1
-    tails = [NOISE_TAIL * draws * block.scale / params.scale for block in params.noise]
-    if aggregation == "nma":
-        reach = dplloyd.BOUND * cap + (tails[0] if tails else 0.0)
-        what = f"a cluster sum can reach ±{reach:,.0f} (B·{cap:,} points"
+    tails = [NOISE_TAIL * draws * block.scale / params.scale for block in params.noise] or [0.0]
+    if aggregation == "nma":  # sums reach B·cap, counts cap, each with its own noise
+        reach, which = max((dplloyd.BOUND * cap + tails[0], "sum"), (cap + tails[-1], "count"))
+        what = f"a cluster {which} can reach ±{reach:,.0f} ({cap:,} points"
     else:
-        reach = dplloyd.BOUND + (tails[0] if tails else 0.0)
+        reach = dplloyd.BOUND + tails[0]
         what = f"a centroid coordinate can reach ±{reach:,.4g} (B"
-    what += " + 50 noise scales)" if tails else ")"
+    what += " + 50 noise scales)" if params.noise else ")"
     if reach >= limit:
         raise ConfigError(
             "ring_bits",
@@ -249,9 +252,10 @@ def _values(ctx: StepContext) -> np.ndarray:
         sums, counts = cluster_sums(st["xq"], members, p.k)
         return np.concatenate([sums.ravel(), counts.astype(np.int64) * p.scale])
     sums, counts = cluster_sums(st["x"], members, p.k)
-    local = np.where(
-        counts[:, None] > 0, sums / np.maximum(counts, 1)[:, None], st["centers"]
-    )  # an empty local cluster uploads the previous centroid ([C], A9)
+    # an empty local cluster uploads the previous centroid ([C], A9), kept in the box so that the
+    # sensitivity's 2B bound holds even with centroid_post=none
+    previous = np.clip(st["centers"], -dplloyd.BOUND, dplloyd.BOUND)
+    local = np.where(counts[:, None] > 0, sums / np.maximum(counts, 1)[:, None], previous)
     return np.rint(local.ravel() / p.clients * p.scale).astype(np.int64)
 
 
@@ -262,7 +266,7 @@ def _pad(ctx: StepContext, t: int) -> np.ndarray:
     if masking == "none":
         return np.zeros(p.length, pads.ring_dtype(p.ring_bits))
     pad_key = pads.subkey(st["group_key"], pads.INFO_PADS)
-    words = pads.shared_pads(pad_key, t, p.clients, p.length, p.ring_bits)[st["me"]]
+    words = pads.party_pad(pad_key, t, st["me"], p.length, p.ring_bits)
     if masking == "pairwise":
         words = words + pads.pairwise_mask(st["pair_keys"], st["me"], t, p.length, p.ring_bits)
     return words

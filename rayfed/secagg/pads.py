@@ -11,7 +11,8 @@ scalar and per iteration:
   s_lj (X25519 + HKDF); l adds PRF(s_lj) and j subtracts it, so the masks cancel in the sum. On
   their own they would show the server the aggregate, so they are added *on top of* the shared
   pads: the server alone learns nothing, and the server colluding with one party learns the
-  aggregate (which that party sees anyway) but no other party's individual upload.
+  aggregate — before the server's noise, which it knows — but, with 3 or more parties, no other
+  party's individual upload.
 
 Values are signed integers on the fixed-point grid; two's complement mod 2^b.
 """
@@ -57,9 +58,14 @@ def _words(key: bytes, iteration: int, index: int, n: int, bits: int) -> np.ndar
     return keyed_words(key, code, n, ring_dtype(bits))[0]
 
 
+def party_pad(pad_key: bytes, iteration: int, party: int, n: int, bits: int) -> np.ndarray:
+    """Party ``party``'s pad r_l for this iteration (every party can compute every pad)."""
+    return _words(pad_key, iteration, party, n, bits)
+
+
 def shared_pads(pad_key: bytes, iteration: int, parties: int, n: int, bits: int) -> np.ndarray:
     """(parties, n): every party's pad r_l for this iteration (all parties compute the same)."""
-    return np.stack([_words(pad_key, iteration, j, n, bits) for j in range(parties)])
+    return np.stack([party_pad(pad_key, iteration, j, n, bits) for j in range(parties)])
 
 
 def pairwise_mask(
