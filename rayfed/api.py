@@ -95,6 +95,7 @@ def run(
         "versions": versions(),
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
+    manifest["members"] = {"parties": sorted(plan.parties), "cohorts": sorted(plan.cohorts)}
     if rundir:
         rundir.write_manifest(manifest)
     started = time.perf_counter()
@@ -115,6 +116,8 @@ def run(
         fed.start()
         outcome = proto.drive(fed, cfg, plan)
         outcome.metrics.setdefault("phase_seconds", fed.phase_seconds())
+        if fed.per_round:
+            outcome.metrics.setdefault("per_round", fed.per_round)
         privacy = fed.privacy_report()
         result = Result(
             protocol=proto.name,

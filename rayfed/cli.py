@@ -11,6 +11,8 @@ from __future__ import annotations
 import argparse
 import sys
 import textwrap
+import time
+from pathlib import Path
 
 from rayfed.config import RunOptions, describe
 from rayfed.errors import ConfigError, RayfedError
@@ -127,6 +129,22 @@ def _cmd_stress(args) -> int:
     return 0
 
 
+def _cmd_report(args) -> int:
+    from rayfed import report
+
+    if args.compare:
+        dirs = ([args.run_dir] if args.run_dir else []) + args.compare
+        out = args.out or str(Path("runs") / f"compare-{time.strftime('%Y%m%d-%H%M%S')}")
+        written = report.compare(dirs, out)
+    elif args.run_dir:
+        written = report.report(args.run_dir, args.out)
+    else:
+        raise ConfigError("run_dir", "give a run directory or --compare DIR DIR ...")
+    for path in written:
+        print(path)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="rayfed", description="Differentially private federated protocols on Ray."
@@ -150,6 +168,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--out", default="runs", help="directory for the stress directory (default: runs)"
     )
     st.set_defaults(func=_cmd_stress)
+    rep = sub.add_parser(
+        "report", help="plots and a one-page HTML summary of a run directory (or several)"
+    )
+    rep.add_argument("run_dir", nargs="?", help="a run directory (runs/<run-id>)")
+    rep.add_argument("--compare", nargs="+", metavar="DIR", help="put several runs on one plot")
+    rep.add_argument(
+        "--out", help="where to write (default: the run directory; runs/compare-... for --compare)"
+    )
+    rep.set_defaults(func=_cmd_report)
     return parser
 
 

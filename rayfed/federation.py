@@ -431,6 +431,7 @@ class Federation:
         self._actor_options = actor_options or {}
         self.transcript = Transcript()
         self.timings: list[dict[str, Any]] = []
+        self.per_round: list[dict[str, Any]] = []
         self.round_no = 0
         self.progress = progress
         self._step_refs: dict[Any, Any] = {}
@@ -576,6 +577,11 @@ class Federation:
     def charge(self, charges: list[tuple[str, str, Any]]) -> list[float]:
         """Charge ``(scope, label, event)`` to the coordinator's ledger before the noise is drawn."""
         return self._call_coordinator("charge", charges, self.round_no)
+
+    def record(self, **values: Any) -> None:
+        """Keep values of the current round (e.g. survivors, a loss) for the result's
+        ``metrics["per_round"]`` and ``rayfed report``'s per-round plots."""
+        self.per_round.append({"round": self.round_no, **values})
 
     def note(self, text: str) -> None:
         """Add a statement to the privacy report (e.g. a paper's claim beside the true guarantee)."""

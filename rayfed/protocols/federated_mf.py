@@ -738,6 +738,11 @@ class FederatedMF(Protocol):
                         [("run", f"iteration {t}", dp_event.GaussianDpEvent(info["z_charge"]))]
                     )
                     v_msg, row = self._iteration(fed, cfg, plan, t, v_msg, sigma)
+                    fed.record(
+                        survivors_round1=row.get("u1", 0),
+                        survivors_round2=row.get("u2", 0),
+                        skipped=int(row["skipped"]),
+                    )
                 history.append(row)
                 if row["skipped"]:
                     skipped.append(t)

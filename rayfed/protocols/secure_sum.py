@@ -267,6 +267,10 @@ class SecureSum(Protocol):
                     result = secure_sum(fed, spec, table_inputs, (info["columns"],))
                 else:
                     result = secure_sum(fed, spec, synthetic_inputs, (info["dim"], cfg.clip))
+                fed.record(
+                    survivors=int(result.survivors.size),
+                    dropouts=int(info["registry"].size - result.survivors.size),
+                )
             expected = self._plaintext(fed.seed, r, result.survivors, cfg, plan)
             exact = bool(np.array_equal(expected, result.words))
             results.append((result, exact))

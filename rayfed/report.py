@@ -1,0 +1,383 @@
+"""``rayfed report RUN_DIR``: PNG plots and a one-page HTML summary of a run directory;
+``rayfed report --compare DIR DIR ...`` puts several runs on the same plots.
+
+Everything comes from what a run already writes: ``manifest.json`` (config, metrics, privacy
+ledger entries with the ε after each charge, phase timings, per-round values a protocol recorded
+with ``Federation.record``) and ``transcript.parquet`` (every message's round, sender and bytes).
+
+Plots: privacy spent over rounds against the budget; seconds per phase; bytes moved per round by
+sender role; and each per-round value (e.g. survivors and dropouts of secure aggregation).
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rayfed.errors import ConfigError
+
+ROLE_COLOURS = {"coordinator": "tab:red", "parties": "tab:blue", "cohorts": "tab:green"}
+LINESTYLES = ["-", "--", ":", "-."]  # one per compared run, so identical curves stay visible
+
+
+@dataclass
+class Run:
+    """One run directory's manifest and transcript rows."""
+
+    path: Path
+    manifest: dict[str, Any]
+    transcript: list[dict[str, Any]]
+
+    @property
+    def label(self) -> str:
+        """Short enough for a legend: protocol and the run id's random suffix."""
+        run_id = self.manifest.get("run_id", self.path.name)
+        return f"{self.manifest.get('protocol', '?')} …{run_id[-6:]}"
+
+    @property
+    def per_round(self) -> list[dict[str, Any]]:
+        return list(self.manifest.get("metrics", {}).get("per_round", []))
+
+
+def load(path: str | Path) -> Run:
+    """Read a run directory; a missing or unfinished one is a ConfigError naming it."""
+    path = Path(path)
+    manifest_path = path / "manifest.json"
+    if not manifest_path.exists():
+        raise ConfigError("run_dir", f"{str(path)!r} has no manifest.json", "a run directory")
+    manifest = json.loads(manifest_path.read_text())
+    if manifest.get("status") != "complete":
+        raise ConfigError(
+            "run_dir",
+            f"run {manifest.get('run_id')} is {manifest.get('status')!r}, not complete"
+            + (f" ({manifest['error']})" if manifest.get("error") else ""),
+            "a completed run directory",
+        )
+    rows: list[dict[str, Any]] = []
+    transcript = path / manifest.get("tables", {}).get("transcript", "transcript.parquet")
+    if transcript.exists():
+        import pyarrow.parquet as pq
+
+        rows = pq.read_table(transcript).to_pylist()
+    return Run(path, manifest, rows)
+
+
+# --- data series --------------------------------------------------------------------------------
+def privacy_series(run: Run) -> dict[str, tuple[list[int], list[float]]]:
+    """scope -> (rounds, ε spent after that round); one series "run" under sequential
+    composition, one per scope under parallel composition."""
+    series: dict[str, dict[int, float]] = {}
+    for entry in run.manifest.get("privacy", {}).get("entries", []):
+        scope = entry.get("scope") or "run"
+        series.setdefault(scope, {})[int(entry["round"])] = float(entry["epsilon_after"])
+    return {s: (sorted(v), [v[r] for r in sorted(v)]) for s, v in series.items()}
+
+
+def phase_seconds(run: Run) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for t in run.manifest.get("timings", []):
+        if t["phase"] != "(round)":
+            key = f"{t['role']}: {t['phase']}" if t["role"] else t["phase"]
+            out[key] = out.get(key, 0.0) + float(t["seconds"])
+    return out
+
+
+def round_seconds(run: Run) -> tuple[list[int], list[float]]:
+    rounds = [t for t in run.manifest.get("timings", []) if t["phase"] == "(round)"]
+    return [int(t["round"]) for t in rounds], [float(t["seconds"]) for t in rounds]
+
+
+def _role(sender: str, run: Run) -> str:
+    if sender == "coordinator":
+        return "coordinator"
+    cohorts = run.manifest.get("members", {}).get("cohorts", [])
+    return "cohorts" if sender in cohorts else "parties"
+
+
+def bytes_by_round(run: Run) -> dict[str, dict[int, int]]:
+    """role -> round -> bytes sent (from the transcript)."""
+    out: dict[str, dict[int, int]] = {}
+    for row in run.transcript:
+        role = _role(row["sender"], run)
+        out.setdefault(role, {})
+        out[role][int(row["round"])] = out[role].get(int(row["round"]), 0) + int(row["bytes"])
+    return out
+
+
+def round_values(run: Run) -> dict[str, tuple[list[int], list[float]]]:
+    """Every numeric per-round value a protocol recorded: name -> (rounds, values)."""
+    out: dict[str, tuple[list[int], list[float]]] = {}
+    for row in run.per_round:
+        for key, value in row.items():
+            if key == "round" or isinstance(value, bool) or not isinstance(value, (int, float)):
+                continue
+            rounds, values = out.setdefault(key, ([], []))
+            rounds.append(int(row["round"]))
+            values.append(float(value))
+    return out
+
+
+# --- plots --------------------------------------------------------------------------------------
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_privacy(runs: list[Run], path: Path) -> Path:
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4))
+    budgets = set()
+    for i, run in enumerate(runs):
+        prefix = f"{run.label}: " if len(runs) > 1 else ""
+        for scope, (rounds, eps) in privacy_series(run).items():
+            ax.step(
+                rounds, eps, where="post", marker="o", ms=3, ls=LINESTYLES[i % len(LINESTYLES)],
+                label=f"{prefix}{scope}",
+            )  # fmt: skip
+        budgets.add(run.manifest.get("privacy", {}).get("budget_epsilon") or 0.0)
+    for budget in budgets - {0.0}:
+        ax.axhline(budget, ls="--", lw=1, color="gray")
+        ax.text(0.01, budget, f" budget ε = {budget:g}", fontsize=8, va="bottom",
+                transform=ax.get_yaxis_transform())  # fmt: skip
+    _integer_rounds(ax)
+    ax.set_xlabel("round")
+    ax.set_ylabel("ε spent (cumulative)")
+    ax.set_title("Privacy spent over rounds")
+    ax.grid(alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7, loc="lower right")
+    else:
+        ax.text(0.5, 0.5, "no DP noise in this run", ha="center", transform=ax.transAxes)
+    return _save(fig, path)
+
+
+def plot_timings(run: Run, path: Path) -> Path:
+    plt = _pyplot()
+    phases = sorted(phase_seconds(run).items(), key=lambda kv: kv[1])
+    rounds, seconds = round_seconds(run)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, max(3.5, 0.3 * len(phases) + 1)))
+    if phases:
+        names, values = zip(*phases, strict=True)
+        colours = [ROLE_COLOURS.get(n.split(":")[0], "tab:gray") for n in names]
+        left.barh(names, values, color=colours)
+        left.tick_params(axis="y", labelsize=7)
+    left.set_xlabel("seconds (total over rounds)")
+    left.set_title("Time per phase")
+    right.bar(rounds, seconds, color="tab:purple")
+    _integer_rounds(right)
+    right.set_xlabel("round")
+    right.set_ylabel("seconds")
+    right.set_title("Time per round")
+    return _save(fig, path)
+
+
+def plot_bytes(runs: list[Run], path: Path) -> Path:
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for i, run in enumerate(runs):
+        prefix = f"{run.label}: " if len(runs) > 1 else ""
+        for role, per_round in sorted(bytes_by_round(run).items()):
+            rounds = sorted(per_round)
+            ax.plot(
+                rounds,
+                [max(per_round[r], 1) for r in rounds],
+                marker="o",
+                ms=3,
+                ls=LINESTYLES[i % len(LINESTYLES)],
+                color=ROLE_COLOURS.get(role),
+                label=f"{prefix}{role}",
+            )
+    ax.set_yscale("log")
+    ax.yaxis.set_major_formatter(_human_bytes())
+    ax.yaxis.set_minor_formatter(_human_bytes())
+    _integer_rounds(ax)
+    ax.set_xlabel("round")
+    ax.set_ylabel("bytes sent")
+    ax.set_title("Bytes moved per round, by sender role")
+    ax.grid(alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7)
+    return _save(fig, path)
+
+
+def plot_round_values(runs: list[Run], path: Path) -> Path | None:
+    names = sorted({k for run in runs for k in round_values(run)})
+    if not names:
+        return None
+    plt = _pyplot()
+    fig, axes = plt.subplots(len(names), 1, figsize=(7, 2.8 * len(names)), squeeze=False)
+    for ax, name in zip(axes[:, 0], names, strict=True):
+        for run in runs:
+            series = round_values(run).get(name)
+            if series:
+                ax.plot(*series, marker="o", ms=3, label=run.label if len(runs) > 1 else None)
+        _integer_rounds(ax)
+        ax.set_title(name)
+        ax.set_xlabel("round")
+        ax.grid(alpha=0.3)
+        if len(runs) > 1:
+            ax.legend(fontsize=7)
+    return _save(fig, path)
+
+
+def _integer_rounds(ax) -> None:
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+
+
+def _human_bytes():
+    from matplotlib.ticker import FuncFormatter
+
+    def fmt(value, _pos):
+        for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+            if value >= size:
+                return f"{value / size:g} {unit}"
+        return f"{value:g} B"
+
+    return FuncFormatter(fmt)
+
+
+def _save(fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return path
+
+
+# --- HTML ---------------------------------------------------------------------------------------
+def _table(rows: dict[str, Any]) -> str:
+    cells = "".join(
+        f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(_fmt(v))}</td></tr>"
+        for k, v in rows.items()
+    )
+    return f"<table>{cells}</table>"
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    if isinstance(value, (dict, list)):
+        return json.dumps(value, default=str)[:300]
+    return str(value)
+
+
+STYLE = (
+    "body{font-family:sans-serif;max-width:1100px;margin:2em auto;color:#222}"
+    "table{border-collapse:collapse;margin:0.5em 0}th,td{border:1px solid #ccc;padding:3px 8px;"
+    "text-align:left;font-size:13px;vertical-align:top}th{background:#f3f3f3}"
+    "img{max-width:100%;border:1px solid #ddd;margin:0.5em 0}li{margin:0.2em 0}"
+)
+
+
+def _page(title: str, body: str) -> str:
+    return (
+        f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+        f"<style>{STYLE}</style></head><body><h1>{html.escape(title)}</h1>{body}</body></html>\n"
+    )
+
+
+def _summary_html(run: Run, images: list[Path]) -> str:
+    m = run.manifest
+    privacy = m.get("privacy", {})
+    scalars = {k: v for k, v in m.get("metrics", {}).items() if not isinstance(v, (dict, list))}
+    notes = "".join(f"<li>{html.escape(n)}</li>" for n in privacy.get("notes", []))
+    spent = f"ε = {privacy.get('epsilon', 0):.4g}, δ = {privacy.get('delta', 0):.3g}"
+    budget = f"ε = {privacy.get('budget_epsilon', 0):g}, δ = {privacy.get('budget_delta', 0):g}"
+    body = [
+        f"<p><b>{html.escape(m.get('headline', ''))}</b></p>",
+        _table(
+            {
+                "protocol": m.get("protocol"),
+                "seed": m.get("seed"),
+                "status": m.get("status"),
+                "seconds": m.get("seconds"),
+                "messages / bytes": f"{m.get('transcript', {}).get('messages')} / "
+                f"{m.get('transcript', {}).get('bytes'):,}",
+            }
+        ),
+        "<h2>Privacy</h2>",
+        f"<p>spent {spent} of budget {budget} "
+        f"({html.escape(str(privacy.get('accountant')))}, "
+        f"{html.escape(str(privacy.get('composition')))}, "
+        f"{html.escape(str(privacy.get('neighboring_relation')))})</p>",
+        f"<p>{html.escape(privacy.get('statement', ''))}</p>",
+        f"<ul>{notes}</ul>" if notes else "",
+        "<h2>Metrics</h2>",
+        _table(scalars),
+        "<h2>Plots</h2>",
+        *(f"<img src='{p.name}' alt='{p.stem}'>" for p in images),
+        "<h2>Configuration</h2>",
+        _table(m.get("config", {}).get("protocol", {})),
+    ]
+    return _page(f"rayfed run {run.label}", "".join(body))
+
+
+# --- entry points -------------------------------------------------------------------------------
+def report(run_dir: str | Path, out: str | Path | None = None) -> list[Path]:
+    """Write the plots and ``report.html`` of one run (into the run directory by default)."""
+    run = load(run_dir)
+    out = Path(out) if out else run.path
+    out.mkdir(parents=True, exist_ok=True)
+    images = [
+        plot_privacy([run], out / "privacy.png"),
+        plot_timings(run, out / "timings.png"),
+        plot_bytes([run], out / "bytes.png"),
+    ]
+    values = plot_round_values([run], out / "rounds.png")
+    if values is not None:
+        images.append(values)
+    page = out / "report.html"
+    page.write_text(_summary_html(run, images))
+    return [*images, page]
+
+
+def compare(run_dirs: list[str | Path], out: str | Path) -> list[Path]:
+    """Several runs on one set of plots, and ``compare.html`` with their scalar metrics."""
+    if len(run_dirs) < 2:
+        raise ConfigError("--compare", f"needs 2 or more run directories, got {len(run_dirs)}")
+    runs = [load(d) for d in run_dirs]
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    images = [plot_privacy(runs, out / "privacy.png"), plot_bytes(runs, out / "bytes.png")]
+    values = plot_round_values(runs, out / "rounds.png")
+    if values is not None:
+        images.append(values)
+    keys = sorted(
+        {
+            k
+            for r in runs
+            for k, v in r.manifest.get("metrics", {}).items()
+            if not isinstance(v, (dict, list))
+        }
+    )
+    head = "".join(f"<th>{html.escape(r.label)}</th>" for r in runs)
+    lines = []
+    for key in ["protocol", "epsilon spent", "seconds", *keys]:
+        cells = []
+        for r in runs:
+            if key == "protocol":
+                value = r.manifest.get("protocol")
+            elif key == "epsilon spent":
+                value = r.manifest.get("privacy", {}).get("epsilon")
+            elif key == "seconds":
+                value = r.manifest.get("seconds")
+            else:
+                value = r.manifest.get("metrics", {}).get(key, "")
+            cells.append(f"<td>{html.escape(_fmt(value))}</td>")
+        lines.append(f"<tr><th>{html.escape(key)}</th>{''.join(cells)}</tr>")
+    body = f"<table><tr><th></th>{head}</tr>{''.join(lines)}</table>" + "".join(
+        f"<img src='{p.name}' alt='{p.stem}'>" for p in images
+    )
+    page = out / "compare.html"
+    page.write_text(_page(f"rayfed: {len(runs)} runs compared", body))
+    return [*images, page]
