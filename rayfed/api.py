@@ -11,6 +11,8 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from rayfed.config import build_config, load_yaml, merge, parse_assignment, to_dict
+from rayfed.faults import check_members
+from rayfed.faults import parse as parse_fault
 from rayfed.federation import Federation, check_member_names
 from rayfed.protocols import get_protocol
 from rayfed.protocols.base import Plan, Result
@@ -96,6 +98,8 @@ def run(
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
     manifest["members"] = {"parties": sorted(plan.parties), "cohorts": sorted(plan.cohorts)}
+    faults = [parse_fault(text) for text in run_opts.fail or []]
+    check_members(faults, manifest["members"])
     if rundir:
         rundir.write_manifest(manifest)
     started = time.perf_counter()
@@ -112,6 +116,7 @@ def run(
             backend=run_opts.backend,
             deadline_s=run_opts.deadline_s,
             progress=bar,
+            faults=faults,
         )
         fed.start()
         outcome = proto.drive(fed, cfg, plan)

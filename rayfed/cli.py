@@ -65,6 +65,7 @@ def _cmd_run(args) -> int:
             ("address", args.address),
             ("out_dir", args.out),
             ("backend", args.backend),
+            ("fail", args.fail),
         )
         if v is not None
     }
@@ -96,6 +97,12 @@ def _run_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argum
         "--backend", choices=["ray", "local"], help="ray (default) or local (in-process, no Ray)"
     )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument(
+        "--fail",
+        action="append",
+        metavar="SPEC",
+        help="fault injection (repeatable): party=NAME@round=R or cohort=K@phase=P",
+    )
     return p
 
 

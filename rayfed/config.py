@@ -79,6 +79,9 @@ class RunOptions:
     )
     num_cpus: int | None = option(None, "CPUs of the embedded local Ray (default: all)")
     out_dir: str | None = option("runs", "where run directories are written; empty: write nothing")
+    fail: list[str] | None = option(
+        None, "fault injection: party=NAME@round=R or cohort=K@phase=P (a list; see rayfed.faults)"
+    )
 
     def validate(self) -> None:
         if self.seed < 0:
@@ -89,6 +92,10 @@ class RunOptions:
             )
         if self.num_cpus is not None and self.num_cpus < 1:
             raise ConfigError("num_cpus", f"must be >= 1, got {self.num_cpus}")
+        from rayfed.faults import parse
+
+        for text in self.fail or []:
+            parse(text)
 
 
 # --- conversion ----------------------------------------------------------------------------------

@@ -253,10 +253,11 @@ class Group:
         names = members if members is not None else self.names
         deadline = self.fed.deadline_s if deadline_s is None else deadline_s
         started = time.perf_counter()
+        steps = {name: self.fed._step_for(self.role, name, phase, step) for name in names}
         if self.fed.backend == "local":
-            replies = self._run_local(step, names, args, kwargs, phase, on_failure)
+            replies = self._run_local(steps, names, args, kwargs, phase, on_failure)
         else:
-            replies = self._run_ray(step, names, args, kwargs, phase, deadline, on_failure)
+            replies = self._run_ray(steps, names, args, kwargs, phase, deadline, on_failure)
         self.fed._after_phase(self.role, phase, replies, time.perf_counter() - started)
         return replies
 
@@ -266,14 +267,14 @@ class Group:
             raise failure from err
         raise failure
 
-    def _run_local(self, step, names, args, kwargs, phase, on_failure) -> Replies:
+    def _run_local(self, steps, names, args, kwargs, phase, on_failure) -> Replies:
         payloads, metas, failed = {}, {}, []
         for name in names:
             spec = _readonly_copy(
                 (_plain(_for_member(args, name)), _plain(_for_member(kwargs, name)))
             )
             try:
-                metas[name], payloads[name] = self.handles[name].run(step, spec)
+                metas[name], payloads[name] = self.handles[name].run(steps[name], spec)
             except RayfedError:
                 raise
             except Crash as err:  # a simulated death: what a dead Ray actor would be
@@ -285,10 +286,9 @@ class Group:
                 self._fail(name, phase, f"{type(err).__name__}: {err}", err)
         return Replies(payloads, metas, failed)
 
-    def _run_ray(self, step, names, args, kwargs, phase, deadline, on_failure) -> Replies:
+    def _run_ray(self, steps, names, args, kwargs, phase, deadline, on_failure) -> Replies:
         import ray
 
-        step_ref = self.fed._put_step(step)
         per_member = _has_per_member((args, kwargs))
         refs = {}
         for name in names:
@@ -299,6 +299,7 @@ class Group:
                 else (args, kwargs)
             )
             spec = (_flatten(a, flat), _flatten(k, flat))
+            step_ref = self.fed._put_step(steps[name])
             refs[name] = self.handles[name].run.options(num_returns=2).remote(step_ref, spec, *flat)
         meta_refs = {refs[name][0]: name for name in names}
         ready, not_ready = ray.wait(list(meta_refs), num_returns=len(meta_refs), timeout=deadline)
@@ -414,6 +415,7 @@ class Federation:
         deadline_s: float = 120.0,
         actor_options: dict[str, dict] | None = None,
         progress=None,
+        faults: list | None = None,
     ):
         if backend not in BACKENDS:
             raise ConfigError("backend", f"unknown backend {backend!r}", BACKENDS)
@@ -429,6 +431,7 @@ class Federation:
         check_member_names(list(self._specs["party"]) + list(self._specs["cohort"]))
         self._budget, self._ledger_decl = budget, dict(ledger or {})
         self._actor_options = actor_options or {}
+        self._faults = list(faults or [])
         self.transcript = Transcript()
         self.timings: list[dict[str, Any]] = []
         self.per_round: list[dict[str, Any]] = []
@@ -597,6 +600,16 @@ class Federation:
         return self.get(
             getattr(handle, method).remote(*args, **kwargs), phase=f"coordinator:{method}"
         )
+
+    def _step_for(self, role: str, name: str, phase: str, step):
+        """``step``, or — once, if a fault is due for this member now — the step that kills it."""
+        from rayfed.faults import die
+
+        for fault in self._faults:
+            if fault.matches(role, name, self.round_no, phase):
+                self._faults.remove(fault)
+                return die
+        return step
 
     def _put_step(self, step):
         import ray

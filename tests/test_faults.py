@@ -1,0 +1,85 @@
+"""Fault injection (--fail): a dead party ends the run with PartyFailed naming it; a dead cohort
+becomes dropouts and the run completes while enough users survive."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+import rayfed
+from rayfed.cli import main
+from rayfed.errors import BelowThreshold, ConfigError, PartyFailed
+from rayfed.faults import Fault, parse
+
+KMEANS = dict(users=600, k=3, out_dir=None)
+SECURE = dict(users=400, cohorts=4, dim=8, out_dir=None)
+
+
+def test_parse_accepts_the_documented_forms():
+    assert parse("party=p1@round=2") == Fault("parties", "p1", round=2)
+    assert parse("cohort=3@phase=masked_input") == Fault("cohorts", "c3", phase="masked_input")
+    assert parse("cohort=c0@round=0") == Fault("cohorts", "c0", round=0)
+    assert parse(" party=bank@phase=setup ") == Fault("parties", "bank", phase="setup")
+
+
+@pytest.mark.parametrize(
+    "text", ["party=p1", "party=p1@round=x", "user=3@round=1", "party=p1@round=1@phase=x", ""]
+)
+def test_parse_refuses_malformed_specs(text):
+    with pytest.raises(ConfigError) as err:
+        parse(text)
+    assert err.value.field == "fail"
+
+
+@pytest.mark.parametrize("backend", ["local", "ray"])
+def test_dead_party_ends_the_run_naming_it(backend, request):
+    if backend == "ray":
+        request.getfixturevalue("ray_cluster")
+    started = time.perf_counter()
+    with pytest.raises(PartyFailed) as err:
+        rayfed.run(
+            "hfl-kmeans", backend=backend, fail=["party=p1@round=2"], deadline_s=30, **KMEANS
+        )
+    assert "'p1'" in str(err.value) and "round 2" in str(err.value)
+    assert time.perf_counter() - started < 30  # well within the deadline: death is detected
+
+
+@pytest.mark.parametrize("backend", ["local", "ray"])
+def test_dead_cohort_becomes_dropouts(backend, request):
+    if backend == "ray":
+        request.getfixturevalue("ray_cluster")
+    result = rayfed.run(
+        "secure-sum", backend=backend, fail=["cohort=c2@phase=masked_input"], **SECURE
+    )
+    (first,) = result.metrics["per_round"]
+    assert (first["survivors"], first["dropouts"]) == (300, 100)
+    assert "EXACT" in result.headline
+
+
+def test_too_many_dead_users_abort_below_threshold():
+    with pytest.raises(BelowThreshold):
+        rayfed.run(
+            "secure-sum",
+            backend="local",
+            fail=["cohort=c1@phase=masked_input"],
+            users=300,
+            cohorts=3,
+            dim=8,
+            out_dir=None,
+        )
+
+
+def test_a_fault_must_name_a_member_of_the_run():
+    with pytest.raises(ConfigError) as err:
+        rayfed.run("hfl-kmeans", backend="local", fail=["party=p7@round=1"], **KMEANS)
+    assert err.value.field == "fail" and "p0, p1" in str(err.value)
+
+
+def test_cli_fail_flag(capsys):
+    code = main(
+        ["run", "hfl-kmeans", "--backend", "local", "--out", "", "--quiet"]
+        + ["--set", "users=600", "--set", "k=3", "--fail", "party=p0@round=1"]
+    )
+    assert code == 1
+    assert "PartyFailed: party 'p0' failed in round 1" in capsys.readouterr().err
