@@ -11,6 +11,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from rayfed.config import build_config, load_yaml, merge, parse_assignment, to_dict
+from rayfed.errors import ConfigError
 from rayfed.faults import check_members
 from rayfed.faults import parse as parse_fault
 from rayfed.federation import Federation, check_member_names
@@ -83,8 +84,10 @@ def run(
     proto, run_opts, cfg = resolve(protocol, config, sets, **options)
     plan: Plan = proto.plan(cfg, run_opts.seed)  # bad data fails here, before any actor exists
     check_member_names(list(plan.parties) + list(plan.cohorts))
+    placement: dict[str, dict] = {}
     if run_opts.backend == "ray":
-        ensure_ray(run_opts.address, run_opts.num_cpus)  # an unreachable address, too
+        resources = ensure_ray(run_opts.address, run_opts.num_cpus)  # an unreachable address, too
+        placement = actor_placement(run_opts, len(plan.parties), resources)
     run_id = new_run_id(proto.name)
     config_record = {"run": to_dict(run_opts), "protocol": to_dict(cfg)}
     rundir = RunDir(run_opts.out_dir, run_id) if run_opts.out_dir else None
@@ -117,8 +120,10 @@ def run(
             deadline_s=run_opts.deadline_s,
             progress=bar,
             faults=faults,
+            actor_options=placement,
         )
         fed.start()
+        manifest["placement"] = fed.placement()
         outcome = proto.drive(fed, cfg, plan)
         outcome.metrics.setdefault("phase_seconds", fed.phase_seconds())
         if fed.per_round:
@@ -157,6 +162,29 @@ def run(
         if fed is not None:
             fed.shutdown()
     return result
+
+
+def actor_placement(run_opts, parties: int, resources: dict[str, float]) -> dict[str, dict]:
+    """Ray actor options per role: SPREAD scheduling for parties and cohorts, and one unit of the
+    ``party_resource`` node resource per party; a cluster without enough of it is refused before
+    any actor starts (the actors would wait for nodes forever)."""
+    options: dict[str, dict] = {"party": {}, "cohort": {}}
+    if run_opts.spread:
+        options["party"]["scheduling_strategy"] = "SPREAD"
+        options["cohort"]["scheduling_strategy"] = "SPREAD"
+    name = run_opts.party_resource
+    if name:
+        have = resources.get(name, 0.0)
+        if have < parties:
+            raise ConfigError(
+                "party_resource",
+                f"the cluster has {have:g} of resource {name!r} but the run has {parties} parties "
+                "(one unit each)",
+                f"nodes declaring {name}: 1 (cluster.yaml resources or ray start --resources), "
+                "or drop party_resource",
+            )
+        options["party"]["resources"] = {name: 1.0}
+    return options
 
 
 def _write_result(rundir: RunDir, manifest: dict[str, Any], result: Result) -> None:

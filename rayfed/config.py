@@ -79,6 +79,12 @@ class RunOptions:
     )
     num_cpus: int | None = option(None, "CPUs of the embedded local Ray (default: all)")
     out_dir: str | None = option("runs", "where run directories are written; empty: write nothing")
+    party_resource: str | None = option(
+        None,
+        "custom node resource every party actor needs 1 of: declare it as 1 per node (cluster.yaml "
+        "resources, or ray start --resources) to place one party per node",
+    )
+    spread: bool = option(True, "spread party and cohort actors over the nodes (Ray SPREAD)")
     fail: list[str] | None = option(
         None, "fault injection: party=NAME@round=R or cohort=K@phase=P (a list; see rayfed.faults)"
     )

@@ -470,6 +470,14 @@ class Federation:
             raise
         return self
 
+    def placement(self) -> dict[str, str]:
+        """member -> the node id it runs on (``"local"`` in-process)."""
+        out: dict[str, str] = {}
+        for group in (self.coordinator, self.parties, self.cohorts):
+            if len(group):
+                out.update(zip(group.names, group.call("node"), strict=True))
+        return out
+
     def _make_local(self, cls, name, table, meta) -> RoleActor:
         return cls(name, self.seed, table, meta)
 

@@ -153,6 +153,14 @@ class RoleActor:
     def ping(self) -> str:
         return self.ctx.name
 
+    def node(self) -> str:
+        """The Ray node this actor runs on ("local" in-process)."""
+        if not self.in_ray:
+            return "local"
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
+
     def _meta(self, reply: Message) -> MessageMeta:
         return MessageMeta(
             name=reply.name,
