@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import os
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -19,6 +20,7 @@ from rayfed.protocols import get_protocol
 from rayfed.protocols.base import Plan, Result
 from rayfed.rundir import RunDir, new_run_id, versions
 from rayfed.runtime import ensure_ray
+from rayfed.sizing import check_fit
 
 
 def _deep_merge(base: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
@@ -82,12 +84,15 @@ def run(
         During the run; the run directory, if any, is then marked failed.
     """
     proto, run_opts, cfg = resolve(protocol, config, sets, **options)
+    if run_opts.backend == "ray" and (run_opts.address or os.environ.get("RAY_ADDRESS")):
+        ensure_ray(run_opts.address)  # connect first: cohorts default to the cluster's CPUs
     plan: Plan = proto.plan(cfg, run_opts.seed)  # bad data fails here, before any actor exists
     check_member_names(list(plan.parties) + list(plan.cohorts))
     placement: dict[str, dict] = {}
     if run_opts.backend == "ray":
         resources = ensure_ray(run_opts.address, run_opts.num_cpus)  # an unreachable address, too
         placement = actor_placement(run_opts, len(plan.parties), resources)
+        check_fit(plan, resources, run_opts.cohort_memory_mb)
     run_id = new_run_id(proto.name)
     config_record = {"run": to_dict(run_opts), "protocol": to_dict(cfg)}
     rundir = RunDir(run_opts.out_dir, run_id) if run_opts.out_dir else None
@@ -184,6 +189,8 @@ def actor_placement(run_opts, parties: int, resources: dict[str, float]) -> dict
                 "or drop party_resource",
             )
         options["party"]["resources"] = {name: 1.0}
+    if run_opts.cohort_memory_mb is not None:
+        options["cohort"]["memory"] = run_opts.cohort_memory_mb << 20
     return options
 
 

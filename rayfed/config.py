@@ -85,6 +85,11 @@ class RunOptions:
         "resources, or ray start --resources) to place one party per node",
     )
     spread: bool = option(True, "spread party and cohort actors over the nodes (Ray SPREAD)")
+    cohort_memory_mb: int | None = option(
+        None,
+        "memory each cohort actor reserves (Ray's memory resource); default: estimated from its "
+        "data, and checked against the cluster before the run starts",
+    )
     fail: list[str] | None = option(
         None, "fault injection: party=NAME@round=R or cohort=K@phase=P (a list; see rayfed.faults)"
     )
@@ -96,6 +101,8 @@ class RunOptions:
             raise ConfigError(
                 "deadline_s", f"must be a number of seconds > 0, got {self.deadline_s!r}"
             )
+        if self.cohort_memory_mb is not None and self.cohort_memory_mb < 1:
+            raise ConfigError("cohort_memory_mb", f"must be >= 1, got {self.cohort_memory_mb}")
         if self.num_cpus is not None and self.num_cpus < 1:
             raise ConfigError("num_cpus", f"must be >= 1, got {self.num_cpus}")
         from rayfed.faults import parse

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -49,6 +48,7 @@ from rayfed.errors import BelowThreshold, ConfigError
 from rayfed.privacy import Budget, check_budget, gaussian_noise_multiplier
 from rayfed.protocols.base import Outcome, Plan, Protocol
 from rayfed.secagg import FixedPoint, find_params, make_spec, secure_sum
+from rayfed.sizing import default_cohorts
 
 
 @dataclass(frozen=True)
@@ -379,7 +379,7 @@ class FederatedMF(Protocol):
                 "split": ["train"] * len(train) + ["test"] * len(test),
             }
         )
-        n_cohorts = min(cfg.cohorts or os.cpu_count() or 1, n)
+        n_cohorts = default_cohorts(n, cfg.cohorts)
         cohorts = {name: (t, {}) for name, t in per_user(table, "user_id", n_cohorts).items()}
         z = gaussian_noise_multiplier(cfg.epsilon, delta, steps=cfg.iterations)
         sensitivity = 2.0 * cfg.bound**1.5

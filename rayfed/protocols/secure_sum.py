@@ -13,7 +13,6 @@ protection: every output says so.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -29,6 +28,7 @@ from rayfed.errors import ConfigError, DataError
 from rayfed.privacy import Budget
 from rayfed.protocols.base import Outcome, Plan, Protocol
 from rayfed.secagg import FixedPoint, check_params, find_params, make_spec, secure_sum
+from rayfed.sizing import default_cohorts
 
 STATEMENTS = {
     "secure": "no differential privacy: the server learns the exact sum of the survivors' inputs and, under "
@@ -199,7 +199,7 @@ class SecureSum(Protocol):
                 )
         n = table.num_rows
         dim = len(columns) or cfg.dim
-        n_cohorts = min(cfg.cohorts or os.cpu_count() or 1, n)
+        n_cohorts = default_cohorts(n, cfg.cohorts)
         cohorts = per_user(table, cfg.data.key or "user_id", n_cohorts)
         if cfg.kill is not None and cfg.kill.split("@")[0] not in cohorts:
             raise ConfigError("kill", f"no cohort {cfg.kill.split('@')[0]!r}", sorted(cohorts))

@@ -23,7 +23,6 @@ Privacy: every user sends one report, ε-LDP (replace-one on its value); users c
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -40,6 +39,7 @@ from rayfed.ldp import hierarchy, metrics, oracles
 from rayfed.ldp import square_wave as sw
 from rayfed.privacy import Budget, EpsilonDeltaDpEvent, check_budget
 from rayfed.protocols.base import Outcome, Plan, Protocol
+from rayfed.sizing import default_cohorts
 
 MAX_EPSILON = 20.0
 MAX_BUCKETS = 4096
@@ -405,7 +405,7 @@ class SquareWave(Protocol):
         _reject_inapplicable(cfg)
         values = _load_values(cfg, seed)
         n = values.size
-        n_cohorts = min(cfg.cohorts or os.cpu_count() or 1, n)
+        n_cohorts = default_cohorts(n, cfg.cohorts)
         table = pa.table({"user_id": np.arange(n, dtype=np.int64), "value": values})
         cohorts = {name: (t, {}) for name, t in per_user(table, "user_id", n_cohorts).items()}
         evaluation = None

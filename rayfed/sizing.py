@@ -1,0 +1,64 @@
+"""Resource sizing: how many user-cohort actors a run gets, and whether its actors fit the cluster.
+
+Cohorts default to one per CPU of the Ray cluster the driver is connected to (this machine's CPUs
+before Ray starts). Before any actor starts, the run's memory need — a fixed overhead per actor
+process plus a multiple of its partition's Arrow bytes, or ``cohort_memory_mb`` per cohort when
+given — is compared with the cluster's schedulable memory; a run that would not fit is a
+ConfigError that says by how much.
+"""
+
+from __future__ import annotations
+
+import os
+
+from rayfed.errors import ConfigError
+
+ACTOR_OVERHEAD_BYTES = 250 << 20  # a Ray worker with numpy, pyarrow, scikit-learn imported
+PARTITION_FACTOR = 4  # the Arrow partition plus the working copies a step makes of it
+
+
+def cluster_cpus() -> int:
+    """CPUs of the connected Ray cluster, else of this machine."""
+    try:
+        import ray
+
+        if ray.is_initialized():
+            return max(1, int(ray.cluster_resources().get("CPU", 1)))
+    except ImportError:  # pragma: no cover - ray is a dependency
+        pass
+    return os.cpu_count() or 1
+
+
+def default_cohorts(users: int, requested: int | None) -> int:
+    """``requested``, or one cohort per cluster CPU; never more cohorts than users."""
+    return max(1, min(requested or cluster_cpus(), users))
+
+
+def estimate_bytes(plan, cohort_memory_mb: int | None = None) -> int:
+    """Memory the run's actors need: overhead + partition x factor each (coordinator included)."""
+    total = ACTOR_OVERHEAD_BYTES  # the coordinator
+    for table, _ in plan.parties.values():
+        total += ACTOR_OVERHEAD_BYTES + PARTITION_FACTOR * table.nbytes
+    for table, _ in plan.cohorts.values():
+        if cohort_memory_mb is not None:
+            total += cohort_memory_mb << 20
+        else:
+            total += ACTOR_OVERHEAD_BYTES + PARTITION_FACTOR * table.nbytes
+    return total
+
+
+def check_fit(plan, resources: dict[str, float], cohort_memory_mb: int | None = None) -> int:
+    """Raise ConfigError when the run's estimated memory exceeds the cluster's schedulable memory;
+    return the estimate."""
+    need = estimate_bytes(plan, cohort_memory_mb)
+    have = float(resources.get("memory", 0.0))
+    if have and need > have:
+        actors = 1 + len(plan.parties) + len(plan.cohorts)
+        raise ConfigError(
+            "cohorts" if plan.cohorts else "data",
+            f"{actors} actors need about {need / 2**30:.1f} GiB (≈{ACTOR_OVERHEAD_BYTES >> 20} MiB "
+            f"each plus {PARTITION_FACTOR}x their data) but the cluster has {have / 2**30:.1f} GiB "
+            "of schedulable memory",
+            "fewer cohorts, fewer users, or more / larger nodes",
+        )
+    return need
