@@ -1,0 +1,184 @@
+"""Sweep one protocol over a grid of options and seeds; one run directory per point, a JSON table,
+a plot of a metric against the first grid option, and a comparison report of all the runs.
+
+Self-contained (``ray submit`` uploads only this file):
+
+    python jobs/sweep.py --protocol hfl-kmeans --grid epsilon=0.5,1,2,4 --grid aggregation=nma,amn \\
+        --seeds 5 --metric wcss
+    ray job submit --working-dir . -- python jobs/sweep.py --protocol square-wave \\
+        --grid epsilon=0.5,1,2 --set users=1000000 --metric wasserstein --out /tmp/sweep
+    python jobs/sweep.py --small          # hfl-kmeans, ε = 1, 4, 2 seeds, in-process (tests)
+
+Each grid point runs ``--seeds`` times (seeds 0..n-1); ``--set key=value`` fixes other options and
+``--fail SPEC`` injects a fault into every run. Writes ``sweep.json`` (options, scalar metrics, ε
+spent and seconds per run), ``sweep.png`` (mean ± standard error of ``--metric`` per grid point) and
+``compare/compare.html``; the last line is ``RESULT_JSON {...}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+import rayfed
+from rayfed.report import compare
+
+
+def value(text: str):
+    """A grid or --set value: int, float, true/false, else the string."""
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return {"true": True, "false": False}.get(text.lower(), text)
+
+
+def grid_points(grid: list[str]) -> list[dict]:
+    axes = []
+    for spec in grid:
+        key, _, values = spec.partition("=")
+        if not key or not values:
+            raise SystemExit(f"--grid {spec!r}: expected key=v1,v2,...")
+        axes.append([(key, value(v)) for v in values.split(",")])
+    return [dict(point) for point in itertools.product(*axes)] or [{}]
+
+
+def connect(address: str | None, backend: str) -> str | None:
+    """The Ray address to use (None: embedded), or None for the in-process backend."""
+    if backend == "local":
+        return None
+    explicit = address or os.environ.get("RAY_ADDRESS")
+    if explicit:
+        rayfed.ensure_ray(explicit)
+        return explicit
+    try:
+        rayfed.ensure_ray("auto")
+        return "auto"
+    except rayfed.ConfigError:
+        print("sweep: no running Ray cluster found; using an embedded local Ray", file=sys.stderr)
+        rayfed.ensure_ray(None)
+        return None
+
+
+def plot(rows: list[dict], axis: str | None, metric: str, out: Path) -> str | None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    if axis is None:
+        return None
+    series: dict[str, dict] = {}
+    for row in rows:
+        if not isinstance(row["metrics"].get(metric), (int, float)):
+            continue
+        rest = ", ".join(f"{k}={v}" for k, v in row["point"].items() if k != axis) or metric
+        series.setdefault(rest, {}).setdefault(row["point"][axis], []).append(
+            row["metrics"][metric]
+        )
+    if not series:
+        return None
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for label, points in series.items():
+        xs = sorted(points, key=lambda x: (isinstance(x, str), x))
+        means = [sum(points[x]) / len(points[x]) for x in xs]
+        errs = [
+            math.sqrt(sum((v - m) ** 2 for v in points[x]) / max(1, len(points[x]) - 1))
+            / math.sqrt(len(points[x]))
+            for x, m in zip(xs, means, strict=True)
+        ]
+        ax.errorbar([str(x) for x in xs], means, yerr=errs, marker="o", capsize=3, label=label)
+    ax.set_xlabel(axis)
+    ax.set_ylabel(metric)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = out / "sweep.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return str(path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--protocol", default="hfl-kmeans")
+    p.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--metric", help="scalar metric to plot (default: the first numeric one)")
+    p.add_argument("--fail", action="append", metavar="SPEC", help="fault injected in every run")
+    p.add_argument("--backend", default="ray", choices=["ray", "local"])
+    p.add_argument("--address", help="Ray address (default: RAY_ADDRESS, else auto, else embedded)")
+    p.add_argument("--small", action="store_true", help="hfl-kmeans, ε = 1, 4, 2 seeds, local")
+    p.add_argument("--out", default="runs/sweep")
+    args = p.parse_args(argv)
+    if args.small:
+        args.protocol, args.grid, args.seeds, args.backend = (
+            "hfl-kmeans",
+            ["epsilon=1,4"],
+            2,
+            "local",
+        )
+        args.set = ["users=1000", "k=3"]
+        args.metric = args.metric or "wcss"
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    fixed = {}
+    for spec in args.set:
+        key, _, text = spec.partition("=")
+        fixed[key] = value(text)
+    started = time.perf_counter()
+    address = connect(args.address, args.backend)
+    rows = []
+    try:
+        for point in grid_points(args.grid):
+            for seed in range(args.seeds):
+                options = {**fixed, **point, "seed": seed, "backend": args.backend}
+                options.update(out_dir=str(out / "runs"), address=address, fail=args.fail)
+                result = rayfed.run(args.protocol, **options)
+                scalars = {
+                    k: v for k, v in result.metrics.items() if isinstance(v, (int, float, str))
+                }
+                rows.append(
+                    {
+                        "point": point,
+                        "seed": seed,
+                        "run_dir": result.run_dir,
+                        "epsilon_spent": result.privacy.epsilon,
+                        "seconds": result.seconds,
+                        "metrics": scalars,
+                    }
+                )
+                print(f"{point} seed {seed}: {result.headline}", flush=True)
+    finally:
+        rayfed.shutdown()
+    metric = args.metric or next(
+        (k for k, v in rows[0]["metrics"].items() if isinstance(v, float)), None
+    )
+    axis = next(iter(grid_points(args.grid)[0]), None)
+    record = {
+        "protocol": args.protocol,
+        "grid": args.grid,
+        "fixed": fixed,
+        "seeds": args.seeds,
+        "rows": rows,
+        "seconds": time.perf_counter() - started,
+        "plot": plot(rows, axis, metric, out) if metric else None,
+        "compare": [str(p) for p in compare([r["run_dir"] for r in rows], out / "compare")]
+        if len(rows) > 1
+        else [],
+    }
+    (out / "sweep.json").write_text(json.dumps(record, indent=2, default=str) + "\n")
+    print(f"RESULT_JSON {json.dumps({'out': str(out.resolve()), 'runs': len(rows)})}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
