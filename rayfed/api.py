@@ -126,6 +126,7 @@ def run(
             progress=bar,
             faults=faults,
             actor_options=placement,
+            cohort_restarts=plan.cohort_restarts,
         )
         fed.start()
         manifest["placement"] = fed.placement()

@@ -37,6 +37,7 @@ from rayfed.privacy.ledger import Budget, event_to_dict
 BACKENDS = ("ray", "local")
 RESERVED = ("coordinator", "parties", "cohorts")
 STARTUP_DEADLINE_S = 60.0
+MEMBER_ROLE = {"cohorts": "cohort", "parties": "party"}  # group name -> actor role
 
 
 @dataclass
@@ -280,6 +281,7 @@ class Group:
             except Crash as err:  # a simulated death: what a dead Ray actor would be
                 if on_failure == "drop":
                     failed.append(name)
+                    self.fed._restart_local(self, name)
                     continue
                 self._fail(name, phase, "the actor died (simulated in-process)", err)
             except Exception as err:
@@ -319,6 +321,7 @@ class Group:
                 # only a member that is gone becomes a dropout; an exception in a step is a failure
                 if on_failure == "drop" and isinstance(err, ray.exceptions.RayActorError):
                     failed.append(name)
+                    self.fed._restarting.add((self.role, name))
                     continue
                 self._fail(name, phase, _reason(err), err)
             payloads[name] = payload_ref
@@ -416,6 +419,7 @@ class Federation:
         actor_options: dict[str, dict] | None = None,
         progress=None,
         faults: list | None = None,
+        cohort_restarts: int = 0,
     ):
         if backend not in BACKENDS:
             raise ConfigError("backend", f"unknown backend {backend!r}", BACKENDS)
@@ -432,6 +436,8 @@ class Federation:
         self._budget, self._ledger_decl = budget, dict(ledger or {})
         self._actor_options = actor_options or {}
         self._faults = list(faults or [])
+        self._restarts = {"cohort": int(cohort_restarts)}
+        self._restarting: set[tuple[str, str]] = set()
         self.transcript = Transcript()
         self.timings: list[dict[str, Any]] = []
         self.per_round: list[dict[str, Any]] = []
@@ -478,6 +484,30 @@ class Federation:
                 out.update(zip(group.names, group.call("node"), strict=True))
         return out
 
+    def _await_restarts(self) -> None:
+        """Before a new round, wait for members Ray is restarting (a restart re-runs the actor's
+        constructor on its partition); one that does not come back stays a dropout."""
+        if self.backend != "ray" or not self._restarting:
+            return
+        import ray
+
+        groups = {"cohorts": self.cohorts, "parties": self.parties}
+        pending, self._restarting = self._restarting, set()
+        for role, name in sorted(pending):
+            if self._restarts.get(MEMBER_ROLE[role], 0) <= 0:
+                continue
+            with contextlib.suppress(ray.exceptions.RayError):
+                ray.get(groups[role].handles[name].ping.remote(), timeout=STARTUP_DEADLINE_S)
+
+    def _restart_local(self, group: Group, name: str) -> None:
+        """In-process twin of a Ray restart: a fresh member built from its partition."""
+        role = MEMBER_ROLE.get(group.role)
+        if self._restarts.get(role, 0) > 0:
+            self._restarts[role] -= 1
+            cls = type(group.handles[name])
+            table, meta = self._specs[role][name]
+            group.handles[name] = self._make_local(cls, name, table, meta)
+
     def _make_local(self, cls, name, table, meta) -> RoleActor:
         return cls(name, self.seed, table, meta)
 
@@ -487,7 +517,11 @@ class Federation:
         role = cls.role
         n_actors = 1 + sum(len(v) for v in self._specs.values())
         cpus = float(ray.cluster_resources().get("CPU", 1.0))
-        options = {"num_cpus": min(1.0, cpus / n_actors), "max_restarts": 0, "max_task_retries": 0}
+        options = {
+            "num_cpus": min(1.0, cpus / n_actors),
+            "max_restarts": self._restarts.get(role, 0),
+            "max_task_retries": 0,
+        }
         options.update(self._actor_options.get(role, {}))
         return ray.remote(cls).options(**options).remote(name, self.seed, table, meta, in_ray=True)
 
@@ -517,6 +551,7 @@ class Federation:
         """Mark the driver's current round (for errors, transcript and timings); advance progress."""
         self.round_no = number
         started = time.perf_counter()
+        self._await_restarts()
         yield
         self.timings.append(
             {

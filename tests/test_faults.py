@@ -83,3 +83,15 @@ def test_cli_fail_flag(capsys):
     )
     assert code == 1
     assert "PartyFailed: party 'p0' failed in round 1" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("backend", ["local", "ray"])
+def test_dead_cohort_restarts_for_the_next_round(backend, request):
+    """secure-sum's cohorts keep no state across rounds: a dead one is restarted (its constructor
+    re-run on its partition) and its users are back in the next round."""
+    if backend == "ray":
+        request.getfixturevalue("ray_cluster")
+    result = rayfed.run(
+        "secure-sum", backend=backend, rounds=2, fail=["cohort=c2@phase=masked_input"], **SECURE
+    )
+    assert [r["survivors"] for r in result.metrics["per_round"]] == [300, 400]

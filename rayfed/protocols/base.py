@@ -33,6 +33,9 @@ class Plan:
     parties: dict[str, tuple[pa.Table, dict]] = field(default_factory=dict)
     cohorts: dict[str, tuple[pa.Table, dict]] = field(default_factory=dict)
     rounds: int = 1
+    #: times a dead cohort actor is restarted (its constructor re-run on its partition, so its
+    #: state is rebuilt from the seed): only where cohorts keep no state across rounds
+    cohort_restarts: int = 0
     evaluation: Any = None
     info: dict[str, Any] = field(default_factory=dict)
 

@@ -236,6 +236,7 @@ class SecureSum(Protocol):
             ledger=dict(statement=statement),
             cohorts={name: (t, {}) for name, t in cohorts.items()},
             rounds=cfg.rounds,
+            cohort_restarts=cfg.rounds,  # a cohort's state lives for one round: restart it
             evaluation={"table": table if columns else None},
             info={
                 "registry": np.sort(table.column(cfg.data.key or "user_id").to_numpy()),
