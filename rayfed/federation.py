@@ -146,6 +146,22 @@ def _has_per_member(obj: Any) -> bool:
     return False
 
 
+class _DeadMember:
+    """An in-process member that died and is not restarted: every call is a death."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def run(self, step, spec):
+        raise Crash(f"{self.name} is dead")
+
+    def ping(self) -> str:
+        raise Crash(f"{self.name} is dead")
+
+    def node(self) -> str:
+        return "dead"
+
+
 def check_member_names(names: list[str]) -> None:
     """Member names must be unique and must not be a role name (they address messages)."""
     for name in names:
@@ -500,13 +516,16 @@ class Federation:
                 ray.get(groups[role].handles[name].ping.remote(), timeout=STARTUP_DEADLINE_S)
 
     def _restart_local(self, group: Group, name: str) -> None:
-        """In-process twin of a Ray restart: a fresh member built from its partition."""
+        """In-process twin of what Ray does with a dead actor: restart it (a fresh member built
+        from its partition) while restarts remain, else it stays dead for every later call."""
         role = MEMBER_ROLE.get(group.role)
         if self._restarts.get(role, 0) > 0:
             self._restarts[role] -= 1
             cls = type(group.handles[name])
             table, meta = self._specs[role][name]
             group.handles[name] = self._make_local(cls, name, table, meta)
+        else:
+            group.handles[name] = _DeadMember(name)
 
     def _make_local(self, cls, name, table, meta) -> RoleActor:
         return cls(name, self.seed, table, meta)

@@ -95,3 +95,21 @@ def test_dead_cohort_restarts_for_the_next_round(backend, request):
         "secure-sum", backend=backend, rounds=2, fail=["cohort=c2@phase=masked_input"], **SECURE
     )
     assert [r["survivors"] for r in result.metrics["per_round"]] == [300, 400]
+
+
+def test_a_dead_stateful_cohort_is_not_restarted():
+    """LFL federated-mf cohorts keep trained vectors: a dead one stays dead, and the next phase
+    that needs it fails naming it (as on Ray, where the actor is gone)."""
+    with pytest.raises(PartyFailed) as err:
+        rayfed.run(
+            "federated-mf",
+            users=300,
+            items=40,
+            iterations=3,
+            cohorts=4,
+            secagg_mode="dealer",
+            backend="local",
+            out_dir=None,
+            fail=["cohort=c1@phase=masked_input"],
+        )
+    assert "'c1'" in str(err.value) and "round2" in str(err.value)
