@@ -4,7 +4,8 @@ its report (plots and a one-page HTML summary) into the run directory.
 Self-contained: `ray submit` uploads only this file, so it imports nothing from jobs/.
 
     ray submit cluster.yaml jobs/secure_sum.py -- --users 100000 --dropout 0.1
-    ray job submit --working-dir . -- python jobs/secure_sum.py --small --fail cohort=1@phase=masked_input
+    ray job submit --working-dir . -- python jobs/secure_sum.py --small --cohorts 8 \
+        --fail cohort=1@phase=masked_input   # one cohort of 8 dies: its users drop out
     python jobs/secure_sum.py --small            # local: a running cluster, else embedded Ray
 
 Prints the run's summary, then one last line ``RESULT_JSON {...}``. Exit code: 0 on success, 2 on a

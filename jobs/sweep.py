@@ -31,7 +31,7 @@ from rayfed.report import compare
 
 
 def value(text: str):
-    """A grid or --set value: int, float, true/false, else the string."""
+    """A grid value: int, float, true/false, else the string."""
     for cast in (int, float):
         try:
             return cast(text)
@@ -130,19 +130,21 @@ def main(argv: list[str] | None = None) -> int:
         args.metric = args.metric or "wcss"
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    fixed = {}
-    for spec in args.set:
-        key, _, text = spec.partition("=")
-        fixed[key] = value(text)
     started = time.perf_counter()
     address = connect(args.address, args.backend)
     rows = []
     try:
         for point in grid_points(args.grid):
             for seed in range(args.seeds):
-                options = {**fixed, **point, "seed": seed, "backend": args.backend}
+                options = {**point, "seed": seed, "backend": args.backend}
                 options.update(out_dir=str(out / "runs"), address=address, fail=args.fail)
-                result = rayfed.run(args.protocol, **options)
+                try:
+                    result = rayfed.run(args.protocol, sets=args.set, **options)
+                except rayfed.RayfedError as err:  # one failed point does not end the sweep
+                    error = f"{type(err).__name__}: {err}"
+                    rows.append({"point": point, "seed": seed, "status": "failed", "error": error})
+                    print(f"{point} seed {seed}: {error}", flush=True)
+                    continue
                 scalars = {
                     k: v for k, v in result.metrics.items() if isinstance(v, (int, float, str))
                 }
@@ -150,6 +152,7 @@ def main(argv: list[str] | None = None) -> int:
                     {
                         "point": point,
                         "seed": seed,
+                        "status": "complete",
                         "run_dir": result.run_dir,
                         "epsilon_spent": result.privacy.epsilon,
                         "seconds": result.seconds,
@@ -159,24 +162,26 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{point} seed {seed}: {result.headline}", flush=True)
     finally:
         rayfed.shutdown()
+    done = [r for r in rows if r["status"] == "complete"]
     metric = args.metric or next(
-        (k for k, v in rows[0]["metrics"].items() if isinstance(v, float)), None
+        (k for k, v in (done[0]["metrics"] if done else {}).items() if isinstance(v, float)), None
     )
     axis = next(iter(grid_points(args.grid)[0]), None)
     record = {
         "protocol": args.protocol,
         "grid": args.grid,
-        "fixed": fixed,
+        "fixed": args.set,
         "seeds": args.seeds,
         "rows": rows,
         "seconds": time.perf_counter() - started,
-        "plot": plot(rows, axis, metric, out) if metric else None,
-        "compare": [str(p) for p in compare([r["run_dir"] for r in rows], out / "compare")]
-        if len(rows) > 1
+        "plot": plot(done, axis, metric, out) if metric else None,
+        "compare": [str(p) for p in compare([r["run_dir"] for r in done], out / "compare")]
+        if len(done) > 1
         else [],
     }
     (out / "sweep.json").write_text(json.dumps(record, indent=2, default=str) + "\n")
-    print(f"RESULT_JSON {json.dumps({'out': str(out.resolve()), 'runs': len(rows)})}")
+    summary = {"out": str(out.resolve()), "runs": len(rows), "failed": len(rows) - len(done)}
+    print(f"RESULT_JSON {json.dumps(summary)}")
     return 0
 
 

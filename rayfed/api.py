@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import os
 import time
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -84,8 +85,10 @@ def run(
         During the run; the run directory, if any, is then marked failed.
     """
     proto, run_opts, cfg = resolve(protocol, config, sets, **options)
-    if run_opts.backend == "ray" and (run_opts.address or os.environ.get("RAY_ADDRESS")):
-        ensure_ray(run_opts.address)  # connect first: cohorts default to the cluster's CPUs
+    if run_opts.backend == "ray" and (
+        run_opts.address or os.environ.get("RAY_ADDRESS") or run_opts.num_cpus
+    ):  # start or connect first: cohorts default to the cluster's CPUs
+        ensure_ray(run_opts.address, run_opts.num_cpus)
     plan: Plan = proto.plan(cfg, run_opts.seed)  # bad data fails here, before any actor exists
     check_member_names(list(plan.parties) + list(plan.cohorts))
     placement: dict[str, dict] = {}
@@ -132,6 +135,17 @@ def run(
         manifest["placement"] = fed.placement()
         outcome = proto.drive(fed, cfg, plan)
         outcome.metrics.setdefault("phase_seconds", fed.phase_seconds())
+        if fed.unfired_faults:
+            unfired = [
+                f"{f.role}:{f.member}@{f.round if f.phase is None else f.phase}"
+                for f in fed.unfired_faults
+            ]
+            outcome.metrics["faults_unfired"] = unfired
+            warnings.warn(
+                f"injected fault(s) never fired (no such round or phase reached): {unfired}",
+                RuntimeWarning,
+                stacklevel=2,
+            )
         if fed.per_round:
             outcome.metrics.setdefault("per_round", fed.per_round)
         privacy = fed.privacy_report()

@@ -452,7 +452,8 @@ class Federation:
         self._budget, self._ledger_decl = budget, dict(ledger or {})
         self._actor_options = actor_options or {}
         self._faults = list(faults or [])
-        self._restarts = {"cohort": int(cohort_restarts)}
+        self._restarts = {"cohort": int(cohort_restarts)}  # per member, as Ray's max_restarts
+        self._restarted: dict[str, int] = {}
         self._restarting: set[tuple[str, str]] = set()
         self.transcript = Transcript()
         self.timings: list[dict[str, Any]] = []
@@ -519,8 +520,8 @@ class Federation:
         """In-process twin of what Ray does with a dead actor: restart it (a fresh member built
         from its partition) while restarts remain, else it stays dead for every later call."""
         role = MEMBER_ROLE.get(group.role)
-        if self._restarts.get(role, 0) > 0:
-            self._restarts[role] -= 1
+        if self._restarted.get(name, 0) < self._restarts.get(role, 0):
+            self._restarted[name] = self._restarted.get(name, 0) + 1
             cls = type(group.handles[name])
             table, meta = self._specs[role][name]
             group.handles[name] = self._make_local(cls, name, table, meta)
@@ -662,6 +663,11 @@ class Federation:
         return self.get(
             getattr(handle, method).remote(*args, **kwargs), phase=f"coordinator:{method}"
         )
+
+    @property
+    def unfired_faults(self) -> list:
+        """Injected faults whose member never got a step in their round or phase."""
+        return list(self._faults)
 
     def _step_for(self, role: str, name: str, phase: str, step):
         """``step``, or — once, if a fault is due for this member now — the step that kills it."""

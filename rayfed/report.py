@@ -49,12 +49,11 @@ def load(path: str | Path) -> Run:
     if not manifest_path.exists():
         raise ConfigError("run_dir", f"{str(path)!r} has no manifest.json", "a run directory")
     manifest = json.loads(manifest_path.read_text())
-    if manifest.get("status") != "complete":
+    if manifest.get("status") not in ("complete", "failed"):
         raise ConfigError(
             "run_dir",
-            f"run {manifest.get('run_id')} is {manifest.get('status')!r}, not complete"
-            + (f" ({manifest['error']})" if manifest.get("error") else ""),
-            "a completed run directory",
+            f"run {manifest.get('run_id')} is {manifest.get('status')!r}",
+            "a finished (complete or failed) run directory",
         )
     rows: list[dict[str, Any]] = []
     transcript = path / manifest.get("tables", {}).get("transcript", "transcript.parquet")
@@ -66,14 +65,34 @@ def load(path: str | Path) -> Run:
 
 
 # --- data series --------------------------------------------------------------------------------
-def privacy_series(run: Run) -> dict[str, tuple[list[int], list[float]]]:
-    """scope -> (rounds, ε spent after that round); one series "run" under sequential
-    composition, one per scope under parallel composition."""
-    series: dict[str, dict[int, float]] = {}
+def privacy_series(run: Run) -> tuple[list[int], list[float]]:
+    """(rounds, the run's ε after each round): each ledger entry's ``epsilon_after`` is the run's
+    guarantee after that charge (the worst scope's under parallel composition), so the running
+    maximum over the entries is what the run had spent by the end of each round."""
+    by_round: dict[int, float] = {}
     for entry in run.manifest.get("privacy", {}).get("entries", []):
-        scope = entry.get("scope") or "run"
-        series.setdefault(scope, {})[int(entry["round"])] = float(entry["epsilon_after"])
-    return {s: (sorted(v), [v[r] for r in sorted(v)]) for s, v in series.items()}
+        r = int(entry["round"])
+        by_round[r] = max(by_round.get(r, 0.0), float(entry["epsilon_after"]))
+    rounds, spent, worst = sorted(by_round), [], 0.0
+    for r in rounds:
+        worst = max(worst, by_round[r])
+        spent.append(worst)
+    return rounds, spent
+
+
+def labels_of(runs: list[Run]) -> list[str]:
+    """Legend labels: the protocol options that differ between the runs (e.g. "epsilon=1,
+    seed=0"), else the run labels."""
+    if len(runs) == 1:
+        return ["run"]
+    configs = [
+        {**r.manifest.get("config", {}).get("protocol", {}), "seed": r.manifest.get("seed")}
+        for r in runs
+    ]
+    keys = sorted(k for k in set().union(*configs) if len({str(c.get(k)) for c in configs}) > 1)
+    if not keys or len(keys) > 3 or len(runs) > 12:
+        return [r.label for r in runs]
+    return [", ".join(f"{k}={c.get(k)}" for k in keys) for c in configs]
 
 
 def phase_seconds(run: Run) -> dict[str, float]:
@@ -134,12 +153,12 @@ def plot_privacy(runs: list[Run], path: Path) -> Path:
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4))
     budgets = set()
-    for i, run in enumerate(runs):
-        prefix = f"{run.label}: " if len(runs) > 1 else ""
-        for scope, (rounds, eps) in privacy_series(run).items():
+    for i, (run, label) in enumerate(zip(runs, labels_of(runs), strict=True)):
+        rounds, eps = privacy_series(run)
+        if rounds:
             ax.step(
                 rounds, eps, where="post", marker="o", ms=3, ls=LINESTYLES[i % len(LINESTYLES)],
-                label=f"{prefix}{scope}",
+                label=label,
             )  # fmt: skip
         budgets.add(run.manifest.get("privacy", {}).get("budget_epsilon") or 0.0)
     for budget in budgets - {0.0}:
@@ -181,8 +200,8 @@ def plot_timings(run: Run, path: Path) -> Path:
 def plot_bytes(runs: list[Run], path: Path) -> Path:
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4))
-    for i, run in enumerate(runs):
-        prefix = f"{run.label}: " if len(runs) > 1 else ""
+    for i, (run, label) in enumerate(zip(runs, labels_of(runs), strict=True)):
+        prefix = f"{label}: " if len(runs) > 1 else ""
         for role, per_round in sorted(bytes_by_round(run).items()):
             rounds = sorted(per_round)
             ax.plot(
@@ -214,10 +233,10 @@ def plot_round_values(runs: list[Run], path: Path) -> Path | None:
     plt = _pyplot()
     fig, axes = plt.subplots(len(names), 1, figsize=(7, 2.8 * len(names)), squeeze=False)
     for ax, name in zip(axes[:, 0], names, strict=True):
-        for run in runs:
+        for run, label in zip(runs, labels_of(runs), strict=True):
             series = round_values(run).get(name)
             if series:
-                ax.plot(*series, marker="o", ms=3, label=run.label if len(runs) > 1 else None)
+                ax.plot(*series, marker="o", ms=3, label=label if len(runs) > 1 else None)
         _integer_rounds(ax)
         ax.set_title(name)
         ax.set_xlabel("round")
@@ -231,6 +250,9 @@ def _integer_rounds(ax) -> None:
     from matplotlib.ticker import MaxNLocator
 
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    lo, hi = ax.get_xlim()
+    if hi - lo < 1:  # a single round
+        ax.set_xlim((lo + hi) / 2 - 1, (lo + hi) / 2 + 1)
 
 
 def _human_bytes():
@@ -293,16 +315,22 @@ def _summary_html(run: Run, images: list[Path]) -> str:
     notes = "".join(f"<li>{html.escape(n)}</li>" for n in privacy.get("notes", []))
     spent = f"ε = {privacy.get('epsilon', 0):.4g}, δ = {privacy.get('delta', 0):.3g}"
     budget = f"ε = {privacy.get('budget_epsilon', 0):g}, δ = {privacy.get('budget_delta', 0):g}"
+    failed = (
+        f"<p style='color:#b00'><b>failed:</b> {html.escape(str(m.get('error')))}</p>"
+        if m.get("status") == "failed"
+        else ""
+    )
     body = [
         f"<p><b>{html.escape(m.get('headline', ''))}</b></p>",
+        failed,
         _table(
             {
                 "protocol": m.get("protocol"),
                 "seed": m.get("seed"),
                 "status": m.get("status"),
                 "seconds": m.get("seconds"),
-                "messages / bytes": f"{m.get('transcript', {}).get('messages')} / "
-                f"{m.get('transcript', {}).get('bytes'):,}",
+                "messages / bytes": f"{(m.get('transcript') or {}).get('messages')} / "
+                f"{(m.get('transcript') or {}).get('bytes')}",
             }
         ),
         "<h2>Privacy</h2>",

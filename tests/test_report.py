@@ -47,7 +47,7 @@ def test_report_writes_readable_plots_and_a_page(runs):
 def test_privacy_series_follows_the_ledger(runs):
     _, (kmeans, _) = runs
     run = load(kmeans.run_dir)
-    rounds, eps = privacy_series(run)["clients"]
+    rounds, eps = privacy_series(run)
     assert rounds == list(range(1, kmeans.metrics["t_max"] + 1))
     assert eps[-1] == pytest.approx(kmeans.privacy.epsilon)
     assert eps == sorted(eps)
@@ -81,11 +81,22 @@ def test_cli_report_and_bad_directories(runs, tmp_path, capsys):
     with pytest.raises(ConfigError) as err:
         load(tmp_path / "nowhere")
     assert err.value.field == "run_dir"
-    failed = tmp_path / "failed"
-    failed.mkdir()
-    (failed / "manifest.json").write_text(json.dumps({"run_id": "x", "status": "failed"}))
+    running = tmp_path / "running"
+    running.mkdir()
+    (running / "manifest.json").write_text(json.dumps({"run_id": "x", "status": "running"}))
     with pytest.raises(ConfigError):
-        load(failed)
+        load(running)
     with pytest.raises(ConfigError):
         compare([kmeans.run_dir], tmp_path / "c")
     assert main(["report"]) == 2
+
+
+def test_a_failed_run_is_reported_with_its_error(tmp_path):
+    with pytest.raises(rayfed.PartyFailed):
+        rayfed.run(
+            "hfl-kmeans", backend="local", out_dir=str(tmp_path), users=600, k=3,
+            fail=["party=p1@round=2"],
+        )  # fmt: skip
+    (run_dir,) = tmp_path.iterdir()
+    page = report(run_dir)[-1].read_text()
+    assert "failed:" in page and "PartyFailed" in page
