@@ -6,7 +6,7 @@ Self-contained (``ray submit`` uploads only this file; point --data-dir at the d
     python jobs/hfl_kmeans_repro.py                       # every section, default repetitions
     python jobs/hfl_kmeans_repro.py --sections table,empty --reps 40
     python jobs/hfl_kmeans_repro.py --data pts.csv --bounds '{"x":[0,1],"y":[0,1]}' --k 5
-    python jobs/hfl_kmeans_repro.py --small               # Iris and S1 only, 2 repetitions (tests)
+    python jobs/hfl_kmeans_repro.py --small               # S1 and Iris, 2 repetitions, no ablation
 
 Sections (shared/specs/hfl-kmeans.md §6):
 
@@ -380,7 +380,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.small:
         args.datasets, args.epsilons, args.reps, args.table_reps = "s1,iris", "1,4", 2, 2
-        args.sections = "table,curves,post,init"
+        args.sections = "table,curves,init"
     if args.data and not args.bounds:
         p.error("--data needs --bounds")
     epsilons = [float(e) for e in args.epsilons.split(",")]
