@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -256,5 +255,4 @@ def plot(record: dict, path: Path) -> None:
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("RAY_IGNORE_UNHANDLED_ERRORS", "1")
     sys.exit(main())

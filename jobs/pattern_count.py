@@ -41,22 +41,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def connect(address: str | None) -> tuple[str | None, dict]:
-    """Connect to Ray; returns (address used or None for embedded, cluster resources)."""
-    explicit = address or os.environ.get("RAY_ADDRESS")
-    if explicit:
-        return explicit, rayfed.ensure_ray(explicit)
-    try:
-        return "auto", rayfed.ensure_ray("auto")
-    except rayfed.ConfigError:
-        print(
-            "pattern_count: no running Ray cluster found (address 'auto'); "
-            "using an embedded local Ray",
-            file=sys.stderr,
-        )
-        return None, rayfed.ensure_ray(None)
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     options = {"seed": args.seed, "epsilon": args.epsilon, "out_dir": args.out}
@@ -64,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
         {k: v for k, v in (("users", args.users), ("parties", args.parties)) if v is not None}
     )
     try:
-        address, resources = connect(args.address)
+        address, resources = rayfed.connect(args.address, "pattern_count")
         result = rayfed.run("pattern-count", address=address, **options)
         nodes = _node_count()
     except Exception as err:

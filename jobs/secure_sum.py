@@ -16,30 +16,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 
 import rayfed
 from rayfed.report import report
 
 SMALL_USERS = 2000
-
-
-def connect(address: str | None) -> str | None:
-    """The Ray address used (None: an embedded local Ray)."""
-    explicit = address or os.environ.get("RAY_ADDRESS")
-    if explicit:
-        rayfed.ensure_ray(explicit)
-        return explicit
-    try:
-        rayfed.ensure_ray("auto")
-        return "auto"
-    except rayfed.ConfigError:
-        print(
-            "secure_sum: no running Ray cluster found; using an embedded local Ray", file=sys.stderr
-        )
-        rayfed.ensure_ray(None)
-        return None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -71,7 +53,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.cohorts:
         options["cohorts"] = args.cohorts
     try:
-        result = rayfed.run("secure-sum", address=connect(args.address), **options)
+        address, _ = rayfed.connect(args.address, "secure_sum")
+        result = rayfed.run("secure-sum", address=address, **options)
     except rayfed.RayfedError as err:
         print(f"secure_sum: {type(err).__name__}: {err}", file=sys.stderr)
         return 2 if isinstance(err, rayfed.ConfigError) else 1

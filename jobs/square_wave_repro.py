@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import sys
 import time
 from pathlib import Path
@@ -286,5 +285,4 @@ def plot(rows, epsilons, out: Path) -> list[str]:
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("RAY_IGNORE_UNHANDLED_ERRORS", "1")
     sys.exit(main())

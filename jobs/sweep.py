@@ -21,8 +21,6 @@ import argparse
 import itertools
 import json
 import math
-import os
-import sys
 import time
 from pathlib import Path
 
@@ -48,23 +46,6 @@ def grid_points(grid: list[str]) -> list[dict]:
             raise SystemExit(f"--grid {spec!r}: expected key=v1,v2,...")
         axes.append([(key, value(v)) for v in values.split(",")])
     return [dict(point) for point in itertools.product(*axes)] or [{}]
-
-
-def connect(address: str | None, backend: str) -> str | None:
-    """The Ray address to use (None: embedded), or None for the in-process backend."""
-    if backend == "local":
-        return None
-    explicit = address or os.environ.get("RAY_ADDRESS")
-    if explicit:
-        rayfed.ensure_ray(explicit)
-        return explicit
-    try:
-        rayfed.ensure_ray("auto")
-        return "auto"
-    except rayfed.ConfigError:
-        print("sweep: no running Ray cluster found; using an embedded local Ray", file=sys.stderr)
-        rayfed.ensure_ray(None)
-        return None
 
 
 def plot(rows: list[dict], axis: str | None, metric: str, out: Path) -> str | None:
@@ -131,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    address = connect(args.address, args.backend)
+    address = None if args.backend == "local" else rayfed.connect(args.address, "sweep")[0]
     rows = []
     try:
         for point in grid_points(args.grid):

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import sys
 import time
 from pathlib import Path
@@ -456,5 +455,4 @@ def plot(rows, epsilons, parties_list, path, paper: bool) -> None:
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("RAY_IGNORE_UNHANDLED_ERRORS", "1")
     sys.exit(main())

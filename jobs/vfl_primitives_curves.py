@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -134,5 +133,4 @@ def plot(rows, path) -> None:
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("RAY_IGNORE_UNHANDLED_ERRORS", "1")
     sys.exit(main())

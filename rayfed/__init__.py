@@ -20,7 +20,7 @@ from rayfed.federation import Federation
 from rayfed.privacy import Budget, PrivacyLedger, PrivacyReport
 from rayfed.protocols import REGISTRY as PROTOCOLS
 from rayfed.protocols.base import Result
-from rayfed.runtime import ensure_ray, shutdown
+from rayfed.runtime import connect, ensure_ray, shutdown
 
 __version__ = "0.1.0"
 
@@ -41,6 +41,7 @@ __all__ = [
     "RoundTimeout",
     "RunOptions",
     "UnaccountedNoise",
+    "connect",
     "ensure_ray",
     "run",
     "shutdown",

@@ -27,17 +27,19 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from rayfed import faults
 from rayfed.actors.base import Crash, MessageMeta, RoleActor, _Slot
 from rayfed.actors.cohort import UserCohortActor
 from rayfed.actors.coordinator import CoordinatorActor
 from rayfed.actors.party import PartyActor
 from rayfed.errors import BelowThreshold, ConfigError, PartyFailed, RayfedError, RoundTimeout
+from rayfed.faults import ROLES as FAULT_ROLES
 from rayfed.privacy.ledger import Budget, event_to_dict
 
 BACKENDS = ("ray", "local")
 RESERVED = ("coordinator", "parties", "cohorts")
 STARTUP_DEADLINE_S = 60.0
-MEMBER_ROLE = {"cohorts": "cohort", "parties": "party"}  # group name -> actor role
+MEMBER_ROLE = {group: role for role, group in FAULT_ROLES.items()}  # group name -> actor role
 
 
 @dataclass
@@ -154,12 +156,6 @@ class _DeadMember:
 
     def run(self, step, spec):
         raise Crash(f"{self.name} is dead")
-
-    def ping(self) -> str:
-        raise Crash(f"{self.name} is dead")
-
-    def node(self) -> str:
-        return "dead"
 
 
 def check_member_names(names: list[str]) -> None:
@@ -671,12 +667,10 @@ class Federation:
 
     def _step_for(self, role: str, name: str, phase: str, step):
         """``step``, or — once, if a fault is due for this member now — the step that kills it."""
-        from rayfed.faults import die
-
         for fault in self._faults:
             if fault.matches(role, name, self.round_no, phase):
                 self._faults.remove(fault)
-                return die
+                return faults.die
         return step
 
     def _put_step(self, step):

@@ -165,14 +165,8 @@ def plot_privacy(runs: list[Run], path: Path) -> Path:
         ax.axhline(budget, ls="--", lw=1, color="gray")
         ax.text(0.01, budget, f" budget ε = {budget:g}", fontsize=8, va="bottom",
                 transform=ax.get_yaxis_transform())  # fmt: skip
-    _integer_rounds(ax)
-    ax.set_xlabel("round")
-    ax.set_ylabel("ε spent (cumulative)")
-    ax.set_title("Privacy spent over rounds")
-    ax.grid(alpha=0.3)
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=7, loc="lower right")
-    else:
+    _round_axes(ax, "ε spent (cumulative)", "Privacy spent over rounds")
+    if not ax.get_legend_handles_labels()[0]:
         ax.text(0.5, 0.5, "no DP noise in this run", ha="center", transform=ax.transAxes)
     return _save(fig, path)
 
@@ -216,13 +210,7 @@ def plot_bytes(runs: list[Run], path: Path) -> Path:
     ax.set_yscale("log")
     ax.yaxis.set_major_formatter(_human_bytes())
     ax.yaxis.set_minor_formatter(_human_bytes())
-    _integer_rounds(ax)
-    ax.set_xlabel("round")
-    ax.set_ylabel("bytes sent")
-    ax.set_title("Bytes moved per round, by sender role")
-    ax.grid(alpha=0.3)
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=7)
+    _round_axes(ax, "bytes sent", "Bytes moved per round, by sender role")
     return _save(fig, path)
 
 
@@ -244,6 +232,17 @@ def plot_round_values(runs: list[Run], path: Path) -> Path | None:
         if len(runs) > 1:
             ax.legend(fontsize=7)
     return _save(fig, path)
+
+
+def _round_axes(ax, ylabel: str, title: str) -> None:
+    """Integer round ticks, labels, grid, and a legend if anything is labelled."""
+    _integer_rounds(ax)
+    ax.set_xlabel("round")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7)
 
 
 def _integer_rounds(ax) -> None:

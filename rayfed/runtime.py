@@ -87,3 +87,22 @@ def shutdown() -> None:
 
     if ray.is_initialized():
         ray.shutdown()
+
+
+def connect(address: str | None, who: str = "rayfed") -> tuple[str | None, dict[str, Any]]:
+    """How job scripts join Ray: ``address`` or RAY_ADDRESS if given, else a running cluster
+    (``"auto"``), else an embedded local Ray, saying so on stderr. Returns (the address used, None
+    for an embedded Ray; ``ray.cluster_resources()``)."""
+    import sys
+
+    explicit = address or os.environ.get("RAY_ADDRESS")
+    if explicit:
+        return explicit, ensure_ray(explicit)
+    try:
+        return "auto", ensure_ray("auto")
+    except ConfigError:
+        print(
+            f"{who}: no running Ray cluster found (address 'auto'); using an embedded local Ray",
+            file=sys.stderr,
+        )
+        return None, ensure_ray(None)

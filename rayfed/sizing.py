@@ -13,8 +13,8 @@ import os
 
 from rayfed.errors import ConfigError
 
-ACTOR_OVERHEAD_BYTES = 250 << 20  # a Ray worker with numpy, pyarrow, scikit-learn imported
-PARTITION_FACTOR = 4  # the Arrow partition plus the working copies a step makes of it
+ACTOR_OVERHEAD_BYTES = 300 << 20  # a loaded actor's RSS: 284 MiB (benchmarks/actor_memory.py)
+PARTITION_FACTOR = 4  # the Arrow partition plus working copies: an allowance, not measured
 
 
 def cluster_cpus() -> int:

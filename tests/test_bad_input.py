@@ -393,6 +393,22 @@ def test_vfl_kmeans_inapplicable_options(out_dir, options, field):
         ("ldp-bitvector", {"low": 10.0, "high": 5.0}, "high"),
         ("ldp-bitvector", {"bounds": [3.0, 1.0]}, "bounds"),
         ("ldp-bitvector", {"parties": 0}, "parties"),
+        ("square-wave", {"data": {"key": "id"}}, "data.key"),
+        ("hfl-kmeans", {"k": 0}, "k"),
+        ("hfl-kmeans", {"iterations": 0}, "iterations"),
+        ("hfl-kmeans", {"max_size": 0}, "max_size"),
+        ("hfl-kmeans", {"min_size": -1}, "min_size"),
+        ("hfl-kmeans", {"frac_bits": 31}, "frac_bits"),
+        ("hfl-kmeans", {"rho": 0.0}, "rho"),
+        ("hfl-kmeans", {"spread": 0.0}, "spread"),
+        ("hfl-kmeans", {"dims": 0}, "dims"),
+        ("hfl-kmeans", {"silhouette_points": 0}, "silhouette_points"),
+        ("hfl-kmeans", {"epsilon": 0.0}, "epsilon"),
+        ("hfl-kmeans", {"key_agreement": "os"}, "key_agreement"),
+        ("hfl-kmeans", {"bounds": {"x0": [0, 1]}}, "bounds"),  # file option without data.path
+        ("secure-sum", {"cohort_memory_mb": 0}, "cohort_memory_mb"),
+        ("hfl-kmeans", {"party_resource": "slot", "backend": "ray"}, "party_resource"),
+        ("secure-sum", {"fail": ["cohort=c0"]}, "fail"),
     ],
 )
 def test_new_protocols_name_the_field_at_fault(out_dir, protocol, options, field):

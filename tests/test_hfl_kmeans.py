@@ -225,7 +225,6 @@ def test_ledger_amn_thesis_sensitivity_records_the_true_epsilon():
     true_grid = math.floor(2**16 / 113) + 1  # one coordinate's true sensitivity on the grid
     expected = 4.0 * true_grid * 223 / 2**16
     assert p.epsilon == pytest.approx(expected, rel=1e-9)
-    assert 1.9 < p.epsilon / 4.0 < 2.1
     notes = [n for n in p.notes if "sensitivity=thesis" in n]
     assert len(notes) == 1 and "ε = 4" in notes[0] and f"{expected:.4g}" in notes[0]
     corrected = run(seed=1, **s1(aggregation="amn", epsilon=4.0)).privacy
@@ -772,3 +771,14 @@ def test_amn_empty_local_cluster_uploads_a_centroid_inside_the_box():
     uploaded = words / params.scale
     assert uploaded[1] == pytest.approx(1.0 / 2, abs=2**-15)  # clip(25) / M
     assert uploaded[0] == pytest.approx(0.2 / 2, abs=2**-15)
+
+
+def test_values_outside_the_declared_bounds(tmp_path):
+    path = tmp_path / "v.csv"
+    path.write_text("v\n" + "\n".join(str(v) for v in [0.5, 1.0, 2.0, 3.0, 9.0, 1.5]) + "\n")
+    options = dict(data={"path": str(path)}, bounds={"v": [0, 4]}, k=2, noise="none")
+    with pytest.raises(DataError) as err:
+        run(**options)
+    assert err.value.field == "bounds.v" and "1 value(s)" in str(err.value)
+    clipped = run(out_of_bounds="clip", **options)
+    assert clipped.tables["centroids"].column("v").to_numpy().max() <= 4.0

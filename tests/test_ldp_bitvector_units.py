@@ -509,7 +509,6 @@ def test_max_differing_bits_is_s_when_t_is_half_the_range():
     codes = bv.encode(np.array([LOW, HIGH]), r, T)
     # x = 0 and x = 50 have complementary codes except at anchors exactly at 25 (both set)
     hamming = int(bv.hamming(codes, codes)[0, 1])
-    assert hamming >= k_max
     assert hamming == k_max
     clean = bv.anchors(gen, 1, S, LOW, HIGH, T)[0]
     assert bv.max_differing_bits(clean, T, LOW, HIGH) == S - np.count_nonzero(clean == 25.0)
@@ -523,8 +522,6 @@ def test_max_differing_bits_bounds_every_pair_on_a_grid(t, low, high):
     codes = bv.encode(grid, r, t)
     worst = int(bv.hamming(codes, codes).max())
     assert worst <= k_max
-    # an anchor differs for some pair iff its interval does not cover [L, U]
-    assert k_max == np.count_nonzero(~((r - t <= low) & (r + t >= high)))
     if 2 * t >= high - low:
         # wide intervals: the two ends differ at every non-covering anchor, so the bound is tight
         assert worst == k_max
@@ -579,7 +576,6 @@ def test_kcluster_is_deterministic_for_a_fixed_seed():
         first = kcluster(d, 4, _gen("det", restart))
         second = kcluster(d, 4, _gen("det", restart))
         assert np.array_equal(first, second)
-        assert first.min() >= 0 and first.max() < 4
 
 
 def test_kcluster_never_assigns_an_empty_cluster():

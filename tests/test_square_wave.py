@@ -70,8 +70,10 @@ def test_ems_beats_em_run_to_convergence():
 def test_default_run_reports_every_metric_and_the_privacy_spent():
     result = run()
     m = result.metrics
-    for key in ("wasserstein", "ks", "mean_error", "variance_error", "quantile_error"):
-        assert m[key] >= 0
+    assert set(m) >= {"wasserstein", "ks", "mean_error", "variance_error", "quantile_error"}
+    # 100k users at ε = 1: W1 5.7e-3 ± 1.4e-3 per run (square_wave_repro.json); a broken
+    # estimator returning the uniform distribution has W1 > 0.2 on Beta(5, 2) (means 0.71 vs 0.5)
+    assert m["wasserstein"] < 0.02
     assert m["b"] == pytest.approx(0.2561, abs=1e-4) and 1 < m["iterations"] < 10_000
     assert result.privacy.epsilon == 1.0 and result.privacy.composition == "parallel"
     hist = result.tables["histogram"]

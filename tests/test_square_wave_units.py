@@ -265,7 +265,6 @@ def test_grr_estimate_unbiased_with_formula_variance():
     d, eps, n, reps = 8, 1.0, 2000, 400
     x = np.array([0.3, 0.2, 0.15, 0.1, 0.1, 0.1, 0.05, 0.0])
     values = np.repeat(np.arange(d), np.round(x * n).astype(np.int64))
-    assert values.size == n
     u = _uniforms(n * reps, 2, "grr-var")
     reports = oracles.grr_perturb(np.tile(values, reps), d, eps, u).reshape(reps, n)
     est = np.array([oracles.grr_estimate(r, d, eps, n) for r in reports])
@@ -305,7 +304,6 @@ def test_olh_estimate_unbiased_with_exact_g_variance():
     x = np.zeros(domain)
     x[:10] = np.array([0.25, 0.2, 0.15, 0.1, 0.1, 0.05, 0.05, 0.05, 0.025, 0.025])
     values = np.repeat(np.arange(domain), np.round(x * n).astype(np.int64))
-    assert values.size == n
     words = _gen("olh-words").bit_generator.random_raw((n * reps, 2))
     params = oracles.olh_params(words).reshape(reps, n, 2)
     u = _uniforms(n * reps, 2, "olh-u").reshape(reps, n, 2)

@@ -41,6 +41,12 @@ def product_grid(centers: list[np.ndarray], positions: list[list[int]], d: int) 
     return grid
 
 
+def squared_distances(x: np.ndarray, centers: np.ndarray) -> np.ndarray:
+    """(n, k) squared Euclidean distances, ‖x‖² - 2x·c + ‖c‖² clipped at 0."""
+    d2 = (x**2).sum(1)[:, None] - 2.0 * x @ centers.T + (centers**2).sum(1)[None, :]
+    return np.maximum(d2, 0.0)
+
+
 def nearest(x: np.ndarray, centers: np.ndarray, chunk: int = 65536) -> np.ndarray:
     """Index of the nearest center (squared Euclidean) of every row of ``x``."""
     out = np.empty(len(x), dtype=np.int64)

@@ -14,7 +14,7 @@ import math
 import numpy as np
 from ortools.graph.python import min_cost_flow
 
-from rayfed.clustering import nearest
+from rayfed.clustering import nearest, squared_distances
 from rayfed.errors import ConfigError
 
 ASSIGNMENTS = ("constrained", "unconstrained", "non-exclusive")
@@ -42,12 +42,6 @@ def assign(
     if method == "constrained":
         return flow_assign(x, centers, min_size, n if max_size is None else max_size, contribution)
     raise ConfigError("assignment", f"unknown method {method!r}", ", ".join(ASSIGNMENTS))
-
-
-def squared_distances(x: np.ndarray, centers: np.ndarray) -> np.ndarray:
-    """(n, k) squared Euclidean distances."""
-    d2 = (x**2).sum(1)[:, None] - 2.0 * x @ centers.T + (centers**2).sum(1)[None, :]
-    return np.maximum(d2, 0.0)
 
 
 def nearest_members(x: np.ndarray, centers: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:

@@ -19,6 +19,8 @@ import math
 import numpy as np
 from scipy.special import gammaln, logsumexp
 
+from rayfed.privacy.mechanisms import rr_keep_probability
+
 
 # --- encoding -------------------------------------------------------------------------------------
 def anchor_range(low: float, high: float, t: float) -> float:
@@ -36,9 +38,7 @@ def encode(values: np.ndarray, r: np.ndarray, t: float) -> np.ndarray:
     return np.abs(values[:, None] - r[None, :]) <= t
 
 
-def keep_probability(eps: float) -> float:
-    e = math.exp(eps)
-    return e / (e + 1)
+keep_probability = rr_keep_probability  # binary RR: report the true bit w.p. e^ε/(1+e^ε)
 
 
 def randomize(bits: np.ndarray, eps: float, u: np.ndarray) -> np.ndarray:

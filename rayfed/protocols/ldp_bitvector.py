@@ -35,9 +35,10 @@ from sklearn.metrics import normalized_mutual_info_score
 
 from rayfed import rng
 from rayfed.actors.base import Message, StepContext
-from rayfed.clustering import kcluster, seed_of
+from rayfed.clustering import kcluster, seed_of, squared_distances
 from rayfed.config import DataConfig, option
 from rayfed.data import even_groups, horizontal, load_table, require_clean, sort_by_key, vertical
+from rayfed.data.scaling import features_of
 from rayfed.errors import ConfigError, DataError
 from rayfed.ldp import bitvector as bv
 from rayfed.privacy import Budget, binary_rr_event, check_budget
@@ -118,9 +119,7 @@ class LdpBitvectorConfig:
 # --- step functions --------------------------------------------------------------------------------
 def _scaled(ctx: StepContext) -> np.ndarray:
     meta = ctx.meta
-    raw = np.column_stack(
-        [ctx.table.column(c).to_numpy().astype(np.float64) for c in meta["columns"]]
-    )
+    raw = features_of(ctx.table, meta["columns"])
     lo, hi = meta["bounds"]
     return meta["low"] + (raw - lo) / (hi - lo) * (meta["high"] - meta["low"])
 
@@ -159,18 +158,19 @@ def exact_step(ctx: StepContext) -> Message:
     return Message("values", {"x": _scaled(ctx), "records": ctx.table.column("record").to_numpy()})
 
 
-def pair_sums(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """For every record pair i < j: (pairs, u = ‖x_i‖² + ‖x_j‖², v = 2·x_i·x_j); u - v = ‖x_i - x_j‖²."""
+def pair_sums(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For every record pair i < j (triu order): u = ‖x_i‖² + ‖x_j‖², v = 2·x_i·x_j, so
+    u - v = ‖x_i - x_j‖²."""
     i, j = np.triu_indices(x.shape[0], k=1)
     sq = (x**2).sum(1)
-    return np.stack([i, j], axis=1), sq[i] + sq[j], 2 * np.einsum("pk,pk->p", x[i], x[j])
+    return sq[i] + sq[j], 2 * np.einsum("pk,pk->p", x[i], x[j])
 
 
 def pair_step(ctx: StepContext, *, eps: float | None, s: int, round: int) -> Message:
     """Bob (decomposition, Eq. 21–23): DPBV codes of u and v for every record pair, on a common
     range whose half-width t covers it (so |u - v| is in local view)."""
     x = _scaled(ctx)
-    _, u, v = pair_sums(x)
+    u, v = pair_sums(x)
     r, t = ctx.meta["pair_anchors"], ctx.meta["pair_t"]
     packed = []
     for a in range(0, u.size, PAIR_BLOCK):
@@ -290,16 +290,12 @@ def decomposition_collector_step(
 
 
 def _exact_distances(x: np.ndarray) -> np.ndarray:
-    sq = (x**2).sum(1)
-    d = np.maximum(sq[:, None] + sq[None, :] - 2 * x @ x.T, 0.0)
-    return np.sqrt(d).astype(np.float32)
+    return np.sqrt(squared_distances(x, x)).astype(np.float32)
 
 
 def baseline_step(ctx: StepContext, *, method: str, k: int, sigma: float, q: int) -> dict:
     """The trusted party's baselines on the raw data: k-means, ADP (+ N(0, σ²)), RSP (x·R/(√q·σ_R))."""
-    x = np.column_stack(
-        [ctx.table.column(c).to_numpy().astype(np.float64) for c in ctx.meta["columns"]]
-    )
+    x = features_of(ctx.table, ctx.meta["columns"])
     gen = ctx.rng("clustering", 0)
     if method == "adp":
         x = x + ctx.rng("gaussian", 0).normal(0.0, sigma, x.shape)
@@ -351,7 +347,7 @@ def _load(cfg: LdpBitvectorConfig) -> tuple[pa.Table, list[str], str | None, lis
                 "e.g. --set 'bounds=[0, 16]'",
             )
         bounds = list(cfg.bounds)
-    x = np.column_stack([table.column(c).to_numpy().astype(np.float64) for c in features])
+    x = features_of(table, features)
     outside = int(np.count_nonzero((x < bounds[0]) | (x > bounds[1])))
     if outside:
         raise DataError(

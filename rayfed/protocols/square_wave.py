@@ -38,7 +38,7 @@ from rayfed.errors import ConfigError, DataError
 from rayfed.ldp import hierarchy, metrics, oracles
 from rayfed.ldp import square_wave as sw
 from rayfed.privacy import Budget, EpsilonDeltaDpEvent, check_budget
-from rayfed.protocols.base import Outcome, Plan, Protocol
+from rayfed.protocols.base import Outcome, Plan, Protocol, reject_inapplicable
 from rayfed.sizing import default_cohorts
 
 MAX_EPSILON = 20.0
@@ -160,13 +160,13 @@ def _require_power(d: int, base: int, name: str) -> None:
 
 
 # --- step functions: users (in cohorts) -------------------------------------------------------------
-def _users(ctx: StepContext, part: str | None, split_seed: int) -> tuple[np.ndarray, np.ndarray]:
+def _users(ctx: StepContext, part: str | None) -> tuple[np.ndarray, np.ndarray]:
     """(ids, values in [0, 1]) of this cohort's users, or of its half ``part`` (mean/variance)."""
     ids = ctx.table.column("user_id").to_numpy().astype(np.uint64)
     values = ctx.table.column("value").to_numpy()
     if part is None:
         return ids, values
-    in_mean = rng.keyed_uniform(split_seed, "sample", 0, ids, 1)[:, 0] < 0.5
+    in_mean = rng.keyed_uniform(ctx.seed, "sample", 0, ids, 1)[:, 0] < 0.5
     keep = in_mean if part == "mean" else ~in_mean
     return ids[keep], values[keep]
 
@@ -183,7 +183,7 @@ def sw_step(
     ctx: StepContext, *, eps: float, b: float, discrete: bool, d: int, round: int
 ) -> Message:
     """Users: one Square Wave report each (a float in [-b, 1+b], or discrete SW's integer)."""
-    ids, v = _users(ctx, None, 0)
+    ids, v = _users(ctx, None)
     if discrete:
         values = np.minimum((v * d).astype(np.int64), d - 1)
         return _ldp(
@@ -204,7 +204,7 @@ def _frequency_report(
 
 def cfo_step(ctx: StepContext, *, eps: float, bins: int, round: int) -> Message:
     """Users: the bin of the value through GRR or OLH."""
-    ids, v = _users(ctx, None, 0)
+    ids, v = _users(ctx, None)
     binned = np.minimum((v * bins).astype(np.int64), bins - 1)
     u = _uniforms(ctx, ids, 2, round)
     return _ldp("cfo_reports", _frequency_report(ctx, ids, binned, bins, eps, u, round), eps)
@@ -212,7 +212,7 @@ def cfo_step(ctx: StepContext, *, eps: float, bins: int, round: int) -> Message:
 
 def hh_step(ctx: StepContext, *, eps: float, d: int, branching: int, round: int) -> Message:
     """Users: a uniformly chosen layer ℓ and the FO report of the value's ancestor there."""
-    ids, v = _users(ctx, None, 0)
+    ids, v = _users(ctx, None)
     leaf = np.minimum((v * d).astype(np.int64), d - 1)
     u = _uniforms(ctx, ids, 3, round)
     sizes = hierarchy.layer_sizes(d, branching)
@@ -233,7 +233,7 @@ def hh_step(ctx: StepContext, *, eps: float, d: int, branching: int, round: int)
 
 def haar_step(ctx: StepContext, *, eps: float, d: int, round: int) -> Message:
     """Users: a uniformly chosen height and an HRR report of that level's signed coefficient."""
-    ids, v = _users(ctx, None, 0)
+    ids, v = _users(ctx, None)
     leaf = np.minimum((v * d).astype(np.int64), d - 1)
     u = _uniforms(ctx, ids, 3, round)
     heights = int(round_log2(d))
@@ -255,7 +255,7 @@ def moment_step(
     ctx: StepContext, *, mechanism: str, eps: float, part: str | None, mu: float, round: int
 ) -> Message:
     """Users (SR/PM): report v mapped to [-1, 1], or — the variance half — (v - μ̃)² mapped so."""
-    ids, v = _users(ctx, part, ctx.seed)
+    ids, v = _users(ctx, part)
     x = 2 * v - 1 if part != "variance" else 2 * (v - mu) ** 2 - 1
     u = _uniforms(ctx, ids, 2, round)
     perturb = oracles.sr_perturb if mechanism == "sr" else oracles.pm_perturb
@@ -298,7 +298,7 @@ def estimate_step(ctx: StepContext, reports: dict[str, Any], *, method: str, cfg
             tolerance=cfg["tolerance"],
             max_iterations=cfg["max_iterations"],
         )
-        return {"estimate": est, "iterations": iterations, "reports": int(values.size)}
+        return {"estimate": est, "iterations": iterations}
     if method == "cfo":
         report = _gather(reports, "report")
         olh = not oracles.use_grr(cfg["bins"], eps)
@@ -306,7 +306,7 @@ def estimate_step(ctx: StepContext, reports: dict[str, Any], *, method: str, cfg
             _frequencies(report, _gather(reports, "hash") if olh else None, cfg["bins"], eps)
         )
         spread = d // cfg["bins"]
-        return {"estimate": np.repeat(freq / spread, spread), "reports": int(report.size)}
+        return {"estimate": np.repeat(freq / spread, spread)}
     if method in ("hh", "hh-admm"):
         layer, report = _gather(reports, "layer"), _gather(reports, "report")
         sizes = hierarchy.layer_sizes(d, cfg["branching"])
@@ -322,7 +322,7 @@ def estimate_step(ctx: StepContext, reports: dict[str, Any], *, method: str, cfg
             est = hierarchy.constrained_inference(layers, cfg["branching"])[0]
         else:
             est = hierarchy.admm_leaves(layers, cfg["branching"])
-        return {"estimate": est, "reports": int(layer.size)}
+        return {"estimate": est}
     if method == "haar-hrr":
         height = _gather(reports, "height")
         rows, bits = _gather(reports, "row"), _gather(reports, "bit")
@@ -332,7 +332,7 @@ def estimate_step(ctx: StepContext, reports: dict[str, Any], *, method: str, cfg
             coefficients.append(
                 oracles.hrr_estimate(rows[mine], bits[mine], d >> h, eps, max(1, int(mine.sum())))
             )
-        return {"estimate": hierarchy.haar_leaves(coefficients), "reports": int(height.size)}
+        return {"estimate": hierarchy.haar_leaves(coefficients)}
     raise ValueError(f"unknown histogram method {method!r}")
 
 
@@ -341,8 +341,8 @@ def moment_estimate_step(ctx: StepContext, reports: dict[str, Any], *, part: str
     values = _gather(reports)
     mean = math.fsum(values) / values.size if values.size else 0.0
     if part == "variance":
-        return {"variance": (mean + 1) / 2, "reports": int(values.size)}
-    return {"mean": (mean + 1) / 2, "reports": int(values.size)}
+        return {"variance": (mean + 1) / 2}
+    return {"mean": (mean + 1) / 2}
 
 
 # --- the protocol ----------------------------------------------------------------------------------
@@ -598,21 +598,9 @@ class SquareWave(Protocol):
 
 
 def _reject_inapplicable(cfg: SquareWaveConfig) -> None:
-    """File options without a file, synthetic options with one."""
+    """File options without a file (data.key included), synthetic options with one."""
     if cfg.data.columns is not None:
         raise ConfigError("data.columns", "square-wave estimates one column", "set column instead")
-    if cfg.data.path is None:
-        if cfg.missing != "error":
-            raise ConfigError("missing", "applies to a data file, but no data.path is given")
-        for name in ("column", "bounds"):
-            if getattr(cfg, name) is not None:
-                raise ConfigError(
-                    name, "applies to a data file, but no data.path is given", "set data.path"
-                )
-        return
-    default = SquareWaveConfig()
-    for name in ("users", "beta_a", "beta_b"):
-        if getattr(cfg, name) != getattr(default, name):
-            raise ConfigError(
-                name, "applies to synthetic data only, but data.path is given", "drop this option"
-            )
+    if cfg.data.path is None and cfg.missing != "error":
+        raise ConfigError("missing", "applies to a data file, but no data.path is given")
+    reject_inapplicable(cfg, ["column", "bounds"], ["users", "beta_a", "beta_b"])

@@ -39,10 +39,11 @@ from dp_accounting import dp_event
 
 from rayfed import rng
 from rayfed.actors.base import Message, StepContext
-from rayfed.clustering import nearest, product_grid, weighted_kmeans
+from rayfed.clustering import nearest, product_grid, squared_distances, weighted_kmeans
 from rayfed.clustering.dplsf import dplsf, dplsf_event
 from rayfed.config import DataConfig, option
 from rayfed.data import even_groups, load_table, require_clean, sort_by_key, vertical
+from rayfed.data.scaling import features_of
 from rayfed.errors import ConfigError, DataError
 from rayfed.privacy import (
     Budget,
@@ -55,11 +56,11 @@ from rayfed.privacy import (
 )
 from rayfed.protocols.base import Outcome, Plan, Protocol, reject_inapplicable
 from rayfed.protocols.pattern_count import (
+    estimate_step,
     exact_loss,
     keep_probability,
     one_hot,
     per_user_variance_constant,
-    raw_counts,
     rr_event,
 )
 
@@ -194,9 +195,7 @@ def pattern_weights(size: int, v: int, p: float) -> np.ndarray:
 
 def cost(a: np.ndarray, centers: np.ndarray, p: float, weights: np.ndarray | None = None) -> float:
     """Σ_i w_i · min_c ‖a_i - c‖₂^p."""
-    d2 = np.maximum(
-        (a**2).sum(1)[:, None] - 2 * a @ centers.T + (centers**2).sum(1)[None, :], 0.0
-    ).min(axis=1)
+    d2 = squared_distances(a, centers).min(axis=1)
     per = d2 if p == 2 else d2 ** (p / 2)
     return float(per.sum() if weights is None else weights @ per)
 
@@ -223,9 +222,7 @@ def weighted_kmedian(
 
 # --- step functions: servers ----------------------------------------------------------------------
 def _matrix(ctx: StepContext) -> np.ndarray:
-    return np.column_stack(
-        [ctx.table.column(c).to_numpy().astype(np.float64) for c in ctx.meta["columns"]]
-    )
+    return features_of(ctx.table, ctx.meta["columns"])
 
 
 def l1_step(ctx: StepContext, *, eps: float) -> Message:
@@ -299,25 +296,15 @@ def heavy_step(
 ) -> Message:
     """CC (Alg. 2): y = Σ y^(j); L = {i : y_i >= τ}; M; the heavy part Σ_{i∈L} y_i^p. Sends L, M."""
     y = np.sum([ys[name] for name in sorted(ys)], axis=0)
-    b, tau, big_m = lp_constants(v, m, eps, alpha)
+    _, tau, big_m = lp_constants(v, m, eps, alpha)
     heavy = np.flatnonzero(y >= tau)
     payload = {
         "L": heavy,
         "M": bound or big_m,
         "theorem_M": big_m,
-        "B": b,
-        "tau": tau,
         "heavy_part": float(np.sum(y[heavy] ** p)),
     }
     return Message("heavy_coordinates", payload, to="parties")
-
-
-def pattern_counts_step(
-    ctx: StepContext, messages: dict[str, dict], *, order: list[str], eps_prime: float
-) -> np.ndarray:
-    """CC: the raw (unbiased) count of every pattern from the servers' randomized bits."""
-    bits = [np.unpackbits(messages[p]["bits"], axis=1, count=messages[p]["users"]) for p in order]
-    return raw_counts(bits, eps_prime, None, 1.0)
 
 
 def combine_sketches_step(
@@ -405,7 +392,7 @@ def _check_file_values(
                     f"data.columns.{party}", f"{cols[0]!r} must hold non-negative integers"
                 )
     if cfg.task in ("kmeans", "kmedian"):
-        a = np.column_stack([table.column(c).to_numpy() for cols in groups.values() for c in cols])
+        a = features_of(table, [c for cols in groups.values() for c in cols])
         worst = float(np.linalg.norm(a, axis=1).max())
         if worst > cfg.radius * (1 + 1e-9):
             raise DataError(
@@ -472,13 +459,12 @@ class VflPrimitives(Protocol):
                 )
         if cfg.task in SKETCH_TASKS:
             s = sketch_size(cfg, d)
-            attempt, largest = passing_sketch(seed, s, m)
+            attempt, _ = passing_sketch(seed, s, m)
             z = gaussian_noise_multiplier(cfg.epsilon, cfg.delta, steps=1, relation="replace_one")
             sensitivity = cfg.nu * column_norm_bound(s, m)
             info.update(
                 s=s,
                 attempt=attempt,
-                largest_column=largest,
                 sensitivity=sensitivity,
                 sigma=z * sensitivity,
             )
@@ -489,9 +475,7 @@ class VflPrimitives(Protocol):
             parties[LABEL_SERVER] = (table.select([label]), {"columns": [label]})
         evaluation = None
         if cfg.evaluate:
-            a = np.column_stack(
-                [table.column(c).to_numpy().astype(np.float64) for p in order for c in groups[p]]
-            )
+            a = features_of(table, [c for p in order for c in groups[p]])
             evaluation = {
                 "A": a,
                 "b": table.column(label).to_numpy().astype(np.float64) if label else None,
@@ -559,7 +543,13 @@ class VflPrimitives(Protocol):
         )
         counts = fed.one(
             fed.coordinator.run(
-                pattern_counts_step, bits, order=order, eps_prime=eps_prime, phase="counts"
+                estimate_step,
+                bits,
+                order=order,
+                eps_prime=eps_prime,
+                patterns=None,  # every pattern
+                sample_rate=1.0,
+                phase="counts",
             )
         )
         return np.asarray(counts), eps_prime
