@@ -2,8 +2,9 @@
 
 Each coordinate is clipped to [-clip, clip], scaled by 2^f and rounded to the nearest integer,
 then taken mod 2^b (two's complement). The sum of n users lies in [-n·R, n·R] with
-R = round(clip·2^f); it decodes exactly when n·R < 2^(b-1). A modulus that could overflow is a
-ConfigError (never a silent wrap-around).
+R = round(clip·2^f); it decodes exactly when n·R < 2^(b-1). The modulus is sized in integers
+(``int.bit_length``, never a floating-point log), and one that could overflow is a ConfigError
+(never a silent wrap-around).
 """
 
 from __future__ import annotations
@@ -16,6 +17,12 @@ import numpy as np
 from rayfed.errors import ConfigError
 
 MAX_BITS = 64
+
+
+def bits_for_sum(n: int, max_abs: int) -> int:
+    """Bits b of the smallest two's-complement modulus 2^b holding every sum in [-n·R, n·R]:
+    2^(b-1) > n·R, i.e. b = bit_length(n·R) + 1 (a sign bit)."""
+    return (int(n) * int(max_abs)).bit_length() + 1
 
 
 @dataclass(frozen=True)
@@ -44,7 +51,11 @@ class FixedPoint:
         if not 0 <= frac_bits <= 52:
             raise ConfigError("frac_bits", f"must be in [0, 52], got {frac_bits}")
         max_abs = round(clip * 2**frac_bits)
-        need = math.ceil(math.log2(n * max_abs + 1)) + 1  # sign bit
+        if max_abs < 1:
+            raise ConfigError(
+                "clip", f"clip {clip} at 2^{frac_bits} rounds to 0", "a larger clip or frac_bits"
+            )
+        need = bits_for_sum(n, max_abs)
         if need > MAX_BITS:
             raise ConfigError(
                 "frac_bits",
@@ -69,20 +80,15 @@ class FixedPoint:
         q = np.rint(np.clip(x, -self.clip, self.clip) * 2.0**self.frac_bits).astype(np.int64)
         return (q.astype(np.uint64) & np.uint64(self.mask)).astype(self.dtype)
 
-    def decode(self, total: np.ndarray) -> np.ndarray:
-        """Signed value of a sum mod 2^b, divided by 2^f."""
+    def signed(self, total: np.ndarray) -> np.ndarray:
+        """The exact signed integer (int64) of a sum mod 2^b: two's complement sign extension."""
+        shift = np.uint64(64 - self.modulus_bits)
         s = np.asarray(total).astype(np.uint64) & np.uint64(self.mask)
-        half = np.uint64(1 << (self.modulus_bits - 1))
-        signed = np.where(
-            s >= half, s.astype(np.float64) - 2.0**self.modulus_bits, s.astype(np.float64)
-        )
-        if self.modulus_bits > 53:  # exact integer path for wide moduli
-            ints = s.astype(object)
-            signed = np.array(
-                [int(v) - (1 << self.modulus_bits) if v >= int(half) else int(v) for v in ints],
-                dtype=np.float64,
-            )
-        return signed / 2.0**self.frac_bits
+        return (s << shift).view(np.int64) >> np.int64(shift)
+
+    def decode(self, total: np.ndarray) -> np.ndarray:
+        """Signed value of a sum mod 2^b, divided by 2^f (float64: exact while |sum| < 2^53)."""
+        return np.ldexp(self.signed(total).astype(np.float64), -self.frac_bits)
 
     def reduce(self, words: np.ndarray) -> np.ndarray:
         """Words (uint32/uint64 sums that wrapped mod 2^32 or 2^64) reduced mod 2^b."""
