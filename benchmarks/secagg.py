@@ -32,12 +32,15 @@ import numpy as np
 import pyarrow as pa
 
 import rayfed
+from rayfed.actors.base import StepContext
 from rayfed.data import per_user
 from rayfed.dropout import DropoutSchedule
 from rayfed.federation import Federation
 from rayfed.privacy import Budget
 from rayfed.protocols.secure_sum import synthetic_inputs
 from rayfed.secagg import FixedPoint, _crypto, find_params, make_spec, secure_sum
+from rayfed.secagg.graph import NeighbourGraph
+from rayfed.secagg.reference import exact_sum, expected_survivors
 
 TARGETS = [
     # (name, users, dim, variant, dropout after masked input)
@@ -109,6 +112,7 @@ def run_one(name: str, users: int, dim: int, variant: str, dropout: float, seed:
         seed=seed,
         cohorts=cohorts,
         budget=Budget.none(),
+        randomness="seeded" if mode == "dealer" else "secure",
         deadline_s=3600.0,
     ) as fed:
 
@@ -135,12 +139,19 @@ def run_one(name: str, users: int, dim: int, variant: str, dropout: float, seed:
         for row in fed.transcript.rows:
             calls[row["phase"]] = calls.get(row["phase"], 0) + 1
         sample("end")
-    ctx = type("Ctx", (), {"seed": seed})()
-    x = synthetic_inputs(ctx, 0, result.survivors, dim, 1.0)
+    # the independent reference: survivors from the schedule and graph, exact integer sum
+    survivors = expected_survivors(
+        ids,
+        schedule.drop_phase(seed, 0, ids),
+        NeighbourGraph.build(users, params.degree, params.complete, seed, 0),
+        params.threshold,
+    )
+    x = synthetic_inputs(
+        StepContext(name="reference", role="driver", seed=seed), 0, survivors, dim, 1.0
+    )
     exact = bool(
-        np.array_equal(
-            encoding.reduce(encoding.encode(x).astype(np.uint64).sum(axis=0)), result.words
-        )
+        np.array_equal(survivors, result.survivors)
+        and np.array_equal(encoding.signed(result.words), exact_sum(x, 1.0, 16))
     )
     k = params.degree
     kas = 0 if mode == "dealer" else 2 * users * k  # no dropouts before masked input in these runs

@@ -31,6 +31,7 @@ from rayfed import rng
 from rayfed.clustering import fm, nearest, normalised_loss, product_grid, weighted_kmeans
 from rayfed.clustering.dplsf import dplsf
 from rayfed.data.scaling import features_of
+from rayfed.privacy import NoiseSource, laplace
 from rayfed.protocols import vfl_kmeans as vk
 from rayfed.protocols import vfl_kmeans_steps as steps
 from rayfed.secagg import groupkey
@@ -159,8 +160,12 @@ def ablation(args, parties: int, eps: float) -> dict:
         split = vk.split_budget(cfg, parties, delta)
         k_prime, _ = vk.choose_k_prime(cfg, len(x), parties, split, delta)
         gen = rng.stream(seed, "test", 0, "ablation")
+        noise = NoiseSource.seeded(seed, "ablation")
         key = gen.bytes(32)
-        private_centers = [dplsf(x[:, pos], k_prime, split.eps1, gen)[0] for pos in positions]
+        private_centers = [
+            dplsf(noise, x[:, pos], k_prime, split.eps1, round=i)[0]
+            for i, pos in enumerate(positions)
+        ]
         plain_centers = [
             weighted_kmeans(x[:, pos], np.ones(len(x)), k_prime, gen) for pos in positions
         ]
@@ -192,7 +197,7 @@ def ablation(args, parties: int, eps: float) -> dict:
             )
             for lab in labels
         ]
-        n_hat = len(x) + gen.laplace(0, 1 / split.eps0)
+        n_hat = float(laplace(noise, [len(x)], l1_sensitivity=1, epsilon=split.eps0)[0][0])
         w, _ = fm.two_pass_est(n_hat, sketches, n_p, cfg.gamma, gen, projection=cfg.projection)
         grid = product_grid(plain_centers, positions, x.shape[1])
         out["k-means + DPFMPS-2PEst"].append(

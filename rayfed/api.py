@@ -21,7 +21,7 @@ from rayfed.protocols import get_protocol
 from rayfed.protocols.base import Plan, Result
 from rayfed.rundir import RunDir, new_run_id, versions
 from rayfed.runtime import ensure_ray
-from rayfed.sizing import check_fit
+from rayfed.sizing import check_data_size, check_fit, machine_memory
 
 
 def _deep_merge(base: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
@@ -85,10 +85,12 @@ def run(
         During the run; the run directory, if any, is then marked failed.
     """
     proto, run_opts, cfg = resolve(protocol, config, sets, **options)
+    cfg, randomness = proto.resolve_randomness(cfg, run_opts.randomness)
     if run_opts.backend == "ray" and (
         run_opts.address or os.environ.get("RAY_ADDRESS") or run_opts.num_cpus
     ):  # start or connect first: cohorts default to the cluster's CPUs
         ensure_ray(run_opts.address, run_opts.num_cpus)
+    check_size(proto, cfg, run_opts)  # before plan builds any data
     plan: Plan = proto.plan(cfg, run_opts.seed)  # bad data fails here, before any actor exists
     check_member_names(list(plan.parties) + list(plan.cohorts))
     placement: dict[str, dict] = {}
@@ -125,6 +127,7 @@ def run(
             budget=plan.budget,
             ledger=plan.ledger,
             backend=run_opts.backend,
+            randomness=randomness,
             deadline_s=run_opts.deadline_s,
             progress=bar,
             faults=faults,
@@ -182,6 +185,19 @@ def run(
         if fed is not None:
             fed.shutdown()
     return result
+
+
+def check_size(proto, cfg, run_opts) -> None:
+    """Refuse a run whose data would not fit this machine (or the connected cluster), from the
+    protocol's estimate alone: on both backends, before any data is built."""
+    have, where = machine_memory(), "this machine"
+    if run_opts.backend == "ray":
+        import ray
+
+        if ray.is_initialized():
+            have = int(ray.cluster_resources().get("memory", 0)) or have
+            where = "the Ray cluster"
+    check_data_size(proto.data_bytes(cfg), cfg, where, have)
 
 
 def actor_placement(run_opts, parties: int, resources: dict[str, float]) -> dict[str, dict]:

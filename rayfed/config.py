@@ -21,13 +21,63 @@ import yaml
 from rayfed.errors import ConfigError
 
 
-def option(default: Any, help: str, **kwargs) -> Any:
-    """A dataclass field with a help text (shown by ``rayfed run <protocol> --help``)."""
-    if isinstance(default, (list, dict)):
-        return field(
-            default_factory=lambda: type(default)(default), metadata={"help": help}, **kwargs
+@dataclass(frozen=True)
+class Bounds:
+    """The range of a numeric option: ``at_least``/``above`` below, ``at_most``/``below`` above."""
+
+    at_least: float | None = None
+    above: float | None = None
+    at_most: float | None = None
+    below: float | None = None
+
+    def admits(self, value: float) -> bool:
+        if isinstance(value, float) and not math.isfinite(value):
+            return False
+        return not (
+            (self.at_least is not None and value < self.at_least)
+            or (self.above is not None and value <= self.above)
+            or (self.at_most is not None and value > self.at_most)
+            or (self.below is not None and value >= self.below)
         )
-    return field(default=default, metadata={"help": help}, **kwargs)
+
+    def text(self) -> str:
+        parts = [
+            f"{op} {bound:g}"
+            for op, bound in (
+                (">=", self.at_least),
+                (">", self.above),
+                ("<=", self.at_most),
+                ("<", self.below),
+            )
+            if bound is not None
+        ]
+        return " and ".join(parts) or "finite"
+
+
+def option(
+    default: Any,
+    help: str,
+    *,
+    at_least: float | None = None,
+    above: float | None = None,
+    at_most: float | None = None,
+    below: float | None = None,
+    size: bool = False,
+    **kwargs,
+) -> Any:
+    """A dataclass field with a help text (shown by ``rayfed run <protocol> --help``).
+
+    A numeric option declares its range here (``at_least``, ``above``, ``at_most``, ``below``):
+    the core refuses a value outside it, naming the option, before any data is built, and the
+    conformance suite derives its bad-value cases from the same declaration. ``size`` marks an
+    option the run's memory grows with (users, dimensions, bits), checked against the machine.
+    """
+    metadata: dict[str, Any] = {"help": help, "size": size}
+    if (at_least, above, at_most, below) != (None, None, None, None):
+        metadata["bounds"] = Bounds(at_least, above, at_most, below)
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: type(default)(default), metadata=metadata, **kwargs)
+    return field(default=default, metadata=metadata, **kwargs)
 
 
 @dataclass(frozen=True)
@@ -73,6 +123,12 @@ class RunOptions:
     deadline_s: float = option(120.0, "deadline of every remote wait, in seconds")
     backend: Literal["ray", "local"] = option(
         "ray", "ray: Ray actors; local: same drivers in-process, no Ray"
+    )
+    randomness: Literal["seeded", "secure"] = option(
+        "seeded",
+        "where DP noise and secret keys come from: seeded (from the root seed: reproducible, the "
+        "guarantee holds only while the seed is secret from every party) or secure (the OS, in "
+        "the actor that draws them)",
     )
     address: str | None = option(
         None, "Ray cluster address (default: RAY_ADDRESS, else an embedded local Ray)"
@@ -173,6 +229,8 @@ def coerce(value: Any, tp: Any, name: str) -> Any:
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(name, f"expected a number, got {value!r}")
+        if not math.isfinite(value):
+            raise ConfigError(name, f"expected a finite number, got {value!r}")
         return float(value)
     if tp is str:
         if not isinstance(value, (str, int, float)) or isinstance(value, bool):
@@ -200,6 +258,11 @@ def from_mapping(cls: type, values: dict[str, Any], prefix: str = "") -> Any:
         if key not in known:
             raise ConfigError(f"{prefix}{key}", "unknown configuration key", sorted(known))
     kwargs = {k: coerce(v, hints[k], f"{prefix}{k}") for k, v in values.items()}
+    for key, value in kwargs.items():
+        bounds = known[key].metadata.get("bounds")
+        numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if bounds is not None and numeric and not bounds.admits(value):
+            raise ConfigError(f"{prefix}{key}", f"must be {bounds.text()}, got {value!r}")
     obj = cls(**kwargs)
     if hasattr(obj, "validate"):
         obj.validate()

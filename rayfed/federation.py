@@ -35,6 +35,7 @@ from rayfed.actors.party import PartyActor
 from rayfed.errors import BelowThreshold, ConfigError, PartyFailed, RayfedError, RoundTimeout
 from rayfed.faults import ROLES as FAULT_ROLES
 from rayfed.privacy.ledger import Budget, event_to_dict
+from rayfed.privacy.source import RANDOMNESS
 
 BACKENDS = ("ray", "local")
 RESERVED = ("coordinator", "parties", "cohorts")
@@ -411,6 +412,9 @@ class Federation:
         statement) the coordinator opens.
     backend:
         ``"ray"`` (default) or ``"local"`` (in-process, no Ray).
+    randomness:
+        ``"seeded"`` (default) or ``"secure"``: where every actor's DP noise and secrets come from
+        (:mod:`rayfed.privacy.source`).
     deadline_s:
         Deadline of every remote wait, in seconds.
     actor_options:
@@ -427,6 +431,7 @@ class Federation:
         budget: Budget,
         ledger: dict[str, Any] | None = None,
         backend: str = "ray",
+        randomness: str = "seeded",
         deadline_s: float = 120.0,
         actor_options: dict[str, dict] | None = None,
         progress=None,
@@ -435,6 +440,9 @@ class Federation:
     ):
         if backend not in BACKENDS:
             raise ConfigError("backend", f"unknown backend {backend!r}", BACKENDS)
+        if randomness not in RANDOMNESS:
+            raise ConfigError("randomness", f"unknown randomness {randomness!r}", RANDOMNESS)
+        self.randomness = randomness
         if not deadline_s > 0:
             raise ConfigError("deadline_s", f"must be > 0 seconds, got {deadline_s!r}")
         self.run_id, self.seed, self.backend, self.deadline_s = (
@@ -448,6 +456,7 @@ class Federation:
         self._budget, self._ledger_decl = budget, dict(ledger or {})
         self._actor_options = actor_options or {}
         self._faults = list(faults or [])
+        self.injected_faults = tuple(self._faults)  # as planned, for references that need them
         self._restarts = {"cohort": int(cohort_restarts)}  # per member, as Ray's max_restarts
         self._restarted: dict[str, int] = {}
         self._restarting: set[tuple[str, str]] = set()
@@ -483,7 +492,9 @@ class Federation:
             for group in (self.coordinator, self.parties, self.cohorts):
                 if len(group):
                     group.call("ping", deadline_s=max(self.deadline_s, STARTUP_DEADLINE_S))
-            self._call_coordinator("open_ledger", self._budget, **self._ledger_decl)
+            self._call_coordinator(
+                "open_ledger", self._budget, randomness=self.randomness, **self._ledger_decl
+            )
         except BaseException:
             self.shutdown()
             raise
@@ -525,7 +536,7 @@ class Federation:
             group.handles[name] = _DeadMember(name)
 
     def _make_local(self, cls, name, table, meta) -> RoleActor:
-        return cls(name, self.seed, table, meta)
+        return cls(name, self.seed, table, meta, randomness=self.randomness)
 
     def _make_ray(self, cls, name, table, meta):
         import ray
@@ -539,7 +550,11 @@ class Federation:
             "max_task_retries": 0,
         }
         options.update(self._actor_options.get(role, {}))
-        return ray.remote(cls).options(**options).remote(name, self.seed, table, meta, in_ray=True)
+        return (
+            ray.remote(cls)
+            .options(**options)
+            .remote(name, self.seed, table, meta, in_ray=True, randomness=self.randomness)
+        )
 
     def shutdown(self) -> None:
         """Kill every actor of this run (idempotent). Ray itself keeps running for the next run."""
@@ -694,7 +709,8 @@ class Federation:
             if meta is None:
                 continue
             self.transcript.record(self.round_no, phase, meta, self._receivers(meta.to))
-            if meta.dp_event is not None:
-                dp_items.append((meta.scope, self.round_no, meta.dp_event))
+            item = (meta.scope, self.round_no, meta.dp_event)
+            if meta.dp_event is not None and item not in dp_items:  # shares of one release: once
+                dp_items.append(item)
         if dp_items:
             self._call_coordinator("verify_charged", dp_items)

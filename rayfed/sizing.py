@@ -62,3 +62,41 @@ def check_fit(plan, resources: dict[str, float], cohort_memory_mb: int | None = 
             "fewer cohorts, fewer users, or more / larger nodes",
         )
     return need
+
+
+def machine_memory() -> int:
+    """Physical memory of this machine, in bytes."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):  # pragma: no cover - not POSIX
+        return 0
+
+
+def size_options(cfg) -> dict[str, float]:
+    """The numeric options marked ``size`` (what the run's memory grows with) and their values."""
+    import dataclasses
+
+    return {
+        f.name: getattr(cfg, f.name)
+        for f in dataclasses.fields(cfg)
+        if f.metadata.get("size") and isinstance(getattr(cfg, f.name), (int, float))
+    }
+
+
+def check_data_size(need: int, cfg, where: str, have: int) -> None:
+    """ConfigError before any data is built when the protocol's estimate of the data it would
+    build (``need`` bytes) exceeds ``have``; names the size option furthest above its default."""
+    if not have or need <= have:
+        return
+    default = type(cfg)()
+    sizes = size_options(cfg)
+    grown = {k: v / max(getattr(default, k) or 1, 1) for k, v in sizes.items()}
+    name = max(grown, key=grown.get) if grown else "data"
+    value = sizes.get(name)
+    raise ConfigError(
+        name,
+        f"this run would build about {need / 2**30:,.1f} GiB of data"
+        + (f" ({name}={value:,})" if value is not None else "")
+        + f", more than the {have / 2**30:,.1f} GiB {where} has",
+        f"a smaller {name}, or a larger machine or cluster",
+    )

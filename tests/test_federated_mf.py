@@ -8,8 +8,8 @@ import pytest
 
 import rayfed
 from rayfed.actors.base import StepContext
+from rayfed.privacy import share_noise
 from rayfed.protocols.federated_mf import (
-    _gaussian,
     effective_variance,
     lfl_round2_step,
     noise_shares,
@@ -42,13 +42,11 @@ def test_aggregate_noise_variance_is_f_sigma_squared():
     n, omega, sigma, d, dropout = 60, 0.3, 3.0, 20_000, 0.3
     ids = np.arange(n)
     z1, z2, beta = noise_shares("faithful", "lfl", n, omega, n)
-    share = (
-        math.sqrt(z1) * sigma * _gaussian(5, "gaussian", 0, ids, d)
-    )  # Round-1 shares of U1 = everyone
+    noise = dict(z=sigma, sensitivity=1.0, zeta1=z1, quorum=n, zeta2=z2)
     ctx = StepContext(name="c0", role="cohort", seed=5, state={"ids": ids})
-    msg = lfl_round2_step(
-        ctx, 0, ids, (d, 1), math.sqrt(z1) * sigma, math.sqrt(z2) * sigma, dropout
-    )
+    # Round-1 shares of U1 = everyone, as the cohort's mechanism drew them
+    share = share_noise(ctx.noise, ids, d, l2_sensitivity=1.0, noise_multiplier=sigma, share=z1)
+    msg = lfl_round2_step(ctx, 0, ids, (d, 1), noise, z2, dropout)
     u2 = len(msg.payload["ids"])
     assert 0 < u2 < n  # some Round-2 dropouts happened
     total = share.sum(axis=0) + beta * msg.payload["values"].sum(axis=0)

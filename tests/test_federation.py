@@ -16,7 +16,7 @@ from rayfed.actors import Message
 from rayfed.data import per_user
 from rayfed.errors import BudgetExceeded, DataError, PartyFailed, RoundTimeout, UnaccountedNoise
 from rayfed.federation import Federation
-from rayfed.privacy import Budget, laplace
+from rayfed.privacy import Budget, laplace, laplace_event
 
 # Ray workers cannot import this test module: ship its step functions by value.
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -83,10 +83,28 @@ def die(ctx):
 
 def noisy_sum(ctx, epsilon):
     ctx.state["drew"] = True
-    value, event = laplace(
-        np.array([1.0]), l1_sensitivity=1.0, epsilon=epsilon, rng=ctx.rng("laplace")
-    )
+    value, event = laplace(ctx.noise, np.array([1.0]), l1_sensitivity=1.0, epsilon=epsilon)
     return Message("noisy", value, to="coordinator", dp_event=event)
+
+
+def forged(ctx, epsilon):
+    """Claims a Laplace event but draws nothing: the charge would not be tied to any noise."""
+    return Message("noisy", 1.0, dp_event=laplace_event(1.0, epsilon))
+
+
+def draw_only(ctx, epsilon):
+    ctx.state["event"] = laplace(ctx.noise, np.array([1.0]), l1_sensitivity=1.0, epsilon=epsilon)[1]
+
+
+def send_stale(ctx):
+    """Sends, in a later step, an event drawn in an earlier one."""
+    return Message("noisy", 1.0, dp_event=ctx.state["event"])
+
+
+def shared_release(ctx, epsilon):
+    """Every member's share of one release under scope "run" (distributed noise)."""
+    value, event = laplace(ctx.noise, np.array([1.0]), l1_sensitivity=1.0, epsilon=epsilon)
+    return Message("share", value, dp_event=event, scope="run")
 
 
 def mutate(ctx, values):
@@ -164,12 +182,7 @@ def test_noise_must_be_charged_before_it_is_sent(backend):
     with make_fed(backend, epsilon=1.0) as fed:
         with pytest.raises(UnaccountedNoise):
             fed.parties.run(noisy_sum, 0.5, phase="uncharged")
-        fed.charge(
-            [
-                (p, "laplace", dp_event.LaplaceDpEvent(noise_multiplier=2.0))
-                for p in fed.parties.names
-            ]
-        )
+        fed.charge([(p, "laplace", laplace_event(1.0, 0.5)) for p in fed.parties.names])
         fed.parties.run(noisy_sum, 0.5, phase="charged")
         report = fed.privacy_report()
         assert report.epsilon == pytest.approx(0.5) and report.per_scope == pytest.approx(
@@ -202,9 +215,31 @@ def test_per_user_randomness_is_independent_of_cohorts(backend, n_cohorts):
     assert table.equals(reference.sort_by("user_id"))
 
 
+def test_an_event_no_mechanism_drew_in_the_step_is_refused(backend):
+    """The charge must be tied to noise drawn in the same step: a forged event, or one drawn in
+    an earlier step, is refused even when an equal charge is in the ledger."""
+    event = laplace_event(1.0, 0.5)
+    with make_fed(backend, epsilon=4.0) as fed:
+        fed.charge([("p0", "laplace", event)])
+        with pytest.raises(UnaccountedNoise, match="no rayfed.privacy mechanism drew"):
+            fed.parties.run(forged, 0.5, phase="forged", members=["p0"])
+        fed.parties.run(draw_only, 0.5, phase="draw", members=["p0"])
+        with pytest.raises(UnaccountedNoise, match="no rayfed.privacy mechanism drew"):
+            fed.parties.run(send_stale, phase="stale", members=["p0"])
+
+
+def test_shares_of_one_release_use_one_charge(backend):
+    with make_fed(backend, epsilon=0.5) as fed:
+        fed.charge([("run", "distributed Laplace", laplace_event(1.0, 0.5))])
+        fed.parties.run(shared_release, 0.5, phase="shares")  # p0 and p1: one release
+        assert fed.privacy_report().epsilon == pytest.approx(0.5)
+        with pytest.raises(UnaccountedNoise, match="sent twice"):
+            fed.parties.run(shared_release, 0.5, phase="again")
+
+
 def test_a_message_charged_once_cannot_be_sent_twice(backend):
     with make_fed(backend, epsilon=4.0) as fed:
-        fed.charge([("p0", "laplace", dp_event.LaplaceDpEvent(noise_multiplier=2.0))])
+        fed.charge([("p0", "laplace", laplace_event(1.0, 0.5))])
         fed.parties.run(noisy_sum, 0.5, phase="first", members=["p0"])
         with pytest.raises(UnaccountedNoise, match="sent twice"):
             fed.parties.run(noisy_sum, 0.5, phase="again", members=["p0"])

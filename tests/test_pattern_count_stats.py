@@ -11,8 +11,7 @@ import numpy as np
 import pytest
 from dp_accounting import dp_event
 
-from rayfed import rng
-from rayfed.privacy import Budget, PrivacyLedger, binary_randomized_response
+from rayfed.privacy import Budget, NoiseSource, PrivacyLedger, binary_randomized_response
 from rayfed.protocols.pattern_count import (
     exact_loss,
     one_hot,
@@ -39,7 +38,10 @@ def _simulate(onehots, eps_prime, reps, sample_rate=1.0):
         sample = public_sample(1000 + r, onehots[0].shape[1], sample_rate)
         bits = [
             binary_randomized_response(
-                o[:, sample], keep_probability=0.5 + eps_prime, rng=rng.stream(7, "test", r, j)
+                NoiseSource.seeded(7, f"p{j}"),
+                o[:, sample],
+                keep_probability=0.5 + eps_prime,
+                round=r,
             )[0]
             for j, o in enumerate(onehots)
         ]
@@ -218,7 +220,7 @@ def test_log_likelihood_ratio_of_any_transcript_is_bounded_by_the_exact_loss():
     # and the mechanism draws with those probabilities: frequency of output (1,0,0) given a
     n = 400_000
     bits, _ = binary_randomized_response(
-        np.tile(np.array(a, bool), (n, 1)), keep_probability=q, rng=rng.stream(0, "test")
+        NoiseSource.seeded(0, "test"), np.tile(np.array(a, bool), (n, 1)), keep_probability=q
     )
     freq = np.mean(np.all(bits == np.array([1, 0, 0], bool), axis=1))
     expected = prob((1, 0, 0), a)

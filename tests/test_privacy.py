@@ -4,43 +4,46 @@ import numpy as np
 import pytest
 from dp_accounting import dp_event
 
-from rayfed import rng
 from rayfed.errors import BudgetExceeded, ConfigError
 from rayfed.privacy import (
     Budget,
+    NoiseSource,
     PrivacyLedger,
     binary_randomized_response,
     discrete_laplace,
+    distributed_gaussian,
+    distributed_gaussian_event,
     gaussian,
     kary_randomized_response,
     laplace,
+    local_randomizer,
+    share_noise,
 )
 
 N = 200_000
 
 
 def gen(i=0):
-    return rng.stream(11, "test", 0, i)
+    """A seeded noise source, as a step's ctx.noise in a seeded run."""
+    return NoiseSource.seeded(11, f"test-{i}")
 
 
 def test_laplace_scale_and_event():
-    out, event = laplace(np.zeros(N), l1_sensitivity=2.0, epsilon=0.5, rng=gen())
+    out, event = laplace(gen(), np.zeros(N), l1_sensitivity=2.0, epsilon=0.5)
     assert event == dp_event.LaplaceDpEvent(noise_multiplier=2.0)
     b = 4.0  # scale = sensitivity / epsilon; Var = 2 b^2; sd of the sample variance ~ sqrt(20 b^4 / N)
     assert abs(out.var() - 2 * b * b) < 4 * math.sqrt(20 * b**4 / N)
 
 
 def test_gaussian_event_is_noise_multiplier():
-    out, event = gaussian(np.zeros(N), l2_sensitivity=0.5, sigma=2.0, rng=gen())
+    out, event = gaussian(gen(), np.zeros(N), l2_sensitivity=0.5, noise_multiplier=4.0)
     assert event == dp_event.GaussianDpEvent(noise_multiplier=4.0)
     assert abs(out.std() - 2.0) < 4 * 2.0 / math.sqrt(2 * N)
 
 
 def test_discrete_laplace_distribution():
     eps = 0.7
-    out, event = discrete_laplace(
-        np.zeros(N, dtype=np.int64), l1_sensitivity=1, epsilon=eps, rng=gen()
-    )
+    out, event = discrete_laplace(gen(), np.zeros(N, dtype=np.int64), l1_sensitivity=1, epsilon=eps)
     assert event == dp_event.DiscreteLaplaceDpEvent(noise_parameter=eps, sensitivity=1)
     assert out.dtype == np.int64
     # P(0) = tanh(a/2) for DLap(a)
@@ -51,7 +54,7 @@ def test_discrete_laplace_distribution():
 def test_binary_rr_flip_rate_and_event():
     q = 0.7
     bits = np.ones(N, dtype=bool)
-    out, event = binary_randomized_response(bits, keep_probability=q, rng=gen())
+    out, event = binary_randomized_response(gen(), bits, keep_probability=q)
     assert event.num_buckets == 2 and event.noise_parameter == pytest.approx(0.6)
     assert abs(out.mean() - q) < 4 * math.sqrt(q * (1 - q) / N)
 
@@ -59,7 +62,7 @@ def test_binary_rr_flip_rate_and_event():
 def test_kary_rr_keep_rate_and_event():
     k, eps = 5, 1.0
     values = np.zeros(N, dtype=np.int64)
-    out, event = kary_randomized_response(values, k=k, epsilon=eps, rng=gen())
+    out, event = kary_randomized_response(gen(), values, k=k, epsilon=eps)
     keep = math.exp(eps) / (math.exp(eps) + k - 1)
     assert abs(np.mean(out == 0) - keep) < 4 * math.sqrt(keep * (1 - keep) / N)
     ledger = PrivacyLedger(Budget(1.0))
@@ -67,10 +70,73 @@ def test_kary_rr_keep_rate_and_event():
     assert ledger.spent()[0] == pytest.approx(eps)
 
 
+def test_every_mechanism_registers_the_event_it_returns():
+    noise = gen()
+    noise.begin_step()
+    events = [
+        laplace(noise, np.zeros(3), l1_sensitivity=1.0, epsilon=1.0)[1],
+        gaussian(noise, np.zeros(3), l2_sensitivity=1.0, noise_multiplier=2.0)[1],
+        discrete_laplace(noise, np.zeros(3, np.int64), l1_sensitivity=1, epsilon=1.0)[1],
+        binary_randomized_response(noise, np.ones(3, bool), keep_probability=0.7)[1],
+        kary_randomized_response(noise, np.zeros(3, np.int64), k=3, epsilon=1.0)[1],
+        local_randomizer(
+            noise,
+            lambda v, eps, u: v + u[:, 0],
+            np.zeros(3),
+            epsilon=1.0,
+            ids=np.arange(3),
+            width=1,
+        )[1],
+    ]
+    assert noise.events == events
+
+
+def test_two_draws_of_one_mechanism_in_an_actor_never_reuse_noise():
+    noise = gen()
+    a, _ = laplace(noise, np.zeros(100), l1_sensitivity=1.0, epsilon=1.0)
+    b, _ = laplace(noise, np.zeros(100), l1_sensitivity=1.0, epsilon=1.0)
+    assert not np.array_equal(a, b)
+
+
+@pytest.mark.parametrize("randomness", ["seeded", "secure"])
+def test_seeded_noise_regenerates_from_the_seed_and_secure_noise_does_not(randomness):
+    """What the coordinator holding the run seed can rebuild: every draw of a seeded run, none of
+    a secure one."""
+    actor = NoiseSource(randomness, 7, "c0")
+    drawn, _ = laplace(actor, np.zeros(1000), l1_sensitivity=1.0, epsilon=1.0)
+    attacker = NoiseSource.seeded(7, "c0")
+    rebuilt, _ = laplace(attacker, np.zeros(1000), l1_sensitivity=1.0, epsilon=1.0)
+    assert np.array_equal(drawn, rebuilt) == (randomness == "seeded")
+
+
+def test_distributed_gaussian_shares_sum_to_the_charged_noise():
+    """n users' shares N(0, ζσ²) sum to variance nζσ²; the event credits at most σ (ζn >= 1 here)
+    and is reduced to sqrt(F) when the quorum's F < 1."""
+    n, d, z, zeta = 50, 20_000, 3.0, 1 / 40
+    ids = np.arange(n)
+    noise = gen()
+    out, event = distributed_gaussian(
+        noise,
+        np.zeros((n, d)),
+        ids=ids,
+        l2_sensitivity=1.0,
+        noise_multiplier=z,
+        share=zeta,
+        quorum=40,
+    )
+    assert event == dp_event.GaussianDpEvent(z)  # F = 40 x 1/40 = 1
+    total = out.sum(axis=0)
+    assert abs(total.var() / (n * zeta * z**2) - 1) < 4 * math.sqrt(2 / d)
+    regenerated = share_noise(noise, ids, d, l2_sensitivity=1.0, noise_multiplier=z, share=zeta)
+    assert np.array_equal(regenerated, out)  # the user cancels its own share in Round 2
+    weak = distributed_gaussian_event(z, share=zeta, quorum=40, replacement=zeta)
+    assert weak.noise_multiplier == pytest.approx(z * math.sqrt(0.5))  # F = 40·ζ²/(2ζ) = 1/2
+
+
 @pytest.mark.parametrize("bad", [0, -1.0, float("inf"), float("nan")])
 def test_mechanisms_reject_bad_epsilon(bad):
     with pytest.raises(ConfigError, match="epsilon"):
-        laplace(np.zeros(3), l1_sensitivity=1.0, epsilon=bad, rng=gen())
+        laplace(gen(), np.zeros(3), l1_sensitivity=1.0, epsilon=bad)
 
 
 @pytest.mark.parametrize(

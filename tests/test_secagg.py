@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from rayfed import rng
 from rayfed.data import per_user
-from rayfed.dropout import PHASES, DropoutSchedule
+from rayfed.dropout import NEVER, PHASES, DropoutSchedule
 from rayfed.errors import BelowThreshold, ConfigError
 from rayfed.federation import Federation
 from rayfed.privacy import Budget
@@ -30,6 +30,7 @@ from rayfed.secagg import (
     shamir,
 )
 from rayfed.secagg.graph import NeighbourGraph
+from rayfed.secagg.reference import PHASE_INDEX, exact_sum, expected_survivors
 
 # --- official vectors --------------------------------------------------------------------------
 RFC7748_ALICE_SK = "77076d0a7318a57d3c16c17251b26645df4c2f87ebc0992ab177fba51db92c2a"
@@ -209,13 +210,39 @@ def _run(
         dropout=schedule or DropoutSchedule(),
     )
     with Federation(
-        run_id="t", seed=seed, cohorts=cohorts, budget=Budget.none(), backend=backend
+        run_id="t",
+        seed=seed,
+        cohorts=cohorts,
+        budget=Budget.none(),
+        backend=backend,
+        randomness="secure" if mode == "secure" else "seeded",
     ) as fed:
         result = secure_sum(fed, spec, _inputs, (dim,))
         transcript = list(fed.transcript.rows)
-    x = _inputs(type("Ctx", (), {"seed": seed})(), 0, result.survivors, dim)
-    expected = enc.reduce(enc.encode(x).astype(np.uint64).sum(axis=0))
-    return result, expected, params, transcript
+    return result, _exact(result, spec, _reference(spec, seed, params)), params, transcript
+
+
+def _reference(spec, seed, params, lost_at=None):
+    """The independent reference (rayfed.secagg.reference): survivors from the schedule and the
+    public graph, never from the result; their inputs summed in exact integers."""
+    ids = spec.registry
+    survivors = expected_survivors(
+        ids,
+        spec.dropout.drop_phase(seed, spec.round, ids),
+        NeighbourGraph.build(ids.size, params.degree, params.complete, seed, spec.round),
+        params.threshold,
+        lost_at,
+    )
+    x = _inputs(type("Ctx", (), {"seed": seed})(), spec.round, survivors, spec.dim)
+    return survivors, exact_sum(x, spec.encoding.clip, spec.encoding.frac_bits)
+
+
+def _exact(result, spec, expected) -> bool:
+    """The protocol's survivors and decoded sum both equal the reference's."""
+    survivors, total = expected
+    return np.array_equal(result.survivors, survivors) and np.array_equal(
+        spec.encoding.signed(result.words), total
+    )
 
 
 @settings(max_examples=12, deadline=None)
@@ -230,13 +257,13 @@ def test_sum_is_exact_for_any_dropout_pattern_that_leaves_enough_users(rates, gr
     stay = int(np.sum(schedule.drop_phase(seed, 0, ids) == len(PHASES)))
     min_survivors = find_params(40, dropout=0.4, corrupt=0.05, graph=graph).min_survivors
     try:
-        result, expected, params, _ = _run(schedule=schedule, graph=graph, seed=seed)
+        result, exact, params, _ = _run(schedule=schedule, graph=graph, seed=seed)
     except BelowThreshold as err:
         # an abort is right only if too few users stay, or one user's shares fall short of t
         assert stay < min_survivors or err.what.startswith("shares of"), (err, stay)
         return
     assert stay >= min_survivors
-    assert np.array_equal(result.words, expected)
+    assert exact
     assert result.survivors.size >= params.min_survivors
 
 
@@ -245,8 +272,8 @@ def test_exactly_min_survivors_completes_and_one_fewer_aborts():
     survivors_needed = params.min_survivors
     ids = np.arange(n) * 7 + 1
     exactly = DropoutSchedule(explicit={"after_masked_input": ids[: n - survivors_needed].tolist()})
-    result, expected, _, _ = _run(schedule=exactly)
-    assert np.array_equal(result.words, expected)
+    result, exact, _, _ = _run(schedule=exactly)
+    assert exact
     one_less = DropoutSchedule(
         explicit={"after_masked_input": ids[: n - survivors_needed + 1].tolist()}
     )
@@ -378,11 +405,41 @@ def test_secure_mode_draws_its_keys_from_the_os_and_simulation_from_the_seed():
             encoding=FixedPoint.choose(12, 1.0, 8),
             dim=2,
         )
-        ctx = StepContext(name="c0", role="cohort", seed=1, table=pa.table({"user_id": ids}))
+        randomness = "secure" if mode == "secure" else "seeded"
+        ctx = StepContext(
+            name="c0",
+            role="cohort",
+            seed=1,
+            table=pa.table({"user_id": ids}),
+            randomness=randomness,
+        )
         return client.advertise(ctx, spec).payload["c_pk"]
 
     assert not np.array_equal(keys("secure"), keys("secure"))
     assert np.array_equal(keys("simulation"), keys("simulation"))
+
+
+@pytest.mark.parametrize("mode,randomness", [("secure", "seeded"), ("simulation", "secure")])
+def test_a_mode_that_contradicts_the_actors_randomness_is_refused(mode, randomness):
+    """secure mode on seeded actors would label seeded keys secure; simulation on secure ones the
+    reverse: both are refused before any key is drawn."""
+    from rayfed.actors.base import StepContext
+    from rayfed.secagg import client
+
+    ids = np.arange(12)
+    spec = make_spec(
+        round=0,
+        mode=mode,
+        registry=ids,
+        params=find_params(12, dropout=0.3, corrupt=0.05),
+        encoding=FixedPoint.choose(12, 1.0, 8),
+        dim=2,
+    )
+    ctx = StepContext(
+        name="c0", role="cohort", seed=1, table=pa.table({"user_id": ids}), randomness=randomness
+    )
+    with pytest.raises(ProtocolViolation, match="mode="):
+        client.advertise(ctx, spec)
 
 
 def test_a_round_is_never_started_twice():
@@ -424,11 +481,31 @@ def test_a_cohort_killed_in_process_becomes_dropouts(phase):
     ) as fed:
         result = secure_sum(fed, spec, _inputs, (3,))
     assert result.failed_cohorts == ["c2"]
-    x = _inputs(type("Ctx", (), {"seed": 3})(), 0, result.survivors, 3)
-    assert np.array_equal(result.words, enc.reduce(enc.encode(x).astype(np.uint64).sum(axis=0)))
     c2 = cohorts["c2"][0]["user_id"].to_numpy()
+    lost = np.full(ids.size, NEVER)
+    lost[np.searchsorted(ids, c2)] = PHASE_INDEX[phase]  # the planned death, not the result
+    assert _exact(result, spec, _reference(spec, 3, params, lost))
     in_sum = np.isin(c2, result.survivors).any()
     assert in_sum == (phase == "unmask")  # dead before its masked input: not in the sum
+
+
+def test_the_reference_catches_a_lost_survivor_and_a_wrapped_sum():
+    """The check can fail: a survivor set one user short, or a sum off by the modulus, is caught."""
+    result, exact, params, _ = _run()
+    assert exact
+    spec = make_spec(
+        round=0,
+        mode="simulation",
+        registry=np.arange(40, dtype=np.int64) * 7 + 1,
+        params=params,
+        encoding=FixedPoint.choose(40, 1.0, 12),
+        dim=6,
+    )
+    survivors, total = _reference(spec, 3, params)
+    assert not _exact(result, spec, (survivors[1:], total))
+    wrapped = total.copy()
+    wrapped[0] -= 1 << spec.encoding.modulus_bits
+    assert not _exact(result, spec, (survivors, wrapped))
 
 
 def test_the_finder_takes_the_smallest_degree_and_largest_threshold():

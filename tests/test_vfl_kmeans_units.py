@@ -20,7 +20,7 @@ from rayfed import rng
 from rayfed.clustering import fm, normalised_loss, product_grid, seed_of
 from rayfed.clustering.dplsf import dplsf, dplsf_event
 from rayfed.data.scaling import features_of
-from rayfed.privacy import PureDpAccountant, kary_randomized_response
+from rayfed.privacy import NoiseSource, PureDpAccountant, kary_randomized_response
 from rayfed.protocols import vfl_kmeans as vk
 from rayfed.protocols import vfl_kmeans_steps as steps
 from rayfed.secagg import groupkey
@@ -31,6 +31,11 @@ M = 4096
 
 def _gen(*ident) -> np.random.Generator:
     return rng.stream(ROOT, "test", 0, [str(i) for i in ident])
+
+
+def _noise(*ident) -> NoiseSource:
+    """A seeded noise source, as a party's ctx.noise in a seeded run."""
+    return NoiseSource.seeded(ROOT, "/".join(str(i) for i in ident))
 
 
 def _key(name: str) -> bytes:
@@ -327,7 +332,7 @@ def test_unbias_axis_makes_ldp_support_counts_unbiased(eps, k, oracle):
     assert name == oracle
     if oracle == "grr":
         assert g == k
-        reports, _ = kary_randomized_response(labels, k=k, epsilon=eps, rng=gen)
+        reports, _ = kary_randomized_response(_noise("ldp", oracle), labels, k=k, epsilon=eps)
         support = reports[:, None] == np.arange(k)[None, :]
         # one support per user, Σy = n: est_j = (y_j - q n)/(p - q) with
         # Var y_j = n_j p(1-p) + (n - n_j) q(1-q)
@@ -336,7 +341,7 @@ def test_unbias_axis_makes_ldp_support_counts_unbiased(eps, k, oracle):
         assert g == math.floor(math.exp(eps) + 1) < k  # g = 2 at ε = 0.2, 3 at ε = 1
         table = gen.integers(0, g, (n, k))  # each user's hash [k] -> [g]
         reports, _ = kary_randomized_response(
-            table[np.arange(n), labels], k=g, epsilon=eps, rng=gen
+            _noise("ldp", oracle), table[np.arange(n), labels], k=g, epsilon=eps
         )
         support = table == reports[:, None]
         # A user's supports are independent: Bernoulli(p) for its label, Bernoulli(q = 1/g) for
@@ -419,7 +424,7 @@ def test_dplsf_with_a_large_budget_matches_kmeans():
     table = steps.synthetic_table(20000, 8, 5, 0.1, seed=13)
     x = features_of(table, [f"x{j}" for j in range(8)])
     eps = 1000.0
-    centers, event, info = dplsf(x, 5, eps, _gen("dplsf"))
+    centers, event, info = dplsf(_noise("dplsf"), x, 5, eps)
     assert centers.shape == (5, 8)
     reference = KMeans(n_clusters=5, n_init=10, random_state=seed_of(_gen("kmeans"))).fit(x)
     loss, ref_loss = normalised_loss(x, centers), normalised_loss(x, reference.cluster_centers_)
@@ -429,7 +434,7 @@ def test_dplsf_with_a_large_budget_matches_kmeans():
     acc.compose(event)
     assert math.isclose(acc.get_epsilon(0.0), eps)
     assert info["levels_used"] <= 21
-    again, _, _ = dplsf(x, 5, eps, _gen("dplsf"))
+    again, _, _ = dplsf(_noise("dplsf"), x, 5, eps)
     assert np.array_equal(centers, again)
 
 

@@ -17,6 +17,7 @@ import pyarrow as pa
 from dp_accounting import dp_event
 
 from rayfed import rng
+from rayfed.privacy.source import NoiseSource
 
 
 @dataclass
@@ -32,7 +33,10 @@ class Message:
     to:
         A role (``"coordinator"``, ``"parties"``, ``"cohorts"``) or one member's name.
     dp_event:
-        The noise event the payload carries, if any; it must have been charged to the ledger.
+        The noise event the payload carries, if any: built only from events a
+        :mod:`rayfed.privacy` mechanism drew in the same step (else UnaccountedNoise), and equal
+        to a charge in the ledger. Several members' messages of one phase with the same event and
+        scope are the shares of one release (distributed noise) and use one charge.
     scope:
         Ledger scope of ``dp_event``; defaults to the sender's name.
     """
@@ -83,6 +87,8 @@ class StepContext:
 
     ``table`` is the actor's Arrow partition (None for the coordinator), ``meta`` the public facts
     about it (declared domains, bounds), ``state`` a dict that persists across the run's steps.
+    ``noise`` is the actor's source of DP noise and secrets (seeded or secure, by the run's
+    randomness): draw noise only through :mod:`rayfed.privacy` mechanisms with it.
     """
 
     name: str
@@ -92,9 +98,16 @@ class StepContext:
     meta: dict[str, Any] = field(default_factory=dict)
     state: dict[str, Any] = field(default_factory=dict)
     ledger: Any = None  # the PrivacyLedger, on the coordinator only
+    randomness: str = "seeded"
+    noise: NoiseSource = field(init=False, repr=False)
+
+    def __post_init__(self):
+        self.noise = NoiseSource(self.randomness, self.seed, self.name)
 
     def rng(self, purpose: str, round: int = 0, ident: Any = None) -> np.random.Generator:
-        """This actor's stream for (purpose, round); keyed by its name unless ``ident`` is given."""
+        """This actor's *public* seeded stream for (purpose, round), keyed by its name unless
+        ``ident`` is given: simulation inputs, public samples and hashes, post-processing — never
+        DP noise or a secret (those come from ``noise``)."""
         return rng.stream(self.seed, purpose, round, self.name if ident is None else ident)
 
 
@@ -136,13 +149,20 @@ class RoleActor:
         table: pa.Table | None = None,
         meta: dict | None = None,
         in_ray: bool = False,
+        randomness: str = "seeded",
     ):
         self.ctx = StepContext(
-            name=name, role=self.role, seed=seed, table=table, meta=dict(meta or {})
+            name=name,
+            role=self.role,
+            seed=seed,
+            table=table,
+            meta=dict(meta or {}),
+            randomness=randomness,
         )
         self.in_ray = in_ray
 
     def _step(self, step, args, kwargs):
+        self.ctx.noise.begin_step()
         try:
             return step(self.ctx, *args, **kwargs)
         except Crash:
@@ -162,6 +182,8 @@ class RoleActor:
         return ray.get_runtime_context().get_node_id()
 
     def _meta(self, reply: Message) -> MessageMeta:
+        if reply.dp_event is not None:  # refused unless a mechanism drew it in this very step
+            self.ctx.noise.check_carried(reply.dp_event, f"message {reply.name!r}")
         return MessageMeta(
             name=reply.name,
             sender=self.ctx.name,

@@ -17,7 +17,13 @@ import numpy as np
 from dp_accounting import dp_event
 
 from rayfed.clustering import weighted_kmeans
-from rayfed.privacy import discrete_laplace, discrete_laplace_event, laplace, laplace_event
+from rayfed.privacy import (
+    NoiseSource,
+    discrete_laplace,
+    discrete_laplace_event,
+    laplace,
+    laplace_event,
+)
 
 DEPTH = 20
 COUNT_SHARE = 0.2
@@ -80,25 +86,33 @@ class _Tree:
 
 
 def dplsf(
+    noise: NoiseSource,
     x: np.ndarray,
     k: int,
     epsilon: float,
-    rng: np.random.Generator,
     *,
+    round: int = 0,
     replace_one: bool = False,
     depth: int = DEPTH,
     count_share: float = COUNT_SHARE,
 ) -> tuple[np.ndarray, dp_event.DpEvent, dict]:
     """(k centers, the DP event, facts about the tree) for points ``x`` in [-1, 1]^d; ε-DP under
-    add/remove one point, or under replace-one with ``replace_one`` (then run at ε/2)."""
+    add/remove one point, or under replace-one with ``replace_one`` (then run at ε/2).
+
+    Every random choice — the SimHash planes, the noise, the k-means++ seeds — comes from
+    ``noise`` (the step's source), keyed by ``round``.
+    """
     if replace_one:
-        centers, event, info = dplsf(x, k, epsilon / 2, rng, depth=depth, count_share=count_share)
+        centers, event, info = dplsf(
+            noise, x, k, epsilon / 2, round=round, depth=depth, count_share=count_share
+        )
         return centers, dp_event.SelfComposedDpEvent(event, 2), info
     n, d = x.shape
     eps_level, eps_sum = budgets(epsilon, depth, count_share)
-    bits = (x @ rng.standard_normal((d, depth)) < 0).astype(np.int64)
+    gen = noise.generator("clustering", round, "dplsf")
+    bits = (x @ gen.standard_normal((d, depth)) < 0).astype(np.int64)
     root, count_event = discrete_laplace(
-        np.array([n]), l1_sensitivity=1, epsilon=eps_level, rng=rng
+        noise, np.array([n]), l1_sensitivity=1, epsilon=eps_level, round=round
     )
     theta = threshold(d, eps_sum, int(root[0]), k)
     tree = _Tree(n)
@@ -116,7 +130,7 @@ def dplsf(
         order = np.argsort(children)
         slot = order[np.searchsorted(children[order], child_of)]
         true = np.bincount(slot, minlength=children.size)
-        noisy, _ = discrete_laplace(true, l1_sensitivity=1, epsilon=eps_level, rng=rng)
+        noisy, _ = discrete_laplace(noise, true, l1_sensitivity=1, epsilon=eps_level, round=round)
         levels += 1
         kept = (noisy >= theta).reshape(-1, 2)
         barren = ~kept.any(axis=1)
@@ -137,10 +151,10 @@ def dplsf(
         ],
         axis=1,
     )
-    noisy_sums, sum_event = laplace(sums, l1_sensitivity=d, epsilon=eps_sum, rng=rng)
+    noisy_sums, sum_event = laplace(noise, sums, l1_sensitivity=d, epsilon=eps_sum, round=round)
     means = np.clip(noisy_sums / np.maximum(weights, 1.0)[:, None], -1.0, 1.0)
     weights = np.maximum(weights, 1.0)
-    centers = weighted_kmeans(means, weights, k, rng)
+    centers = weighted_kmeans(means, weights, k, gen)
     event = dp_event.ComposedDpEvent(
         [dp_event.SelfComposedDpEvent(count_event, depth + 1), sum_event]
     )

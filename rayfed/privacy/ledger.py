@@ -19,6 +19,7 @@ from dp_accounting import dp_event, pld, rdp
 from dp_accounting.privacy_accountant import NeighboringRelation, PrivacyAccountant
 
 from rayfed.errors import BudgetExceeded, ConfigError, RayfedError
+from rayfed.privacy.source import STATEMENTS as RANDOMNESS_STATEMENTS
 
 # Relative slack for comparing floating-point ε against the budget: a protocol that calibrates
 # its noise to spend exactly the budget must not be refused for a rounding error.
@@ -179,6 +180,9 @@ class PrivacyReport:
     composition: str
     statement: str
     per_scope: dict[str, float] = field(default_factory=dict)
+    #: where the noise and secrets came from: "seeded" or "secure" (rayfed.privacy.source)
+    randomness: str = "seeded"
+    randomness_statement: str = ""
     notes: list[str] = field(default_factory=list)
     entries: list[dict[str, Any]] = field(default_factory=list)
     composed_event: dict[str, Any] = field(default_factory=dict)
@@ -210,6 +214,9 @@ class PrivacyLedger:
         guarantee is the worst scope, because a neighbour changes the data of one scope only).
     statement:
         One sentence saying what the guarantee protects (e.g. "DP in VFL, Def. 1.2").
+    randomness:
+        Where the run's noise and secrets come from (``"seeded"`` or ``"secure"``); the report
+        states what that means for the guarantee.
     """
 
     def __init__(
@@ -220,6 +227,7 @@ class PrivacyLedger:
         relation: str = "replace_one",
         composition: str = "sequential",
         statement: str = "",
+        randomness: str = "seeded",
     ):
         if accountant not in ACCOUNTANTS:
             raise ConfigError("accountant", f"unknown accountant {accountant!r}", ACCOUNTANTS)
@@ -234,6 +242,9 @@ class PrivacyLedger:
         self.relation = relation
         self.composition = composition
         self.statement = statement
+        if randomness not in RANDOMNESS_STATEMENTS:
+            raise ConfigError("randomness", f"unknown {randomness!r}", RANDOMNESS_STATEMENTS)
+        self.randomness = randomness
         self.entries: list[LedgerEntry] = []
         self.notes: list[str] = []
         self._accountants: dict[str, PrivacyAccountant] = {}
@@ -316,6 +327,8 @@ class PrivacyLedger:
             composition=self.composition,
             statement=self.statement,
             per_scope={s: self.spent(s)[0] for s in self.scopes()},
+            randomness=self.randomness,
+            randomness_statement=RANDOMNESS_STATEMENTS[self.randomness],
             notes=list(self.notes),
             composed_event=event_to_dict(dp_event.ComposedDpEvent([e.event for e in self.entries])),
             entries=[

@@ -1,8 +1,17 @@
-"""Noise mechanisms. Each returns ``(release, event)``: the noisy output and the ``dp_accounting``
-event that describes it exactly, so the ledger can account for what was actually drawn.
+"""Noise mechanisms: the only way rayfed draws DP noise.
 
-Every mechanism takes a ``numpy.random.Generator`` (from :mod:`rayfed.rng`), never a seed and
-never the global numpy RNG. Sensitivities and scales are arguments, never derived from the data.
+Each mechanism takes the step's :class:`~rayfed.privacy.source.NoiseSource` (``ctx.noise``) as its
+first argument, draws from the stream the run's randomness dictates (seeded, or the OS in a secure
+run), registers the event it drew under with that step, and returns ``(release, event)``: the noisy
+output and the ``dp_accounting`` event that describes it exactly. A message may carry only events
+its step registered, and the coordinator's ledger must hold a charge equal to it, so a charge is
+always the event of noise actually drawn. Build charges with the ``*_event`` functions, which are
+the mechanisms' own constructors (the ledger matches events exactly, float for float).
+
+Sensitivities and scales are arguments, never derived from the data. ``round`` and ``ident`` key
+the stream (with a per-actor draw counter, so two calls never reuse noise); mechanisms keyed per
+user (``ids``) draw each user's noise from its own stream, so a seeded run gives every user the same
+noise whichever cohort hosts it.
 """
 
 from __future__ import annotations
@@ -13,6 +22,8 @@ import numpy as np
 from dp_accounting import dp_event
 
 from rayfed.errors import ConfigError
+from rayfed.privacy.ledger import EpsilonDeltaDpEvent
+from rayfed.privacy.source import NoiseSource
 
 
 def _positive(name: str, value: float) -> float:
@@ -27,22 +38,123 @@ def laplace_event(l1_sensitivity: float, epsilon: float) -> dp_event.LaplaceDpEv
     return dp_event.LaplaceDpEvent(noise_multiplier=sens / _positive("epsilon", epsilon) / sens)
 
 
-def laplace(values, *, l1_sensitivity: float, epsilon: float, rng: np.random.Generator):
+def _drawn(noise: NoiseSource, release, event):
+    noise.register(event)
+    return release, event
+
+
+def laplace(
+    noise: NoiseSource,
+    values,
+    *,
+    l1_sensitivity: float,
+    epsilon: float,
+    round: int = 0,
+    ident=None,
+):
     """Add Lap(Δ₁/ε) noise to every coordinate of ``values``: ε-DP for ℓ₁ sensitivity Δ₁."""
     event = laplace_event(l1_sensitivity, epsilon)
     scale = float(l1_sensitivity) / float(epsilon)
     values = np.asarray(values, dtype=np.float64)
-    release = values + rng.laplace(0.0, scale, size=values.shape)
-    return release, event
+    gen = noise.generator("laplace", round, ident)
+    return _drawn(noise, values + gen.laplace(0.0, scale, size=values.shape), event)
 
 
-def gaussian(values, *, l2_sensitivity: float, sigma: float, rng: np.random.Generator):
-    """Add N(0, σ²) noise to every coordinate; the event's noise multiplier is σ/Δ₂."""
-    sens = _positive("l2_sensitivity", l2_sensitivity)
-    sigma = _positive("sigma", sigma)
+def gaussian_event(noise_multiplier: float) -> dp_event.GaussianDpEvent:
+    """The event of :func:`gaussian`: σ = noise_multiplier · Δ₂."""
+    return dp_event.GaussianDpEvent(
+        noise_multiplier=_positive("noise_multiplier", noise_multiplier)
+    )
+
+
+def gaussian(
+    noise: NoiseSource,
+    values,
+    *,
+    l2_sensitivity: float,
+    noise_multiplier: float,
+    round: int = 0,
+    ident=None,
+    ids=None,
+    purpose: str = "gaussian",
+):
+    """Add N(0, σ²) to every coordinate, σ = noise_multiplier · Δ₂.
+
+    With ``ids`` the rows of ``values`` are users and each row's noise is keyed by (``purpose``,
+    round, user id) — no draw counter there, so two such draws in one round need two purposes.
+    """
+    event = gaussian_event(noise_multiplier)
+    sigma = event.noise_multiplier * _positive("l2_sensitivity", l2_sensitivity)
     values = np.asarray(values, dtype=np.float64)
-    release = values + rng.normal(0.0, sigma, size=values.shape)
-    return release, dp_event.GaussianDpEvent(noise_multiplier=sigma / sens)
+    if ids is None:
+        draw = noise.generator(purpose, round, ident).standard_normal(values.shape)
+    else:
+        draw = noise.user_normal(purpose, round, ids, values.shape[1])
+    return _drawn(noise, values + sigma * draw, event)
+
+
+def distributed_gaussian_event(
+    noise_multiplier: float, *, share: float, quorum: int, replacement: float = 0.0
+) -> dp_event.GaussianDpEvent:
+    """The event of a sum of at least ``quorum`` users' N(0, share·σ²) shares, against a server
+    that may also see each survivor's share replaced by N(0, replacement·σ²) (LFL Round 2).
+
+    The server's best estimate of the noise-free sum from both keeps variance F·σ² with
+    F = quorum·share·replacement/(share + replacement) (quorum·share without replacement, spec
+    federated-mf §2.9); the event credits at most the nominal σ: z·sqrt(min(1, F)).
+    """
+    if replacement > 0:
+        f = quorum * share * replacement / (share + replacement)
+    else:
+        f = quorum * share
+    return gaussian_event(noise_multiplier * math.sqrt(min(1.0, f)))
+
+
+def share_noise(
+    noise: NoiseSource,
+    ids,
+    width: int,
+    *,
+    l2_sensitivity: float,
+    noise_multiplier: float,
+    share: float,
+    round: int = 0,
+) -> np.ndarray:
+    """The (users x width) N(0, share·σ²) shares of :func:`distributed_gaussian`, keyed by (round,
+    user id): a user regenerates its own share with the same arguments (to cancel it later)."""
+    sd = math.sqrt(share) * noise_multiplier * _positive("l2_sensitivity", l2_sensitivity)
+    return sd * noise.user_normal("gaussian", round, ids, width)
+
+
+def distributed_gaussian(
+    noise: NoiseSource,
+    values,
+    *,
+    ids,
+    l2_sensitivity: float,
+    noise_multiplier: float,
+    share: float,
+    quorum: int,
+    replacement: float = 0.0,
+    round: int = 0,
+):
+    """Each user (a row of ``values``) adds its share N(0, share·σ²), σ = noise_multiplier · Δ₂;
+    the event is that of the aggregate (:func:`distributed_gaussian_event`), which every user's
+    message carries: the shares are one release."""
+    event = distributed_gaussian_event(
+        noise_multiplier, share=share, quorum=quorum, replacement=replacement
+    )
+    values = np.asarray(values, dtype=np.float64)
+    shares = share_noise(
+        noise,
+        ids,
+        values.shape[1],
+        l2_sensitivity=l2_sensitivity,
+        noise_multiplier=noise_multiplier,
+        share=share,
+        round=round,
+    )
+    return _drawn(noise, values + shares, event)
 
 
 def discrete_laplace_event(l1_sensitivity: int, epsilon: float) -> dp_event.DiscreteLaplaceDpEvent:
@@ -53,7 +165,15 @@ def discrete_laplace_event(l1_sensitivity: int, epsilon: float) -> dp_event.Disc
     return dp_event.DiscreteLaplaceDpEvent(noise_parameter=a, sensitivity=int(l1_sensitivity))
 
 
-def discrete_laplace(values, *, l1_sensitivity: int, epsilon: float, rng: np.random.Generator):
+def discrete_laplace(
+    noise: NoiseSource,
+    values,
+    *,
+    l1_sensitivity: int,
+    epsilon: float,
+    round: int = 0,
+    ident=None,
+):
     """Add discrete Laplace (two-sided geometric) noise, P(z) ∝ exp(-a|z|), a = ε/Δ₁, to integers.
 
     Sampled as the difference of two i.i.d. geometric variables with success 1 - e^{-a}, which
@@ -64,9 +184,9 @@ def discrete_laplace(values, *, l1_sensitivity: int, epsilon: float, rng: np.ran
     if not np.issubdtype(values.dtype, np.integer):
         raise ConfigError("values", "the discrete Laplace mechanism needs integer values")
     p = -math.expm1(-event.noise_parameter)
-    noise = rng.geometric(p, size=values.shape) - rng.geometric(p, size=values.shape)
-    release = values.astype(np.int64) + noise
-    return release, event
+    gen = noise.generator("discrete-laplace", round, ident)
+    draw = gen.geometric(p, size=values.shape) - gen.geometric(p, size=values.shape)
+    return _drawn(noise, values.astype(np.int64) + draw, event)
 
 
 def rr_keep_probability(epsilon: float) -> float:
@@ -88,16 +208,28 @@ def binary_rr_event(keep_probability: float) -> dp_event.RandomizedResponseDpEve
     return dp_event.RandomizedResponseDpEvent(noise_parameter=2.0 * (1.0 - q), num_buckets=2)
 
 
-def binary_randomized_response(bits, *, keep_probability: float, rng: np.random.Generator):
+def binary_randomized_response(
+    noise: NoiseSource,
+    bits,
+    *,
+    keep_probability: float,
+    round: int = 0,
+    ident=None,
+    ids=None,
+):
     """Report each bit truthfully with probability q, flipped otherwise (independently).
 
     Per bit this is ln(q / (1 - q))-DP; the event (:func:`binary_rr_event`) describes one bit;
-    compose it for as many bits as one neighbour can change.
+    compose it for as many bits as one neighbour can change. With ``ids`` the rows of ``bits`` are
+    users (or records) and each row's coins are keyed by its id.
     """
     event = binary_rr_event(keep_probability)
     bits = np.asarray(bits).astype(bool)
-    flip = rng.random(bits.shape) >= float(keep_probability)
-    return bits ^ flip, event
+    if ids is None:
+        u = noise.generator("randomized-response", round, ident).random(bits.shape)
+    else:
+        u = noise.user_uniform("randomized-response", round, ids, bits.shape[1])
+    return _drawn(noise, bits ^ (u >= float(keep_probability)), event)
 
 
 def kary_rr_event(k: int, epsilon: float) -> dp_event.RandomizedResponseDpEvent:
@@ -108,7 +240,9 @@ def kary_rr_event(k: int, epsilon: float) -> dp_event.RandomizedResponseDpEvent:
     return dp_event.RandomizedResponseDpEvent(noise_parameter=p, num_buckets=int(k))
 
 
-def kary_randomized_response(values, *, k: int, epsilon: float, rng: np.random.Generator):
+def kary_randomized_response(
+    noise: NoiseSource, values, *, k: int, epsilon: float, round: int = 0, ident=None
+):
     """Generalised (k-ary) randomized response on values in {0, …, k-1}: ε-DP per value.
 
     Keeps the value with probability e^ε / (e^ε + k - 1) and otherwise reports one of the other
@@ -119,7 +253,36 @@ def kary_randomized_response(values, *, k: int, epsilon: float, rng: np.random.G
     values = np.asarray(values)
     if values.size and (values.min() < 0 or values.max() >= k):
         raise ConfigError("values", f"must lie in {{0, …, {k - 1}}}")
-    randomize = rng.random(values.shape) < event.noise_parameter
-    uniform = rng.integers(0, k, size=values.shape)
-    release = np.where(randomize, uniform, values).astype(np.int64)
-    return release, event
+    gen = noise.generator("randomized-response", round, ident)
+    randomize = gen.random(values.shape) < event.noise_parameter
+    uniform = gen.integers(0, k, size=values.shape)
+    return _drawn(noise, np.where(randomize, uniform, values).astype(np.int64), event)
+
+
+def local_randomizer(
+    noise: NoiseSource, perturb, *args, epsilon: float, ids, width: int, round: int = 0, **kwargs
+):
+    """Run an ε-LDP randomizer for every user: ``perturb(*args, eps=ε, u=U, **kwargs)`` with U the
+    (users x width) uniforms keyed by user id. The event is the randomizer's ε (pure)."""
+    event = EpsilonDeltaDpEvent(_positive("epsilon", epsilon), 0.0)
+    u = noise.user_uniform("randomized-response", round, ids, width)
+    return _drawn(noise, perturb(*args, eps=event.epsilon, u=u, **kwargs), event)
+
+
+def randomized(
+    noise: NoiseSource,
+    algorithm,
+    *args,
+    epsilon: float,
+    delta: float = 0.0,
+    purpose: str,
+    round: int = 0,
+    ident=None,
+    **kwargs,
+):
+    """Run an (ε, δ)-DP randomized algorithm whose every random choice comes from the source:
+    ``algorithm(*args, gen, **kwargs)`` with ``gen`` a Generator of ``purpose``. For a DP
+    subroutine with no finer event (e.g. a DP sketch); its event is (ε, δ) (pure accountant)."""
+    event = EpsilonDeltaDpEvent(_positive("epsilon", epsilon), float(delta))
+    gen = noise.generator(purpose, round, ident)
+    return _drawn(noise, algorithm(*args, gen, **kwargs), event)

@@ -11,6 +11,7 @@ each role, and a subclass of :class:`Protocol` with two methods:
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -75,6 +76,7 @@ class Result:
             f"  result:  {self.headline}" if self.headline else None,
             f"  privacy: {self.privacy.summary()}",
             *(f"           {note}" for note in self.privacy.notes),
+            f"  noise:   {self.privacy.randomness_statement}",
             f"  time:    {self.seconds:.2f} s",
             "  phases:  "
             + ", ".join(f"{k} {v:.2f} s" for k, v in self.metrics["phase_seconds"].items())
@@ -93,11 +95,50 @@ class Protocol:
     summary: ClassVar[str]
     Config: ClassVar[type]
 
+    def resolve_randomness(self, cfg: Any, randomness: str) -> tuple[Any, str]:
+        """(config, the run's randomness) once the run option ``randomness`` and the protocol's own
+        options are reconciled: a protocol whose option asks for secure keys (e.g. secure-sum's
+        ``mode=secure``) makes the run secure; a secure run makes its keys secure too."""
+        return cfg, randomness
+
+    def data_bytes(self, cfg: Any) -> int:
+        """An estimate, from the config alone, of the memory the run's data takes (tables, the
+        users' vectors, grids, n x n matrices): checked against the machine or cluster before
+        ``plan`` builds anything. Scales with every option marked ``size``."""
+        return 0
+
     def plan(self, cfg: Any, seed: int) -> Plan:
         raise NotImplementedError
 
     def drive(self, fed, cfg: Any, plan: Plan) -> Outcome:
         raise NotImplementedError
+
+
+def reconcile_randomness(
+    cfg: Any,
+    randomness: str,
+    option: str,
+    *,
+    upgrade: tuple[str, ...],
+    refused: tuple[str, ...] = (),
+) -> tuple[Any, str]:
+    """For a protocol option that names where its keys come from: the value ``"secure"`` makes the
+    run secure; in a secure run the values in ``upgrade`` (seeded keys) become ``"secure"``, and
+    those in ``refused`` (keys derived from the run seed by design) are a ConfigError."""
+    value = getattr(cfg, option)
+    if value == "secure":
+        return cfg, "secure"
+    if randomness != "secure":
+        return cfg, randomness
+    if value in refused:
+        raise ConfigError(
+            option,
+            f"{option}={value} derives its keys from the run seed, which a secure run refuses",
+            f"{option}=secure, or randomness=seeded",
+        )
+    if value in upgrade:
+        cfg = dataclasses.replace(cfg, **{option: "secure"})
+    return cfg, randomness
 
 
 def reject_inapplicable(cfg: Any, file_options: list[str], synthetic_options: list[str]) -> None:

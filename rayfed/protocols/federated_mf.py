@@ -45,8 +45,16 @@ from rayfed.config import DataConfig, option
 from rayfed.data import per_user
 from rayfed.dropout import DropoutSchedule
 from rayfed.errors import BelowThreshold, ConfigError
-from rayfed.privacy import Budget, check_budget, gaussian_noise_multiplier
-from rayfed.protocols.base import Outcome, Plan, Protocol
+from rayfed.privacy import (
+    Budget,
+    check_budget,
+    distributed_gaussian,
+    distributed_gaussian_event,
+    gaussian,
+    gaussian_noise_multiplier,
+    share_noise,
+)
+from rayfed.protocols.base import Outcome, Plan, Protocol, reconcile_randomness
 from rayfed.secagg import FixedPoint, find_params, make_spec, secure_sum
 from rayfed.sizing import default_cohorts
 
@@ -89,7 +97,8 @@ class FederatedMFConfig:
     lr: float = option(2.0, "LFL: γ, server learning rate of V (the update is divided by |U1|)")
     secagg_mode: Literal["secure", "simulation", "dealer"] = option(
         "simulation",
-        "LFL: secure aggregation mode for Round 1 (only secure protects against the server)",
+        "LFL: secure aggregation mode for Round 1 (only secure protects against the server; it "
+        "makes the run randomness=secure, and a secure run makes simulation secure)",
     )
     cohorts: int | None = option(None, "LFL: user-cohort actors (default: this machine's CPUs)")
     parties: int = option(2, "VFL/HFL: parties s (items, resp. users, dealt at random)")
@@ -205,12 +214,21 @@ def worst_case_variance(mode: str, method: str, n: int, omega: float) -> float:
     return effective_variance(z1, z2, t, t)
 
 
-def _gaussian(seed: int, purpose: str, round: int, ids: np.ndarray, width: int) -> np.ndarray:
-    """Standard normals keyed by (round, user id): Box–Muller on keyed uniforms."""
-    u = rng.keyed_uniform(seed, purpose, round, ids, 2 * ((width + 1) // 2))
-    r = np.sqrt(-2.0 * np.log1p(-u[:, 0::2]))
-    theta = 2.0 * np.pi * u[:, 1::2]
-    return np.concatenate([r * np.cos(theta), r * np.sin(theta)], axis=1)[:, :width]
+def round1_noise(
+    mode: str, method: str, n: int, omega: float, z: float, sensitivity: float
+) -> dict[str, float]:
+    """Round 1's distributed Gaussian (:func:`rayfed.privacy.distributed_gaussian`): ζ1 per user,
+    quorum t, and the Round-2 replacement ζ2 at the worst accepted outcome |U1| = |U2| = t."""
+    t = threshold(n, omega)
+    zeta1, zeta2, _ = noise_shares(mode, method, n, omega, t)
+    return dict(z=z, sensitivity=sensitivity, zeta1=zeta1, quorum=t, zeta2=zeta2)
+
+
+def round1_event(noise: dict[str, float]) -> dp_event.GaussianDpEvent:
+    """The event charged per iteration; Round 1's mechanism returns the same (one formula)."""
+    return distributed_gaussian_event(
+        noise["z"], share=noise["zeta1"], quorum=noise["quorum"], replacement=noise["zeta2"]
+    )
 
 
 # --- cohort steps ----------------------------------------------------------------------------------
@@ -253,9 +271,11 @@ def pretrain_step(
 
 
 def lfl_round1_inputs(
-    ctx: StepContext, round: int, ids: np.ndarray, v: np.ndarray, share_sd: float
-) -> np.ndarray:
-    """Round 1 for the online users ``ids``: G_i + ξ_i, flattened (m·p), as secure aggregation's input."""
+    ctx: StepContext, round: int, ids: np.ndarray, v: np.ndarray, noise: dict
+) -> tuple[np.ndarray, dp_event.DpEvent]:
+    """Round 1 for the online users ``ids``: (G_i + ξ_i flattened (m·p), the event of the sum), as
+    secure aggregation's input. ``noise`` holds the distributed Gaussian's parameters
+    (:func:`rayfed.privacy.distributed_gaussian`): z, Δ, ζ1, t and ζ2 at |U1| = t."""
     all_ids = ctx.state["ids"]
     rows = np.searchsorted(all_ids, ids)
     users, items, ratings = _user_ratings(ctx, "train")
@@ -264,15 +284,25 @@ def lfl_round1_inputs(
     counts = np.bincount(urows, minlength=all_ids.size)
     starts = np.cumsum(counts) - counts
     pick = starts[rows] + np.floor(
-        rng.keyed_uniform(ctx.seed, "sample", round, ids, 1)[:, 0] * counts[rows]
-    ).astype(np.int64)
+        ctx.noise.user_uniform("sample", round, ids, 1)[:, 0] * counts[rows]
+    ).astype(np.int64)  # the sampled rating is secret too
     j, x = items[order][pick], ratings[order][pick]
     u = ctx.state["u"][rows]
     m, p = v.shape
-    out = share_sd * _gaussian(ctx.seed, "gaussian", round, ids, m * p)
+    grads = np.zeros((len(ids), m * p))
     grad = -2.0 * (x - np.einsum("ij,ij->i", u, v[j]))[:, None] * u
-    out.reshape(len(ids), m, p)[np.arange(len(ids)), j] += grad
-    return out
+    grads.reshape(len(ids), m, p)[np.arange(len(ids)), j] = grad
+    return distributed_gaussian(
+        ctx.noise,
+        grads,
+        ids=ids,
+        l2_sensitivity=noise["sensitivity"],
+        noise_multiplier=noise["z"],
+        share=noise["zeta1"],
+        quorum=noise["quorum"],
+        replacement=noise["zeta2"],
+        round=round,
+    )
 
 
 def lfl_round2_step(
@@ -280,18 +310,35 @@ def lfl_round2_step(
     round: int,
     u1: np.ndarray,
     shapes: tuple[int, int],
-    share_sd: float,
-    replace_sd: float,
+    noise: dict,
+    zeta2: float,
     dropout: float,
 ) -> Message:
-    """Round 2: each Round-1 survivor still online sends ξ̄_i = -ξ_i + ξ'_i (ξ_i regenerated from its key)."""
+    """Round 2: each Round-1 survivor still online sends ξ̄_i = -ξ_i + ξ'_i: ξ_i regenerated from
+    its own noise source, ξ'_i ~ N(0, ζ2 σ²) with ζ2 from the realised |U1|."""
     ids = ctx.state["ids"][np.isin(ctx.state["ids"], u1)]
     online = rng.keyed_uniform(ctx.seed, "dropout-round2", round, ids, 1)[:, 0] >= dropout
     ids = ids[online]
     m, p = shapes
-    xi = share_sd * _gaussian(ctx.seed, "gaussian", round, ids, m * p)
-    replacement = replace_sd * _gaussian(ctx.seed, "replacement", round, ids, m * p)
-    return Message("noise_replacement", {"ids": ids, "values": replacement - xi}, to="coordinator")
+    xi = share_noise(
+        ctx.noise,
+        ids,
+        m * p,
+        l2_sensitivity=noise["sensitivity"],
+        noise_multiplier=noise["z"],
+        share=noise["zeta1"],
+        round=round,
+    )
+    values, _ = gaussian(
+        ctx.noise,
+        -xi,
+        l2_sensitivity=noise["sensitivity"],
+        noise_multiplier=math.sqrt(zeta2) * noise["z"],
+        ids=ids,
+        round=round,
+        purpose="replacement",
+    )
+    return Message("noise_replacement", {"ids": ids, "values": values}, to="coordinator")
 
 
 def finetune_step(ctx: StepContext, v: np.ndarray, steps: int, lr: float, bound: float) -> None:
@@ -320,14 +367,13 @@ def update_v_step(
     lr: float,
     beta: float,
     bound: float,
-    event,
 ) -> Message:
-    """V <- Π_𝒱(V - γ/|U1| (S1 + β N2)), N2 the sum of the replacement messages; the published V
-    carries the iteration's DP event (charged, scope "run", before Round 1 drew any noise)."""
+    """V <- Π_𝒱(V - γ/|U1| (S1 + β N2)), N2 the sum of the replacement messages: post-processing
+    of the iteration's release (whose event Round 1's messages carried)."""
     v = ctx.state["v"]
     n2 = sum((np.asarray(r["values"]).sum(axis=0) for r in round2.values()), np.zeros(v.size))
     ctx.state["v"] = mf.project(v - lr / u1 * (s1 + beta * n2).reshape(v.shape), bound)
-    return Message("item_embeddings", ctx.state["v"], to="cohorts", dp_event=event, scope="run")
+    return Message("item_embeddings", ctx.state["v"], to="cohorts")
 
 
 def current_v_step(ctx: StepContext) -> Message:
@@ -338,6 +384,13 @@ class FederatedMF(Protocol):
     name = "federated-mf"
     summary = "federated matrix factorisation with DP: LFL-SGDMF over real secure aggregation, with dropouts"
     Config = FederatedMFConfig
+
+    def resolve_randomness(self, cfg: FederatedMFConfig, randomness: str):
+        """``secagg_mode=secure`` makes the run secure; a secure run makes ``simulation`` secure
+        and refuses ``dealer`` (its mask seeds come from the run seed)."""
+        return reconcile_randomness(
+            cfg, randomness, "secagg_mode", upgrade=("simulation",), refused=("dealer",)
+        )
 
     def plan(self, cfg: FederatedMFConfig, seed: int) -> Plan:
         allowed = {
@@ -383,15 +436,15 @@ class FederatedMF(Protocol):
         cohorts = {name: (t, {}) for name, t in per_user(table, "user_id", n_cohorts).items()}
         z = gaussian_noise_multiplier(cfg.epsilon, delta, steps=cfg.iterations)
         sensitivity = 2.0 * cfg.bound**1.5
-        worst = worst_case_variance(cfg.mode, cfg.method, n, cfg.omega)
         # faithful mode is run as the thesis specifies even though its guarantee is weaker: the ledger
         # is declared with the worst-case effective ε, and the result reports it next to the nominal one
-        z_charge = z * math.sqrt(min(1.0, worst)) if cfg.method in ("lfl", "ldp") else z
         budget_eps = cfg.epsilon
         if cfg.method == "lfl" and cfg.mode == "faithful":
             from rayfed.privacy.calibration import gaussian_steps_event
             from rayfed.privacy.ledger import make_accountant
 
+            noise = round1_noise(cfg.mode, cfg.method, n, cfg.omega, z, sensitivity)
+            z_charge = round1_event(noise).noise_multiplier
             acc = make_accountant("rdp", "add_or_remove_one").compose(
                 gaussian_steps_event(z_charge, cfg.iterations)
             )
@@ -420,7 +473,6 @@ class FederatedMF(Protocol):
                 m=m,
                 delta=delta,
                 z=z,
-                z_charge=z_charge,
                 sensitivity=sensitivity,
                 params=params,
                 encoding=FixedPoint.choose(n, clip, 16),
@@ -522,7 +574,9 @@ class FederatedMF(Protocol):
         per_user = cfg.privacy_unit == "user"
         # VFL publishes V_Fk after κ more noisy steps; HFL's Stage 3 is local and never published
         steps = cfg.iterations * cfg.local_steps + (cfg.finetune_steps if vfl else 0)
-        compose_all = per_user and vfl and cfg.method == "vfl"  # the local-only baseline: s = 1
+        # per-user VFL: a user's ratings span every party, so every party's releases compose (the
+        # local-only baseline too: each party releases its own V_Fk and U^(k) about the same users)
+        compose_all = per_user and vfl
         z = gaussian_noise_multiplier(
             cfg.epsilon,
             delta,
@@ -598,7 +652,6 @@ class FederatedMF(Protocol):
                     info["delta_joint"],
                     cfg.bound,
                     shares,
-                    round_event,
                     phase="local_steps",
                 )
                 if cfg.method == "vfl":
@@ -621,7 +674,6 @@ class FederatedMF(Protocol):
                 info["delta_v"],
                 cfg.bound,
                 shares,
-                tune_event,
                 phase="finetune",
             )
         parts = fed.get(fed.parties.run(parties.vfl_evaluate_step, phase="evaluate"))
@@ -673,7 +725,6 @@ class FederatedMF(Protocol):
                         info["z"],
                         info["delta_v"],
                         cfg.bound,
-                        round_event,
                         phase="local_steps",
                     )
                     v_msg = fed.coordinator.run(
@@ -729,15 +780,15 @@ class FederatedMF(Protocol):
             cfg.bound,
             phase="pretrain",
         )
-        sigma = info["z"] * info["sensitivity"]
         history, skipped = [], []
         if cfg.method in ("lfl", "ldp"):
+            noise = round1_noise(
+                cfg.mode, cfg.method, info["n"], cfg.omega, info["z"], info["sensitivity"]
+            )
             for t in range(cfg.iterations):
                 with fed.round(t):
-                    fed.charge(
-                        [("run", f"iteration {t}", dp_event.GaussianDpEvent(info["z_charge"]))]
-                    )
-                    v_msg, row = self._iteration(fed, cfg, plan, t, v_msg, sigma)
+                    fed.charge([("run", f"iteration {t}", round1_event(noise))])
+                    v_msg, row = self._iteration(fed, cfg, plan, t, v_msg, noise)
                     fed.record(
                         survivors_round1=row.get("u1", 0),
                         survivors_round2=row.get("u2", 0),
@@ -759,10 +810,9 @@ class FederatedMF(Protocol):
         test_mse = sum(s for s, _ in parts.values()) / max(1, sum(c for _, c in parts.values()))
         return self._outcome(cfg, plan, test_mse, history, skipped)
 
-    def _iteration(self, fed, cfg: FederatedMFConfig, plan: Plan, t: int, v_msg, sigma: float):
+    def _iteration(self, fed, cfg: FederatedMFConfig, plan: Plan, t: int, v_msg, noise: dict):
         info = plan.info
         n, m, p = info["n"], info["m"], cfg.rank
-        zeta1, _, _ = noise_shares(cfg.mode, cfg.method, n, cfg.omega, info["threshold"])
         spec = make_spec(
             round=t,
             mode=cfg.secagg_mode,
@@ -777,7 +827,7 @@ class FederatedMF(Protocol):
         v = fed.one(v_msg)
         row = {"iteration": t, "skipped": False}
         try:
-            agg = secure_sum(fed, spec, lfl_round1_inputs, (v, math.sqrt(zeta1) * sigma))
+            agg = secure_sum(fed, spec, lfl_round1_inputs, (v, noise))
         except BelowThreshold as err:
             row.update(skipped=True, reason=str(err))
             return fed.coordinator.run(current_v_step, phase="keep_v"), row
@@ -792,8 +842,8 @@ class FederatedMF(Protocol):
                 t,
                 agg.survivors,
                 (m, p),
-                math.sqrt(zeta1) * sigma,
-                math.sqrt(zeta2) * sigma,
+                noise,
+                zeta2,
                 cfg.dropout,
                 phase="round2",
             )
@@ -808,7 +858,6 @@ class FederatedMF(Protocol):
             cfg.lr,
             beta,
             cfg.bound,
-            dp_event.GaussianDpEvent(info["z_charge"]),
             phase="update_v",
         )
         # f_eff: the server's best estimate (what DP must cover); f_applied: the update's own noise

@@ -11,6 +11,8 @@ import pyarrow as pa
 
 from rayfed import mf, rng
 from rayfed.actors.base import Message, StepContext
+from rayfed.privacy import gaussian
+from rayfed.privacy.calibration import gaussian_steps_event
 from rayfed.protocols.base import Outcome
 from rayfed.protocols.federated_mf import FederatedMFConfig, _user_ratings, pretrain_step
 
@@ -40,7 +42,7 @@ def vfl_init_step(ctx: StepContext, p: int, mean: float, bound: float, trim: int
     return int(keep.sum())
 
 
-def _vfl_steps(
+def _dp_sgd(
     ctx: StepContext,
     u: np.ndarray,
     steps: int,
@@ -48,30 +50,36 @@ def _vfl_steps(
     *,
     lr: float,
     rate: float,
-    sigma_u: float,
-    sigma_v: float,
+    z: float,
+    sensitivity: float,
     bound: float,
     m_share: float,
     update_u: bool,
-    purpose: str = "gaussian",
-) -> tuple[np.ndarray, int]:
-    """``steps`` DP-SGD steps (spec §2.5): Poisson user sampling, gradient sums plus N(0, σ²), divided by
-    the public B = η|Ω_k|, projected; returns the party's U^(k)."""
+):
+    """``steps`` DP-SGD steps (spec §2.5): Poisson user sampling, the released gradient sums plus
+    N(0, (zΔ)²) through :func:`rayfed.privacy.gaussian` (on (g_U, g_V) jointly when U is updated,
+    Δ their joint sensitivity), divided by the public B = η|Ω_k|, projected. The sample and the
+    noise come from the party's noise source (both must be secret for the sampled accounting).
+    Returns (the party's U^(k), the event of the ``steps`` releases)."""
     users, items, ratings = ctx.state["train"]
     v = ctx.state["v"]
     n = ctx.meta["n"]
     b = max(rate * users.size, 1.0)
-    for step in range(steps):
-        gen = ctx.rng(purpose, round, (ctx.name, step))  # the noise of this step
-        sampled = ctx.rng("sample", round, (ctx.name, step)).random(n) < rate
+    event = None
+    for _ in range(steps):
+        sampled = ctx.noise.generator("sample", round).random(n) < rate
         rows = np.flatnonzero(sampled[users])
         batch = mf.Ratings(users[rows], items[rows], ratings[rows], n, v.shape[0], 0, bound)
         g_u, g_v = mf.gradient_sums(u, v, batch)
+        released = np.concatenate([g_u.ravel(), g_v.ravel()]) if update_u else g_v.ravel()
+        noisy, event = gaussian(
+            ctx.noise, released, l2_sensitivity=sensitivity, noise_multiplier=z, round=round
+        )
         if update_u:
-            u = mf.project(u - lr * (g_u + gen.normal(0, sigma_u, u.shape)) / b, bound)
-        v = mf.project(v - lr * m_share * (g_v + gen.normal(0, sigma_v, v.shape)) / b, bound)
+            u = mf.project(u - lr * noisy[: u.size].reshape(u.shape) / b, bound)
+        v = mf.project(v - lr * m_share * noisy[-v.size :].reshape(v.shape) / b, bound)
     ctx.state["v"] = v
-    return u, steps
+    return u, gaussian_steps_event(event.noise_multiplier, steps, rate)
 
 
 def vfl_local_step(
@@ -85,18 +93,17 @@ def vfl_local_step(
     delta_joint: float,
     bound: float,
     m_share: float,
-    event,
 ) -> Message:
     """Party: T' noisy local steps on (U^(k), V_Fk) from the broadcast U; uploads U^(k)."""
-    u, _ = _vfl_steps(
+    u, event = _dp_sgd(
         ctx,
         np.array(u),
         steps,
         round,
         lr=lr,
         rate=rate,
-        sigma_u=z * delta_joint,
-        sigma_v=z * delta_joint,
+        z=z,
+        sensitivity=delta_joint,
         bound=bound,
         m_share=m_share,
         update_u=True,
@@ -115,20 +122,18 @@ def vfl_finetune_step(
     delta_v: float,
     bound: float,
     m_share: float,
-    event,
 ) -> Message:
     """Party: κ noisy steps on V_Fk with U frozen (convex, smaller sensitivity); V_Fk is published."""
     ctx.state["u"] = np.array(u)
-    _vfl_steps(
+    _, event = _dp_sgd(
         ctx,
         ctx.state["u"],
         steps,
-        0,
-        purpose="finetune",
+        0,  # the draw counter keeps these streams apart from round 0's
         lr=lr,
         rate=rate,
-        sigma_u=0.0,
-        sigma_v=z * delta_v,
+        z=z,
+        sensitivity=delta_v,
         bound=bound,
         m_share=m_share,
         update_u=False,
@@ -195,19 +200,18 @@ def hfl_local_step(
     z: float,
     delta_v: float,
     bound: float,
-    event,
 ) -> Message:
     """Party: T' DP-SGD steps on its copy V^(k) with its pre-trained U fixed; uploads V^(k)."""
     ctx.state["v"] = np.array(v)
-    _vfl_steps(
+    _, event = _dp_sgd(
         ctx,
         _full_u(ctx),
         steps,
         round,
         lr=lr,
         rate=rate,
-        sigma_u=0.0,
-        sigma_v=z * delta_v,
+        z=z,
+        sensitivity=delta_v,
         bound=bound,
         m_share=1.0,
         update_u=False,

@@ -43,7 +43,7 @@ from rayfed.data import horizontal, load_table, require_clean
 from rayfed.data.scaling import check_bounds, declared_bounds, features_of, from_unit, to_unit
 from rayfed.errors import ConfigError, DataError
 from rayfed.privacy import Budget, check_budget
-from rayfed.protocols.base import Outcome, Plan, Protocol, reject_inapplicable
+from rayfed.protocols.base import Outcome, Plan, Protocol, reconcile_randomness, reject_inapplicable
 from rayfed.protocols.hfl_kmeans_steps import (
     DATA_INITS,
     Params,
@@ -132,8 +132,8 @@ class HflKmeansConfig:
     frac_bits: int = option(16, "fixed-point precision 2^-f")
     key_agreement: Literal["seeded", "secure"] = option(
         "seeded",
-        "randomness of the group key and pairwise secrets: seeded (from the run seed, a "
-        "simulation) or secure (OS randomness)",
+        "key agreement randomness: seeded (from the run seed, a simulation) or secure (OS "
+        "randomness: makes the run randomness=secure, and a secure run sets it)",
     )
     shuffle: bool = option(
         True, "split the rows over the clients after a seeded shuffle (the thesis); false: in order"
@@ -273,6 +273,10 @@ class HflKmeans(Protocol):
     summary = "DP horizontal multiparty k-means (NMA / AMN) with masked aggregation"
     Config = HflKmeansConfig
 
+    def resolve_randomness(self, cfg: HflKmeansConfig, randomness: str):
+        """``key_agreement=secure`` makes the run secure; a secure run makes it secure."""
+        return reconcile_randomness(cfg, randomness, "key_agreement", upgrade=("seeded",))
+
     def plan(self, cfg: HflKmeansConfig, seed: int) -> Plan:
         if cfg.data.columns is not None:
             raise ConfigError(
@@ -340,7 +344,6 @@ class HflKmeans(Protocol):
             agree_group_key(
                 fed,
                 order,
-                secure=cfg.key_agreement == "secure",
                 purpose="group-key",
                 slot="group_key",
                 pair_info=pads.INFO_PAIRS if cfg.masking == "pairwise" else None,
@@ -404,13 +407,10 @@ class HflKmeans(Protocol):
     @staticmethod
     def _ring(fed, cfg: HflKmeansConfig, params: Params, order: list[str], t: int):
         running = None
-        secure = cfg.key_agreement == "secure"
         for p in order:
             if params.noise:
                 fed.charge([(p, "local discrete-Laplace noise (ring)", _event(params))])
-            running = fed.parties.run(
-                ring_step, running, t=t, secure=secure, members=[p], phase="ring"
-            )
+            running = fed.parties.run(ring_step, running, t=t, members=[p], phase="ring")
         return fed.parties.run(ring_close_step, running, members=[order[0]], phase="ring-close")
 
     @staticmethod
@@ -431,12 +431,6 @@ class HflKmeans(Protocol):
                 "only a padded partial sum, and the release is the noisy total"
             )
         fed.note(masking.replace("{b}", str(params.ring_bits)))
-        if cfg.key_agreement == "seeded":
-            fed.note(
-                "key_agreement=seeded: the group key, pairwise secrets and ring mask follow from "
-                "the run seed, which the coordinator holds — a reproducible simulation, not secure "
-                "against the server; key_agreement=secure draws them from the OS"
-            )
         fed.note(
             f"N = {params.n} and the clients' row counts are sent in the clear and treated as "
             "public (t_max and c_min depend on them; spec A3)"

@@ -11,7 +11,6 @@ server adds discrete-Laplace noise on the grid to the padded sum, so it never se
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -317,14 +316,14 @@ def iterate_step(ctx: StepContext, aggregate: Any = None, *, t: int) -> Message 
     return Message("masked_upload", words)
 
 
-def ring_step(ctx: StepContext, running: Any = None, *, t: int, secure: bool) -> Message:
+def ring_step(ctx: StepContext, running: Any = None, *, t: int) -> Message:
     """Client on the serverless ring (§1.8 F1): add its values and its own full Laplace noise to
     the running sum and pass it on; the first client opens the ring with a random mask."""
     st, p = ctx.state, ctx.state["params"]
     noisy, event = _local_noise(ctx, st["values"], t)
     words = pads.to_ring(noisy, p.ring_bits)
     if running is None:
-        st["ring_mask"] = _ring_mask(ctx, t, secure)
+        st["ring_mask"] = _ring_mask(ctx, t)
         total = st["ring_mask"] + words
     else:
         total = np.asarray(next(iter(running.values())), dtype=words.dtype) + words
@@ -333,14 +332,15 @@ def ring_step(ctx: StepContext, running: Any = None, *, t: int, secure: bool) ->
     return Message("ring_partial", total, to=after, dp_event=event, scope=ctx.name)
 
 
-def _ring_mask(ctx: StepContext, t: int, secure: bool) -> np.ndarray:
-    """The first client's one-time pad of the running sum (zero with masking=none)."""
+def _ring_mask(ctx: StepContext, t: int) -> np.ndarray:
+    """The first client's one-time pad of the running sum (zero with masking=none), from its
+    noise source (the OS in a secure run)."""
     p = ctx.state["params"]
     dtype = pads.ring_dtype(p.ring_bits)
     if ctx.state["settings"]["masking"] == "none":
         return np.zeros(p.length, dtype)
     size = p.length * dtype.itemsize
-    raw = os.urandom(size) if secure else ctx.rng("secagg-masks", t).bytes(size)
+    raw = ctx.noise.secret_bytes("secagg-masks", size, t)
     return np.frombuffer(raw, dtype=dtype).copy()
 
 
@@ -354,7 +354,7 @@ def _local_noise(ctx: StepContext, values: np.ndarray, t: int):
     blocks = ctx.state["params"].noise
     if not blocks:
         return values, None
-    return _add_noise(values, blocks, ctx.rng("discrete-laplace", t))
+    return _add_noise(ctx, values, blocks, t)
 
 
 # --- server -------------------------------------------------------------------------------------
@@ -373,20 +373,23 @@ def aggregate_step(ctx: StepContext, uploads: dict[str, np.ndarray], *, params: 
         total = total + np.asarray(words, dtype=dtype)
     if not params.noise:
         return Message("masked_aggregate", total, to="parties")
-    noise, event = _add_noise(
-        np.zeros(params.length, np.int64), params.noise, ctx.rng("discrete-laplace", t)
-    )
+    noise, event = _add_noise(ctx, np.zeros(params.length, np.int64), params.noise, t)
     total = total + pads.to_ring(noise, params.ring_bits)
     return Message("masked_aggregate", total, to="parties", dp_event=event, scope="clients")
 
 
-def _add_noise(values: np.ndarray, blocks: tuple[Noise, ...], gen: np.random.Generator):
-    """Discrete Laplace per block; the event is the block's, or their composition."""
+def _add_noise(ctx: StepContext, values: np.ndarray, blocks: tuple[Noise, ...], t: int):
+    """Discrete Laplace per block from the actor's noise source; the event is the block's, or
+    their composition."""
     out, events, start = values.copy(), [], 0
     for block in blocks:
         part = slice(start, start + block.length)
         out[part], event = discrete_laplace(
-            values[part], l1_sensitivity=block.l1_sensitivity, epsilon=block.epsilon, rng=gen
+            ctx.noise,
+            values[part],
+            l1_sensitivity=block.l1_sensitivity,
+            epsilon=block.epsilon,
+            round=t,
         )
         events.append(event)
         start += block.length

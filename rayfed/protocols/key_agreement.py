@@ -6,16 +6,14 @@ seeds of pairwise masks)."""
 
 from __future__ import annotations
 
-import os
-
 from rayfed.actors.base import Message, StepContext
 from rayfed.secagg import groupkey
 
 
-def keygen_step(ctx: StepContext, *, secure: bool, purpose: str) -> Message:
-    """Party: a fresh X25519 key pair and key share (OS randomness, or the run's ``purpose``
-    stream in simulations); publish the public key to the other parties."""
-    secret = os.urandom(64) if secure else ctx.rng(purpose).bytes(64)
+def keygen_step(ctx: StepContext, *, purpose: str) -> Message:
+    """Party: a fresh X25519 key pair and key share from its noise source (the OS in a secure run,
+    the seeded ``purpose`` stream otherwise); publish the public key to the other parties."""
+    secret = ctx.noise.secret_bytes(purpose, 64)
     ctx.state["group"], public = groupkey.new_member(secret)
     return Message("key_public", public, to="parties")
 
@@ -52,13 +50,12 @@ def agree_group_key(
     fed,
     order: list[str],
     *,
-    secure: bool,
     purpose: str,
     slot: str,
     pair_info: bytes | None = None,
 ) -> None:
     """Driver: run the three steps on ``fed.parties`` (three phases, no message to the server)."""
-    publics = fed.parties.run(keygen_step, secure=secure, purpose=purpose, phase="key-agreement")
+    publics = fed.parties.run(keygen_step, purpose=purpose, phase="key-agreement")
     shares = fed.parties.run(key_share_step, publics, order=order, phase="key-shares")
     fed.parties.run(
         key_combine_step,

@@ -41,7 +41,7 @@ from rayfed.data import even_groups, horizontal, load_table, require_clean, sort
 from rayfed.data.scaling import features_of
 from rayfed.errors import ConfigError, DataError
 from rayfed.ldp import bitvector as bv
-from rayfed.privacy import Budget, binary_rr_event, check_budget
+from rayfed.privacy import Budget, binary_randomized_response, binary_rr_event, check_budget
 from rayfed.protocols.base import Outcome, Plan, Protocol
 
 METHODS = ("kcluster", "dbscan", "agglomerative", "kmeans", "adp", "rsp")
@@ -130,24 +130,16 @@ def encode_step(ctx: StepContext, *, eps: float | None, s: int, t: float, round:
     x = _scaled(ctx)
     r = ctx.meta["anchors"]
     ids = ctx.table.column("record").to_numpy().astype(np.uint64)
-    codes = []
+    codes, event = [], None
     for j in range(x.shape[1]):
         bits = bv.encode(x[:, j], r[j], t)
-        if eps is not None:
-            u = rng.keyed_uniform(
-                ctx.seed,
-                "randomized-response",
-                round,
-                ids * np.uint64(4096) + np.uint64(ctx.meta["attributes"][j]),
-                s,
+        if eps is not None:  # each record's coins keyed by (record, attribute)
+            keys = ids * np.uint64(4096) + np.uint64(ctx.meta["attributes"][j])
+            bits, bit_event = binary_randomized_response(
+                ctx.noise, bits, keep_probability=bv.keep_probability(eps), ids=keys, round=round
             )
-            bits = bv.randomize(bits, eps, u)
+            event = dp_event.SelfComposedDpEvent(bit_event, x.shape[1] * ctx.meta["k_max"])
         codes.append(np.packbits(bits, axis=1))
-    event = None
-    if eps is not None:
-        event = dp_event.SelfComposedDpEvent(
-            binary_rr_event(bv.keep_probability(eps)), x.shape[1] * ctx.meta["k_max"]
-        )
     return Message(
         "bit_vectors", {"codes": np.stack(codes), "records": ids.astype(np.int64)}, dp_event=event
     )
@@ -172,21 +164,19 @@ def pair_step(ctx: StepContext, *, eps: float | None, s: int, round: int) -> Mes
     x = _scaled(ctx)
     u, v = pair_sums(x)
     r, t = ctx.meta["pair_anchors"], ctx.meta["pair_t"]
-    packed = []
+    packed, event = [], None
     for a in range(0, u.size, PAIR_BLOCK):
         both = np.concatenate([u[a : a + PAIR_BLOCK], v[a : a + PAIR_BLOCK]])
         bits = bv.encode(both, r, t)
         if eps is not None:
             ids = np.arange(a, a + both.size // 2, dtype=np.uint64)
             keys = np.concatenate([2 * ids, 2 * ids + np.uint64(1)])
-            bits = bv.randomize(
-                bits, eps, rng.keyed_uniform(ctx.seed, "randomized-response", round, keys, s)
+            bits, bit_event = binary_randomized_response(
+                ctx.noise, bits, keep_probability=bv.keep_probability(eps), ids=keys, round=round
             )
+            per_record = 2 * (x.shape[0] - 1) * ctx.meta["pair_k_max"]
+            event = dp_event.SelfComposedDpEvent(bit_event, per_record)
         packed.append(np.packbits(bits, axis=1).reshape(2, -1, (s + 7) // 8))
-    event = None
-    if eps is not None:
-        per_record = 2 * (x.shape[0] - 1) * ctx.meta["pair_k_max"]
-        event = dp_event.SelfComposedDpEvent(binary_rr_event(bv.keep_probability(eps)), per_record)
     return Message("pair_codes", np.concatenate(packed, axis=1), dp_event=event)
 
 
@@ -297,10 +287,10 @@ def baseline_step(ctx: StepContext, *, method: str, k: int, sigma: float, q: int
     """The trusted party's baselines on the raw data: k-means, ADP (+ N(0, σ²)), RSP (x·R/(√q·σ_R))."""
     x = features_of(ctx.table, ctx.meta["columns"])
     gen = ctx.rng("clustering", 0)
-    if method == "adp":
-        x = x + ctx.rng("gaussian", 0).normal(0.0, sigma, x.shape)
+    if method == "adp":  # no DP claim, but its noise follows the run's randomness all the same
+        x = x + ctx.noise.generator("gaussian").normal(0.0, sigma, x.shape)
     elif method == "rsp":
-        x = x @ ctx.rng("sample", 0).normal(0.0, 1.0, (x.shape[1], q)) / math.sqrt(q)
+        x = x @ ctx.noise.generator("sample").normal(0.0, 1.0, (x.shape[1], q)) / math.sqrt(q)
     labels = KMeans(n_clusters=k, n_init=10, random_state=seed_of(gen)).fit_predict(x)
     return {"records": ctx.table.column("record").to_numpy(), "labels": labels}
 
@@ -620,7 +610,9 @@ class LdpBitvector(Protocol):
             f"{info['k_max'] * cfg.epsilon:g}-LDP per value, {info['dims'] * info['k_max'] * cfg.epsilon:g} per record"
         )
         fed.note(
-            "the anchors are shared by the custodians from the run seed (a simulation): the collector could derive them from manifest.json"
+            "the anchors are public parameters derived from the run seed (the collector may know "
+            "them): the ε above, charged with their k_max, holds all the same; the paper's hiding "
+            "of the anchors from the aggregator adds no DP guarantee and is not modelled"
         )
         if cfg.partition == "vertical":
             fed.note(

@@ -295,9 +295,7 @@ def randomize_step(
     values = values[public_sample(ctx.seed, values.size, sample_rate)]
     onehot = one_hot(values, ctx.meta["size"])
     noisy, bit_event = binary_randomized_response(
-        onehot,
-        keep_probability=keep_probability(eps_prime),
-        rng=ctx.rng("randomized-response", round),
+        ctx.noise, onehot, keep_probability=keep_probability(eps_prime), round=round
     )
     payload = {"bits": np.packbits(noisy, axis=1), "users": int(values.size)}
     return Message(
@@ -531,10 +529,6 @@ class PatternCount(Protocol):
             fed.note(
                 f"values outside the declared domains were encoded as all-zero: {plan.info['outside']}"
             )
-        fed.note(
-            "simulation: the noise is drawn from the run's seeded PRNG and can be regenerated from the "
-            "root seed in manifest.json; the guarantee assumes that seed stays secret"
-        )
         if plan.evaluation is not None:
             fed.note(
                 "the columns true_count, error and predicted_sd are computed from the raw data outside "

@@ -23,11 +23,13 @@ from rayfed import rng
 from rayfed.actors.base import StepContext
 from rayfed.config import DataConfig, option
 from rayfed.data import load_table, per_user, require_clean, require_columns
-from rayfed.dropout import DropoutSchedule
+from rayfed.dropout import NEVER, DropoutSchedule
 from rayfed.errors import ConfigError, DataError
 from rayfed.privacy import Budget
-from rayfed.protocols.base import Outcome, Plan, Protocol
+from rayfed.protocols.base import Outcome, Plan, Protocol, reconcile_randomness
 from rayfed.secagg import FixedPoint, check_params, find_params, make_spec, secure_sum
+from rayfed.secagg.graph import NeighbourGraph
+from rayfed.secagg.reference import PHASE_INDEX, exact_sum, expected_survivors
 from rayfed.sizing import default_cohorts
 
 STATEMENTS = {
@@ -51,7 +53,8 @@ class SecureSumConfig:
     dim: int = option(100, "vector length d per user")
     mode: Literal["secure", "simulation", "dealer", "plain"] = option(
         "simulation",
-        "secure: OS randomness; simulation: seeded; dealer: no key agreement; plain: insecure",
+        "secure: keys from the OS (makes the run randomness=secure); simulation: the same with "
+        "seeded keys (becomes secure in a secure run); dealer: no key agreement; plain: insecure",
     )
     graph: Literal["auto", "complete", "harary"] = option(
         "auto",
@@ -168,6 +171,13 @@ class SecureSum(Protocol):
     )
     Config = SecureSumConfig
 
+    def resolve_randomness(self, cfg: SecureSumConfig, randomness: str):
+        """``mode=secure`` makes the run secure; in a secure run ``simulation`` is ``secure`` (the
+        same protocol with OS keys) and ``dealer`` (seeds from the run seed) is refused."""
+        return reconcile_randomness(
+            cfg, randomness, "mode", upgrade=("simulation",), refused=("dealer",)
+        )
+
     def plan(self, cfg: SecureSumConfig, seed: int) -> Plan:
         if cfg.data.path is None:
             table = pa.table({"user_id": np.arange(cfg.users, dtype=np.int64)})
@@ -272,13 +282,17 @@ class SecureSum(Protocol):
                     survivors=int(result.survivors.size),
                     dropouts=int(info["registry"].size - result.survivors.size),
                 )
-            expected = self._plaintext(fed.seed, r, result.survivors, cfg, plan)
-            exact = bool(np.array_equal(expected, result.words))
+            survivors, reference = self._reference(fed, cfg, plan, spec, kill)
+            exact = bool(
+                np.array_equal(survivors, result.survivors)
+                and np.array_equal(info["encoding"].signed(result.words), reference)
+            )
             results.append((result, exact))
             rows.append(
                 {
                     "round": r,
                     "exact": exact,
+                    "expected_survivors": int(survivors.size),
                     "survivors": int(result.survivors.size),
                     **{f"alive_{k}": v for k, v in result.counts.items()},
                     "failed_cohorts": ",".join(result.failed_cohorts),
@@ -286,9 +300,7 @@ class SecureSum(Protocol):
             )
 
         last, exact = results[-1]
-        plain = info["encoding"].decode(
-            self._plaintext(fed.seed, cfg.rounds - 1, last.survivors, cfg, plan)
-        )
+        plain = np.ldexp(reference.astype(np.float64), -cfg.frac_bits)
         params = info["params"]
         phase_seconds = fed.phase_seconds()
         metrics = {
@@ -332,20 +344,37 @@ class SecureSum(Protocol):
         return Outcome(tables=tables, metrics=metrics, headline=headline)
 
     @staticmethod
-    def _plaintext(
-        seed: int, round: int, survivors: np.ndarray, cfg: SecureSumConfig, plan: Plan
-    ) -> np.ndarray:
-        """Evaluation only: the quantised plaintext sum over the survivors, computed outside the protocol."""
+    def _reference(fed, cfg: SecureSumConfig, plan: Plan, spec, kill) -> tuple:
+        """Evaluation only, computed outside the protocol (:mod:`rayfed.secagg.reference`): the
+        users whose input must be in round ``spec.round``'s sum — from the dropout schedule, the
+        public graph and the cohorts planned to die — and the exact integer sum of their raw
+        inputs. A cohort that died unplanned makes the round unverifiable (not exact)."""
         info = plan.info
-        enc: FixedPoint = info["encoding"]
+        registry = info["registry"]
+        lost = np.full(registry.size, NEVER)
+        planned = [kill] if kill and spec.round == 0 else []
+        for fault in fed.injected_faults:  # --fail: @round=R dies at R's first phase, @phase=P in
+            if fault.role != "cohorts":  # the first round (cohorts restart after a round)
+                continue
+            if fault.round == spec.round or (fault.round is None and spec.round == 0):
+                planned.append((fault.member, fault.phase or "advertise"))
+        for cohort, phase in planned:
+            members = np.unique(plan.cohorts[cohort][0].column(cfg.data.key or "user_id"))
+            lost[np.searchsorted(registry, members)] = PHASE_INDEX.get(phase, 0)
+        survivors = expected_survivors(
+            registry,
+            spec.dropout.drop_phase(fed.seed, spec.round, registry),
+            NeighbourGraph.build(registry.size, spec.degree, spec.complete, fed.seed, spec.round),
+            spec.threshold,
+            lost,
+        )
         if info["columns"]:
             table = plan.evaluation["table"]
             keys = table.column(cfg.data.key).to_numpy()
-            rows = np.flatnonzero(np.isin(keys, survivors))
-            x = np.column_stack([table.column(c).to_numpy()[rows] for c in info["columns"]]).astype(
-                np.float64
-            )
+            order = np.argsort(keys)
+            rows = order[np.searchsorted(keys[order], survivors)]
+            x = np.column_stack([table.column(c).to_numpy()[rows] for c in info["columns"]])
         else:
-            ctx = StepContext(name="evaluation", role="driver", seed=seed)
-            x = synthetic_inputs(ctx, round, survivors, info["dim"], cfg.clip)
-        return enc.reduce(enc.encode(x).astype(np.uint64).sum(axis=0))
+            ctx = StepContext(name="evaluation", role="driver", seed=fed.seed)
+            x = synthetic_inputs(ctx, spec.round, survivors, info["dim"], cfg.clip)
+        return survivors, exact_sum(x, cfg.clip, cfg.frac_bits)

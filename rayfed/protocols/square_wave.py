@@ -37,7 +37,7 @@ from rayfed.data import load_table, per_user, require_clean
 from rayfed.errors import ConfigError, DataError
 from rayfed.ldp import hierarchy, metrics, oracles
 from rayfed.ldp import square_wave as sw
-from rayfed.privacy import Budget, EpsilonDeltaDpEvent, check_budget
+from rayfed.privacy import Budget, EpsilonDeltaDpEvent, check_budget, local_randomizer
 from rayfed.protocols.base import Outcome, Plan, Protocol, reject_inapplicable
 from rayfed.sizing import default_cohorts
 
@@ -171,12 +171,17 @@ def _users(ctx: StepContext, part: str | None) -> tuple[np.ndarray, np.ndarray]:
     return ids[keep], values[keep]
 
 
-def _uniforms(ctx: StepContext, ids: np.ndarray, columns: int, round: int) -> np.ndarray:
-    return rng.keyed_uniform(ctx.seed, "randomized-response", round, ids, columns)
-
-
-def _ldp(name: str, payload: Any, eps: float, scope: str | None = None) -> Message:
-    return Message(name, payload, dp_event=EpsilonDeltaDpEvent(eps, 0.0), scope=scope)
+def _report(
+    ctx: StepContext, name: str, randomizer, *args, eps: float, ids, width: int, round: int, **kw
+) -> Message:
+    """Every user's ε-LDP report through :func:`rayfed.privacy.local_randomizer`: ``randomizer``
+    gets (``*args``, eps, u) with ``width`` uniforms per user from the cohort's noise source,
+    keyed by user id; the message carries the mechanism's event."""
+    scope = kw.pop("scope", None)
+    payload, event = local_randomizer(
+        ctx.noise, randomizer, *args, epsilon=eps, ids=ids, width=width, round=round, **kw
+    )
+    return Message(name, payload, dp_event=event, scope=scope)
 
 
 def sw_step(
@@ -186,56 +191,97 @@ def sw_step(
     ids, v = _users(ctx, None)
     if discrete:
         values = np.minimum((v * d).astype(np.int64), d - 1)
-        return _ldp(
-            "sw_reports", sw.perturb_discrete(values, eps, d, _uniforms(ctx, ids, 2, round)), eps
+        return _report(
+            ctx,
+            "sw_reports",
+            sw.perturb_discrete,
+            values,
+            eps=eps,
+            ids=ids,
+            width=2,
+            round=round,
+            d=d,
         )
-    return _ldp("sw_reports", sw.perturb(v, eps, b, _uniforms(ctx, ids, 1, round)), eps)
+    return _report(ctx, "sw_reports", sw.perturb, v, eps=eps, ids=ids, width=1, round=round, b=b)
 
 
-def _frequency_report(
-    ctx: StepContext, ids: np.ndarray, values: np.ndarray, domain: int, eps: float, u, round: int
-) -> dict:
-    """GRR over the domain, or OLH: the report ⟨H, y⟩ carries the user's hash (a, b)."""
-    if oracles.use_grr(domain, eps):
+def _frequency_report(values: np.ndarray, domain: int, hashes, *, eps: float, u) -> dict:
+    """GRR over the domain, or OLH (``hashes`` given): the report ⟨H, y⟩ carries the user's hash
+    (a, b), public randomness from the run seed."""
+    if hashes is None:
         return {"report": oracles.grr_perturb(values, domain, eps, u)}
-    params = oracles.olh_params(rng.keyed_bits64(ctx.seed, "olh-hash", round, ids, 2))
-    return {"report": oracles.olh_perturb(values, params, eps, u), "hash": params}
+    return {"report": oracles.olh_perturb(values, hashes, eps, u), "hash": hashes}
+
+
+def _olh_hashes(ctx: StepContext, ids: np.ndarray, domain: int, eps: float, round: int):
+    if oracles.use_grr(domain, eps):
+        return None
+    return oracles.olh_params(rng.keyed_bits64(ctx.seed, "olh-hash", round, ids, 2))
 
 
 def cfo_step(ctx: StepContext, *, eps: float, bins: int, round: int) -> Message:
     """Users: the bin of the value through GRR or OLH."""
     ids, v = _users(ctx, None)
     binned = np.minimum((v * bins).astype(np.int64), bins - 1)
-    u = _uniforms(ctx, ids, 2, round)
-    return _ldp("cfo_reports", _frequency_report(ctx, ids, binned, bins, eps, u, round), eps)
+    hashes = _olh_hashes(ctx, ids, bins, eps, round)
+    return _report(
+        ctx,
+        "cfo_reports",
+        _frequency_report,
+        binned,
+        bins,
+        hashes,
+        eps=eps,
+        ids=ids,
+        width=2,
+        round=round,
+    )
+
+
+def _hh_randomizer(leaf, d: int, branching: int, hashes: list, *, eps: float, u) -> dict:
+    """A uniformly chosen layer ℓ (u's third column) and the FO report of the leaf's ancestor
+    there (GRR or OLH by the layer's size; ``hashes[ℓ - 1]`` the OLH parameters of its users)."""
+    sizes = hierarchy.layer_sizes(d, branching)
+    layer = np.minimum((u[:, 2] * len(sizes)).astype(np.int64), len(sizes) - 1) + 1
+    node = hierarchy.ancestor(leaf, layer, branching)
+    report = np.empty_like(node)
+    olh_rows = np.zeros((node.size, 2), dtype=np.int64)
+    for ell, size in enumerate(sizes, start=1):
+        mine = layer == ell
+        h = None if hashes[ell - 1] is None else hashes[ell - 1][mine]
+        part = _frequency_report(node[mine], size, h, eps=eps, u=u[mine])
+        report[mine] = part["report"]
+        if h is not None:
+            olh_rows[mine] = h
+    olh = ~np.array([oracles.use_grr(size, eps) for size in sizes])[layer - 1]
+    return {"layer": layer.astype(np.int8), "report": report, "hash": olh_rows[olh]}
 
 
 def hh_step(ctx: StepContext, *, eps: float, d: int, branching: int, round: int) -> Message:
     """Users: a uniformly chosen layer ℓ and the FO report of the value's ancestor there."""
     ids, v = _users(ctx, None)
     leaf = np.minimum((v * d).astype(np.int64), d - 1)
-    u = _uniforms(ctx, ids, 3, round)
-    sizes = hierarchy.layer_sizes(d, branching)
-    layer = np.minimum((u[:, 2] * len(sizes)).astype(np.int64), len(sizes) - 1) + 1
-    node = hierarchy.ancestor(leaf, layer, branching)
-    report = np.empty_like(node)
-    hashes = np.zeros((node.size, 2), dtype=np.int64)
-    for ell, size in enumerate(sizes, start=1):
-        mine = layer == ell
-        part = _frequency_report(ctx, ids[mine], node[mine], size, eps, u[mine], round)
-        report[mine] = part["report"]
-        if "hash" in part:
-            hashes[mine] = part["hash"]
-    olh = ~np.array([oracles.use_grr(size, eps) for size in sizes])[layer - 1]
-    payload = {"layer": layer.astype(np.int8), "report": report, "hash": hashes[olh]}
-    return _ldp("hh_reports", payload, eps)
+    hashes = [
+        _olh_hashes(ctx, ids, size, eps, round) for size in hierarchy.layer_sizes(d, branching)
+    ]
+    return _report(
+        ctx,
+        "hh_reports",
+        _hh_randomizer,
+        leaf,
+        d,
+        branching,
+        hashes,
+        eps=eps,
+        ids=ids,
+        width=3,
+        round=round,
+    )
 
 
-def haar_step(ctx: StepContext, *, eps: float, d: int, round: int) -> Message:
-    """Users: a uniformly chosen height and an HRR report of that level's signed coefficient."""
-    ids, v = _users(ctx, None)
-    leaf = np.minimum((v * d).astype(np.int64), d - 1)
-    u = _uniforms(ctx, ids, 3, round)
+def _haar_randomizer(leaf, d: int, *, eps: float, u) -> dict:
+    """A uniformly chosen height (u's third column) and an HRR report of that level's signed
+    coefficient."""
     heights = int(round_log2(d))
     height = np.minimum((u[:, 2] * heights).astype(np.int64), heights - 1) + 1
     node, sign = hierarchy.haar_signs(leaf, height)
@@ -244,7 +290,16 @@ def haar_step(ctx: StepContext, *, eps: float, d: int, round: int) -> Message:
     for h in range(1, heights + 1):
         mine = height == h
         rows[mine], bits[mine] = oracles.hrr_perturb(node[mine], sign[mine], d >> h, eps, u[mine])
-    return _ldp("haar_reports", {"height": height.astype(np.int8), "row": rows, "bit": bits}, eps)
+    return {"height": height.astype(np.int8), "row": rows, "bit": bits}
+
+
+def haar_step(ctx: StepContext, *, eps: float, d: int, round: int) -> Message:
+    """Users: a uniformly chosen height and an HRR report of that level's signed coefficient."""
+    ids, v = _users(ctx, None)
+    leaf = np.minimum((v * d).astype(np.int64), d - 1)
+    return _report(
+        ctx, "haar_reports", _haar_randomizer, leaf, d, eps=eps, ids=ids, width=3, round=round
+    )
 
 
 def round_log2(d: int) -> int:
@@ -257,10 +312,11 @@ def moment_step(
     """Users (SR/PM): report v mapped to [-1, 1], or — the variance half — (v - μ̃)² mapped so."""
     ids, v = _users(ctx, part)
     x = 2 * v - 1 if part != "variance" else 2 * (v - mu) ** 2 - 1
-    u = _uniforms(ctx, ids, 2, round)
     perturb = oracles.sr_perturb if mechanism == "sr" else oracles.pm_perturb
     scope = f"{ctx.name}/{part or 'mean'}"
-    return _ldp(f"{mechanism}_reports", perturb(x, eps, u), eps, scope=scope)
+    return _report(
+        ctx, f"{mechanism}_reports", perturb, x, eps=eps, ids=ids, width=2, round=round, scope=scope
+    )
 
 
 # --- step functions: the aggregator ------------------------------------------------------------------

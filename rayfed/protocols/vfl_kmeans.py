@@ -55,7 +55,7 @@ from rayfed.privacy import (
     kary_rr_event,
     laplace_event,
 )
-from rayfed.protocols.base import Outcome, Plan, Protocol, reject_inapplicable
+from rayfed.protocols.base import Outcome, Plan, Protocol, reconcile_randomness, reject_inapplicable
 from rayfed.protocols.key_agreement import agree_group_key
 from rayfed.protocols.vfl_kmeans_steps import (
     count_step,
@@ -135,8 +135,8 @@ class VflKmeansConfig:
     tolerance: float = option(1.0, "2PEst: stop when every pair table is matched within this")
     key_agreement: Literal["seeded", "secure"] = option(
         "seeded",
-        "hash-key agreement randomness: seeded (reproducible from the run seed, a simulation) or "
-        "secure (OS randomness; the keys exist only inside the parties)",
+        "key agreement randomness: seeded (from the run seed, a simulation) or secure (OS "
+        "randomness: makes the run randomness=secure, and a secure run sets it)",
     )
     max_grid_cells: int = option(
         1_000_000, "refuse a grid of more than this many cells k'^S (each cell costs 8·m bytes)"
@@ -311,6 +311,10 @@ class VflKmeans(Protocol):
     summary = "DP vertical federated k-means with Flajolet–Martin sketches (DPFMPS) and baselines"
     Config = VflKmeansConfig
 
+    def resolve_randomness(self, cfg: VflKmeansConfig, randomness: str):
+        """``key_agreement=secure`` makes the run secure; a secure run makes it secure."""
+        return reconcile_randomness(cfg, randomness, "key_agreement", upgrade=("seeded",))
+
     def plan(self, cfg: VflKmeansConfig, seed: int) -> Plan:
         reject_inapplicable(cfg, ["bounds", "label"], ["users", "dims", "spread"])
         table, features, groups, lo, hi, label_col = _load(cfg, seed)
@@ -472,13 +476,7 @@ class VflKmeans(Protocol):
     # --- driver pieces ----------------------------------------------------------------------------
     @staticmethod
     def _agree_keys(fed, cfg: VflKmeansConfig, order: list[str]) -> None:
-        agree_group_key(
-            fed,
-            order,
-            secure=cfg.key_agreement == "secure",
-            purpose="hash-key",
-            slot="hash_key",
-        )
+        agree_group_key(fed, order, purpose="hash-key", slot="hash_key")
 
     @staticmethod
     def _count(fed, cfg: VflKmeansConfig, split: Split, order: list[str]) -> float:
@@ -580,12 +578,6 @@ class VflKmeans(Protocol):
                 "the sketches' guarantee assumes an ideal hash whose keys the server never sees: "
                 "AES-256 under the parties' group key (X25519 + AES-GCM key transport) stands in"
             )
-            if cfg.key_agreement == "seeded":
-                fed.note(
-                    "key_agreement=seeded: NOT private towards the server — the hash key and every "
-                    "noise draw follow from the run seed in manifest.json, which the coordinator "
-                    "holds (a simulation); key_agreement=secure draws the keys from the OS"
-                )
             if cfg.estimator == "literal":
                 fed.note(
                     "estimator=literal: the paper's FM estimator overestimates by x1.5-2.2 "

@@ -15,7 +15,7 @@ from rayfed.clustering import fm, nearest, product_grid, weighted_kmeans
 from rayfed.clustering.dplsf import dplsf
 from rayfed.data import even_groups
 from rayfed.data.scaling import features_of, to_unit
-from rayfed.privacy import EpsilonDeltaDpEvent, kary_randomized_response
+from rayfed.privacy import kary_randomized_response, randomized
 from rayfed.privacy import laplace as laplace_mechanism
 from rayfed.secagg import groupkey
 
@@ -54,9 +54,7 @@ def count_step(ctx: StepContext, *, epsilon0: float | None) -> Message:
     n = np.array([float(ctx.table.num_rows)])
     if epsilon0 is None:
         return Message("n", float(n[0]))
-    noisy, event = laplace_mechanism(
-        n, l1_sensitivity=1, epsilon=epsilon0, rng=ctx.rng("laplace", 0, "n-hat")
-    )
+    noisy, event = laplace_mechanism(ctx.noise, n, l1_sensitivity=1, epsilon=epsilon0)
     return Message("n_hat", float(noisy[0]), dp_event=event)
 
 
@@ -65,11 +63,10 @@ def local_cluster_step(
 ) -> Message:
     """Party: DPLSF at ε (None: non-private k-means) on its columns; label users by nearest center."""
     x = unit_features(ctx)
-    gen = ctx.rng("clustering", round)
     if epsilon is not None:
-        centers, event, _ = dplsf(x, k, epsilon, gen, replace_one=replace_one)
+        centers, event, _ = dplsf(ctx.noise, x, k, epsilon, round=round, replace_one=replace_one)
     else:
-        centers, event = weighted_kmeans(x, np.ones(len(x)), k, gen), None
+        centers, event = weighted_kmeans(x, np.ones(len(x)), k, ctx.rng("clustering", round)), None
     ctx.state["labels"] = nearest(x, centers)
     return Message("local_centers", centers, dp_event=event)
 
@@ -97,22 +94,25 @@ def fm_step(
         m,
         gamma,
     )
-    sketch = fm.dp_sketch(
+    sketch, event = randomized(
+        ctx.noise,
+        fm.dp_sketch,
         real,
         fm.phantom_count(eps_prime),
         fm.alpha_min(eps_prime, gamma),
         gamma,
-        ctx.rng("sketch", round),
+        epsilon=eps2,
+        delta=delta2,
+        purpose="sketch",
+        round=round,
     )
-    return Message("fm_sketches", sketch, dp_event=EpsilonDeltaDpEvent(eps2, delta2))
+    return Message("fm_sketches", sketch, dp_event=event)
 
 
 def histogram_step(ctx: StepContext, *, k: int, eps2: float, round: int) -> Message:
     """Party (IND-LAP): the sizes of its k' clusters plus Lap(1/ε2) each."""
     counts = np.bincount(ctx.state["labels"], minlength=k)
-    noisy, event = laplace_mechanism(
-        counts, l1_sensitivity=1, epsilon=eps2, rng=ctx.rng("laplace", round)
-    )
+    noisy, event = laplace_mechanism(ctx.noise, counts, l1_sensitivity=1, epsilon=eps2, round=round)
     return Message("noisy_histogram", noisy, dp_event=event)
 
 
@@ -127,12 +127,11 @@ def ldp_step(ctx: StepContext, *, k: int, eps2: float, party: int, round: int) -
     """Party (LDP-AGG): each user's local label through GRR over [k'] or OLH (ε2-LDP)."""
     labels = ctx.state["labels"]
     oracle, g, _, _ = fm.ldp_probabilities(eps2, k)
-    gen = ctx.rng("randomized-response", round)
     if oracle == "olh":
         hashed = olh_hashes(ctx.seed, party, labels.size, k, g)[np.arange(labels.size), labels]
-        reports, event = kary_randomized_response(hashed, k=g, epsilon=eps2, rng=gen)
+        reports, event = kary_randomized_response(ctx.noise, hashed, k=g, epsilon=eps2, round=round)
     else:
-        reports, event = kary_randomized_response(labels, k=k, epsilon=eps2, rng=gen)
+        reports, event = kary_randomized_response(ctx.noise, labels, k=k, epsilon=eps2, round=round)
     return Message("ldp_reports", reports, dp_event=event)
 
 

@@ -50,6 +50,7 @@ from rayfed.privacy import (
     binary_randomized_response,
     check_budget,
     gaussian,
+    gaussian_event,
     gaussian_noise_multiplier,
     laplace,
     laplace_event,
@@ -228,14 +229,14 @@ def _matrix(ctx: StepContext) -> np.ndarray:
 def l1_step(ctx: StepContext, *, eps: float) -> Message:
     """Server: ‖x^(j)‖₁ + Lap(1/ε) (event-level sensitivity 1)."""
     total = np.array([_matrix(ctx).sum()])
-    noisy, event = laplace(total, l1_sensitivity=1, epsilon=eps, rng=ctx.rng("laplace", 0))
+    noisy, event = laplace(ctx.noise, total, l1_sensitivity=1, epsilon=eps)
     return Message("l1_norm", float(noisy[0]), dp_event=event)
 
 
 def noisy_vector_step(ctx: StepContext, *, eps: float) -> Message:
     """Server (Alg. 2 round 1): y^(j) = x^(j) + Lap(2/ε) per entry (ε/2-DP, event-level)."""
     x = _matrix(ctx)[:, 0]
-    noisy, event = laplace(x, l1_sensitivity=1, epsilon=eps / 2, rng=ctx.rng("laplace", 0))
+    noisy, event = laplace(ctx.noise, x, l1_sensitivity=1, epsilon=eps / 2)
     return Message("noisy_vector", noisy, dp_event=event)
 
 
@@ -251,9 +252,7 @@ def pattern_bits_step(
         values[heavy["coordinator"]["L"]] = 0
     values = np.where(values < size, values, -1)
     bits, event = binary_randomized_response(
-        one_hot(values, size),
-        keep_probability=keep_probability(eps_prime),
-        rng=ctx.rng("randomized-response", round),
+        ctx.noise, one_hot(values, size), keep_probability=keep_probability(eps_prime), round=round
     )
     return Message(
         "rr_bits",
@@ -266,19 +265,15 @@ def local_cluster_step(ctx: StepContext, *, k: int, eps: float, radius: float) -
     """Server: (ε)-DP local k-clustering (DPLSF on the block scaled by 1/Δ into [-1, 1], replace-one
     neighbours) and each user's nearest local center as its label."""
     x = _matrix(ctx) / radius
-    centers, event, _ = dplsf(x, k, eps, ctx.rng("clustering", 0), replace_one=True)
+    centers, event, _ = dplsf(ctx.noise, x, k, eps, replace_one=True)
     ctx.state["labels"] = nearest(x, centers)
     return Message("local_centers", centers * radius, dp_event=event)
 
 
-def sketch_step(
-    ctx: StepContext, *, s: int, attempt: int, sigma: float, sensitivity: float
-) -> Message:
-    """Server: G A^(j) + N(0, σ²) per entry (the label server: G b + n)."""
+def sketch_step(ctx: StepContext, *, s: int, attempt: int, z: float, sensitivity: float) -> Message:
+    """Server: G A^(j) + N(0, σ²) per entry, σ = z·Δ (the label server: G b + n)."""
     sketch = sketch_multiply(ctx.seed, attempt, s, _matrix(ctx))
-    noisy, event = gaussian(
-        sketch, l2_sensitivity=sensitivity, sigma=sigma, rng=ctx.rng("gaussian", 0)
-    )
+    noisy, event = gaussian(ctx.noise, sketch, l2_sensitivity=sensitivity, noise_multiplier=z)
     return Message("noisy_sketch", noisy, dp_event=event)
 
 
@@ -466,7 +461,8 @@ class VflPrimitives(Protocol):
                 s=s,
                 attempt=attempt,
                 sensitivity=sensitivity,
-                sigma=z * sensitivity,
+                z=z,
+                sigma=z * sensitivity,  # what gaussian(noise_multiplier=z) adds
             )
         parties = {
             p: (t, {"columns": groups[p]}) for p, t in vertical(table, groups, cfg.data.key).items()
@@ -687,14 +683,14 @@ class VflPrimitives(Protocol):
         info = plan.info
         order, s = info["order"], info["s"]
         senders = order + ([LABEL_SERVER] if cfg.task == "regression" else [])
-        event = dp_event.GaussianDpEvent(noise_multiplier=info["sigma"] / info["sensitivity"])
+        event = gaussian_event(info["z"])
         with fed.round(0):
             fed.charge([(q, "Gaussian sketch", event) for q in senders])
             sketches = fed.parties.run(
                 sketch_step,
                 s=s,
                 attempt=info["attempt"],
-                sigma=info["sigma"],
+                z=info["z"],
                 sensitivity=info["sensitivity"],
                 members=senders,
                 phase="sketch",

@@ -23,13 +23,12 @@ from rayfed.secagg import _crypto, shamir
 from rayfed.secagg.spec import (
     ProtocolViolation,
     RoundSpec,
+    check_source,
     dealer_key,
     mask_blocks,
     pair_codes,
     self_codes,
     sign,
-    user_bytes,
-    user_words,
 )
 
 BEFORE_ADVERTISE, AFTER_SHARE_KEYS, AFTER_MASKED_INPUT, DURING_UNMASK = range(len(PHASES))
@@ -103,8 +102,10 @@ def _member(n: int, positions: np.ndarray) -> np.ndarray:
 # --- phase 1: advertise keys ---------------------------------------------------------------------
 def advertise(ctx: StepContext, spec: RoundSpec) -> Message:
     """Each user draws two X25519 key pairs (c: share encryption, s: pairwise masks) and sends
-    the public keys. Keys come from the OS in ``secure`` mode, from the run's stream otherwise."""
+    the public keys. Keys come from the cohort's noise source: the OS in a secure run (``secure``
+    mode), the run's stream keyed by user id otherwise."""
     _maybe_die(ctx, spec, "advertise")
+    check_source(spec, ctx.noise)
     if spec.round in ctx.state.get("secagg", {}):
         raise ProtocolViolation(
             f"{ctx.name}: round {spec.round} was already started; keys are never re-issued"
@@ -119,7 +120,7 @@ def advertise(ctx: StepContext, spec: RoundSpec) -> Message:
     ctx.state["secagg"][spec.round] = st
     payload: dict = {"pos": pos[active]}
     if spec.mode in ("secure", "simulation"):
-        raw = user_bytes(spec, ctx.seed, "secagg-keys", ids[active], 64)
+        raw = ctx.noise.user_bytes("secagg-keys", spec.round, ids[active], 64)
         c_pk = np.empty((raw.shape[0], 32), dtype=np.uint8)
         s_pk = np.empty_like(c_pk)
         for i in range(raw.shape[0]):
@@ -183,9 +184,11 @@ def share_keys(ctx: StepContext, spec: RoundSpec, table: dict) -> Message:
     rows, key_rows, nb, alive_nb = rows[enough], key_rows[enough], nb[enough], alive_nb[enough]
 
     st.b_seed = np.zeros((len(st.ids), 32), dtype=np.uint8)
-    st.b_seed[rows] = user_bytes(spec, ctx.seed, "secagg-masks", st.ids[rows], 32)
+    st.b_seed[rows] = ctx.noise.user_bytes("secagg-masks", spec.round, st.ids[rows], 32)
     t = spec.threshold
-    coef = user_words(spec, ctx.seed, "secagg-shares", st.ids[rows], 2 * (t - 1) * shamir.CHUNKS)
+    coef = ctx.noise.user_words(
+        "secagg-shares", spec.round, st.ids[rows], 2 * (t - 1) * shamir.CHUNKS
+    )
     coef = coef.reshape(len(rows), 2, t - 1, shamir.CHUNKS)
     points = (np.arange(spec.n) + 1) if graph.complete else nb + 1
     key_shares = shamir.split(st.s_sk_bytes[key_rows], points, t, coef[:, 0])
@@ -284,7 +287,11 @@ def masked_input(
     ctx: StepContext, spec: RoundSpec, routed: dict, input_fn, input_args: tuple
 ) -> Message:
     """Each surviving user sends y_u = x_u + PRG(b_u) + Σ_{v ∈ N(u) ∩ U2} ±PRG(s_uv) mod 2^b; in
-    ``plain`` mode y_u = x_u (no protection: a labelled baseline only)."""
+    ``plain`` mode y_u = x_u (no protection: a labelled baseline only).
+
+    ``input_fn`` returns the users' inputs, or ``(inputs, event)`` when it adds DP noise through a
+    :mod:`rayfed.privacy` mechanism: every cohort's message then carries the event of the one
+    release their sum is (scope ``"run"``)."""
     _maybe_die(ctx, spec, "masked_input")
     st = _state(ctx, spec, "masked_input")
     u2 = np.asarray(routed["u2"])
@@ -299,7 +306,10 @@ def masked_input(
     ] = False
     st.received = {k: routed[k] for k in ("sender", "receiver", "ct") if k in routed}
     rows = np.flatnonzero(st.active)
-    x = np.asarray(input_fn(ctx, spec.round, st.ids[rows], *input_args), dtype=np.float64)
+    x, event = input_fn(ctx, spec.round, st.ids[rows], *input_args), None
+    if isinstance(x, tuple):
+        x, event = x
+    x = np.asarray(x, dtype=np.float64)
     if x.shape != (len(rows), spec.dim):
         raise ValueError(
             f"input function returned shape {x.shape}, expected {(len(rows), spec.dim)}"
@@ -321,7 +331,11 @@ def masked_input(
                 y[i] += _crypto.expand(st.b_seed[row].tobytes(), spec.dim, spec.word_dtype)
             _pair_masks_real(spec, st, rows, u2_member, graph, y)
     return Message(
-        "masked_input", {"pos": st.pos[rows], "y": spec.encoding.reduce(y)}, to="coordinator"
+        "masked_input",
+        {"pos": st.pos[rows], "y": spec.encoding.reduce(y)},
+        to="coordinator",
+        dp_event=event,
+        scope="run" if event is not None else None,
     )
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -70,27 +69,17 @@ def sign(u: np.ndarray, v: np.ndarray) -> np.ndarray:
     return np.where(np.asarray(u) > np.asarray(v), 1, -1)
 
 
-def user_words(
-    spec: RoundSpec, seed: int, purpose: str, ids: np.ndarray, n_words: int
-) -> np.ndarray:
-    """(len(ids), n_words) uint64 random words per user: the OS in ``secure`` mode, otherwise the
-    run's stream keyed by (purpose, round, user id) — reproducible and independent of cohorts."""
-    ids = np.asarray(ids, dtype=np.int64)
-    if spec.mode == "secure":
-        return np.frombuffer(os.urandom(8 * n_words * ids.size), dtype=np.uint64).reshape(
-            ids.size, n_words
+def check_source(spec: RoundSpec, noise) -> None:
+    """The mode must match the actor's randomness: ``secure`` draws every key from the OS, so it
+    needs a secure run; ``simulation`` and ``dealer`` derive keys from the run seed, so they are
+    refused in one (a secure run's label must not hide seeded keys)."""
+    if spec.mode == "secure" and not noise.secure:
+        raise ProtocolViolation("mode=secure needs a run with randomness=secure (keys from the OS)")
+    if spec.mode in ("simulation", "dealer") and noise.secure:
+        raise ProtocolViolation(
+            f"mode={spec.mode} derives keys from the run seed, which a secure run refuses: "
+            "use mode=secure"
         )
-    out = np.empty((ids.size, n_words), dtype=np.uint64)
-    for i, uid in enumerate(ids.tolist()):
-        out[i] = rng.stream(seed, purpose, spec.round, uid).bit_generator.random_raw(n_words)
-    return out
-
-
-def user_bytes(
-    spec: RoundSpec, seed: int, purpose: str, ids: np.ndarray, n_bytes: int
-) -> np.ndarray:
-    words = user_words(spec, seed, purpose, ids, math.ceil(n_bytes / 8))
-    return np.ascontiguousarray(words).view(np.uint8)[:, :n_bytes]
 
 
 def dealer_key(seed: int, round: int) -> bytes:

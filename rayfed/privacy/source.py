@@ -1,0 +1,159 @@
+"""Where an actor's secrets come from: DP noise, secret keys and masks.
+
+A run has one ``randomness``, and every actor holds a :class:`NoiseSource` built from it:
+
+* ``seeded`` — every stream is derived from the run's root seed, keyed by (purpose, round, id):
+  reproducible, and anyone who holds the seed (recorded in ``manifest.json``; the coordinator
+  included) can regenerate every draw. The guarantee holds only while the seed is secret from
+  every party.
+* ``secure`` — each actor draws a 128-bit secret from the OS when it starts and derives its noise
+  streams from it exactly as a seeded run derives them from the root seed (the same code); secret
+  keys, masks and seeds are read from ``os.urandom`` where they are used. The secret never leaves
+  the actor, so knowing the run seed gives nothing, and two runs draw different noise.
+
+The noise streams are numpy's PCG64 (and a vectorised Philox keyed per user): statistical
+generators, not cryptographic ones. They are never released raw — only data plus noise is — which
+is the usual assumption of DP libraries that do not claim a side-channel-free sampler.
+
+A source also keeps the events of the current step: every :mod:`rayfed.privacy` mechanism
+registers the event it drew under, and a message may carry only events built from those
+(:meth:`check_carried`) — so a charge is always tied to noise that was actually drawn.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections import Counter
+from typing import Any
+
+import numpy as np
+from dp_accounting import dp_event
+from scipy.special import ndtri
+
+from rayfed import rng
+from rayfed.errors import ConfigError, UnaccountedNoise
+
+RANDOMNESS = ("seeded", "secure")
+
+STATEMENTS = {
+    "seeded": "seeded randomness: every noise draw and secret key is derived from the run's root "
+    "seed (in manifest.json), so the guarantee holds only while that seed is secret from every "
+    "party, the coordinator included; reproducible",
+    "secure": "secure randomness: every noise draw and secret key comes from the OS inside the "
+    "actor that uses it; knowing the run seed gives nothing; not reproducible",
+}
+
+
+def leaves(event: dp_event.DpEvent) -> list[dp_event.DpEvent]:
+    """The mechanism events a composed event is built from (compositions and sampling unwrapped)."""
+    if isinstance(event, dp_event.SelfComposedDpEvent):
+        return leaves(event.event)
+    if isinstance(event, dp_event.ComposedDpEvent):
+        return [leaf for sub in event.events for leaf in leaves(sub)]
+    if isinstance(
+        event, (dp_event.PoissonSampledDpEvent, dp_event.SampledWithoutReplacementDpEvent)
+    ):
+        return leaves(event.event)
+    return [event]
+
+
+class NoiseSource:
+    """One actor's source of DP noise and secrets, chosen by the run's ``randomness``.
+
+    Parameters
+    ----------
+    randomness:
+        ``"seeded"`` or ``"secure"`` (see the module docstring).
+    seed:
+        The run's root seed (used only when seeded).
+    name:
+        The actor's name: the default identity of its streams.
+    """
+
+    def __init__(self, randomness: str, seed: int, name: str):
+        if randomness not in RANDOMNESS:
+            raise ConfigError("randomness", f"unknown randomness {randomness!r}", RANDOMNESS)
+        self.randomness = randomness
+        self.name = name
+        self._root = int(seed) if randomness == "seeded" else secrets.randbits(128)
+        self._draws: Counter = Counter()
+        self.events: list[dp_event.DpEvent] = []
+
+    @staticmethod
+    def seeded(seed: int, name: str = "local") -> NoiseSource:
+        """A seeded source outside any actor (tests, benchmarks, a driver-side baseline)."""
+        return NoiseSource("seeded", seed, name)
+
+    @property
+    def secure(self) -> bool:
+        return self.randomness == "secure"
+
+    def __repr__(self) -> str:  # never print the secret
+        return f"NoiseSource({self.randomness!r}, name={self.name!r})"
+
+    def __getstate__(self) -> dict[str, Any]:
+        if self.secure:
+            raise TypeError("a secure NoiseSource never leaves its actor")
+        return dict(self.__dict__)
+
+    # --- draws ---------------------------------------------------------------------------------
+    def generator(self, purpose: str, round: int = 0, ident: Any = None) -> np.random.Generator:
+        """A fresh Generator for (purpose, round, ident — default this actor's name).
+
+        Each call with the same key advances a draw counter, so two mechanisms in one actor never
+        reuse noise; the order of calls in an actor is the driver's, hence reproducible.
+        """
+        who = self.name if ident is None else ident
+        key = (purpose, int(round), repr(who))
+        draw = self._draws[key]
+        self._draws[key] += 1
+        return rng.stream(self._root, purpose, round, (who, draw))
+
+    def user_uniform(self, purpose: str, round: int, ids: np.ndarray, n: int = 1) -> np.ndarray:
+        """``(len(ids), n)`` uniforms in [0, 1) keyed by user id: in a seeded run a user's draws are
+        the same whichever cohort hosts it."""
+        return rng.keyed_uniform(self._root, purpose, round, np.asarray(ids, np.uint64), n)
+
+    def user_normal(self, purpose: str, round: int, ids: np.ndarray, n: int = 1) -> np.ndarray:
+        """``(len(ids), n)`` standard normals keyed by user id (inverse CDF of open uniforms)."""
+        words = rng.keyed_bits64(self._root, purpose, round, np.asarray(ids, np.uint64), n)
+        return ndtri(((words >> np.uint64(11)).astype(np.float64) + 0.5) * 2.0**-53)
+
+    def user_words(self, purpose: str, round: int, ids: np.ndarray, n: int) -> np.ndarray:
+        """``(len(ids), n)`` uint64 secret words per user (key material): the OS when secure."""
+        ids = np.asarray(ids, dtype=np.uint64)
+        if self.secure:
+            raw = os.urandom(8 * n * ids.size)
+            return np.frombuffer(raw, dtype=np.uint64).reshape(ids.size, n).copy()
+        return rng.keyed_bits64(self._root, purpose, round, ids, n)
+
+    def user_bytes(self, purpose: str, round: int, ids: np.ndarray, n: int) -> np.ndarray:
+        """``(len(ids), n)`` uint8 secret bytes per user (keys, seeds): the OS when secure."""
+        words = self.user_words(purpose, round, ids, -(-n // 8))
+        return np.ascontiguousarray(words).view(np.uint8).reshape(len(words), -1)[:, :n].copy()
+
+    def secret_bytes(self, purpose: str, n: int, round: int = 0, ident: Any = None) -> bytes:
+        """``n`` secret bytes of this actor (a key, a mask seed): the OS when secure."""
+        if self.secure:
+            return os.urandom(n)
+        return self.generator(purpose, round, ident).bytes(n)
+
+    # --- the step's events ---------------------------------------------------------------------
+    def begin_step(self) -> None:
+        self.events = []
+
+    def register(self, event: dp_event.DpEvent) -> None:
+        """Called by every mechanism with the event it drew under."""
+        self.events.append(event)
+
+    def check_carried(self, event: dp_event.DpEvent, what: str) -> None:
+        """UnaccountedNoise unless every mechanism event ``event`` is built from was drawn by a
+        mechanism in the current step."""
+        for leaf in leaves(event):
+            if leaf not in self.events:
+                raise UnaccountedNoise(
+                    f"{self.name}: {what} carries {leaf}, which no rayfed.privacy mechanism drew "
+                    "in this step (noise must be drawn through a mechanism, whose event the "
+                    "message then carries)"
+                )

@@ -1,0 +1,70 @@
+"""An exactness reference for secure aggregation that does not reuse what it checks.
+
+:func:`expected_survivors` derives whose input must be in a round's sum from the round's public
+inputs alone — the dropout schedule, the neighbour graph, the threshold and the cohorts planned to
+die at a phase — by the participation rules of Bonawitz et al. as this package states them, not
+from the protocol's own survivor set. :func:`exact_sum` is the sum of those users' raw inputs,
+quantised to the fixed-point grid and added in exact integers, without the modulus, the two's
+complement words or the decoder of :class:`~rayfed.secagg.encoding.FixedPoint`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from rayfed.dropout import NEVER
+
+#: a cohort lost at a phase (fault injection) sends nothing from that phase on
+PHASE_INDEX = {"advertise": 0, "share_keys": 1, "masked_input": 2, "unmask": 3}
+
+
+def _enough_neighbours(member: np.ndarray, graph, threshold: int) -> np.ndarray:
+    """Per position: at least ``threshold`` of its neighbours are in ``member``."""
+    if graph.complete:  # everyone else is a neighbour: no n x n table
+        return member.sum() - member >= threshold
+    nb = graph.neighbours(np.arange(member.size))
+    return member[nb].sum(axis=1) >= threshold
+
+
+def expected_survivors(
+    registry: np.ndarray,
+    drop: np.ndarray,
+    graph,
+    threshold: int,
+    lost_at: np.ndarray | None = None,
+) -> np.ndarray:
+    """The user ids whose masked input must be in the round's sum.
+
+    Parameters
+    ----------
+    registry:
+        The round's sorted user ids (a user's position is its index here).
+    drop:
+        Per position, the index of the phase the schedule drops it at (``DropoutSchedule.drop_phase``:
+        0 before advertising … 3 during unmasking, 4 never).
+    graph:
+        The round's public neighbour graph.
+    threshold:
+        Shamir's t: a user with fewer than t live neighbours cannot share its secrets (at share
+        keys) or spread its mask (at masked input), and leaves.
+    lost_at:
+        Per position, the index of the phase at which its cohort died (4: never).
+    """
+    lost = np.full(registry.size, NEVER) if lost_at is None else np.asarray(lost_at)
+    u1 = (drop > 0) & (lost > 0)  # advertised its keys
+    u2 = u1 & _enough_neighbours(u1, graph, threshold) & (lost > 1)  # shared them
+    u3 = u2 & (drop > 1) & (lost > 2)  # sends a masked input ...
+    u3 &= _enough_neighbours(u2, graph, threshold)  # ... if its mask has enough peers
+    return np.asarray(registry)[u3]
+
+
+def exact_sum(inputs: np.ndarray, clip: float, frac_bits: int) -> np.ndarray:
+    """Σ_users round(clip(x)·2^f) per coordinate, as exact integers (int64 while the bound n·R
+    fits, Python integers beyond)."""
+    x = np.asarray(inputs, dtype=np.float64)
+    scaled = np.rint(np.clip(x, -clip, clip) * 2.0**frac_bits)  # exact: a power-of-two scale
+    bound = len(x) * int(round(clip * 2**frac_bits))
+    if bound < 2**62:
+        return scaled.astype(np.int64).sum(axis=0)
+    ints = np.array([[int(v) for v in row] for row in scaled], dtype=object).reshape(scaled.shape)
+    return ints.sum(axis=0)
