@@ -26,6 +26,7 @@ import numpy as np
 import rayfed
 from rayfed import rng
 from rayfed.ldp import bitvector as bv
+from rayfed.privacy import NoiseSource, binary_randomized_response
 
 SHAPES = Path(__file__).resolve().parents[2] / "shared" / "data"
 TABLE_III = [  # label, options, the paper's NMI
@@ -84,14 +85,20 @@ def estimator_error(args) -> dict:
     """Mean and sd of d̂ vs the true distance (μ = 100, fresh anchors per trial) and ERR_avg with
     and without distance consistence (noise-free BV, uniform [0, 25], t = 3, 200 points)."""
     gen = rng.stream(0, "evaluation", 0, "ldp-bitvector-estimator")
+    noise = NoiseSource.seeded(0, "ldp-bitvector-estimator")
     s, trials = args.bits, 400 if args.small else 1000
+
+    def rr(bits, eps):  # the custodians' per-bit randomized response
+        keep = bv.keep_probability(eps)
+        return binary_randomized_response(noise, bits, keep_probability=keep)[0]
+
     by_distance = []
     for eps in (0.5, 1.0, 2.0, 4.0):
         for d in (0, 5, 10, 25, 40, 50):
             r = gen.uniform(-25, 75, (trials, s))
             x = np.full((trials, 1), 0.0 if d > 25 else 20.0)
-            bx = bv.randomize(np.abs(x - r) <= 25, eps, gen.random((trials, s)))
-            by = bv.randomize(np.abs(x + d - r) <= 25, eps, gen.random((trials, s)))
+            bx = rr(np.abs(x - r) <= 25, eps)
+            by = rr(np.abs(x + d - r) <= 25, eps)
             est = bv.debias((bx != by).sum(1), s, 100.0, eps)
             by_distance.append(
                 {

@@ -93,6 +93,9 @@ def run(
     check_size(proto, cfg, run_opts)  # before plan builds any data
     plan: Plan = proto.plan(cfg, run_opts.seed)  # bad data fails here, before any actor exists
     check_member_names(list(plan.parties) + list(plan.cohorts))
+    members = {"parties": sorted(plan.parties), "cohorts": sorted(plan.cohorts)}
+    faults = [parse_fault(text) for text in run_opts.fail or []]
+    check_members(faults, members)  # before the run directory exists
     placement: dict[str, dict] = {}
     if run_opts.backend == "ray":
         resources = ensure_ray(run_opts.address, run_opts.num_cpus)  # an unreachable address, too
@@ -110,9 +113,7 @@ def run(
         "versions": versions(),
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
-    manifest["members"] = {"parties": sorted(plan.parties), "cohorts": sorted(plan.cohorts)}
-    faults = [parse_fault(text) for text in run_opts.fail or []]
-    check_members(faults, manifest["members"])
+    manifest["members"] = members
     if rundir:
         rundir.write_manifest(manifest)
     started = time.perf_counter()
@@ -152,6 +153,12 @@ def run(
         if fed.per_round:
             outcome.metrics.setdefault("per_round", fed.per_round)
         privacy = fed.privacy_report()
+        privacy.requested_epsilon = requested = plan.requested_epsilon
+        if requested is not None and privacy.epsilon > requested * (1 + 1e-9):
+            outcome.headline += (
+                f" [ε spent {privacy.epsilon:.4g} > ε requested {requested:g}: this mode's "
+                "calibration does not deliver the requested ε]"
+            )
         result = Result(
             protocol=proto.name,
             run_id=run_id,
@@ -166,6 +173,7 @@ def run(
             seconds=time.perf_counter() - started,
             headline=outcome.headline,
             run_dir=str(rundir.path) if rundir else None,
+            noise_fingerprints=fed.noise_fingerprints(),
         )
         if rundir:
             _write_result(rundir, manifest, result)

@@ -9,6 +9,8 @@ rayfed run PROTOCOL --help
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import sys
 import textwrap
 import time
@@ -190,7 +192,14 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return args.func(args)
+        code = args.func(args)
+        sys.stdout.flush()  # a closed pipe shows here, not at interpreter exit
+        return code
+    except BrokenPipeError:
+        # the reader went away (``rayfed list | head -1``): stop quietly, as a tool killed by
+        # SIGPIPE would; point stdout at /dev/null so the exit-time flush cannot fail again
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
     except ConfigError as err:
         print(f"rayfed: configuration error: {err}", file=sys.stderr)
         return 2

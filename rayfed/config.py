@@ -119,8 +119,10 @@ class DataConfig:
 class RunOptions:
     """How a run is executed, common to every protocol."""
 
-    seed: int = option(0, "root seed: every random stream of the run is derived from it")
-    deadline_s: float = option(120.0, "deadline of every remote wait, in seconds")
+    seed: int = option(
+        0, "root seed: every random stream of the run is derived from it", at_least=0
+    )
+    deadline_s: float = option(120.0, "deadline of every remote wait, in seconds", above=0)
     backend: Literal["ray", "local"] = option(
         "ray", "ray: Ray actors; local: same drivers in-process, no Ray"
     )
@@ -133,7 +135,7 @@ class RunOptions:
     address: str | None = option(
         None, "Ray cluster address (default: RAY_ADDRESS, else an embedded local Ray)"
     )
-    num_cpus: int | None = option(None, "CPUs of the embedded local Ray (default: all)")
+    num_cpus: int | None = option(None, "CPUs of the embedded local Ray (default: all)", at_least=1)
     out_dir: str | None = option("runs", "where run directories are written; empty: write nothing")
     party_resource: str | None = option(
         None,
@@ -145,22 +147,13 @@ class RunOptions:
         None,
         "memory each cohort actor reserves (Ray's memory resource); default: estimated from its "
         "data, and checked against the cluster before the run starts",
+        at_least=1,
     )
     fail: list[str] | None = option(
         None, "fault injection: party=NAME@round=R or cohort=K@phase=P (a list; see rayfed.faults)"
     )
 
     def validate(self) -> None:
-        if self.seed < 0:
-            raise ConfigError("seed", f"must be >= 0, got {self.seed}")
-        if not (math.isfinite(self.deadline_s) and self.deadline_s > 0):
-            raise ConfigError(
-                "deadline_s", f"must be a number of seconds > 0, got {self.deadline_s!r}"
-            )
-        if self.cohort_memory_mb is not None and self.cohort_memory_mb < 1:
-            raise ConfigError("cohort_memory_mb", f"must be >= 1, got {self.cohort_memory_mb}")
-        if self.num_cpus is not None and self.num_cpus < 1:
-            raise ConfigError("num_cpus", f"must be >= 1, got {self.num_cpus}")
         from rayfed.faults import parse
 
         for text in self.fail or []:
@@ -230,7 +223,7 @@ def coerce(value: Any, tp: Any, name: str) -> Any:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(name, f"expected a number, got {value!r}")
         if not math.isfinite(value):
-            raise ConfigError(name, f"expected a finite number, got {value!r}")
+            raise ConfigError(name, f"expected a finite number, got {value!r}", "a finite number")
         return float(value)
     if tp is str:
         if not isinstance(value, (str, int, float)) or isinstance(value, bool):
@@ -262,7 +255,7 @@ def from_mapping(cls: type, values: dict[str, Any], prefix: str = "") -> Any:
         bounds = known[key].metadata.get("bounds")
         numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
         if bounds is not None and numeric and not bounds.admits(value):
-            raise ConfigError(f"{prefix}{key}", f"must be {bounds.text()}, got {value!r}")
+            raise ConfigError(f"{prefix}{key}", f"{value!r} is out of range", bounds.text())
     obj = cls(**kwargs)
     if hasattr(obj, "validate"):
         obj.validate()
@@ -331,7 +324,10 @@ def describe(cls: type, prefix: str = "") -> list[tuple[str, str, str, str]]:
             rows.extend(describe(tp, prefix=f"{prefix}{f.name}."))
             continue
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
-        rows.append((prefix + f.name, _type_name(tp), repr(default), f.metadata.get("help", "")))
+        kind = _type_name(tp)
+        if "bounds" in f.metadata:
+            kind += f" ({f.metadata['bounds'].text()})"
+        rows.append((prefix + f.name, kind, repr(default), f.metadata.get("help", "")))
     return rows
 
 

@@ -17,6 +17,7 @@ from rayfed.actors.base import Crash, StepContext
 from rayfed.errors import ConfigError
 
 ROLES = {"party": "parties", "cohort": "cohorts"}
+MEMBER = {group: role for role, group in ROLES.items()}  # "parties" -> "party"
 _SPEC = re.compile(r"^(party|cohort)=([^@=\s]+)@(round|phase)=([^@=\s]+)$")
 FORMAT = "party=NAME@round=R, party=NAME@phase=P, cohort=K@phase=P or cohort=K@round=R"
 
@@ -57,7 +58,7 @@ def check_members(faults: list[Fault], members: dict[str, list[str]]) -> None:
         if fault.member not in members.get(fault.role, []):
             known = members.get(fault.role) or ["(none)"]
             raise ConfigError(
-                "fail", f"this run has no {fault.role[:-1]} {fault.member!r}", ", ".join(known)
+                "fail", f"this run has no {MEMBER[fault.role]} {fault.member!r}", ", ".join(known)
             )
 
 

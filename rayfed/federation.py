@@ -33,14 +33,13 @@ from rayfed.actors.cohort import UserCohortActor
 from rayfed.actors.coordinator import CoordinatorActor
 from rayfed.actors.party import PartyActor
 from rayfed.errors import BelowThreshold, ConfigError, PartyFailed, RayfedError, RoundTimeout
-from rayfed.faults import ROLES as FAULT_ROLES
+from rayfed.faults import MEMBER as MEMBER_ROLE
 from rayfed.privacy.ledger import Budget, event_to_dict
 from rayfed.privacy.source import RANDOMNESS
 
 BACKENDS = ("ray", "local")
 RESERVED = ("coordinator", "parties", "cohorts")
 STARTUP_DEADLINE_S = 60.0
-MEMBER_ROLE = {group: role for role, group in FAULT_ROLES.items()}  # group name -> actor role
 
 
 @dataclass
@@ -499,6 +498,26 @@ class Federation:
             self.shutdown()
             raise
         return self
+
+    def noise_fingerprints(self) -> dict[str, list[str]]:
+        """member -> digests of its noise releases in draw order (two runs drew the same noise
+        iff these agree); in memory only, for tests and audits."""
+        handles = {
+            name: handle
+            for group in (self.coordinator, self.parties, self.cohorts)
+            for name, handle in group.handles.items()
+            if not isinstance(handle, _DeadMember)
+        }
+        if self.backend == "local":
+            return {name: h.noise_fingerprints() for name, h in handles.items()}
+        import ray
+
+        refs = {name: h.noise_fingerprints.remote() for name, h in handles.items()}
+        out = {}
+        for name, ref in refs.items():
+            with contextlib.suppress(ray.exceptions.RayError):  # a member that died: no draws
+                out[name] = ray.get(ref, timeout=self.deadline_s)
+        return out
 
     def placement(self) -> dict[str, str]:
         """member -> the node id it runs on (``"local"`` in-process)."""

@@ -98,5 +98,5 @@ def check_data_size(need: int, cfg, where: str, have: int) -> None:
         f"this run would build about {need / 2**30:,.1f} GiB of data"
         + (f" ({name}={value:,})" if value is not None else "")
         + f", more than the {have / 2**30:,.1f} GiB {where} has",
-        f"a smaller {name}, or a larger machine or cluster",
+        f"lower {name}, or run on a larger machine or cluster",
     )

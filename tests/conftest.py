@@ -42,3 +42,21 @@ def run_small_job(tmp_path):
         return tmp_path
 
     return run
+
+
+@pytest.fixture
+def bounded():
+    """``bounded(seconds, fn, *args, **kwargs)``: fn's result (or exception), or a test failure if
+    fn has not finished within ``seconds`` — a guard against a hang, not a speed check."""
+    import concurrent.futures
+
+    def call(seconds, fn, *args, **kwargs):
+        pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
+        try:
+            return pool.submit(fn, *args, **kwargs).result(timeout=seconds)
+        except concurrent.futures.TimeoutError:
+            pytest.fail(f"{getattr(fn, '__name__', fn)} hung for {seconds} s")
+        finally:
+            pool.shutdown(wait=False)
+
+    return call

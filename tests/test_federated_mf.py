@@ -4,13 +4,15 @@ the honest ε of both modes, and the orderings against the baselines."""
 import math
 
 import numpy as np
+import pyarrow as pa
 import pytest
 
 import rayfed
 from rayfed.actors.base import StepContext
-from rayfed.privacy import share_noise
+from rayfed.privacy import NoiseSource, share_noise
 from rayfed.protocols.federated_mf import (
     effective_variance,
+    lfl_round1_inputs,
     lfl_round2_step,
     noise_shares,
     worst_case_variance,
@@ -52,6 +54,46 @@ def test_aggregate_noise_variance_is_f_sigma_squared():
     total = share.sum(axis=0) + beta * msg.payload["values"].sum(axis=0)
     f = u2 * z2 + (n - u2) * z1
     assert abs(total.var() / (f * sigma**2) - 1) < 4 * math.sqrt(2 / d)
+
+
+@pytest.mark.parametrize("randomness", ["seeded", "secure"])
+def test_the_seed_holder_can_strip_round_one_noise_only_in_a_seeded_run(randomness):
+    """Regression (issue 15): the coordinator holds the seed (manifest.json), regenerates every
+    user's Round-1 share and subtracts it from S1. Seeded, what is left is the exact gradient
+    sum; secure, the whole noise (sd sqrt(n·ζ1)·σ per coordinate) is still there."""
+    n, m, p, sigma, zeta1 = 40, 6, 3, 5.0, 1 / 30
+    ids = np.arange(n)
+    gen = np.random.default_rng(4)
+    items, ratings = gen.integers(0, m, n), gen.uniform(1, 5, n)
+    table = pa.table({"user_id": ids, "item": items, "rating": ratings, "split": ["train"] * n})
+    u, v = gen.normal(0, 0.5, (n, p)), gen.normal(0, 0.5, (m, p))
+    ctx = StepContext(
+        name="c0",
+        role="cohort",
+        seed=9,
+        table=table,
+        state={"ids": ids, "u": u},
+        randomness=randomness,
+    )
+    noise = dict(z=sigma, sensitivity=1.0, zeta1=zeta1, quorum=30, zeta2=zeta1)
+    inputs, _ = lfl_round1_inputs(ctx, 0, ids, v, noise)
+    attack = share_noise(
+        NoiseSource.seeded(9, "coordinator"),
+        ids,
+        m * p,
+        l2_sensitivity=1.0,
+        noise_multiplier=sigma,
+        share=zeta1,
+    )
+    left = inputs.sum(axis=0) - attack.sum(axis=0)
+    grads = np.zeros((m, p))  # each user's one rating: G_i[j] = -2 (x - <u_i, v_j>) u_i
+    for i in range(n):
+        grads[items[i]] += -2 * (ratings[i] - u[i] @ v[items[i]]) * u[i]
+    residual = left - grads.ravel()
+    if randomness == "seeded":
+        assert np.allclose(residual, 0, atol=1e-9)
+    else:  # 18 coordinates of N(0, n·ζ1·σ²): a sample sd below half the truth has p < 1e-4
+        assert residual.std() > 0.5 * math.sqrt(n * zeta1) * sigma
 
 
 def test_below_the_threshold_an_iteration_is_skipped_and_releases_nothing():

@@ -147,12 +147,12 @@ def test_messages_flow_and_transcript(backend):
 
 
 @pytest.mark.ray
-def test_deadline_raises_round_timeout_naming_the_party(ray_cluster):
+def test_deadline_raises_round_timeout_naming_the_party(ray_cluster, bounded):
+    """p1 sleeps 30 s: only the 2 s deadline can end the phase with RoundTimeout (without it the
+    step would return normally); the bounded wait fails the test on a hang."""
     with make_fed("ray", deadline_s=2.0) as fed:
-        started = time.perf_counter()
         with pytest.raises(RoundTimeout, match="p1") as info:
-            fed.parties.run(sleepy, 30, phase="slow")
-        assert time.perf_counter() - started < 10
+            bounded(60, fed.parties.run, sleepy, 30, phase="slow")
         assert info.value.parties == ["p1"] and info.value.phase == "parties:slow"
 
 

@@ -583,18 +583,23 @@ def test_birch2_empty_clusters():
 @pytest.mark.slow
 def test_adult_constrained_private_beats_unconstrained_nonprivate():
     """§6 check 8, Adult (k = 3, Z_2^64): constrained private NMA at ε = 4 has lower WCSS than the
-    unconstrained non-private baseline. Observed over seeds 0-3: private 11876 ± 7 (the balanced
-    assignment is stable), baseline 15625 ± 2421 ([ref-sim] 12064 vs 14549 ± 1953). The gap is
-    ≈ 1.5 baseline sds; on seeds 0-1 (11876 vs 16115) we require the baseline mean to exceed
-    the private one by 10 % (≈ 0.5 baseline sd) and every private run to beat every baseline."""
+    unconstrained non-private baseline, paired by seed (same data split and initialisation).
+    Measured over seeds 0-7: private 11976 ± 293 (sd; the balanced assignment is stable),
+    baseline 12733 ± 897, and every paired difference > 0 (9, 14, 47, 122, 873, 1313, 1550,
+    2015). On seeds 0-3 the paired differences have mean 1062 and standard error 410, so the
+    mean gap must exceed 2 se, and no seed may favour the baseline ([ref-sim]: 12064 vs 14549)."""
     options = file_options(ADULT, ADULT_COLUMNS, 3) | {"ring_bits": 64}
-    private = [run(seed=s, **options).metrics["wcss"] for s in range(2)]
-    baseline = [
-        run(seed=s, noise="none", assignment="unconstrained", **options).metrics["wcss"]
-        for s in range(2)
-    ]
-    assert np.mean(private) * 1.1 < np.mean(baseline), (private, baseline)
-    assert max(private) < min(baseline)
+    seeds = range(4)
+    private = np.array([run(seed=s, **options).metrics["wcss"] for s in seeds])
+    baseline = np.array(
+        [
+            run(seed=s, noise="none", assignment="unconstrained", **options).metrics["wcss"]
+            for s in seeds
+        ]
+    )
+    gap = baseline - private
+    assert gap.mean() > 2 * gap.std(ddof=1) / np.sqrt(len(gap)), (private, baseline)
+    assert (gap > 0).all(), (private, baseline)
 
 
 # --- 10. bad input ------------------------------------------------------------------------------
@@ -717,9 +722,15 @@ def test_repro_job_small(run_small_job):
     assert set(record["sections"]) == {"table", "curves", "init"}
     table = record["sections"]["table"]
     assert {r["dataset"] for r in table} == {"s1", "iris"}
-    assert all(r["runs"] == 2 and r["wcss"] > 0 for r in table)
+    assert all(r["runs"] == 2 for r in table)
+    # The full job's 100 runs per cell put the per-run sd at about 20 on S1 (WCSS ≈ 84) and 6 on
+    # Iris (≈ 35), so a mean of 2 runs has a standard error of 14 and 4: ±50 % of the thesis's
+    # number is > 3 se on both, and a broken protocol (unconstrained AMN: 433 on S1) is far out.
+    for r in table:
+        if "thesis" in r:
+            assert abs(r["wcss"] / r["thesis"] - 1) < 0.5, r
     assert any(r["epsilon_spent"] > 7 for r in table)  # AMN with the thesis's sensitivity
-    assert "check 6: s1 AMN unconstrained private ≫ constrained" in record["checks"]
+    assert record["checks"]["check 6: s1 AMN unconstrained private ≫ constrained"] is True
     assert all(Path(p).exists() for p in record["plots"])
 
 

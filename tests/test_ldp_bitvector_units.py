@@ -22,6 +22,7 @@ from sklearn.metrics import normalized_mutual_info_score
 from rayfed import rng
 from rayfed.clustering import kcluster
 from rayfed.ldp import bitvector as bv
+from rayfed.privacy import NoiseSource, binary_randomized_response
 
 ROOT = 20240923
 
@@ -81,8 +82,16 @@ def _codes_fresh_anchors(gen, values, trials, s, low, high, t, eps=None):
     codes = bv.encode(np.asarray(values, dtype=np.float64), r.ravel(), t)
     codes = codes.reshape(len(values), trials, s)
     if eps is not None:
-        codes = bv.randomize(codes, eps, gen.random(codes.shape))
+        codes = _rr(codes, eps, gen)
     return codes
+
+
+def _rr(bits: np.ndarray, eps: float, gen) -> np.ndarray:
+    """Per-bit RR (Eq. 7) through the mechanism the custodians use, on a seeded source."""
+    noise = NoiseSource.seeded(int(gen.integers(2**31)), "custodian")
+    flat = np.asarray(bits).reshape(-1, 1)
+    out, _ = binary_randomized_response(noise, flat, keep_probability=bv.keep_probability(eps))
+    return out.reshape(np.shape(bits))
 
 
 def _binomial_sd_of_dhat(d: float, s: int, mu: float, t: float, eps: float | None) -> float:
@@ -198,7 +207,7 @@ def test_randomize_flips_each_bit_with_probability_q():
     for eps in (0.5, 2.0):
         gen = _gen("flip", eps)
         bits = gen.random(n_bits) < 0.5
-        out = bv.randomize(bits, eps, gen.random(n_bits))
+        out = _rr(bits, eps, gen)
         _, q = _pq(eps)
         # the flip count is Binomial(n, q): 4 sd of the rate is 4·sqrt(q(1-q)/n) (≈ 0.003)
         rate = np.count_nonzero(out != bits) / n_bits
@@ -390,7 +399,7 @@ def test_distance_consistence_matches_the_literal_algorithm(case):
     codes = bv.encode(x, r, t)
     eps = 2.0 if case == "noisy" else None
     if eps is not None:
-        codes = bv.randomize(codes, eps, gen.random(codes.shape))
+        codes = _rr(codes, eps, gen)
     d = bv.debias(bv.hamming(codes, codes), s, mu, eps).astype(np.float64)
     d = (d + d.T) / 2
     np.fill_diagonal(d, 0.0)

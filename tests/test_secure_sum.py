@@ -68,6 +68,35 @@ def test_vectors_from_a_file(tmp_path):
     assert result.metrics["exact"] and result.metrics["dim"] == 2 and result.metrics["users"] == 50
 
 
+def test_a_sum_of_exactly_two_to_the_53_is_exact(tmp_path):
+    """Regression (issue 15): n·R = 2^53 (here 8 users x 2^50 with clip 2^50 at frac_bits 0; the
+    issue's 4 x 2^51 is the same n·R) — the old float log2 sized the modulus one bit short, the
+    sum wrapped to -2^53 and was reported exact."""
+    path = tmp_path / "big.csv"
+    pacsv.write_csv(pa.table({"uid": np.arange(8), "v": np.full(8, 2.0**50)}), path)
+    result = rayfed.run(
+        "secure-sum",
+        backend="local",
+        out_dir=None,
+        clip=2.0**50,
+        frac_bits=0,
+        data={"path": str(path), "key": "uid"},
+    )
+    assert result.metrics["modulus_bits"] == 55
+    assert result.tables["sum"]["secure_sum"].to_pylist() == [2.0**53]
+    assert result.metrics["exact"]
+
+
+def test_a_text_value_column_is_refused_at_plan_time(tmp_path):
+    path = tmp_path / "text.csv"
+    pacsv.write_csv(pa.table({"uid": [1, 2, 3], "v": ["a", "b", "c"]}), path)
+    with pytest.raises(ConfigError, match="not numeric") as err:
+        rayfed.run(
+            "secure-sum", backend="local", out_dir=None, data={"path": str(path), "key": "uid"}
+        )
+    assert err.value.field == "data.columns.values.v"
+
+
 def test_cli_run_prints_exactness_and_phase_times(capsys, out_dir):
     assert (
         main(

@@ -173,6 +173,10 @@ class RoleActor:
     def ping(self) -> str:
         return self.ctx.name
 
+    def noise_fingerprints(self) -> list[str]:
+        """Digests of every noise release this actor drew (see NoiseSource.fingerprints)."""
+        return list(self.ctx.noise.fingerprints)
+
     def node(self) -> str:
         """The Ray node this actor runs on ("local" in-process)."""
         if not self.in_ray:

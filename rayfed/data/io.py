@@ -33,23 +33,36 @@ def load_table(path: str | Path, format: str = "auto") -> pa.Table:
                 f"cannot tell the format of {path.name!r} from its suffix",
                 ["csv", "parquet", "arrow"],
             )
+    if format not in ("csv", "parquet", "arrow"):
+        raise DataError(
+            "data.format", f"unknown format {format!r}", ["auto", "csv", "parquet", "arrow"]
+        )
+    if path.is_file() and path.stat().st_size == 0:
+        raise DataError("data.path", f"{path} is empty: no rows", "a file with at least one row")
     try:
-        if format == "csv":
-            return pacsv.read_csv(path)
-        if format == "parquet":
-            return pq.read_table(path)
-        if format == "arrow":
-            with pa.memory_map(str(path)) as source:
-                try:
-                    return pa.ipc.open_file(source).read_all()
-                except pa.ArrowInvalid:
-                    source.seek(0)
-                    return pa.ipc.open_stream(source).read_all()
+        table = _read(path, format)
     except (OSError, pa.ArrowException) as err:
         raise DataError("data.path", f"cannot read {path} as {format}: {err}") from err
-    raise DataError(
-        "data.format", f"unknown format {format!r}", ["auto", "csv", "parquet", "arrow"]
-    )
+    if table.num_rows == 0:
+        raise DataError(
+            "data.path",
+            f"{path} has no rows (columns: {', '.join(table.column_names) or 'none'})",
+            "a file with at least one row",
+        )
+    return table
+
+
+def _read(path: Path, format: str) -> pa.Table:
+    if format == "csv":
+        return pacsv.read_csv(path)
+    if format == "parquet":
+        return pq.read_table(path)
+    with pa.memory_map(str(path)) as source:
+        try:
+            return pa.ipc.open_file(source).read_all()
+        except pa.ArrowInvalid:
+            source.seek(0)
+            return pa.ipc.open_stream(source).read_all()
 
 
 def require_columns(table: pa.Table, columns: list[str], field: str) -> None:
@@ -59,10 +72,20 @@ def require_columns(table: pa.Table, columns: list[str], field: str) -> None:
         raise DataError(field, f"column(s) {missing} not in the data", table.column_names)
 
 
-def require_clean(table: pa.Table, columns: list[str], field: str = "data") -> None:
-    """DataError if a column has missing values, or NaN/inf in a floating-point column."""
+def require_clean(
+    table: pa.Table, columns: list[str], field: str = "data", *, numeric: bool = False
+) -> None:
+    """DataError if a column has missing values, or NaN/inf in a floating-point column; with
+    ``numeric``, also if a column is not integer or floating point (checked at plan time, so a
+    text column never reaches an actor)."""
     for name in columns:
         col = table.column(name)
+        if numeric and not (pa.types.is_integer(col.type) or pa.types.is_floating(col.type)):
+            raise DataError(
+                f"{field}.{name}",
+                f"column {name!r} is not numeric ({col.type})",
+                "a numeric column (integers or floats)",
+            )
         if col.null_count:
             raise DataError(
                 f"{field}.{name}",

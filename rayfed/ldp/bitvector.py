@@ -41,11 +41,6 @@ def encode(values: np.ndarray, r: np.ndarray, t: float) -> np.ndarray:
 keep_probability = rr_keep_probability  # binary RR: report the true bit w.p. e^ε/(1+e^ε)
 
 
-def randomize(bits: np.ndarray, eps: float, u: np.ndarray) -> np.ndarray:
-    """Symmetric per-bit randomized response (Eq. 7): flip where the uniform u < q = 1/(e^ε+1)."""
-    return bits ^ (u < 1 - keep_probability(eps))
-
-
 # --- distances --------------------------------------------------------------------------------------
 def hamming(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """All-pairs Hamming distances of two boolean matrices (rows), by one BLAS product."""

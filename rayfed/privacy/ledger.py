@@ -183,6 +183,8 @@ class PrivacyReport:
     #: where the noise and secrets came from: "seeded" or "secure" (rayfed.privacy.source)
     randomness: str = "seeded"
     randomness_statement: str = ""
+    #: the ε the user asked for where a faithful mode's budget is its true, higher, cost
+    requested_epsilon: float | None = None
     notes: list[str] = field(default_factory=list)
     entries: list[dict[str, Any]] = field(default_factory=list)
     composed_event: dict[str, Any] = field(default_factory=dict)

@@ -39,7 +39,7 @@ def laplace_event(l1_sensitivity: float, epsilon: float) -> dp_event.LaplaceDpEv
 
 
 def _drawn(noise: NoiseSource, release, event):
-    noise.register(event)
+    noise.register(event, release)
     return release, event
 
 

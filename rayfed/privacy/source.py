@@ -22,6 +22,7 @@ registers the event it drew under, and a message may carry only events built fro
 
 from __future__ import annotations
 
+import hashlib
 import os
 import secrets
 from collections import Counter
@@ -43,6 +44,19 @@ STATEMENTS = {
     "secure": "secure randomness: every noise draw and secret key comes from the OS inside the "
     "actor that uses it; knowing the run seed gives nothing; not reproducible",
 }
+
+
+def _feed(digest, release: Any) -> bool:
+    """Hash every array (and number) in a release; False if it holds none (nothing was drawn)."""
+    if isinstance(release, dict):
+        return any([_feed(digest, release[k]) for k in sorted(release)])
+    if isinstance(release, (list, tuple)):
+        return any([_feed(digest, r) for r in release])
+    values = np.asarray(release)
+    if values.size == 0 or values.dtype == object:
+        return False
+    digest.update(np.ascontiguousarray(values).tobytes())
+    return True
 
 
 def leaves(event: dp_event.DpEvent) -> list[dp_event.DpEvent]:
@@ -79,6 +93,9 @@ class NoiseSource:
         self._root = int(seed) if randomness == "seeded" else secrets.randbits(128)
         self._draws: Counter = Counter()
         self.events: list[dp_event.DpEvent] = []
+        #: a short digest of every mechanism's release, in draw order: two runs drew the same
+        #: noise iff these agree (kept in memory for tests and audits, never written out)
+        self.fingerprints: list[str] = []
 
     @staticmethod
     def seeded(seed: int, name: str = "local") -> NoiseSource:
@@ -143,9 +160,12 @@ class NoiseSource:
     def begin_step(self) -> None:
         self.events = []
 
-    def register(self, event: dp_event.DpEvent) -> None:
-        """Called by every mechanism with the event it drew under."""
+    def register(self, event: dp_event.DpEvent, release: Any = None) -> None:
+        """Called by every mechanism with the event it drew under and its release."""
         self.events.append(event)
+        digest = hashlib.blake2b(digest_size=8)
+        if _feed(digest, release):
+            self.fingerprints.append(digest.hexdigest())
 
     def check_carried(self, event: dp_event.DpEvent, what: str) -> None:
         """UnaccountedNoise unless every mechanism event ``event`` is built from was drawn by a

@@ -31,6 +31,9 @@ class Plan:
 
     budget: Budget
     ledger: dict[str, Any]
+    #: the ε the user asked for, where a faithful mode runs a paper's calibration whose true cost
+    #: (the budget) is higher: the headline then states both
+    requested_epsilon: float | None = None
     parties: dict[str, tuple[pa.Table, dict]] = field(default_factory=dict)
     cohorts: dict[str, tuple[pa.Table, dict]] = field(default_factory=dict)
     rounds: int = 1
@@ -67,6 +70,9 @@ class Result:
     seconds: float
     headline: str = ""
     run_dir: str | None = None
+    #: member -> digests of its noise releases (NoiseSource.fingerprints): compare two runs'
+    #: noise without exposing it; in memory only, never written to the run directory
+    noise_fingerprints: dict[str, list[str]] = field(default_factory=dict, repr=False)
 
     def summary(self) -> str:
         """A few lines for the end of a CLI run."""
@@ -94,6 +100,9 @@ class Protocol:
     name: ClassVar[str]
     summary: ClassVar[str]
     Config: ClassVar[type]
+    #: small, fast configurations covering the protocol's main modes (a second each, locally):
+    #: tests/conformance runs every check on them, so a new protocol is checked by declaring these
+    examples: ClassVar[tuple[dict[str, Any], ...]] = ({},)
 
     def resolve_randomness(self, cfg: Any, randomness: str) -> tuple[Any, str]:
         """(config, the run's randomness) once the run option ``randomness`` and the protocol's own

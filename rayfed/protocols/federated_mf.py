@@ -78,72 +78,81 @@ class FederatedMFConfig:
         "LFL: corrected (the spec's fix, nominal ε holds) or faithful (the thesis; ε is larger)",
     )
     epsilon: float = option(
-        1.0, "target ε (per user, or per rating in VFL/HFL with privacy_unit=rating)"
+        1.0, "target ε (per user, or per rating in VFL/HFL with privacy_unit=rating)", above=0
     )
-    delta: float | None = option(None, "δ (default 1/number of ratings)")
-    iterations: int = option(10, "T, server iterations (the spec uses 10 for LFL, 100 for VFL/HFL)")
-    rank: int = option(10, "embedding dimension p")
-    bound: float = option(5.0, "R: rows are clipped to ‖x‖² <= R (ratings must lie in [0, R])")
-    pretrain_steps: int = option(50, "LFL/HFL Stage 1: local gradient steps on the user embeddings")
+    delta: float | None = option(None, "δ (default 1/number of ratings)", above=0, below=1)
+    iterations: int = option(
+        10, "T, server iterations (the spec uses 10 for LFL, 100 for VFL/HFL)", at_least=1
+    )
+    rank: int = option(10, "embedding dimension p", at_least=1, size=True)
+    bound: float = option(
+        5.0, "R: rows are clipped to ‖x‖² <= R (ratings must lie in [0, R])", above=0
+    )
+    pretrain_steps: int = option(
+        50, "LFL/HFL Stage 1: local gradient steps on the user embeddings", at_least=0
+    )
     finetune_steps: int = option(
         50,
         "LFL/HFL: local, unpublished Stage-3 steps; VFL: κ noisy steps on V_Fk (published, charged)",
+        at_least=0,
     )
-    local_lr: float = option(0.05, "LFL/HFL: learning rate of the local (non-private) steps")
-    omega: float = option(0.3, "LFL: ω, tolerated dropout fraction; threshold t = ceil((1-ω) n)")
+    local_lr: float = option(
+        0.05, "LFL/HFL: learning rate of the local (non-private) steps", above=0
+    )
+    omega: float = option(
+        0.3, "LFL: ω, tolerated dropout fraction; threshold t = ceil((1-ω) n)", at_least=0, below=1
+    )
     dropout: float = option(
-        0.0, "LFL: actual dropout rate per iteration, in each of the two rounds"
+        0.0,
+        "LFL: actual dropout rate per iteration, in each of the two rounds",
+        at_least=0,
+        below=1,
     )
-    lr: float = option(2.0, "LFL: γ, server learning rate of V (the update is divided by |U1|)")
+    lr: float = option(
+        2.0, "LFL: γ, server learning rate of V (the update is divided by |U1|)", above=0
+    )
     secagg_mode: Literal["secure", "simulation", "dealer"] = option(
         "simulation",
         "LFL: secure aggregation mode for Round 1 (only secure protects against the server; it "
         "makes the run randomness=secure, and a secure run makes simulation secure)",
     )
-    cohorts: int | None = option(None, "LFL: user-cohort actors (default: this machine's CPUs)")
-    parties: int = option(2, "VFL/HFL: parties s (items, resp. users, dealt at random)")
-    local_steps: int = option(10, "VFL/HFL: T', local DP-SGD steps between averages")
+    cohorts: int | None = option(
+        None, "LFL: user-cohort actors (default: this machine's CPUs)", at_least=1
+    )
+    parties: int = option(2, "VFL/HFL: parties s (items, resp. users, dealt at random)", at_least=1)
+    local_steps: int = option(10, "VFL/HFL: T', local DP-SGD steps between averages", at_least=1)
     sampling_rate: float = option(
-        0.01, "VFL/HFL: η, Poisson user-level sampling rate per local step"
+        0.01, "VFL/HFL: η, Poisson user-level sampling rate per local step", above=0, at_most=1
     )
     privacy_unit: Literal["rating", "user"] | None = option(
         None, "VFL/HFL: per-rating or per-user privacy (default: VFL rating, HFL user; spec §7.8)"
     )
     trim: int | None = option(
-        None, "VFL/HFL per-user: ratings kept per user and party (default VFL 5, HFL 10)"
+        None,
+        "VFL/HFL per-user: ratings kept per user and party (default VFL 5, HFL 10)",
+        at_least=1,
     )
     split_column: str | None = option(
         None,
         "VFL: a column of the ratings file; each of its values is one party's item set (e.g. genre)",
     )
-    vfl_lr: float = option(0.05, "VFL/HFL: learning rate of the local DP-SGD steps (constant)")
-    users: int = option(2000, "synthetic data: users")
-    items: int = option(200, "synthetic data: items")
-    density: float = option(0.05, "synthetic data: fraction of observed ratings")
-    test_fraction: float = option(0.1, "held-out fraction of each user's ratings")
+    vfl_lr: float = option(
+        0.05, "VFL/HFL: learning rate of the local DP-SGD steps (constant)", above=0
+    )
+    users: int = option(2000, "synthetic data: users", at_least=1, size=True)
+    items: int = option(200, "synthetic data: items", at_least=1, size=True)
+    density: float = option(
+        0.05, "synthetic data: fraction of observed ratings", above=0, at_most=1
+    )
+    test_fraction: float = option(
+        0.1, "held-out fraction of each user's ratings", above=0, at_most=1
+    )
     data: DataConfig = field(
         default_factory=DataConfig, metadata={"help": "ratings file (user, item, rating)"}
     )
 
     def validate(self) -> None:
         check_budget(self.epsilon, self.delta if self.delta is not None else 1e-6)
-        for name in ("iterations", "rank", "users", "items", "parties", "local_steps"):
-            if getattr(self, name) < 1:
-                raise ConfigError(name, f"must be >= 1, got {getattr(self, name)}")
-        for name in ("pretrain_steps", "finetune_steps"):
-            if getattr(self, name) < 0:
-                raise ConfigError(name, f"must be >= 0, got {getattr(self, name)}")
-        if self.trim is not None and self.trim < 1:
-            raise ConfigError("trim", f"must be >= 1, got {self.trim}")
-        for name, low, high in (("omega", 0, 1), ("dropout", 0, 1)):
-            if not low <= getattr(self, name) < high:
-                raise ConfigError(name, f"must be in [0, 1), got {getattr(self, name)}")
-        for name in ("sampling_rate", "density", "test_fraction"):
-            if not 0 < getattr(self, name) <= 1:
-                raise ConfigError(name, f"must be in (0, 1], got {getattr(self, name)}")
-        for name in ("bound", "lr", "local_lr", "vfl_lr"):
-            if not getattr(self, name) > 0:
-                raise ConfigError(name, f"must be > 0, got {getattr(self, name)}")
         self._reject_inapplicable()
 
     def _reject_inapplicable(self) -> None:
@@ -380,10 +389,39 @@ def current_v_step(ctx: StepContext) -> Message:
     return Message("item_embeddings", ctx.state["v"], to="cohorts")
 
 
+_SHORT = {"pretrain_steps": 5, "finetune_steps": 2}  # the examples' short local training
+
+
 class FederatedMF(Protocol):
     name = "federated-mf"
     summary = "federated matrix factorisation with DP: LFL-SGDMF over real secure aggregation, with dropouts"
     Config = FederatedMFConfig
+    examples = (
+        {"users": 150, "items": 20, "iterations": 2, "cohorts": 2, **_SHORT},
+        {"users": 150, "items": 20, "iterations": 2, "cohorts": 2, "mode": "faithful", **_SHORT},
+        {"setting": "vfl", "users": 150, "items": 30, "iterations": 2, "local_steps": 2, **_SHORT},
+        {
+            "setting": "vfl",
+            "method": "local",
+            "privacy_unit": "user",
+            "users": 150,
+            "items": 30,
+            "iterations": 2,
+            "local_steps": 2,
+            **_SHORT,
+        },
+        {"setting": "hfl", "users": 150, "items": 30, "iterations": 2, "local_steps": 2, **_SHORT},
+    )
+
+    def data_bytes(self, cfg: FederatedMFConfig) -> int:
+        """The synthetic ratings (a dense users x items draw), and in LFL every online user's
+        Round-1 input, a dense m·p vector, with its masked words."""
+        if cfg.data.path is not None:
+            return 0
+        ratings = cfg.users * cfg.items * 9
+        if cfg.setting == "lfl":
+            return ratings + cfg.users * cfg.items * cfg.rank * 8 * 3
+        return ratings + cfg.users * cfg.rank * 8 * (cfg.parties + 2)
 
     def resolve_randomness(self, cfg: FederatedMFConfig, randomness: str):
         """``secagg_mode=secure`` makes the run secure; a secure run makes ``simulation`` secure
@@ -458,6 +496,7 @@ class FederatedMF(Protocol):
         )
         return Plan(
             budget=Budget(budget_eps, delta),
+            requested_epsilon=cfg.epsilon,
             ledger=dict(
                 accountant="rdp",
                 relation="add_or_remove_one",

@@ -85,21 +85,23 @@ class HflKmeansConfig:
         "nma: masked per-cluster sums and counts + DPLloyd noise; amn: masked local centroids + "
         "CDPLloyd noise",
     )
-    epsilon: float = option(4.0, "total privacy budget ε over all iterations")
+    epsilon: float = option(4.0, "total privacy budget ε over all iterations", above=0)
     noise: Literal["laplace", "none"] = option(
         "laplace", "laplace: DP; none: a non-private baseline (t_max = 7)"
     )
-    k: int = option(8, "number of clusters")
-    clients: int = option(2, "number of clients M (row blocks after a seeded shuffle)")
+    k: int = option(8, "number of clusters", at_least=1)
+    clients: int = option(2, "number of clients M (row blocks after a seeded shuffle)", at_least=2)
     assignment: Literal[ASSIGNMENTS] = option(
         "constrained",
         "constrained: min-cost flow with per-client sizes ⌈c_min/M⌉..⌊c_max/M⌋, each point in 1..E "
         "clusters; unconstrained: nearest centroid (plain Lloyd); non-exclusive: each cluster "
         "takes its ⌈c_min/M⌉ nearest points",
     )
-    contribution: int = option(1, "E: constrained assignment puts a point in at most E clusters")
-    min_size: int | Literal["auto"] = option("auto", "global c_min; auto: ⌈N/(1.5k)⌉")
-    max_size: int | Literal["auto"] = option("auto", "global c_max; auto: ⌊3N/k⌋")
+    contribution: int = option(
+        1, "E: constrained assignment puts a point in at most E clusters", at_least=1
+    )
+    min_size: int | Literal["auto"] = option("auto", "global c_min; auto: ⌈N/(1.5k)⌉", at_least=0)
+    max_size: int | Literal["auto"] = option("auto", "global c_max; auto: ⌊3N/k⌋", at_least=1)
     init: Literal[INITS] = option(
         "sphere-packing",
         "sphere-packing or random (uniform in [-1,1]^d), both from the clients' shared seed; "
@@ -109,9 +111,9 @@ class HflKmeansConfig:
     count_post: Literal[POSTS] = option("none", "post-processing of the noisy counts (NMA)")
     centroid_post: Literal[POSTS] = option("fold", "post-processing of the centroids")
     iterations: int | Literal["auto"] = option(
-        "auto", "t_max; auto: the thesis's rule from N (private) or 7 (non-private)"
+        "auto", "t_max; auto: the thesis's rule from N (private) or 7 (non-private)", at_least=1
     )
-    rho: float = option(dplloyd.RHO, "ρ of the NMA budget split and iteration rule")
+    rho: float = option(dplloyd.RHO, "ρ of the NMA budget split and iteration rule", above=0)
     sensitivity: Literal["corrected", "thesis"] = option(
         "corrected",
         "AMN centroid sensitivity: corrected (2B/(M(⌈c_min/M⌉+1)), one point's true effect) or "
@@ -128,8 +130,8 @@ class HflKmeansConfig:
         "server: the server adds central noise to the padded sum; ring: serverless ring secure "
         "sum, every client adds its own full noise (the thesis's §7.3.1 sketch)",
     )
-    ring_bits: int = option(32, "the ring Z_2^b of the uploads: 32 (the thesis) or 64")
-    frac_bits: int = option(16, "fixed-point precision 2^-f")
+    ring_bits: Literal[32, 64] = option(32, "the ring Z_2^b of the uploads: 32 (the thesis) or 64")
+    frac_bits: int = option(16, "fixed-point precision 2^-f", at_least=0, at_most=30)
     key_agreement: Literal["seeded", "secure"] = option(
         "seeded",
         "key agreement randomness: seeded (from the run seed, a simulation) or secure (OS "
@@ -138,9 +140,9 @@ class HflKmeansConfig:
     shuffle: bool = option(
         True, "split the rows over the clients after a seeded shuffle (the thesis); false: in order"
     )
-    users: int = option(10_000, "synthetic data: number of points N")
-    dims: int = option(2, "synthetic data: dimension d")
-    spread: float = option(0.06, "synthetic data: std of each blob per coordinate")
+    users: int = option(10_000, "synthetic data: number of points N", at_least=1, size=True)
+    dims: int = option(2, "synthetic data: dimension d", at_least=1, size=True)
+    spread: float = option(0.06, "synthetic data: std of each blob per coordinate", above=0)
     bounds: dict[str, list[float]] | None = option(
         None, "data file: feature column -> declared [low, high] (mapped to [-1, 1])"
     )
@@ -151,40 +153,25 @@ class HflKmeansConfig:
         True, "add WCSS, silhouette and empty clusters on the union (raw data: not private)"
     )
     silhouette_points: int = option(
-        10_000, "silhouette exactly up to this many points, else on a uniform sample of them"
+        10_000,
+        "silhouette exactly up to this many points, else on a uniform sample of them",
+        at_least=1,
     )
     data: DataConfig = field(default_factory=DataConfig, metadata={"help": "data source"})
 
     def validate(self) -> None:
         check_budget(self.epsilon, 0.0)
-        for name in ("k", "contribution", "silhouette_points", "users", "dims"):
-            if getattr(self, name) < 1:
-                raise ConfigError(name, f"must be >= 1, got {getattr(self, name)}")
-        if self.clients < 2:
-            raise ConfigError("clients", f"must be >= 2, got {self.clients}", "2 or more")
         if self.contribution > self.k:
             raise ConfigError("contribution", f"E = {self.contribution} > k = {self.k}", "1..k")
         if self.contribution > 1 and self.assignment != "constrained":
             raise ConfigError(
                 "contribution", "applies to assignment=constrained only", "drop contribution"
             )
-        for name in ("min_size", "max_size", "iterations"):
-            value, low = getattr(self, name), 0 if name == "min_size" else 1
-            if value != "auto" and value < low:
-                raise ConfigError(name, f"must be 'auto' or >= {low}, got {value}")
         if "auto" not in (self.min_size, self.max_size) and self.min_size > self.max_size:
             raise ConfigError("min_size", f"{self.min_size} > max_size = {self.max_size}")
         if self.assignment == "non-exclusive" and self.min_size == 0:
             raise ConfigError("min_size", "non-exclusive clusters of 0 points are empty", ">= 1")
         self._reject_unread()
-        if self.ring_bits not in pads.RING_BITS:
-            raise ConfigError("ring_bits", f"got {self.ring_bits}", "32 or 64")
-        if not 0 <= self.frac_bits <= 30:
-            raise ConfigError("frac_bits", f"must be in [0, 30], got {self.frac_bits}")
-        if not self.rho > 0:
-            raise ConfigError("rho", f"must be > 0, got {self.rho}")
-        if not self.spread > 0:
-            raise ConfigError("spread", f"must be > 0, got {self.spread}")
         if self.init in DATA_INITS and self.noise != "none":
             raise ConfigError(
                 "init",
@@ -272,6 +259,18 @@ class HflKmeans(Protocol):
     name = "hfl-kmeans"
     summary = "DP horizontal multiparty k-means (NMA / AMN) with masked aggregation"
     Config = HflKmeansConfig
+    examples = (
+        {"users": 2000},
+        {"users": 2000, "aggregation": "amn", "sensitivity": "thesis"},
+        {"users": 2000, "topology": "ring"},
+    )
+
+    def data_bytes(self, cfg: HflKmeansConfig) -> int:
+        """The synthetic points, each client's unit-scaled and grid copies, and the assignment's
+        point-to-cluster costs (k per point)."""
+        if cfg.data.path is not None:
+            return 0
+        return cfg.users * (cfg.dims * 8 * 4 + cfg.k * 16)
 
     def resolve_randomness(self, cfg: HflKmeansConfig, randomness: str):
         """``key_agreement=secure`` makes the run secure; a secure run makes it secure."""
@@ -284,7 +283,7 @@ class HflKmeans(Protocol):
             )
         reject_inapplicable(cfg, ["bounds"], ["users", "dims", "spread"])
         table, features, lo, hi = _load(cfg, seed)
-        require_clean(table, features)
+        require_clean(table, features, numeric=True)
         x_raw = features_of(table, features)
         check_bounds(x_raw, features, lo, hi, cfg.out_of_bounds)
         n, d = x_raw.shape
@@ -310,6 +309,7 @@ class HflKmeans(Protocol):
             budget=Budget(params.t_max * params.epsilon_per_iteration)
             if private
             else Budget.none(),
+            requested_epsilon=cfg.epsilon if private else None,
             ledger=dict(
                 accountant="pure",
                 relation="add_or_remove_one",

@@ -50,6 +50,7 @@ TRUSTED = "trusted"
 ROW_BLOCK = 2048
 PAIR_BLOCK = 16384
 DECOMPOSITION_LIMIT = 1000
+DIGITS_SHAPE = (1797, 64)  # scikit-learn's bundled digits
 CONSISTENCE_LIMIT = 1000
 
 
@@ -63,53 +64,50 @@ class LdpBitvectorConfig:
     encoding: Literal["dpbv", "bv", "exact"] = option(
         "dpbv", "dpbv: LDP bit vectors; bv: noise-free bit vectors; exact: true distances"
     )
-    epsilon: float = option(1.0, "ε of each bit's randomized response (the paper's ε)")
-    bits: int = option(1000, "s, bits per attribute value")
-    half_width: float = option(25.0, "t, the BV interval half-width (on the [L, U] scale)")
+    epsilon: float = option(1.0, "ε of each bit's randomized response (the paper's ε)", above=0)
+    bits: int = option(1000, "s, bits per attribute value", at_least=1, size=True)
+    half_width: float = option(25.0, "t, the BV interval half-width (on the [L, U] scale)", above=0)
     low: float = option(0.0, "L of the encoding range the data is mapped to")
     high: float = option(50.0, "U of the encoding range")
-    k: int = option(10, "clusters (kcluster, agglomerative, the baselines)")
-    restarts: int = option(1, "kcluster: random starts, the best by the Eq. 17 objective")
-    dbscan_eps: float = option(3.5, "DBSCAN: neighbourhood radius E (on the [L, U] scale)")
-    min_samples: int = option(5, "DBSCAN: minimum neighbourhood size")
+    k: int = option(10, "clusters (kcluster, agglomerative, the baselines)", at_least=1)
+    restarts: int = option(
+        1, "kcluster: random starts, the best by the Eq. 17 objective", at_least=1
+    )
+    dbscan_eps: float = option(3.5, "DBSCAN: neighbourhood radius E (on the [L, U] scale)", above=0)
+    min_samples: int = option(5, "DBSCAN: minimum neighbourhood size", at_least=1)
     linkage: Literal["average", "complete", "single"] = option("average", "agglomerative linkage")
     consistence: bool = option(False, "apply distance consistence (Algorithm 1) per attribute")
-    consistence_radius: float = option(0.5, "Algorithm 1's local-view radius as a fraction of 2t")
-    adp_sigma: float = option(1.0, "adp: noise sd on the raw data scale")
-    rsp_dims: int = option(32, "rsp: projected dimensions q")
+    consistence_radius: float = option(
+        0.5, "Algorithm 1's local-view radius as a fraction of 2t", above=0, at_most=1
+    )
+    adp_sigma: float = option(1.0, "adp: noise sd on the raw data scale", above=0)
+    rsp_dims: int = option(32, "rsp: projected dimensions q", at_least=1)
     partition: Literal["horizontal", "vertical", "vertical-decomposition"] = option(
         "horizontal",
         "custodians hold row blocks (horizontal) or column blocks (vertical: each encodes its "
         "attributes); vertical-decomposition: Alice (the analyst) uses her attributes exactly and "
         "Bob encodes two sums per record pair (Eq. 21–23)",
     )
-    parties: int = option(2, "number of data custodians")
+    parties: int = option(2, "number of data custodians", at_least=1)
     dataset: Literal["digits"] = option(
         "digits", "bundled data when no data.path: scikit-learn's digits"
+    )
+    records: int | None = option(
+        None, "bundled data: its first N records (default: all 1,797)", at_least=2
     )
     bounds: list[float] | None = option(
         None, "declared [low, high] of every feature (mapped to [L, U]); digits: [0, 16]"
     )
     label: str | None = option(None, "data file: the true-label column (for NMI)")
     max_points: int = option(
-        40_000, "refuse more records: the n x n distance matrix takes 4n² bytes"
+        40_000, "refuse more records: the n x n distance matrix takes 4n² bytes", at_least=1
     )
     data: DataConfig = field(default_factory=DataConfig, metadata={"help": "data source"})
 
     def validate(self) -> None:
         check_budget(self.epsilon, 0.0)
-        for name in ("bits", "k", "restarts", "min_samples", "parties", "rsp_dims", "max_points"):
-            if getattr(self, name) < 1:
-                raise ConfigError(name, f"must be >= 1, got {getattr(self, name)}")
-        if not self.half_width > 0:
-            raise ConfigError("half_width", f"must be > 0, got {self.half_width}")
         if not self.low < self.high:
             raise ConfigError("high", f"the range needs low < high, got [{self.low}, {self.high}]")
-        if not 0 < self.consistence_radius <= 1:
-            raise ConfigError("consistence_radius", "must be in (0, 1]")
-        for name in ("dbscan_eps", "adp_sigma"):
-            if not getattr(self, name) > 0:
-                raise ConfigError(name, f"must be > 0, got {getattr(self, name)}")
         if self.bounds is not None and (
             len(self.bounds) != 2 or not self.bounds[0] < self.bounds[1]
         ):
@@ -302,12 +300,15 @@ def _load(cfg: LdpBitvectorConfig) -> tuple[pa.Table, list[str], str | None, lis
         from sklearn.datasets import load_digits
 
         digits = load_digits()
+        rows = slice(0, cfg.records)
         features = [f"pixel{i}" for i in range(digits.data.shape[1])]
-        cols: dict[str, Any] = {name: digits.data[:, i] for i, name in enumerate(features)}
-        cols["digit"] = digits.target
+        cols: dict[str, Any] = {name: digits.data[rows, i] for i, name in enumerate(features)}
+        cols["digit"] = digits.target[rows]
         table = pa.table(cols)
         label, bounds = "digit", cfg.bounds or [0.0, 16.0]
     else:
+        if cfg.records is not None:
+            raise ConfigError("records", "applies to the bundled data only", "drop records")
         table = sort_by_key(load_table(cfg.data.path, cfg.data.format), cfg.data.key)
         label = cfg.label
         if label is not None and label not in table.column_names:
@@ -329,7 +330,7 @@ def _load(cfg: LdpBitvectorConfig) -> tuple[pa.Table, list[str], str | None, lis
                 raise DataError(
                     "data.columns", f"column {c!r} is not numeric", "numeric feature columns"
                 )
-        require_clean(table, features)
+        require_clean(table, features, numeric=True)
         if cfg.bounds is None:
             raise ConfigError(
                 "bounds",
@@ -388,6 +389,20 @@ class LdpBitvector(Protocol):
     name = "ldp-bitvector"
     summary = "Clustering in the anonymised Hamming space: LDP bit vectors (DPBV), kCluster/DBSCAN"
     Config = LdpBitvectorConfig
+    examples = (
+        {"bits": 64, "records": 300},
+        {"bits": 64, "records": 300, "partition": "vertical"},
+        {"bits": 64, "records": 40, "partition": "vertical-decomposition"},
+    )
+
+    def data_bytes(self, cfg: LdpBitvectorConfig) -> int:
+        """The bundled digits (1,797 x 64): one attribute's s bits per record at a time, every
+        packed code, and the n x n float32 distance matrix (a file's n is checked in plan)."""
+        if cfg.data.path is not None:
+            return 0
+        n, d = DIGITS_SHAPE
+        n = min(n, cfg.records or n)
+        return n * cfg.bits * 2 + n * d * cfg.bits // 8 + 4 * n * n
 
     def plan(self, cfg: LdpBitvectorConfig, seed: int) -> Plan:
         table, features, label, bounds = _load(cfg)
@@ -472,6 +487,11 @@ class LdpBitvector(Protocol):
                         else f"pure ε-LDP per record: {d} attributes x up to {k_max} differing "
                         f"bits x ε={cfg.epsilon:g} per bit = {record_eps:g} (the paper's (ε, δ) "
                         "of Thm 4 does not hold)"
+                        + (
+                            "; custodians hold disjoint records, so they compose in parallel"
+                            if cfg.partition == "horizontal"
+                            else "; a record's attributes span the custodians, which compose"
+                        )
                     )
                     if private
                     else "not private: "

@@ -49,27 +49,30 @@ Domain = int | list[str | int]
 class PatternCountConfig:
     """Options of ``rayfed run pattern-count``."""
 
-    epsilon: float = option(1.0, "privacy budget of each party (pure ε-DP in VFL)")
+    epsilon: float = option(1.0, "privacy budget of each party (pure ε-DP in VFL)", above=0)
     calibration: Literal["paper", "exact"] = option(
         "paper",
         "paper: ε'=ε/16 as Alg. 1 (true loss ≈ ε/2); exact: ε'=tanh(ε/4)/2, spends exactly ε (not in the paper)",
     )
     sample_rate: float = option(
-        1.0, "p of the low-communication variant (Thm B.2); 1 sends every user"
+        1.0, "p of the low-communication variant (Thm B.2); 1 sends every user", above=0, at_most=1
     )
     patterns: str | list[list[str | int]] = option(
         "all", "'all', or a list of patterns, each one value per party (index or declared label)"
     )
     max_patterns: int = option(
-        1_000_000, "refuse to estimate more patterns than this (memory: 8 bytes each)"
+        1_000_000, "refuse to estimate more patterns than this (memory: 8 bytes each)", at_least=1
     )
     parties: int = option(
-        2, "number of parties v (synthetic data, or to deal a file's columns evenly)"
+        2, "number of parties v (synthetic data, or to deal a file's columns evenly)", at_least=1
     )
-    users: int = option(20_000, "synthetic data: number of users m")
-    domain_size: int = option(3, "synthetic data: values per party (M + 1)")
+    users: int = option(20_000, "synthetic data: number of users m", at_least=1, size=True)
+    domain_size: int = option(3, "synthetic data: values per party (M + 1)", at_least=2, size=True)
     correlation: float = option(
-        0.5, "synthetic data: probability that a party copies party 0's value"
+        0.5,
+        "synthetic data: probability that a party copies party 0's value",
+        at_least=0,
+        at_most=1,
     )
     domains: dict[str, int | list[str | int]] | None = option(
         None,
@@ -96,22 +99,10 @@ class PatternCountConfig:
                 "exceeds ε",
                 "epsilon <= 7.6 (the paper's theorems assume < 0.5), or calibration=exact",
             )
-        if not 0 < self.sample_rate <= 1:
-            raise ConfigError("sample_rate", f"must be in (0, 1], got {self.sample_rate}")
         if isinstance(self.patterns, str) and self.patterns != "all":
             raise ConfigError(
                 "patterns", f"unknown value {self.patterns!r}", "'all' or a list of patterns"
             )
-        if self.max_patterns < 1:
-            raise ConfigError("max_patterns", f"must be >= 1, got {self.max_patterns}")
-        if self.parties < 1:
-            raise ConfigError("parties", f"must be >= 1, got {self.parties}")
-        if self.users < 1:
-            raise ConfigError("users", f"must be >= 1, got {self.users}")
-        if self.domain_size < 2:
-            raise ConfigError("domain_size", f"must be >= 2, got {self.domain_size}")
-        if not 0 <= self.correlation <= 1:
-            raise ConfigError("correlation", f"must be in [0, 1], got {self.correlation}")
         for col, dom in (self.domains or {}).items():
             if isinstance(dom, int) and dom < 1 or isinstance(dom, list) and not dom:
                 raise ConfigError(
@@ -397,6 +388,16 @@ class PatternCount(Protocol):
     name = "pattern-count"
     summary = "DP pattern counting in vertical FL: per-bit randomized response on one-hot values (Alg. 1, Thm B.2)"
     Config = PatternCountConfig
+    examples = (
+        {"users": 2000},
+        {"users": 2000, "calibration": "exact", "sample_rate": 0.5},
+    )
+
+    def data_bytes(self, cfg: PatternCountConfig) -> int:
+        """The synthetic table (8 bytes a value) and each party's one-hot matrix (a byte a bit)."""
+        if cfg.data.path is not None:
+            return 0
+        return cfg.users * cfg.parties * (8 + 2 * cfg.domain_size)
 
     def plan(self, cfg: PatternCountConfig, seed: int) -> Plan:
         reject_inapplicable(cfg, ["domains"], ["users", "domain_size", "correlation"])

@@ -49,8 +49,8 @@ MAX_COMPLETE_BYTES = 4 << 30
 class SecureSumConfig:
     """Options of ``rayfed run secure-sum``."""
 
-    users: int = option(1000, "number of simulated users n (synthetic data)")
-    dim: int = option(100, "vector length d per user")
+    users: int = option(1000, "number of simulated users n (synthetic data)", at_least=2, size=True)
+    dim: int = option(100, "vector length d per user", at_least=1, size=True)
     mode: Literal["secure", "simulation", "dealer", "plain"] = option(
         "simulation",
         "secure: keys from the OS (makes the run randomness=secure); simulation: the same with "
@@ -61,16 +61,24 @@ class SecureSumConfig:
         "neighbour graph: complete (SecAgg), harary (SecAgg+), auto: sparse when it meets the bounds",
     )
     degree: int | None = option(
-        None, "override the neighbour degree k (even; >= users-1 is the complete graph)"
+        None, "override the neighbour degree k (even; >= users-1 is the complete graph)", at_least=2
     )
-    threshold: int | None = option(None, "override the Shamir threshold t")
-    tolerated_dropout: float = option(0.3, "dropout fraction δ the parameters must tolerate")
-    corrupt_fraction: float = option(0.05, "fraction γ of clients that may collude with the server")
-    sigma: float = option(40.0, "statistical security parameter: failure probability <= 2^-sigma")
+    threshold: int | None = option(None, "override the Shamir threshold t", at_least=1)
+    tolerated_dropout: float = option(
+        0.3, "dropout fraction δ the parameters must tolerate", at_least=0, below=1
+    )
+    corrupt_fraction: float = option(
+        0.05, "fraction γ of clients that may collude with the server", at_least=0, below=0.5
+    )
+    sigma: float = option(
+        40.0, "statistical security parameter: failure probability <= 2^-sigma", above=0
+    )
     eta: float = option(
-        30.0, "correctness parameter: abort probability <= 2^-eta at tolerated_dropout"
+        30.0, "correctness parameter: abort probability <= 2^-eta at tolerated_dropout", above=0
     )
-    dropout: float = option(0.0, "fraction of users dropping at dropout_phase, per round")
+    dropout: float = option(
+        0.0, "fraction of users dropping at dropout_phase, per round", at_least=0, at_most=1
+    )
     dropout_phase: Literal[
         "before_advertise", "after_share_keys", "after_masked_input", "during_unmask"
     ] = option("after_masked_input", "phase at which the `dropout` fraction drops")
@@ -80,13 +88,15 @@ class SecureSumConfig:
     dropout_users: dict[str, list[int]] | None = option(
         None, "explicit user ids dropping per phase"
     )
-    clip: float = option(1.0, "inputs are clipped to [-clip, clip]")
-    frac_bits: int = option(16, "fixed-point scale 2^frac_bits")
+    clip: float = option(1.0, "inputs are clipped to [-clip, clip]", above=0)
+    frac_bits: int = option(16, "fixed-point scale 2^frac_bits", at_least=0, at_most=52)
     modulus_bits: int | None = option(
-        None, "modulus 2^b (default: the smallest that holds the sum)"
+        None, "modulus 2^b (default: the smallest that holds the sum)", at_least=8, at_most=64
     )
-    cohorts: int | None = option(None, "user-cohort actors (default: this machine's CPUs)")
-    rounds: int = option(1, "aggregation rounds (fresh keys each round)")
+    cohorts: int | None = option(
+        None, "user-cohort actors (default: this machine's CPUs)", at_least=1
+    )
+    rounds: int = option(1, "aggregation rounds (fresh keys each round)", at_least=1)
     kill: str | None = option(
         None, "fault injection 'COHORT@PHASE', e.g. c1@masked_input: that actor exits"
     )
@@ -96,15 +106,6 @@ class SecureSumConfig:
     data: DataConfig = field(default_factory=DataConfig, metadata={"help": "data source"})
 
     def validate(self) -> None:
-        for name in ("users", "dim", "rounds"):
-            if getattr(self, name) < 1:
-                raise ConfigError(name, f"must be >= 1, got {getattr(self, name)}")
-        if self.users < 2:
-            raise ConfigError("users", "secure aggregation needs at least 2 users")
-        if not 0 <= self.dropout <= 1:
-            raise ConfigError("dropout", f"must be a fraction in [0, 1], got {self.dropout}")
-        if self.cohorts is not None and self.cohorts < 1:
-            raise ConfigError("cohorts", f"must be >= 1, got {self.cohorts}")
         self.schedule()  # unknown phases or rates outside [0, 1] fail here, before any actor
         if self.kill is not None:
             cohort, _, phase = self.kill.partition("@")
@@ -170,6 +171,17 @@ class SecureSum(Protocol):
         "secure aggregation (SecAgg / SecAgg+) of users' vectors with dropouts, real cryptography"
     )
     Config = SecureSumConfig
+    examples = (
+        {"users": 60, "dim": 4, "cohorts": 2},
+        {"users": 60, "dim": 4, "cohorts": 2, "dropout": 0.1, "graph": "complete"},
+    )
+
+    def data_bytes(self, cfg: SecureSumConfig) -> int:
+        """Every user's input, encoded and masked words (float64 and two word arrays), and its
+        keys and shares; the complete graph's share tables are checked in plan."""
+        if cfg.data.path is not None:
+            return 0
+        return cfg.users * (cfg.dim * 8 * 3 + 512)
 
     def resolve_randomness(self, cfg: SecureSumConfig, randomness: str):
         """``mode=secure`` makes the run secure; in a secure run ``simulation`` is ``secure`` (the
@@ -195,7 +207,7 @@ class SecureSum(Protocol):
                 c for c in table.column_names if c != cfg.data.key
             ]
             require_columns(table, columns, "data.columns.values")
-            require_clean(table, columns)
+            require_clean(table, columns, "data.columns.values", numeric=True)
             keys = table.column(cfg.data.key).to_numpy()
             if np.unique(keys).size != keys.size:
                 raise DataError(

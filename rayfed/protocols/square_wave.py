@@ -52,24 +52,47 @@ class SquareWaveConfig:
     """Options of ``rayfed run square-wave``."""
 
     method: Literal[METHODS] = option("sw-ems", "estimator: " + ", ".join(METHODS))
-    epsilon: float = option(1.0, "ε of every user's one report (ε-LDP)")
-    buckets: int = option(256, "d, buckets of the estimated histogram of [0, 1]")
-    output_buckets: int | None = option(None, "SW: d̃, buckets of the report histogram (default d)")
+    epsilon: float = option(
+        1.0,
+        f"ε of every user's one report (ε-LDP); at most {MAX_EPSILON:g}: beyond, SW's transition "
+        "matrix loses its precision (p/q = e^ε)",
+        above=0,
+        at_most=MAX_EPSILON,
+    )
+    buckets: int = option(
+        256,
+        f"d, buckets of the estimated histogram of [0, 1] (at most {MAX_BUCKETS}: the aggregator "
+        "holds dense d̃ x d matrices)",
+        at_least=2,
+        at_most=MAX_BUCKETS,
+    )
+    output_buckets: int | None = option(
+        None,
+        "SW: d̃, buckets of the report histogram (default d)",
+        at_least=2,
+        at_most=MAX_BUCKETS,
+    )
     bucketize: Literal["rb", "br"] = option(
         "rb", "SW: rb = continuous SW, then bucketize (the paper's experiments); br = discrete SW"
     )
     tolerance: float | None = option(
-        None, "EM/EMS: stop when the log-likelihood gains less (default 1e-3·e^ε EM, 1e-3 EMS)"
+        None,
+        "EM/EMS: stop when the log-likelihood gains less (default 1e-3·e^ε EM, 1e-3 EMS)",
+        at_least=0,
     )
-    max_iterations: int = option(sw.MAX_ITERATIONS, "EM/EMS: at most this many iterations")
-    bins: int = option(16, "cfo: number of bins c (must divide d)")
-    branching: int = option(4, "hh, hh-admm: branching factor β (d must be a power of it)")
+    max_iterations: int = option(
+        sw.MAX_ITERATIONS, "EM/EMS: at most this many iterations", at_least=1
+    )
+    bins: int = option(16, "cfo: number of bins c (must divide d)", at_least=2)
+    branching: int = option(
+        4, "hh, hh-admm: branching factor β (d must be a power of it)", at_least=2
+    )
     moments: Literal["both", "mean"] = option(
         "both", "sr, pm: both = half the users for the mean, half for the variance; mean = all"
     )
-    users: int = option(100_000, "synthetic data: number of users n")
-    beta_a: float = option(5.0, "synthetic data: Beta(a, b) shape a")
-    beta_b: float = option(2.0, "synthetic data: Beta(a, b) shape b")
+    users: int = option(100_000, "synthetic data: number of users n", at_least=1, size=True)
+    beta_a: float = option(5.0, "synthetic data: Beta(a, b) shape a", above=0)
+    beta_b: float = option(2.0, "synthetic data: Beta(a, b) shape b", above=0)
     column: str | None = option(None, "data file: the numerical column to estimate")
     bounds: list[float] | None = option(
         None, "data file: declared [low, high] of the column (mapped to [0, 1])"
@@ -77,54 +100,30 @@ class SquareWaveConfig:
     missing: Literal["error", "drop"] = option(
         "error", "data file: a missing value is an error, or its row is dropped"
     )
-    cohorts: int | None = option(None, "user-cohort actors (default: this machine's CPUs)")
-    range_queries: int = option(1000, "random range queries per width for the range-query error")
+    cohorts: int | None = option(
+        None, "user-cohort actors (default: this machine's CPUs)", at_least=1
+    )
+    range_queries: int = option(
+        1000, "random range queries per width for the range-query error", at_least=1
+    )
     evaluate: bool = option(True, "add the error metrics (from the raw values: not private)")
     data: DataConfig = field(default_factory=DataConfig, metadata={"help": "data source"})
 
     def validate(self) -> None:
         check_budget(self.epsilon, 0.0)
-        if self.epsilon > MAX_EPSILON:
-            raise ConfigError(
-                "epsilon",
-                f"{self.epsilon} is above {MAX_EPSILON}: SW's transition matrix loses its precision "
-                "(p/q = e^ε) and such a report is no longer private in any useful sense",
-                f"0 < ε <= {MAX_EPSILON}",
-            )
-        for name in ("buckets", "output_buckets"):
-            value = getattr(self, name)
-            if value is not None and not 2 <= value <= MAX_BUCKETS:
-                raise ConfigError(
-                    name,
-                    f"must be in [2, {MAX_BUCKETS}], got {value} (the aggregator holds dense "
-                    "d̃ x d transition and Hadamard matrices: 128 MiB each at the limit)",
-                    "e.g. 256 or 1024",
-                )
         _reject_unused_options(self)
-        for name in ("max_iterations", "users", "range_queries"):
-            if getattr(self, name) < 1:
-                raise ConfigError(name, f"must be >= 1, got {getattr(self, name)}")
-        if self.tolerance is not None and self.tolerance < 0:
-            raise ConfigError("tolerance", f"must be >= 0, got {self.tolerance}")
         if self.method == "cfo" and (self.bins < 2 or self.buckets % self.bins):
             raise ConfigError(
                 "bins", f"{self.bins} bins must be >= 2 and divide d = {self.buckets}", "16, 32, 64"
             )
         if self.method in ("hh", "hh-admm"):
-            if self.branching < 2:
-                raise ConfigError("branching", f"must be >= 2, got {self.branching}")
             _require_power(self.buckets, self.branching, "buckets")
         if self.method == "haar-hrr":
             _require_power(self.buckets, 2, "buckets")
-        for name in ("beta_a", "beta_b"):
-            if getattr(self, name) <= 0:
-                raise ConfigError(name, f"a Beta shape must be > 0, got {getattr(self, name)}")
         if self.bounds is not None and (
             len(self.bounds) != 2 or not self.bounds[0] < self.bounds[1]
         ):
             raise ConfigError("bounds", f"must be [low, high] with low < high, got {self.bounds}")
-        if self.cohorts is not None and self.cohorts < 1:
-            raise ConfigError("cohorts", f"must be >= 1, got {self.cohorts}")
 
     def em_tolerance(self) -> float:
         if self.tolerance is not None:
@@ -456,6 +455,20 @@ class SquareWave(Protocol):
         "Square Wave LDP distribution estimation with EM/EMS and the CFO/hierarchy/SR/PM baselines"
     )
     Config = SquareWaveConfig
+    examples = (
+        {"users": 5000},
+        {"users": 5000, "method": "cfo"},
+        {"users": 5000, "method": "hh"},
+        {"users": 5000, "method": "haar-hrr"},
+        {"users": 5000, "method": "sr"},
+    )
+
+    def data_bytes(self, cfg: SquareWaveConfig) -> int:
+        """Every user's value, its uniforms (up to 3) and its report, plus the aggregator's
+        d̃ x d transition matrix."""
+        users = 0 if cfg.data.path is not None else cfg.users
+        d = cfg.buckets
+        return users * 8 * 6 + (cfg.output_buckets or d) * d * 8 * 3
 
     def plan(self, cfg: SquareWaveConfig, seed: int) -> Plan:
         _reject_inapplicable(cfg)

@@ -107,44 +107,60 @@ class VflKmeansConfig:
     """Options of ``rayfed run vfl-kmeans``."""
 
     method: Literal[METHODS] = option("dpfmps-2pest", "protocol or baseline: " + ", ".join(METHODS))
-    epsilon: float = option(1.0, "total privacy budget ε over all parties and phases")
-    delta: float | None = option(None, "total δ (FM sketches only); default 1/n as the paper")
-    k: int = option(5, "number of final clusters")
+    epsilon: float = option(1.0, "total privacy budget ε over all parties and phases", above=0)
+    delta: float | None = option(
+        None, "total δ (FM sketches only); default 1/n as the paper", at_least=0, below=1
+    )
+    k: int = option(5, "number of final clusters", at_least=1)
     k_prime: int | Literal["auto"] = option(
-        "auto", "local clusters per party; auto: Table 5.1 / the noise-vs-signal rule (§2.10)"
+        "auto",
+        "local clusters per party; auto: Table 5.1 / the noise-vs-signal rule (§2.10)",
+        at_least=2,
     )
     k_prime_rule: Literal["table", "formula"] = option(
         "table",
         "auto k': the thesis's Table 5.1 where it has the (n, S, ε) cell, else the formula; "
         "formula: always the paper's rule",
     )
-    sketches: int = option(4096, "M, the number of FM hash keys (sketch rows)")
-    gamma: float = option(1.0, "γ of the geometric hash Geometric(γ/(1+γ))")
+    sketches: int = option(
+        4096, "M, the number of FM hash keys (sketch rows)", at_least=1, size=True
+    )
+    gamma: float = option(1.0, "γ of the geometric hash Geometric(γ/(1+γ))", above=0)
     estimator: Literal[fm.ESTIMATORS] = option(
         "corrected",
         "FM cardinality estimator: corrected (bias-corrected harmonic mean); literal (the paper's "
         "formula, biased x1.5-2.2: shown for comparison only)",
     )
-    count_fraction: float = option(0.02, "1 - b: share of ε spent on the noisy user count n̂")
+    count_fraction: float = option(
+        0.02, "1 - b: share of ε spent on the noisy user count n̂", above=0, below=1
+    )
     projection: Literal[fm.PROJECTIONS] = option(
         "simplex",
         "make the grid weights >= 0 and sum to n̂ (Alg. 4 line 13): simplex (Euclidean projection: "
         "removes the noise of empty cells) or clip (clip at 0 and rescale: the spec's suggestion)",
     )
-    iterations: int = option(3000, "2PEst: at most this many pair updates")
-    tolerance: float = option(1.0, "2PEst: stop when every pair table is matched within this")
+    iterations: int = option(3000, "2PEst: at most this many pair updates", at_least=1)
+    tolerance: float = option(
+        1.0, "2PEst: stop when every pair table is matched within this", at_least=0
+    )
     key_agreement: Literal["seeded", "secure"] = option(
         "seeded",
         "key agreement randomness: seeded (from the run seed, a simulation) or secure (OS "
         "randomness: makes the run randomness=secure, and a secure run sets it)",
     )
     max_grid_cells: int = option(
-        1_000_000, "refuse a grid of more than this many cells k'^S (each cell costs 8·m bytes)"
+        1_000_000,
+        "refuse a grid of more than this many cells k'^S (each cell costs 8·m bytes)",
+        at_least=1,
     )
-    parties: int = option(2, "number of parties S (synthetic data, or to deal a file's columns)")
-    users: int = option(20_000, "synthetic data: number of users n")
-    dims: int = option(8, "synthetic data: number of attributes m")
-    spread: float = option(0.1, "synthetic data: std of each Gaussian component per coordinate")
+    parties: int = option(
+        2, "number of parties S (synthetic data, or to deal a file's columns)", at_least=1
+    )
+    users: int = option(20_000, "synthetic data: number of users n", at_least=2, size=True)
+    dims: int = option(8, "synthetic data: number of attributes m", at_least=1, size=True)
+    spread: float = option(
+        0.1, "synthetic data: std of each Gaussian component per coordinate", above=0
+    )
     bounds: dict[str, list[float]] | None = option(
         None, "data file: declared [low, high] of every feature column (mapped to [-1, 1])"
     )
@@ -164,13 +180,6 @@ class VflKmeansConfig:
         check_budget(self.epsilon, 0.0 if self.delta is None else self.delta)
         if self.delta == 0 and ENCODING.get(self.method) == "fm":
             raise ConfigError("delta", "FM sketches need δ > 0", "e.g. 1/n (the default)")
-        for name in ("k", "sketches", "iterations", "max_grid_cells", "parties", "dims"):
-            if getattr(self, name) < 1:
-                raise ConfigError(name, f"must be >= 1, got {getattr(self, name)}")
-        if self.users < 2:
-            raise ConfigError("users", f"must be >= 2, got {self.users}")
-        if self.k_prime != "auto" and self.k_prime < 2:
-            raise ConfigError("k_prime", f"must be >= 2 or 'auto', got {self.k_prime}")
         if self.delta is not None and ENCODING.get(self.method) != "fm":
             raise ConfigError(
                 "delta",
@@ -179,14 +188,6 @@ class VflKmeansConfig:
             )
         if self.k_prime != "auto" and self.method == "vfl-nonprivate":
             raise ConfigError("k_prime", "vfl-nonprivate uses k' = k (Ding et al.)", "drop k_prime")
-        if not 0 < self.count_fraction < 1:
-            raise ConfigError("count_fraction", f"must be in (0, 1), got {self.count_fraction}")
-        if not self.gamma > 0:
-            raise ConfigError("gamma", f"must be > 0, got {self.gamma}")
-        if not self.spread > 0:
-            raise ConfigError("spread", f"must be > 0, got {self.spread}")
-        if self.tolerance < 0:
-            raise ConfigError("tolerance", f"must be >= 0, got {self.tolerance}")
 
 
 # --- budget and k' (public arithmetic) -----------------------------------------------------------
@@ -310,6 +311,19 @@ class VflKmeans(Protocol):
     name = "vfl-kmeans"
     summary = "DP vertical federated k-means with Flajolet–Martin sketches (DPFMPS) and baselines"
     Config = VflKmeansConfig
+    examples = (
+        {"users": 2000, "sketches": 256},
+        {"users": 2000, "method": "ind-lap"},
+        {"users": 2000, "method": "ldp-agg-2pest"},
+        {"users": 2000, "method": "central-dplsf"},
+    )
+
+    def data_bytes(self, cfg: VflKmeansConfig) -> int:
+        """The synthetic table and each party's unit-scaled copy, labels, and M sketch rows of up
+        to 64 local clusters per party (the grid is bounded by max_grid_cells)."""
+        if cfg.data.path is not None:
+            return 0
+        return cfg.users * (cfg.dims * 32 + cfg.parties * 16) + cfg.sketches * cfg.parties * 512
 
     def resolve_randomness(self, cfg: VflKmeansConfig, randomness: str):
         """``key_agreement=secure`` makes the run secure; a secure run makes it secure."""
@@ -318,12 +332,16 @@ class VflKmeans(Protocol):
     def plan(self, cfg: VflKmeansConfig, seed: int) -> Plan:
         reject_inapplicable(cfg, ["bounds", "label"], ["users", "dims", "spread"])
         table, features, groups, lo, hi, label_col = _load(cfg, seed)
-        require_clean(table, features)
+        require_clean(table, features, numeric=True)
         x_raw = features_of(table, features)
         check_bounds(x_raw, features, lo, hi, cfg.out_of_bounds)
         n, m = x_raw.shape
         if n < 2:
             raise DataError("data.path", f"the data has {n} row(s)", "a file with 2 or more users")
+        if cfg.k > n:
+            raise ConfigError("k", f"{cfg.k} clusters for {n} users", f"k <= {n}")
+        if cfg.k_prime != "auto" and cfg.k_prime > n:
+            raise ConfigError("k_prime", f"{cfg.k_prime} local clusters for {n} users", f"<= {n}")
         central = cfg.method.startswith("central")
         delta = 1.0 / n if cfg.delta is None else cfg.delta
         if central:

@@ -67,6 +67,22 @@ from rayfed.protocols.pattern_count import (
 
 TASKS = ("l1-moment", "lp-moment", "l2-moment", "kmeans", "kmedian", "lowrank", "regression")
 SKETCH_TASKS = ("l2-moment", "lowrank", "regression")
+PATTERN_TASKS = ("lp-moment", "kmeans", "kmedian")  # count patterns (Alg. 1)
+#: options only some tasks read: giving one to another task is an error, not silently ignored
+TASK_OPTIONS = {
+    "k": ("kmeans", "kmedian", "lowrank"),
+    "radius": ("kmeans", "kmedian"),
+    "p": ("lp-moment",),
+    "bound": ("lp-moment",),
+    "counts": ("lp-moment",),
+    "alpha": ("lp-moment", *SKETCH_TASKS),
+    "calibration": PATTERN_TASKS,
+    "delta": SKETCH_TASKS,
+    "nu": SKETCH_TASKS,
+    "sketch_constant": SKETCH_TASKS,
+    "sketch_size": SKETCH_TASKS,
+    "label": ("regression",),
+}
 MAX_PATTERNS = 4_000_000  # (M+1)^v or k^v estimated counts; the CC holds m x pattern-domain bits
 LABEL_SERVER = "labels"
 
@@ -76,21 +92,36 @@ class VflPrimitivesConfig:
     """Options of ``rayfed run vfl-primitives``."""
 
     task: Literal[TASKS] = option("kmeans", "primitive: " + ", ".join(TASKS))
-    epsilon: float = option(1.0, "privacy budget of each server (DP in VFL)")
-    delta: float = option(1e-5, "δ of the Gaussian sketch tasks (l2-moment, lowrank, regression)")
-    parties: int = option(2, "number of servers v (synthetic data, or to deal a file's columns)")
-    users: int = option(20_000, "synthetic data: number of users m")
-    dims: int | None = option(None, "synthetic data: attributes d (default per task: 6/20/10)")
-    k: int = option(4, "kmeans/kmedian: clusters; lowrank: rank")
-    p: float = option(2.0, "lp-moment: the power p (>= 1)")
-    alpha: float = option(
-        0.25, "accuracy α: lp-moment threshold; sketch size s = C·k/α², C·d/α², C/α²"
+    epsilon: float = option(1.0, "privacy budget of each server (DP in VFL)", above=0)
+    delta: float = option(
+        1e-5, "δ of the Gaussian sketch tasks (l2-moment, lowrank, regression)", at_least=0, below=1
     )
-    sketch_constant: float = option(1.0, "C of the sketch size")
-    sketch_size: int | None = option(None, "s, overriding C and α")
-    nu: float = option(1.0, "ν: how far one user's row (or label) may move (ℓ₂), sketch tasks")
-    radius: float = option(1.0, "Δ: every user's full row has ‖A[i]‖₂ <= Δ (kmeans, kmedian)")
-    bound: int | None = option(None, "lp-moment: override the pattern bound M (theorem: huge)")
+    parties: int = option(
+        2, "number of servers v (synthetic data, or to deal a file's columns)", at_least=1
+    )
+    users: int = option(20_000, "synthetic data: number of users m", at_least=1, size=True)
+    dims: int | None = option(
+        None, "synthetic data: attributes d (default per task: 6/20/10)", at_least=1, size=True
+    )
+    k: int = option(4, "kmeans/kmedian: clusters; lowrank: rank", at_least=1)
+    p: float = option(2.0, "lp-moment: the power p (>= 1)", at_least=1)
+    alpha: float = option(
+        0.25,
+        "accuracy α: lp-moment threshold; sketch size s = C·k/α², C·d/α², C/α²",
+        above=0,
+        below=1,
+    )
+    sketch_constant: float = option(1.0, "C of the sketch size", above=0)
+    sketch_size: int | None = option(None, "s, overriding C and α", at_least=1, size=True)
+    nu: float = option(
+        1.0, "ν: how far one user's row (or label) may move (ℓ₂), sketch tasks", above=0
+    )
+    radius: float = option(
+        1.0, "Δ: every user's full row has ‖A[i]‖₂ <= Δ (kmeans, kmedian)", above=0
+    )
+    bound: int | None = option(
+        None, "lp-moment: override the pattern bound M (theorem: huge)", at_least=1
+    )
     counts: Literal["clipped", "raw"] = option(
         "clipped", "lp-moment: pattern counts max(0, ·) as Alg. 2 (clipped) or unbiased (raw)"
     )
@@ -102,29 +133,15 @@ class VflPrimitivesConfig:
     data: DataConfig = field(default_factory=DataConfig, metadata={"help": "data source"})
 
     def validate(self) -> None:
+        default = type(self)()
+        for name, tasks in TASK_OPTIONS.items():
+            if self.task not in tasks and getattr(self, name) != getattr(default, name):
+                raise ConfigError(name, f"is not used by task={self.task}", f"tasks {tasks}")
         check_budget(self.epsilon, self.delta if self.task in SKETCH_TASKS else 0.0)
         if self.task in SKETCH_TASKS and self.delta <= 0:
             raise ConfigError("delta", "the Gaussian sketch needs δ > 0", "e.g. 1e-5")
         if self.task in ("lp-moment", "kmeans", "kmedian") and self.epsilon >= 8:
             raise ConfigError("epsilon", "pattern counting needs ε' = ε/16 < 1/2", "ε < 8")
-        for name in ("parties", "users", "k"):
-            if getattr(self, name) < 1:
-                raise ConfigError(name, f"must be >= 1, got {getattr(self, name)}")
-        if self.dims is not None and self.dims < 1:
-            raise ConfigError("dims", f"must be >= 1, got {self.dims}")
-        if not (math.isfinite(self.p) and self.p >= 1):
-            raise ConfigError("p", f"must be a finite number >= 1, got {self.p}", "p >= 1")
-        if not 0 < self.alpha < 1:
-            raise ConfigError("alpha", f"must be in (0, 1), got {self.alpha}")
-        if self.sketch_size is not None and self.sketch_size < 1:
-            raise ConfigError("sketch_size", f"must be >= 1, got {self.sketch_size}", "e.g. 100")
-        if self.sketch_constant <= 0:
-            raise ConfigError("sketch_constant", f"must be > 0, got {self.sketch_constant}")
-        for name in ("nu", "radius"):
-            if not getattr(self, name) > 0:
-                raise ConfigError(name, f"must be > 0, got {getattr(self, name)}")
-        if self.bound is not None and self.bound < 1:
-            raise ConfigError("bound", f"must be >= 1, got {self.bound}")
 
     def eps_prime(self, epsilon: float) -> float:
         return epsilon / 16 if self.calibration == "paper" else math.tanh(epsilon / 4) / 2
@@ -416,7 +433,11 @@ def load_data(
     if label is not None and label not in table.column_names:
         raise DataError("label", f"column {label!r} is not in the data", table.column_names)
     vertical(table, groups, cfg.data.key)  # checks the columns exist and are disjoint
-    require_clean(table, [c for cols in groups.values() for c in cols] + ([label] if label else []))
+    require_clean(
+        table,
+        [c for cols in groups.values() for c in cols] + ([label] if label else []),
+        numeric=True,
+    )
     _check_file_values(cfg, table, groups)
     return table, groups, label
 
@@ -428,6 +449,21 @@ class VflPrimitives(Protocol):
         "DP VFL primitives: ℓ1/ℓp/ℓ2 moments, k-means/k-median, low-rank approximation, regression"
     )
     Config = VflPrimitivesConfig
+    examples = (
+        {"users": 2000},
+        {"users": 2000, "task": "l1-moment"},
+        {"users": 2000, "task": "lp-moment"},
+        {"users": 2000, "task": "lowrank"},
+        {"users": 2000, "task": "regression"},
+    )
+
+    def data_bytes(self, cfg: VflPrimitivesConfig) -> int:
+        """The users x d matrix and its per-server copies, and for the sketch tasks the s x d
+        noisy sketches and the s-row blocks of the shared sketch G."""
+        users = 0 if cfg.data.path is not None else cfg.users
+        d = cfg.dims or DEFAULT_DIMS.get(cfg.task, 1)
+        s = sketch_size(cfg, d) if cfg.task in SKETCH_TASKS else 0
+        return users * d * 8 * 4 + s * (d + 1024) * 8 * (cfg.parties + 1)
 
     def plan(self, cfg: VflPrimitivesConfig, seed: int) -> Plan:
         reject_inapplicable(cfg, ["label"], ["users", "dims"])

@@ -1,0 +1,317 @@
+"""The checks every registered protocol passes, on the small configurations it declares
+(``Protocol.examples``): a new protocol gets all of them by registering and declaring examples.
+
+References are computed here, independently of the code under test: the ledger's composition is
+recomputed from the reported entries with dp-accounting (or, for pure DP, by hand), bad option
+values are generated from the options' declared types, choices and bounds, and noise is compared
+through each actor's release fingerprints.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import types
+import typing
+from typing import Any, Literal
+
+import numpy as np
+import pytest
+from dp_accounting import dp_event, pld, rdp
+from dp_accounting.privacy_accountant import NeighboringRelation
+
+import rayfed
+from rayfed.api import resolve
+from rayfed.errors import ConfigError, UnaccountedNoise
+from rayfed.privacy.ledger import RUN_SCOPE, EpsilonDeltaDpEvent
+from rayfed.privacy.source import NoiseSource
+from rayfed.protocols import get_protocol
+
+PROTOCOLS = sorted(rayfed.PROTOCOLS)
+CASES = [
+    pytest.param(name, i, id=f"{name}-{i}")
+    for name in PROTOCOLS
+    for i in range(len(get_protocol(name).examples))
+]
+TIMING_METRICS = {"phase_seconds", "ms_per_iteration"}  # wall-clock measurements
+
+_RUNS: dict[tuple, rayfed.Result] = {}
+
+
+def run(name: str, i: int, **extra: Any) -> rayfed.Result:
+    """One run of example ``i`` (cached: several checks read the same run)."""
+    key = (name, i, tuple(sorted(extra.items())))
+    if key not in _RUNS:
+        options = {"backend": "local", "out_dir": None, **get_protocol(name).examples[i], **extra}
+        _RUNS[key] = rayfed.run(name, **options)
+    return _RUNS[key]
+
+
+def same_tables(a: rayfed.Result, b: rayfed.Result) -> bool:
+    return sorted(a.tables) == sorted(b.tables) and all(
+        a.tables[k].equals(b.tables[k]) for k in a.tables
+    )
+
+
+def same_output(a: rayfed.Result, b: rayfed.Result) -> bool:
+    """Identical tables and identical metrics (wall-clock measurements aside)."""
+    strip = lambda m: {k: v for k, v in m.items() if k not in TIMING_METRICS}  # noqa: E731
+    return same_tables(a, b) and repr(strip(a.metrics)) == repr(strip(b.metrics))
+
+
+def private(result: rayfed.Result) -> bool:
+    return result.privacy.budget_epsilon > 0
+
+
+# --- reproducibility ------------------------------------------------------------------------------
+@pytest.mark.parametrize("name,i", CASES)
+def test_same_seed_gives_identical_tables_and_noise(name, i):
+    a, b = run(name, i), run(name, i, seed=0, deadline_s=120.0)
+    assert same_output(a, b)
+    assert a.noise_fingerprints == b.noise_fingerprints
+    assert any(a.noise_fingerprints.values()) == private(a)  # private runs do draw noise
+
+
+@pytest.mark.parametrize("name,i", CASES)
+def test_secure_runs_draw_noise_the_seed_cannot_regenerate(name, i):
+    """Two secure runs with the same seed share no noise draw, and neither shares one with the
+    seeded run (how many draws a run makes may depend on its noise, e.g. DPLSF's tree); the
+    result says which source it used."""
+    seeded = run(name, i)
+    a, b = run(name, i, randomness="secure"), run(name, i, seed=0, randomness="secure")
+    assert a.privacy.randomness == b.privacy.randomness == "secure"
+    assert seeded.privacy.randomness == "seeded"
+    assert "secure randomness" in a.summary() and "seeded randomness" in seeded.summary()
+    draws = [{d for ds in r.noise_fingerprints.values() for d in ds} for r in (seeded, a, b)]
+    assert bool(draws[1]) == bool(draws[0]) == private(seeded)
+    assert not draws[0] & draws[1] and not draws[0] & draws[2] and not draws[1] & draws[2]
+
+
+@pytest.mark.parametrize("name", PROTOCOLS)
+def test_local_equals_ray(name, ray_cluster):
+    assert same_output(run(name, 0, backend="ray"), run(name, 0))
+    assert run(name, 0, backend="ray").noise_fingerprints == run(name, 0).noise_fingerprints
+
+
+HOSTS_USERS = [
+    name
+    for name in PROTOCOLS
+    if "cohorts" in {f.name for f in dataclasses.fields(get_protocol(name).Config)}
+]
+
+
+@pytest.mark.parametrize("name", HOSTS_USERS)
+def test_results_do_not_depend_on_the_number_of_cohorts(name):
+    """Where users live in cohort actors, 1 or 3 cohorts give the same result."""
+    one, three = run(name, 0, cohorts=1), run(name, 0, cohorts=3)
+    assert len(one.noise_fingerprints) == 2 and len(three.noise_fingerprints) == 4  # + coordinator
+    assert same_tables(one, three)  # (the metrics name the cohorts)
+
+
+# --- privacy accounting ---------------------------------------------------------------------------
+def _event(d: dict) -> dp_event.DpEvent:
+    """A DpEvent from the report's dict form (the inverse of event_to_dict, written here)."""
+    fields = {
+        k: v for k, v in d.items() if k not in ("type", "round", "scope", "label", "epsilon_after")
+    }
+    kind = d["type"]
+    if kind == "SelfComposedDpEvent":
+        return dp_event.SelfComposedDpEvent(_event(fields["event"]), fields["count"])
+    if kind == "ComposedDpEvent":
+        return dp_event.ComposedDpEvent([_event(e) for e in fields["events"]])
+    if kind == "PoissonSampledDpEvent":
+        return dp_event.PoissonSampledDpEvent(
+            fields["sampling_probability"], _event(fields["event"])
+        )
+    if kind == "EpsilonDeltaDpEvent":
+        return EpsilonDeltaDpEvent(**fields)
+    return getattr(dp_event, kind)(**fields)
+
+
+def _pure(event: dp_event.DpEvent) -> tuple[float, float]:
+    """Basic composition by hand: (Σε, Σδ)."""
+    if isinstance(event, dp_event.SelfComposedDpEvent):
+        eps, delta = _pure(event.event)
+        return event.count * eps, event.count * delta
+    if isinstance(event, dp_event.ComposedDpEvent):
+        parts = [_pure(e) for e in event.events]
+        return sum(p[0] for p in parts), sum(p[1] for p in parts)
+    if isinstance(event, dp_event.LaplaceDpEvent):
+        return 1 / event.noise_multiplier, 0.0
+    if isinstance(event, dp_event.DiscreteLaplaceDpEvent):
+        return event.noise_parameter * event.sensitivity, 0.0
+    if isinstance(event, dp_event.RandomizedResponseDpEvent):
+        p, k = event.noise_parameter, event.num_buckets
+        return math.log1p(k * (1 - p) / p), 0.0
+    if isinstance(event, EpsilonDeltaDpEvent):
+        return event.epsilon, event.delta
+    raise AssertionError(f"not a pure-DP event: {event}")
+
+
+def _compose(events: list, report) -> float:
+    relation = NeighboringRelation[report.neighboring_relation.upper()]
+    if report.accountant == "pure":
+        eps, delta = _pure(dp_event.ComposedDpEvent(events))
+        return eps if delta <= report.budget_delta + 1e-15 else math.inf
+    acc = (rdp.RdpAccountant if report.accountant == "rdp" else pld.PLDAccountant)(
+        neighboring_relation=relation
+    )
+    acc.compose(dp_event.ComposedDpEvent(events))
+    return acc.get_epsilon(report.budget_delta)
+
+
+@pytest.mark.parametrize("name,i", CASES)
+def test_reported_epsilon_is_the_composition_of_the_ledger(name, i):
+    """ε = the declared accountant over the charged events, each scope with the run-wide ones
+    (parallel) or all together (sequential); within the budget; an excess over the requested ε
+    is in the headline."""
+    result = run(name, i)
+    report = result.privacy
+    entries = [(e["scope"], _event(e)) for e in report.entries]
+    if report.composition == "sequential" or not entries:
+        expected = _compose([e for _, e in entries], report) if entries else 0.0
+    else:
+        shared = [e for scope, e in entries if scope == RUN_SCOPE]
+        scopes = {scope for scope, _ in entries} - {RUN_SCOPE} or {RUN_SCOPE}
+        expected = max(
+            _compose(shared + [e for s, e in entries if s == scope and s != RUN_SCOPE], report)
+            for scope in scopes
+        )
+    assert report.epsilon == pytest.approx(expected, rel=1e-9)
+    assert report.epsilon <= report.budget_epsilon * (1 + 1e-9)
+    assert bool(entries) == private(result)
+    requested = report.requested_epsilon
+    if requested is not None and report.epsilon > requested * (1 + 1e-9):
+        assert f"ε spent {report.epsilon:.4g} > ε requested {requested:g}" in result.headline
+
+
+@pytest.mark.parametrize("name,i", CASES)
+def test_statement_names_the_ledgers_composition(name, i):
+    """A statement that says its scopes compose in parallel has a parallel ledger, and only then."""
+    report = run(name, i).privacy
+    assert ("parallel" in report.statement) == (report.composition == "parallel"), report.statement
+
+
+@pytest.mark.parametrize("name,i", CASES)
+def test_every_dp_message_carries_an_event_its_step_drew(name, i, monkeypatch):
+    """With the mechanisms' registration switched off, a private run is refused at its first DP
+    message: every event a message carries comes from a mechanism drawn in that step."""
+    result = run(name, i)
+    assert (result.transcript_totals["dp_messages"] > 0) == private(result)
+    original = NoiseSource.register
+    monkeypatch.setattr(
+        NoiseSource, "register", lambda self, event, release=None: original(self, None, release)
+    )
+    options = {"backend": "local", "out_dir": None, **get_protocol(name).examples[i]}
+    if private(result):
+        with pytest.raises(UnaccountedNoise, match="no rayfed.privacy mechanism drew"):
+            rayfed.run(name, **options)
+    else:
+        assert same_output(rayfed.run(name, **options), result)
+
+
+# --- bad input ------------------------------------------------------------------------------------
+def _bad_values(tp: Any, bounds) -> list[Any]:
+    """Values of the wrong type, outside the choices, or outside the bounds of an option."""
+    args = [a for a in typing.get_args(tp) if a is not type(None)]
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        kinds = args
+    else:
+        kinds = [tp]
+    literal = [a for k in kinds if typing.get_origin(k) is Literal for a in typing.get_args(k)]
+    plain = [k for k in kinds if typing.get_origin(k) is not Literal]
+    out: list[Any] = []
+    if literal and str not in plain:
+        out.append("not-a-choice")
+    if bool in plain:
+        out.append("maybe")
+    numbers = [k for k in plain if k in (int, float)]
+    if numbers:
+        if str not in plain and not literal:
+            out.append("abc")
+        if numbers == [int]:
+            out.append(1.5)
+        else:
+            out.append(float("nan"))
+        if bounds is not None:
+            low = bounds.at_least if bounds.at_least is not None else bounds.above
+            high = bounds.at_most if bounds.at_most is not None else bounds.below
+            step = 1 if numbers == [int] else 0.5
+            if low is not None:
+                out.append(low if bounds.above is not None else low - step)
+            if high is not None:
+                out.append(high if bounds.below is not None else high + step)
+    if any(typing.get_origin(k) in (dict, list) for k in plain) and str not in plain:
+        out.append(12345)
+    return out
+
+
+def _option_cases(cls: type, prefix: str = "") -> list[tuple[str, Any]]:
+    hints = typing.get_type_hints(cls)
+    cases = []
+    for f in dataclasses.fields(cls):
+        tp = hints[f.name]
+        if dataclasses.is_dataclass(tp):
+            cases += _option_cases(tp, f"{prefix}{f.name}.")
+            continue
+        cases += [(prefix + f.name, v) for v in _bad_values(tp, f.metadata.get("bounds"))]
+    return cases
+
+
+def _nested(name: str, value: Any) -> dict:
+    head, _, rest = name.partition(".")
+    return {head: _nested(rest, value) if rest else value}
+
+
+@pytest.mark.parametrize("name", PROTOCOLS)
+def test_every_bad_option_value_is_a_config_error_naming_the_option(name):
+    cases = _option_cases(get_protocol(name).Config) + _option_cases(rayfed.RunOptions)
+    assert len(cases) > 10
+    for option, value in cases:
+        with pytest.raises(ConfigError) as err:
+            resolve(name, _nested(option, value))
+        assert err.value.field == option or err.value.field.startswith(option + "."), (
+            option,
+            value,
+            err.value,
+        )
+
+
+@pytest.mark.parametrize("name", PROTOCOLS)
+def test_an_oversized_run_is_refused_before_any_data_is_built(name, monkeypatch):
+    proto_cls = type(get_protocol(name))
+    sizes = [f.name for f in dataclasses.fields(proto_cls.Config) if f.metadata.get("size")]
+    assert sizes, f"{name} declares no size option"
+
+    def no_plan(self, cfg, seed):
+        raise AssertionError("plan ran: data was built before the size check")
+
+    monkeypatch.setattr(proto_cls, "plan", no_plan)
+    for option in sizes:
+        # an example whose mode reads the option (others refuse it as unused: not the point here)
+        usable = [e for e in proto_cls.examples if _accepts(name, {**e, option: 10**12})]
+        assert usable, f"no example of {name} accepts {option}"
+        with pytest.raises(ConfigError, match="GiB") as err:
+            rayfed.run(name, backend="local", out_dir=None, **{**usable[0], option: 10**12})
+        assert err.value.field == option
+
+
+def _accepts(name: str, options: dict) -> bool:
+    try:
+        resolve(name, options)
+    except ConfigError:
+        return False
+    return True
+
+
+def test_the_size_check_runs_on_ray_too(ray_cluster):
+    with pytest.raises(ConfigError, match="Ray cluster") as err:
+        rayfed.run("square-wave", out_dir=None, users=10**12)
+    assert err.value.field == "users"
+
+
+def test_every_protocol_declares_examples_that_differ():
+    for name in PROTOCOLS:
+        examples = get_protocol(name).examples
+        assert examples and len({repr(sorted(e.items())) for e in examples}) == len(examples)
+        assert np.all([isinstance(e, dict) for e in examples])
