@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import os
 import time
 import warnings
@@ -86,6 +87,7 @@ def run(
     """
     proto, run_opts, cfg = resolve(protocol, config, sets, **options)
     cfg, randomness = proto.resolve_randomness(cfg, run_opts.randomness)
+    run_opts = dataclasses.replace(run_opts, randomness=randomness)  # as run, in the manifest
     if run_opts.backend == "ray" and (
         run_opts.address or os.environ.get("RAY_ADDRESS") or run_opts.num_cpus
     ):  # start or connect first: cohorts default to the cluster's CPUs

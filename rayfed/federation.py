@@ -34,7 +34,7 @@ from rayfed.actors.coordinator import CoordinatorActor
 from rayfed.actors.party import PartyActor
 from rayfed.errors import BelowThreshold, ConfigError, PartyFailed, RayfedError, RoundTimeout
 from rayfed.faults import MEMBER as MEMBER_ROLE
-from rayfed.privacy.ledger import Budget, event_to_dict
+from rayfed.privacy.ledger import RUN_SCOPE, Budget, event_to_dict
 from rayfed.privacy.source import RANDOMNESS
 
 BACKENDS = ("ray", "local")
@@ -729,7 +729,9 @@ class Federation:
                 continue
             self.transcript.record(self.round_no, phase, meta, self._receivers(meta.to))
             item = (meta.scope, self.round_no, meta.dp_event)
-            if meta.dp_event is not None and item not in dp_items:  # shares of one release: once
+            if meta.dp_event is None:
+                continue
+            if meta.scope != RUN_SCOPE or item not in dp_items:  # run-wide shares of one release
                 dp_items.append(item)
         if dp_items:
             self._call_coordinator("verify_charged", dp_items)

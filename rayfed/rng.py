@@ -48,6 +48,8 @@ PURPOSES: dict[str, int] = {
     "evaluation": 23,
     "anchors": 24,
     "group-key": 25,
+    "gaussian-share": 26,
+    "ldp-report": 27,
     "test": 99,
 }
 

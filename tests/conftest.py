@@ -52,11 +52,11 @@ def bounded():
 
     def call(seconds, fn, *args, **kwargs):
         pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
-        try:
-            return pool.submit(fn, *args, **kwargs).result(timeout=seconds)
-        except concurrent.futures.TimeoutError:
+        future = pool.submit(fn, *args, **kwargs)
+        done, _ = concurrent.futures.wait([future], timeout=seconds)
+        pool.shutdown(wait=False)
+        if not done:  # (not result(timeout=): its TimeoutError would also catch fn's own)
             pytest.fail(f"{getattr(fn, '__name__', fn)} hung for {seconds} s")
-        finally:
-            pool.shutdown(wait=False)
+        return future.result()
 
     return call

@@ -17,6 +17,7 @@ from rayfed.privacy import (
     kary_randomized_response,
     laplace,
     local_randomizer,
+    randomized,
     share_noise,
 )
 
@@ -87,6 +88,16 @@ def test_every_mechanism_registers_the_event_it_returns():
             ids=np.arange(3),
             width=1,
         )[1],
+        distributed_gaussian(
+            noise,
+            np.zeros((3, 2)),
+            ids=np.arange(3),
+            l2_sensitivity=1.0,
+            noise_multiplier=1.0,
+            share=0.5,
+            quorum=2,
+        )[1],
+        randomized(noise, lambda gen: gen.random(3), epsilon=1.0, delta=1e-6, purpose="sketch")[1],
     ]
     assert noise.events == events
 

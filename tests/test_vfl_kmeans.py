@@ -206,7 +206,8 @@ def test_data_file_with_bounds_key_and_split(tmp_path):
         values = centers.column(col).to_numpy()
         assert (values >= lo).all() and (values <= hi).all()
     assert result.metrics["v_measure"] > 0.8
-    assert not any("key_agreement=seeded" in note for note in result.privacy.notes)
+    assert result.privacy.randomness == "secure"  # key_agreement=secure makes the run secure
+    assert result.config["run"]["randomness"] == "secure"  # and the manifest says so
 
 
 @pytest.mark.ray

@@ -35,8 +35,8 @@ class Message:
     dp_event:
         The noise event the payload carries, if any: built only from events a
         :mod:`rayfed.privacy` mechanism drew in the same step (else UnaccountedNoise), and equal
-        to a charge in the ledger. Several members' messages of one phase with the same event and
-        scope are the shares of one release (distributed noise) and use one charge.
+        to a charge in the ledger. Several members' messages of one phase with the same event under
+        scope ``"run"`` are the shares of one release (distributed noise) and use one charge.
     scope:
         Ledger scope of ``dp_event``; defaults to the sender's name.
     """

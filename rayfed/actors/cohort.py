@@ -2,8 +2,8 @@
 
 Users are rows, not actors: one cohort hosts thousands to millions of users (column ``user_id``
 plus data and per-user state columns) and runs each phase for all of them at once. Per-user
-randomness is drawn with :func:`rayfed.rng.keyed_uniform` keyed by user id, so results do not
-depend on how users are dealt to cohorts.
+noise and secrets come from the actor's noise source keyed by user id (``ctx.noise.user_*``), so
+in a seeded run results do not depend on how users are dealt to cohorts.
 """
 
 from __future__ import annotations

@@ -100,7 +100,9 @@ def dplsf(
     add/remove one point, or under replace-one with ``replace_one`` (then run at ε/2).
 
     Every random choice — the SimHash planes, the noise, the k-means++ seeds — comes from
-    ``noise`` (the step's source), keyed by ``round``.
+    ``noise`` (the step's source), keyed by ``round``. The event charges all L+1 count levels even
+    when the tree stops early: where it stops depends on the noisy counts, so the algorithm's
+    privacy loss is that of the full depth (the count of draws is data-dependent, the charge not).
     """
     if replace_one:
         centers, event, info = dplsf(

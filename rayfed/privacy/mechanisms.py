@@ -17,6 +17,7 @@ noise whichever cohort hosts it.
 from __future__ import annotations
 
 import math
+import numbers
 
 import numpy as np
 from dp_accounting import dp_event
@@ -27,7 +28,8 @@ from rayfed.privacy.source import NoiseSource
 
 
 def _positive(name: str, value: float) -> float:
-    if not (isinstance(value, (int, float, np.floating)) and math.isfinite(value) and value > 0):
+    real = isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
+    if not (real and math.isfinite(value) and value > 0):
         raise ConfigError(name, f"must be a finite number > 0, got {value!r}")
     return float(value)
 
@@ -100,14 +102,20 @@ def distributed_gaussian_event(
     that may also see each survivor's share replaced by N(0, replacement·σ²) (LFL Round 2).
 
     The server's best estimate of the noise-free sum from both keeps variance F·σ² with
-    F = quorum·share·replacement/(share + replacement) (quorum·share without replacement, spec
-    federated-mf §2.9); the event credits at most the nominal σ: z·sqrt(min(1, F)).
+    F = :func:`distributed_variance`; the event credits at most the nominal σ: z·sqrt(min(1, F)).
     """
-    if replacement > 0:
-        f = quorum * share * replacement / (share + replacement)
-    else:
-        f = quorum * share
+    f = distributed_variance(share=share, quorum=quorum, replacement=replacement)
     return gaussian_event(noise_multiplier * math.sqrt(min(1.0, f)))
+
+
+def distributed_variance(*, share: float, quorum: int, replacement: float = 0.0) -> float:
+    """F, in units of σ²: the variance of the server's best estimate of the noise-free sum when at
+    least ``quorum`` users added shares of variance share·σ² and each may have had its share
+    replaced by one of variance replacement·σ² (spec federated-mf §2.9, |U1| = |U2| = quorum):
+    quorum·share·replacement/(share + replacement), or quorum·share without replacement."""
+    if replacement > 0:
+        return quorum * share * replacement / (share + replacement)
+    return quorum * share
 
 
 def share_noise(
@@ -123,7 +131,7 @@ def share_noise(
     """The (users x width) N(0, share·σ²) shares of :func:`distributed_gaussian`, keyed by (round,
     user id): a user regenerates its own share with the same arguments (to cancel it later)."""
     sd = math.sqrt(share) * noise_multiplier * _positive("l2_sensitivity", l2_sensitivity)
-    return sd * noise.user_normal("gaussian", round, ids, width)
+    return sd * noise.user_normal("gaussian-share", round, ids, width)
 
 
 def distributed_gaussian(
@@ -203,8 +211,10 @@ def binary_rr_event(keep_probability: float) -> dp_event.RandomizedResponseDpEve
     and the drawn event must come from the same float operations.
     """
     q = float(keep_probability)
-    if not 0.5 < q <= 1.0:
-        raise ConfigError("keep_probability", f"must be in (0.5, 1], got {q!r}")
+    if not 0.5 < q < 1.0:
+        raise ConfigError(
+            "keep_probability", f"must be in (0.5, 1) (1 adds no noise: ε = ∞), got {q!r}"
+        )
     return dp_event.RandomizedResponseDpEvent(noise_parameter=2.0 * (1.0 - q), num_buckets=2)
 
 
@@ -265,7 +275,7 @@ def local_randomizer(
     """Run an ε-LDP randomizer for every user: ``perturb(*args, eps=ε, u=U, **kwargs)`` with U the
     (users x width) uniforms keyed by user id. The event is the randomizer's ε (pure)."""
     event = EpsilonDeltaDpEvent(_positive("epsilon", epsilon), 0.0)
-    u = noise.user_uniform("randomized-response", round, ids, width)
+    u = noise.user_uniform("ldp-report", round, ids, width)
     return _drawn(noise, perturb(*args, eps=event.epsilon, u=u, **kwargs), event)
 
 
@@ -283,6 +293,8 @@ def randomized(
     """Run an (ε, δ)-DP randomized algorithm whose every random choice comes from the source:
     ``algorithm(*args, gen, **kwargs)`` with ``gen`` a Generator of ``purpose``. For a DP
     subroutine with no finer event (e.g. a DP sketch); its event is (ε, δ) (pure accountant)."""
+    if not 0 <= delta < 1:
+        raise ConfigError("delta", f"must be in [0, 1), got {delta!r}")
     event = EpsilonDeltaDpEvent(_positive("epsilon", epsilon), float(delta))
     gen = noise.generator(purpose, round, ident)
     return _drawn(noise, algorithm(*args, gen, **kwargs), event)

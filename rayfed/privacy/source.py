@@ -6,14 +6,16 @@ A run has one ``randomness``, and every actor holds a :class:`NoiseSource` built
   reproducible, and anyone who holds the seed (recorded in ``manifest.json``; the coordinator
   included) can regenerate every draw. The guarantee holds only while the seed is secret from
   every party.
-* ``secure`` — each actor draws a 128-bit secret from the OS when it starts and derives its noise
-  streams from it exactly as a seeded run derives them from the root seed (the same code); secret
-  keys, masks and seeds are read from ``os.urandom`` where they are used. The secret never leaves
-  the actor, so knowing the run seed gives nothing, and two runs draw different noise.
+* ``secure`` — each actor draws a 256-bit secret from the OS when it starts; its Generators are
+  seeded from it (as a seeded run's are from the root seed) and its per-user draws are AES-256 in
+  counter form under keys derived from it; secret keys, masks and seeds are read from
+  ``os.urandom`` where they are used. The secret stays in the actor's process (on Ray, a process of
+  its own; in-process, the driver's), so knowing the run seed gives nothing, and two runs draw
+  different noise.
 
-The noise streams are numpy's PCG64 (and a vectorised Philox keyed per user): statistical
-generators, not cryptographic ones. They are never released raw — only data plus noise is — which
-is the usual assumption of DP libraries that do not claim a side-channel-free sampler.
+The Generators are numpy's PCG64, a statistical generator: its raw draws are never released,
+only data plus noise — the usual assumption of DP libraries that do not claim a side-channel-free
+sampler.
 
 A source also keeps the events of the current step: every :mod:`rayfed.privacy` mechanism
 registers the event it drew under, and a message may carry only events built from those
@@ -29,6 +31,7 @@ from collections import Counter
 from typing import Any
 
 import numpy as np
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from dp_accounting import dp_event
 from scipy.special import ndtri
 
@@ -90,11 +93,12 @@ class NoiseSource:
             raise ConfigError("randomness", f"unknown randomness {randomness!r}", RANDOMNESS)
         self.randomness = randomness
         self.name = name
-        self._root = int(seed) if randomness == "seeded" else secrets.randbits(128)
+        self._secret = secrets.token_bytes(32) if randomness == "secure" else b""
+        self._root = int(seed) if randomness == "seeded" else int.from_bytes(self._secret, "big")
         self._draws: Counter = Counter()
         self.events: list[dp_event.DpEvent] = []
-        #: a short digest of every mechanism's release, in draw order: two runs drew the same
-        #: noise iff these agree (kept in memory for tests and audits, never written out)
+        #: a short digest of every mechanism's release and every secret drawn, in draw order: two
+        #: runs drew the same noise and keys iff these agree (in memory only, never written out)
         self.fingerprints: list[str] = []
 
     @staticmethod
@@ -127,23 +131,44 @@ class NoiseSource:
         self._draws[key] += 1
         return rng.stream(self._root, purpose, round, (who, draw))
 
+    def _keyed_words(self, purpose: str, round: int, ids: np.ndarray, n: int) -> np.ndarray:
+        """``(len(ids), n)`` uint64 words keyed by (purpose, round, user id, index): the seeded
+        run's vectorised Philox, or AES-256 over (id, index) blocks under a key derived from the
+        actor's secret (a PRF with a 256-bit key) in a secure run."""
+        ids = np.asarray(ids, dtype=np.uint64)
+        if not self.secure:
+            return rng.keyed_bits64(self._root, purpose, round, ids, n)
+        label = f"{purpose}|{int(round)}".encode()
+        key = hashlib.blake2b(label, key=self._secret, digest_size=32).digest()
+        blocks = -(-n // 2)
+        counters = np.zeros((ids.size, blocks, 2), dtype=np.uint64)
+        counters[:, :, 0] = ids[:, None]
+        counters[:, :, 1] = np.arange(blocks, dtype=np.uint64)
+        out = Cipher(algorithms.AES(key), modes.ECB()).encryptor().update(counters.tobytes())
+        return np.frombuffer(out, dtype=np.uint64).reshape(ids.size, 2 * blocks)[:, :n]
+
     def user_uniform(self, purpose: str, round: int, ids: np.ndarray, n: int = 1) -> np.ndarray:
         """``(len(ids), n)`` uniforms in [0, 1) keyed by user id: in a seeded run a user's draws are
-        the same whichever cohort hosts it."""
-        return rng.keyed_uniform(self._root, purpose, round, np.asarray(ids, np.uint64), n)
+        the same whichever cohort hosts it. There is no draw counter here: two draws in one round
+        must use two purposes (each mechanism has its own)."""
+        words = self._keyed_words(purpose, round, ids, n)
+        return (words >> np.uint64(11)).astype(np.float64) * 2.0**-53
 
     def user_normal(self, purpose: str, round: int, ids: np.ndarray, n: int = 1) -> np.ndarray:
         """``(len(ids), n)`` standard normals keyed by user id (inverse CDF of open uniforms)."""
-        words = rng.keyed_bits64(self._root, purpose, round, np.asarray(ids, np.uint64), n)
+        words = self._keyed_words(purpose, round, ids, n)
         return ndtri(((words >> np.uint64(11)).astype(np.float64) + 0.5) * 2.0**-53)
 
     def user_words(self, purpose: str, round: int, ids: np.ndarray, n: int) -> np.ndarray:
         """``(len(ids), n)`` uint64 secret words per user (key material): the OS when secure."""
         ids = np.asarray(ids, dtype=np.uint64)
         if self.secure:
-            raw = os.urandom(8 * n * ids.size)
-            return np.frombuffer(raw, dtype=np.uint64).reshape(ids.size, n).copy()
-        return rng.keyed_bits64(self._root, purpose, round, ids, n)
+            words = np.frombuffer(os.urandom(8 * n * ids.size), dtype=np.uint64)
+            words = words.reshape(ids.size, n).copy()
+        else:
+            words = rng.keyed_bits64(self._root, purpose, round, ids, n)
+        self._fingerprint(words)
+        return words
 
     def user_bytes(self, purpose: str, round: int, ids: np.ndarray, n: int) -> np.ndarray:
         """``(len(ids), n)`` uint8 secret bytes per user (keys, seeds): the OS when secure."""
@@ -152,9 +177,9 @@ class NoiseSource:
 
     def secret_bytes(self, purpose: str, n: int, round: int = 0, ident: Any = None) -> bytes:
         """``n`` secret bytes of this actor (a key, a mask seed): the OS when secure."""
-        if self.secure:
-            return os.urandom(n)
-        return self.generator(purpose, round, ident).bytes(n)
+        raw = os.urandom(n) if self.secure else self.generator(purpose, round, ident).bytes(n)
+        self._fingerprint(np.frombuffer(raw, dtype=np.uint8))
+        return raw
 
     # --- the step's events ---------------------------------------------------------------------
     def begin_step(self) -> None:
@@ -163,8 +188,11 @@ class NoiseSource:
     def register(self, event: dp_event.DpEvent, release: Any = None) -> None:
         """Called by every mechanism with the event it drew under and its release."""
         self.events.append(event)
+        self._fingerprint(release)
+
+    def _fingerprint(self, drawn: Any) -> None:
         digest = hashlib.blake2b(digest_size=8)
-        if _feed(digest, release):
+        if _feed(digest, drawn):
             self.fingerprints.append(digest.hexdigest())
 
     def check_carried(self, event: dp_event.DpEvent, what: str) -> None:

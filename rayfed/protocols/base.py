@@ -1,8 +1,11 @@
 """Protocol plumbing: the interface a protocol module implements and the result of a run.
 
 A protocol is one module in ``rayfed/protocols/`` with a config dataclass, pure step functions for
-each role, and a subclass of :class:`Protocol` with two methods:
+each role, and a subclass of :class:`Protocol` with:
 
+* ``examples``: small configurations of its main modes (the conformance suite runs on them);
+* ``data_bytes(cfg)``: the memory its data will take, checked before anything is built;
+* ``resolve_randomness(cfg, randomness)``: where an option of its own names a key source;
 * ``plan(cfg, seed)`` loads or generates the data, checks it against the config, partitions it
   and declares the privacy budget — everything that can fail on bad input, before any actor starts;
 * ``drive(fed, cfg, plan)`` runs the rounds on a started :class:`~rayfed.federation.Federation`

@@ -50,6 +50,7 @@ from rayfed.privacy import (
     check_budget,
     distributed_gaussian,
     distributed_gaussian_event,
+    distributed_variance,
     gaussian,
     gaussian_noise_multiplier,
     share_noise,
@@ -217,10 +218,11 @@ def effective_variance(zeta1: float, zeta2: float, u1: int, u2: int) -> float:
 
 
 def worst_case_variance(mode: str, method: str, n: int, omega: float) -> float:
-    """min F_eff over every outcome the protocol accepts (|U1| >= t, |U2| <= |U1|): charged up front."""
+    """min F_eff over every outcome the protocol accepts (|U1| >= t, |U2| <= |U1|), reached at
+    |U1| = |U2| = t: the F the charged event (the distributed Gaussian's) is built from."""
     t = threshold(n, omega)
     z1, z2, _ = noise_shares(mode, method, n, omega, t)
-    return effective_variance(z1, z2, t, t)
+    return distributed_variance(share=z1, quorum=t, replacement=z2)
 
 
 def round1_noise(

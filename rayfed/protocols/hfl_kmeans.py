@@ -104,7 +104,7 @@ class HflKmeansConfig:
     max_size: int | Literal["auto"] = option("auto", "global c_max; auto: ⌊3N/k⌋", at_least=1)
     init: Literal[INITS] = option(
         "sphere-packing",
-        "sphere-packing or random (uniform in [-1,1]^d), both from the clients' shared seed; "
+        "sphere-packing or random (uniform in [-1,1]^d), both from the clients' group key; "
         "data-random or kmeans++ (the first client's rows: not private, noise=none only)",
     )
     sum_post: Literal[POSTS] = option("none", "post-processing of the noisy sums (NMA)")

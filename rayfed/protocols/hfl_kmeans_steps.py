@@ -220,7 +220,7 @@ def data_init_step(ctx: StepContext, *, init: str, k: int) -> Message:
 def prepare_step(
     ctx: StepContext, params: Params, given: Any = None, *, settings: dict, order: list[str]
 ) -> None:
-    """Client: keep the public parameters; derive the initial centroids from the shared seed
+    """Client: keep the public parameters; derive the initial centroids from the group key
     (every client gets the same, the server none), or take the data-driven ones ``given``."""
     st = ctx.state
     st.update(params=params, settings=settings, order=order, me=order.index(ctx.name))

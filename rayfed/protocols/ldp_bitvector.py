@@ -51,6 +51,7 @@ ROW_BLOCK = 2048
 PAIR_BLOCK = 16384
 DECOMPOSITION_LIMIT = 1000
 DIGITS_SHAPE = (1797, 64)  # scikit-learn's bundled digits
+MAX_ATTRIBUTES = 4096
 CONSISTENCE_LIMIT = 1000
 
 
@@ -132,7 +133,7 @@ def encode_step(ctx: StepContext, *, eps: float | None, s: int, t: float, round:
     for j in range(x.shape[1]):
         bits = bv.encode(x[:, j], r[j], t)
         if eps is not None:  # each record's coins keyed by (record, attribute)
-            keys = ids * np.uint64(4096) + np.uint64(ctx.meta["attributes"][j])
+            keys = ids * np.uint64(MAX_ATTRIBUTES) + np.uint64(ctx.meta["attributes"][j])
             bits, bit_event = binary_randomized_response(
                 ctx.noise, bits, keep_probability=bv.keep_probability(eps), ids=keys, round=round
             )
@@ -407,6 +408,10 @@ class LdpBitvector(Protocol):
     def plan(self, cfg: LdpBitvectorConfig, seed: int) -> Plan:
         table, features, label, bounds = _load(cfg)
         n, d = table.num_rows, len(features)
+        if d >= MAX_ATTRIBUTES:  # the RR coins are keyed by record x MAX_ATTRIBUTES + attribute
+            raise DataError(
+                "data.columns", f"{d} attributes, at most {MAX_ATTRIBUTES - 1}", "fewer columns"
+            )
         if n > cfg.max_points:
             raise ConfigError(
                 "max_points",

@@ -371,8 +371,11 @@ class SecureSum(Protocol):
             if fault.round == spec.round or (fault.round is None and spec.round == 0):
                 planned.append((fault.member, fault.phase or "advertise"))
         for cohort, phase in planned:
+            if phase not in PHASE_INDEX:  # a fault in no phase of secure aggregation never fires
+                continue
             members = np.unique(plan.cohorts[cohort][0].column(cfg.data.key or "user_id"))
-            lost[np.searchsorted(registry, members)] = PHASE_INDEX.get(phase, 0)
+            at = np.searchsorted(registry, members)
+            lost[at] = np.minimum(lost[at], PHASE_INDEX[phase])  # the earliest death counts
         survivors = expected_survivors(
             registry,
             spec.dropout.drop_phase(fed.seed, spec.round, registry),

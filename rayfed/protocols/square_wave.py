@@ -615,8 +615,8 @@ class SquareWave(Protocol):
     @staticmethod
     def _notes(fed, cfg: SquareWaveConfig) -> None:
         fed.note(
-            "simulation: every user's randomness follows from the run seed in manifest.json; the "
-            "guarantee assumes each user's randomness stays with that user"
+            "each simulated user's coins are its own (keyed by its id); in a real deployment the "
+            "LDP guarantee assumes they stay on the user's device"
         )
         if cfg.evaluate:
             fed.note("the error metrics compare with the raw values: they are not private")

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+from dp_accounting.dp_event import DpEvent
 
 from rayfed.actors.base import Crash, Message, StepContext
 from rayfed.dropout import NEVER, PHASES
@@ -307,7 +308,7 @@ def masked_input(
     st.received = {k: routed[k] for k in ("sender", "receiver", "ct") if k in routed}
     rows = np.flatnonzero(st.active)
     x, event = input_fn(ctx, spec.round, st.ids[rows], *input_args), None
-    if isinstance(x, tuple):
+    if isinstance(x, tuple) and len(x) == 2 and isinstance(x[1], DpEvent):
         x, event = x
     x = np.asarray(x, dtype=np.float64)
     if x.shape != (len(rows), spec.dim):
