@@ -92,8 +92,12 @@ def forged(ctx, epsilon):
     return Message("noisy", 1.0, dp_event=laplace_event(1.0, epsilon))
 
 
-def draw_only(ctx, epsilon):
-    ctx.state["event"] = laplace(ctx.noise, np.array([1.0]), l1_sensitivity=1.0, epsilon=epsilon)[1]
+def silent_noise(ctx, epsilon):
+    """Draws noise through a mechanism but sends the release without its event."""
+    value, ctx.state["event"] = laplace(
+        ctx.noise, np.array([1.0]), l1_sensitivity=1.0, epsilon=epsilon
+    )
+    return Message("noisy", value)
 
 
 def send_stale(ctx):
@@ -217,13 +221,15 @@ def test_per_user_randomness_is_independent_of_cohorts(backend, n_cohorts):
 
 def test_an_event_no_mechanism_drew_in_the_step_is_refused(backend):
     """The charge must be tied to noise drawn in the same step: a forged event, or one drawn in
-    an earlier step, is refused even when an equal charge is in the ledger."""
+    an earlier step, is refused even when an equal charge is in the ledger; and noise a mechanism
+    drew must leave the step with its event."""
     event = laplace_event(1.0, 0.5)
     with make_fed(backend, epsilon=4.0) as fed:
         fed.charge([("p0", "laplace", event)])
         with pytest.raises(UnaccountedNoise, match="no rayfed.privacy mechanism drew"):
             fed.parties.run(forged, 0.5, phase="forged", members=["p0"])
-        fed.parties.run(draw_only, 0.5, phase="draw", members=["p0"])
+        with pytest.raises(UnaccountedNoise, match="no message carries it"):
+            fed.parties.run(silent_noise, 0.5, phase="silent", members=["p0"])
         with pytest.raises(UnaccountedNoise, match="no rayfed.privacy mechanism drew"):
             fed.parties.run(send_stale, phase="stale", members=["p0"])
 

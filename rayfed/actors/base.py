@@ -202,8 +202,11 @@ class RoleActor:
         args, kwargs = unflatten(spec, flat)
         reply = self._step(step, args, kwargs)
         if not isinstance(reply, Message):
+            self.ctx.noise.check_all_carried([])
             return None, reply
-        return self._meta(reply), reply.payload
+        meta = self._meta(reply)
+        self.ctx.noise.check_all_carried([reply.dp_event] if reply.dp_event is not None else [])
+        return meta, reply.payload
 
     def run_scatter(self, step, names: list[str], spec, *flat) -> tuple:
         """Execute a step that returns one Message per receiver in ``names``; return
@@ -214,4 +217,7 @@ class RoleActor:
         if sorted(replies) != sorted(names):
             raise ValueError(f"scatter step answered {sorted(replies)}, expected {sorted(names)}")
         metas = {name: self._meta(replies[name]) for name in names}
+        self.ctx.noise.check_all_carried(
+            [replies[n].dp_event for n in names if replies[n].dp_event is not None]
+        )
         return (metas, *(replies[name].payload for name in names))

@@ -40,8 +40,8 @@ def laplace_event(l1_sensitivity: float, epsilon: float) -> dp_event.LaplaceDpEv
     return dp_event.LaplaceDpEvent(noise_multiplier=sens / _positive("epsilon", epsilon) / sens)
 
 
-def _drawn(noise: NoiseSource, release, event):
-    noise.register(event, release)
+def _drawn(noise: NoiseSource, release, event, part_of: str | None = None):
+    noise.register(event, release, part_of=part_of)
     return release, event
 
 
@@ -79,11 +79,14 @@ def gaussian(
     ident=None,
     ids=None,
     purpose: str = "gaussian",
+    part_of: str | None = None,
 ):
     """Add N(0, σ²) to every coordinate, σ = noise_multiplier · Δ₂.
 
     With ``ids`` the rows of ``values`` are users and each row's noise is keyed by (``purpose``,
     round, user id) — no draw counter there, so two such draws in one round need two purposes.
+    ``part_of`` names the release (carried, with its event, by another message) this draw
+    belongs to; otherwise the step's message must carry the returned event.
     """
     event = gaussian_event(noise_multiplier)
     sigma = event.noise_multiplier * _positive("l2_sensitivity", l2_sensitivity)
@@ -92,7 +95,7 @@ def gaussian(
         draw = noise.generator(purpose, round, ident).standard_normal(values.shape)
     else:
         draw = noise.user_normal(purpose, round, ids, values.shape[1])
-    return _drawn(noise, values + sigma * draw, event)
+    return _drawn(noise, values + sigma * draw, event, part_of)
 
 
 def distributed_gaussian_event(

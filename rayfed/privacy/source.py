@@ -97,6 +97,7 @@ class NoiseSource:
         self._root = int(seed) if randomness == "seeded" else int.from_bytes(self._secret, "big")
         self._draws: Counter = Counter()
         self.events: list[dp_event.DpEvent] = []
+        self._elsewhere: list[bool] = []  # per event: part of a release another message carries
         #: a short digest of every mechanism's release and every secret drawn, in draw order: two
         #: runs drew the same noise and keys iff these agree (in memory only, never written out)
         self.fingerprints: list[str] = []
@@ -183,17 +184,34 @@ class NoiseSource:
 
     # --- the step's events ---------------------------------------------------------------------
     def begin_step(self) -> None:
-        self.events = []
+        self.events, self._elsewhere = [], []
 
-    def register(self, event: dp_event.DpEvent, release: Any = None) -> None:
-        """Called by every mechanism with the event it drew under and its release."""
+    def register(
+        self, event: dp_event.DpEvent, release: Any = None, *, part_of: str | None = None
+    ) -> None:
+        """Called by every mechanism with the event it drew under and its release; ``part_of``
+        names the release, carried by another message, that this draw belongs to (LFL's Round 2
+        replaces Round 1's shares)."""
         self.events.append(event)
+        self._elsewhere.append(part_of is not None)
         self._fingerprint(release)
 
     def _fingerprint(self, drawn: Any) -> None:
         digest = hashlib.blake2b(digest_size=8)
         if _feed(digest, drawn):
             self.fingerprints.append(digest.hexdigest())
+
+    def check_all_carried(self, carried: list[dp_event.DpEvent]) -> None:
+        """UnaccountedNoise if a mechanism drew in this step and no message of the step carries
+        its event (unless the draw is part of a release another message carries): noise that
+        reaches a reply uncharged."""
+        sent = [leaf for event in carried for leaf in leaves(event)]
+        for event, elsewhere in zip(self.events, self._elsewhere, strict=True):
+            if not elsewhere and event not in sent:
+                raise UnaccountedNoise(
+                    f"{self.name}: a mechanism drew {event} in this step but no message carries "
+                    "it (send the mechanism's event with the noisy release)"
+                )
 
     def check_carried(self, event: dp_event.DpEvent, what: str) -> None:
         """UnaccountedNoise unless every mechanism event ``event`` is built from was drawn by a

@@ -348,6 +348,7 @@ def lfl_round2_step(
         ids=ids,
         round=round,
         purpose="replacement",
+        part_of="this iteration's Round-1 release",  # its event covers the replacement (F)
     )
     return Message("noise_replacement", {"ids": ids, "values": values}, to="coordinator")
 

@@ -199,7 +199,9 @@ def test_every_dp_message_carries_an_event_its_step_drew(name, i, monkeypatch):
     assert (result.transcript_totals["dp_messages"] > 0) == private(result)
     original = NoiseSource.register
     monkeypatch.setattr(
-        NoiseSource, "register", lambda self, event, release=None: original(self, None, release)
+        NoiseSource,
+        "register",
+        lambda self, event, release=None, **kw: original(self, None, release, **kw),
     )
     options = {"backend": "local", "out_dir": None, **get_protocol(name).examples[i]}
     if private(result):
