@@ -21,7 +21,7 @@ import sys
 import rayfed
 from rayfed.report import report
 
-SMALL_USERS = 2000
+SMALL_USERS = 500
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -200,6 +200,10 @@ def test_vfl_beats_local_only(unit, epsilon):
         assert vfl.privacy.composition == "sequential" and vfl.privacy.epsilon == pytest.approx(
             epsilon, rel=0.01
         )
+        # regression (issue 15): the local-only baseline's parties hold the same users too, so
+        # its releases compose sequentially as its statement says (it reported parallel, below ε)
+        assert local.privacy.composition == "sequential"
+        assert local.privacy.epsilon == pytest.approx(epsilon, rel=0.01)
 
 
 def test_setting_and_method_must_match():

@@ -25,4 +25,4 @@ def test_secure_sum_job_small(run_small_job):
     (run_dir,) = [p for p in out.iterdir() if p.name.startswith("secure-sum-")]
     assert (run_dir / "report.html").exists() and (run_dir / "rounds.png").exists()
     manifest = json.loads((run_dir / "manifest.json").read_text())
-    assert [r["survivors"] for r in manifest["metrics"]["per_round"]] == [2000, 2000]
+    assert [r["survivors"] for r in manifest["metrics"]["per_round"]] == [500, 500]

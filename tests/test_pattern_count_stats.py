@@ -169,8 +169,9 @@ def test_sampled_variant_variance_and_sqrt_m_over_p_law():
 
 
 def test_every_party_sends_the_same_public_sample_of_users():
-    """Thm B.2: S is common to all parties. With ε' = 1/2 (no noise) the bits are the one-hot
-    values, so each party's message must hold exactly its values of the users in S, in order."""
+    """Thm B.2: S is common to all parties. With ε' = 1/2 - 10⁻⁹ (a flip per 10⁹ bits; ε' = 1/2
+    itself adds no noise and is refused) the bits are the one-hot values, so each party's message
+    must hold exactly its values of the users in S, in order."""
     from rayfed.protocols.pattern_count import randomize_step
 
     table = synthetic_table(10_000, 2, SIZE, 0.5, seed=1)
@@ -178,7 +179,7 @@ def test_every_party_sends_the_same_public_sample_of_users():
     assert abs(sample.sum() - 3000) < 4 * math.sqrt(10_000 * 0.3 * 0.7)
     for j in range(2):
         msg = randomize_step(
-            _party_context(table, j, seed=3), eps_prime=0.5, sample_rate=0.3, round=0
+            _party_context(table, j, seed=3), eps_prime=0.5 - 1e-9, sample_rate=0.3, round=0
         )
         bits = np.unpackbits(msg.payload["bits"], axis=1, count=msg.payload["users"])
         assert msg.payload["users"] == sample.sum()

@@ -10,6 +10,7 @@ that declares PLD then reports an ε at most the target. The event built by
 
 from __future__ import annotations
 
+import functools
 from dp_accounting import dp_event, mechanism_calibration
 
 from rayfed.errors import ConfigError
@@ -26,6 +27,7 @@ def gaussian_steps_event(
     return dp_event.SelfComposedDpEvent(step, steps)
 
 
+@functools.lru_cache(maxsize=256)  # a pure function of its arguments; the search takes ~1 s
 def gaussian_noise_multiplier(
     epsilon: float,
     delta: float,

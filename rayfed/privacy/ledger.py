@@ -88,6 +88,31 @@ class PureDpAccountant(PrivacyAccountant):
         return self._delta if self._epsilon <= target_epsilon else 1.0
 
 
+class MemoRdpAccountant(rdp.RdpAccountant):
+    """dp-accounting's RDP accountant, computing each distinct event's RDP curve once per process.
+
+    A ledger composes the same per-round event hundreds of times (and tries every charge on a copy
+    first); one subsampled-Gaussian curve costs about 0.1 s. RDP composes by adding curves, which is
+    what the parent does with the curve it would recompute; the curve itself is the library's.
+    """
+
+    _curves: dict = {}
+
+    def _maybe_compose(self, event, count, do_compose):
+        if isinstance(event, (dp_event.SelfComposedDpEvent, dp_event.ComposedDpEvent)):
+            return super()._maybe_compose(event, count, do_compose)  # recurses into this method
+        key = (event, self.neighboring_relation, tuple(self._orders))
+        if key not in self._curves:
+            single = rdp.RdpAccountant(self._orders, self.neighboring_relation)
+            error = rdp.RdpAccountant._maybe_compose(single, event, 1, True)
+            if error is not None:
+                return error
+            self._curves[key] = single.rdp.copy()
+        if do_compose:
+            self._rdp += count * self._curves[key]
+        return None
+
+
 ACCOUNTANTS = ("pure", "rdp", "pld")
 RELATIONS = {
     "replace_one": NeighboringRelation.REPLACE_ONE,
@@ -137,7 +162,7 @@ def make_accountant(kind: str, relation: str) -> PrivacyAccountant:
     if kind == "pure":
         return PureDpAccountant(rel)
     if kind == "rdp":
-        return rdp.RdpAccountant(neighboring_relation=rel)
+        return MemoRdpAccountant(neighboring_relation=rel)
     if kind == "pld":
         return pld.PLDAccountant(neighboring_relation=rel)
     raise ConfigError("accountant", f"unknown accountant {kind!r}", ACCOUNTANTS)
