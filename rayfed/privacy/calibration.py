@@ -11,6 +11,7 @@ that declares PLD then reports an ε at most the target. The event built by
 from __future__ import annotations
 
 import functools
+
 from dp_accounting import dp_event, mechanism_calibration
 
 from rayfed.errors import ConfigError
