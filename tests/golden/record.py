@@ -1,0 +1,48 @@
+"""Record the golden runs: every protocol's examples (seeded, in-process), their result tables as
+Arrow IPC files and their ledger entries as JSON. ``tests/test_golden.py`` checks that the code
+still produces them bit for bit: run this only when a result is meant to change, and say why in
+the commit.
+
+    python tests/golden/record.py
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pyarrow as pa
+
+import rayfed
+from rayfed.protocols import get_protocol
+
+HERE = Path(__file__).resolve().parent
+
+
+def golden_run(name: str, example: dict) -> rayfed.Result:
+    return rayfed.run(name, backend="local", out_dir=None, seed=0, **example)
+
+
+def ledger(result: rayfed.Result) -> list[dict]:
+    return result.privacy.entries
+
+
+def main() -> None:
+    for name in sorted(rayfed.PROTOCOLS):
+        for i, example in enumerate(get_protocol(name).examples):
+            folder = HERE / name / str(i)
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir(parents=True)
+            result = golden_run(name, example)
+            for table_name, table in sorted(result.tables.items()):
+                with pa.OSFile(str(folder / f"{table_name}.arrow"), "wb") as sink:
+                    with pa.ipc.new_file(sink, table.schema) as writer:
+                        writer.write_table(table)
+            record = {"example": example, "ledger": ledger(result)}
+            (folder / "ledger.json").write_text(json.dumps(record, indent=1) + "\n")
+            print(name, i, sorted(result.tables))
+
+
+if __name__ == "__main__":
+    main()
