@@ -8,6 +8,7 @@ import os
 import time
 import warnings
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -86,115 +87,162 @@ def run(
         During the run; the run directory, if any, is then marked failed.
     """
     proto, run_opts, cfg = resolve(protocol, config, sets, **options)
-    cfg, randomness = proto.resolve_randomness(cfg, run_opts.randomness)
-    run_opts = dataclasses.replace(run_opts, randomness=randomness)  # as run, in the manifest
-    if run_opts.backend == "ray" and (
-        run_opts.address or os.environ.get("RAY_ADDRESS") or run_opts.num_cpus
-    ):  # start or connect first: cohorts default to the cluster's CPUs
-        ensure_ray(run_opts.address, run_opts.num_cpus)
-    check_size(proto, cfg, run_opts)  # before plan builds any data
-    plan: Plan = proto.plan(cfg, run_opts.seed)  # bad data fails here, before any actor exists
-    check_member_names(list(plan.parties) + list(plan.cohorts))
-    members = {"parties": sorted(plan.parties), "cohorts": sorted(plan.cohorts)}
-    faults = [parse_fault(text) for text in run_opts.fail or []]
-    check_members(faults, members)  # before the run directory exists
-    placement: dict[str, dict] = {}
-    if run_opts.backend == "ray":
-        resources = ensure_ray(run_opts.address, run_opts.num_cpus)  # an unreachable address, too
-        placement = actor_placement(run_opts, len(plan.parties), resources)
-        check_fit(plan, resources, run_opts.cohort_memory_mb)
-    run_id = new_run_id(proto.name)
-    config_record = {"run": to_dict(run_opts), "protocol": to_dict(cfg)}
-    rundir = RunDir(run_opts.out_dir, run_id) if run_opts.out_dir else None
-    manifest: dict[str, Any] = {
-        "run_id": run_id,
-        "protocol": proto.name,
-        "status": "running",
-        "seed": run_opts.seed,
-        "config": config_record,
-        "versions": versions(),
-        "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-    }
-    manifest["members"] = members
-    if rundir:
-        rundir.write_manifest(manifest)
-    started = time.perf_counter()
-    fed = None
+    cfg, run_opts = _reconcile(proto, cfg, run_opts)
+    plan, faults, placement = _prepare(proto, cfg, run_opts)  # every refusal comes before here
+    record = _Record.open(proto, cfg, run_opts, plan)
     bar = tqdm(total=plan.rounds, desc=proto.name, unit="round", disable=not progress, leave=False)
+    fed = None
     try:
-        fed = Federation(
-            run_id=run_id,
-            seed=run_opts.seed,
-            parties=plan.parties,
-            cohorts=plan.cohorts,
-            budget=plan.budget,
-            ledger=plan.ledger,
-            backend=run_opts.backend,
-            randomness=randomness,
-            deadline_s=run_opts.deadline_s,
-            progress=bar,
-            faults=faults,
-            actor_options=placement,
-            cohort_restarts=plan.cohort_restarts,
-        )
+        fed = _federation(record.run_id, plan, run_opts, faults, placement, bar)
         fed.start()
-        manifest["placement"] = fed.placement()
+        record.manifest["placement"] = fed.placement()
         outcome = proto.drive(fed, cfg, plan)
-        outcome.metrics.setdefault("phase_seconds", fed.phase_seconds())
-        if fed.unfired_faults:
-            unfired = [
-                f"{f.role}:{f.member}@{f.round if f.phase is None else f.phase}"
-                for f in fed.unfired_faults
-            ]
-            outcome.metrics["faults_unfired"] = unfired
-            warnings.warn(
-                f"injected fault(s) never fired (no such round or phase reached): {unfired}",
-                RuntimeWarning,
-                stacklevel=2,
-            )
-        if fed.per_round:
-            outcome.metrics.setdefault("per_round", fed.per_round)
-        privacy = fed.privacy_report()
-        privacy.requested_epsilon = requested = plan.requested_epsilon
-        if requested is not None and privacy.epsilon > requested * (1 + 1e-9):
-            outcome.headline += (
-                f" [ε spent {privacy.epsilon:.4g} > ε requested {requested:g}: this mode's "
-                "calibration does not deliver the requested ε]"
-            )
-        result = Result(
-            protocol=proto.name,
-            run_id=run_id,
-            seed=run_opts.seed,
-            config=config_record,
-            tables=outcome.tables,
-            metrics=outcome.metrics,
-            privacy=privacy,
-            transcript=fed.transcript.to_table(),
-            transcript_totals=fed.transcript.totals(),
-            timings=fed.timings,
-            seconds=time.perf_counter() - started,
-            headline=outcome.headline,
-            run_dir=str(rundir.path) if rundir else None,
-            noise_fingerprints=fed.noise_fingerprints(),
-        )
-        if rundir:
-            _write_result(rundir, manifest, result)
+        result = _result(proto, fed, plan, outcome, record)
+        record.complete(result)
     except BaseException as err:
-        if rundir:
-            manifest.update(
-                status="failed",
-                error=f"{type(err).__name__}: {err}",
-                seconds=time.perf_counter() - started,
-                timings=fed.timings if fed else [],
-                transcript=fed.transcript.totals() if fed else None,
-            )
-            rundir.write_manifest(manifest)
+        record.fail(err, fed)
         raise
     finally:
         bar.close()
         if fed is not None:
             fed.shutdown()
     return result
+
+
+def _reconcile(proto, cfg, run_opts):
+    """The protocol's own key options and the run's randomness agree; start or connect Ray first
+    when given a cluster or CPUs (cohorts default to the cluster's CPUs)."""
+    cfg, randomness = proto.resolve_randomness(cfg, run_opts.randomness)
+    run_opts = dataclasses.replace(run_opts, randomness=randomness)  # as run, in the manifest
+    if run_opts.backend == "ray" and (
+        run_opts.address or os.environ.get("RAY_ADDRESS") or run_opts.num_cpus
+    ):
+        ensure_ray(run_opts.address, run_opts.num_cpus)
+    return cfg, run_opts
+
+
+def _prepare(proto, cfg, run_opts) -> tuple[Plan, list, dict[str, dict]]:
+    """(plan, faults, actor placement): the size check before any data is built, the plan (bad
+    data fails there), the faults and the cluster's fit — all before any actor or run directory."""
+    check_size(proto, cfg, run_opts)
+    plan: Plan = proto.plan(cfg, run_opts.seed)
+    check_member_names(list(plan.parties) + list(plan.cohorts))
+    faults = [parse_fault(text) for text in run_opts.fail or []]
+    check_members(faults, _members(plan))
+    placement: dict[str, dict] = {}
+    if run_opts.backend == "ray":
+        resources = ensure_ray(run_opts.address, run_opts.num_cpus)  # an unreachable address, too
+        placement = actor_placement(run_opts, len(plan.parties), resources)
+        check_fit(plan, resources, run_opts.cohort_memory_mb)
+    return plan, faults, placement
+
+
+def _members(plan: Plan) -> dict[str, list[str]]:
+    return {"parties": sorted(plan.parties), "cohorts": sorted(plan.cohorts)}
+
+
+def _federation(run_id, plan: Plan, run_opts, faults, placement, bar) -> Federation:
+    return Federation(
+        run_id=run_id,
+        seed=run_opts.seed,
+        parties=plan.parties,
+        cohorts=plan.cohorts,
+        budget=plan.budget,
+        ledger=plan.ledger,
+        backend=run_opts.backend,
+        randomness=run_opts.randomness,
+        deadline_s=run_opts.deadline_s,
+        progress=bar,
+        faults=faults,
+        actor_options=placement,
+        cohort_restarts=plan.cohort_restarts,
+    )
+
+
+def _result(proto, fed: Federation, plan: Plan, outcome, record: _Record) -> Result:
+    """The Result: the driver's outcome with what the federation measured and the ledger's
+    report (an ε spent above the ε requested is stated in the headline)."""
+    outcome.metrics.setdefault("phase_seconds", fed.phase_seconds())
+    unfired = [f"{f.role}:{f.member}@{f.phase or f.round}" for f in fed.unfired_faults]
+    if unfired:
+        outcome.metrics["faults_unfired"] = unfired
+        warnings.warn(
+            f"injected fault(s) never fired (no such round or phase reached): {unfired}",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+    if fed.per_round:
+        outcome.metrics.setdefault("per_round", fed.per_round)
+    privacy = fed.privacy_report()
+    privacy.requested_epsilon = requested = plan.requested_epsilon
+    if requested is not None and privacy.epsilon > requested * (1 + 1e-9):
+        outcome.headline += (
+            f" [ε spent {privacy.epsilon:.4g} > ε requested {requested:g}: this mode's "
+            "calibration does not deliver the requested ε]"
+        )
+    return Result(
+        protocol=proto.name,
+        run_id=record.run_id,
+        seed=fed.seed,
+        config=record.config,
+        tables=outcome.tables,
+        metrics=outcome.metrics,
+        privacy=privacy,
+        transcript=fed.transcript.to_table(),
+        transcript_totals=fed.transcript.totals(),
+        timings=fed.timings,
+        seconds=time.perf_counter() - record.started,
+        headline=outcome.headline,
+        run_dir=str(record.rundir.path) if record.rundir else None,
+        noise_fingerprints=fed.noise_fingerprints(),
+    )
+
+
+@dataclass
+class _Record:
+    """The run's identity and its directory: a manifest marked running, then complete (after
+    every table is written) or failed (with the error)."""
+
+    run_id: str
+    config: dict[str, Any]
+    manifest: dict[str, Any]
+    rundir: RunDir | None
+    started: float
+
+    @staticmethod
+    def open(proto, cfg, run_opts, plan: Plan) -> _Record:
+        run_id = new_run_id(proto.name)
+        config = {"run": to_dict(run_opts), "protocol": to_dict(cfg)}
+        manifest: dict[str, Any] = {
+            "run_id": run_id,
+            "protocol": proto.name,
+            "status": "running",
+            "seed": run_opts.seed,
+            "config": config,
+            "versions": versions(),
+            "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "members": _members(plan),
+        }
+        rundir = RunDir(run_opts.out_dir, run_id) if run_opts.out_dir else None
+        if rundir:
+            rundir.write_manifest(manifest)
+        return _Record(run_id, config, manifest, rundir, time.perf_counter())
+
+    def complete(self, result: Result) -> None:
+        if self.rundir:
+            _write_result(self.rundir, self.manifest, result)
+
+    def fail(self, err: BaseException, fed: Federation | None) -> None:
+        if not self.rundir:
+            return
+        self.manifest.update(
+            status="failed",
+            error=f"{type(err).__name__}: {err}",
+            seconds=time.perf_counter() - self.started,
+            timings=fed.timings if fed else [],
+            transcript=fed.transcript.totals() if fed else None,
+        )
+        self.rundir.write_manifest(self.manifest)
 
 
 def check_size(proto, cfg, run_opts) -> None:

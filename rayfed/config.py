@@ -63,6 +63,8 @@ def option(
     at_most: float | None = None,
     below: float | None = None,
     size: bool = False,
+    when: dict[str, tuple] | None = None,
+    source: Literal["file", "synthetic"] | None = None,
     **kwargs,
 ) -> Any:
     """A dataclass field with a help text (shown by ``rayfed run <protocol> --help``).
@@ -71,8 +73,14 @@ def option(
     the core refuses a value outside it, naming the option, before any data is built, and the
     conformance suite derives its bad-value cases from the same declaration. ``size`` marks an
     option the run's memory grows with (users, dimensions, bits), checked against the machine.
+
+    ``when`` names the modes that read the option (``{"method": ("sw-ems", "sw-em")}``: every
+    key must hold) and ``source`` the data source (``"file"``: only with ``data.path``;
+    ``"synthetic"``: only without): the core refuses the option, set away from its default,
+    anywhere else (:func:`check_applicable`) — an option the run would not read is an error, not
+    silently ignored.
     """
-    metadata: dict[str, Any] = {"help": help, "size": size}
+    metadata: dict[str, Any] = {"help": help, "size": size, "when": when or {}, "source": source}
     if (at_least, above, at_most, below) != (None, None, None, None):
         metadata["bounds"] = Bounds(at_least, above, at_most, below)
     if isinstance(default, (list, dict)):
@@ -257,9 +265,52 @@ def from_mapping(cls: type, values: dict[str, Any], prefix: str = "") -> Any:
         if bounds is not None and numeric and not bounds.admits(value):
             raise ConfigError(f"{prefix}{key}", f"{value!r} is out of range", bounds.text())
     obj = cls(**kwargs)
+    if not prefix:  # the whole config: the modes an option names are its siblings
+        check_applicable(obj)
     if hasattr(obj, "validate"):
         obj.validate()
     return obj
+
+
+def check_applicable(cfg: Any) -> None:
+    """ConfigError for an option set away from its default where the chosen mode or data source
+    does not read it (its ``when`` and ``source`` declarations), and for ``data.key`` or
+    ``data.columns`` without a file."""
+    default = type(cfg)()
+    data = getattr(cfg, "data", None)
+    path = getattr(data, "path", None)
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        if value == getattr(default, f.name):
+            continue
+        for key, allowed in f.metadata.get("when", {}).items():
+            actual = getattr(cfg, key)
+            if actual not in allowed:
+                raise ConfigError(
+                    f.name,
+                    f"does not apply to {key}={actual}",
+                    f"{key} in ({', '.join(map(str, allowed))}), or drop {f.name}",
+                )
+        source = f.metadata.get("source")
+        if source == "file" and path is None:
+            raise ConfigError(
+                f.name,
+                "applies to a data file, but no data.path is given",
+                "set data.path, or drop this option for synthetic data",
+            )
+        if source == "synthetic" and path is not None:
+            raise ConfigError(
+                f.name, "applies to synthetic data only, but data.path is given", "drop it"
+            )
+    if data is None or path is not None:
+        return
+    for name in ("columns", "key"):
+        if getattr(data, name) is not None:
+            raise ConfigError(
+                f"data.{name}",
+                "applies to a data file, but no data.path is given",
+                "set data.path, or drop this option for synthetic data",
+            )
 
 
 def parse_assignment(text: str) -> tuple[list[str], Any]:

@@ -1,0 +1,416 @@
+"""How a federation reaches its members: Ray actors, or plain objects in this process.
+
+Both backends have one interface — make a member, run a step on some members and gather the
+replies with a deadline, call a built-in method, fetch payloads, kill — so the federation above
+them has no branch on where its members live. A member that dies (or, on Ray, misses the deadline)
+ends the phase with :class:`PartyFailed` / :class:`RoundTimeout`, or, when the caller asks for it
+(``on_failure="drop"``), becomes a dropout listed in :attr:`Replies.failed` (and in
+:attr:`Replies.died` if it died: the federation's restart policy takes it from there).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from rayfed.actors.base import Crash, MessageMeta, _Slot
+from rayfed.errors import PartyFailed, RayfedError, RoundTimeout
+
+
+@dataclass
+class Replies:
+    """What one phase returned: payload (or its object ref) and transcript meta per member;
+    ``failed`` members are dropouts (``died``: the ones whose actor is gone)."""
+
+    payloads: dict[str, Any]
+    metas: dict[str, MessageMeta | None]
+    failed: list[str] = field(default_factory=list)
+    died: list[str] = field(default_factory=list)
+
+    def names(self) -> list[str]:
+        return sorted(self.payloads)
+
+    def single(self) -> Single:
+        """The payload of a one-member phase (e.g. the coordinator's broadcast), to pass on as an
+        argument without fetching it to the driver."""
+        (name,) = self.names()
+        return Single(self.payloads[name])
+
+
+@dataclass(frozen=True)
+class Single:
+    """One payload (or its object ref) passed as an argument: see :meth:`Replies.single`."""
+
+    payload: Any
+
+
+@dataclass(frozen=True)
+class PerMember:
+    """An argument whose value differs per member: ``values[name]`` goes to member ``name``.
+
+    ``values`` is a mapping or a Replies (e.g. the output of :meth:`Group.scatter`).
+    """
+
+    values: Any
+
+    def for_member(self, name: str) -> Any:
+        values = self.values.payloads if isinstance(self.values, Replies) else self.values
+        return values[name]
+
+
+@dataclass(frozen=True)
+class Where:
+    """Where a phase runs, for the errors that name it."""
+
+    role: str
+    phase: str
+    round_no: int
+
+    def failed(self, name: str, reason: str, err: BaseException | None = None):
+        failure = PartyFailed(name, self.round_no, f"{self.role}:{self.phase}", reason)
+        if err is not None:
+            raise failure from err
+        raise failure
+
+
+def for_member(obj: Any, name: str) -> Any:
+    """``obj`` with every PerMember replaced by ``name``'s value."""
+    if isinstance(obj, PerMember):
+        return obj.for_member(name)
+    if isinstance(obj, dict):
+        return {k: for_member(v, name) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)) and not isinstance(obj, Replies):
+        return type(obj)(for_member(v, name) for v in obj)
+    return obj
+
+
+def has_per_member(obj: Any) -> bool:
+    if isinstance(obj, PerMember):
+        return True
+    if isinstance(obj, dict):
+        return any(has_per_member(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return any(has_per_member(v) for v in obj)
+    return False
+
+
+class Backend(ABC):
+    """The transport of one federation (see the module docstring)."""
+
+    name: str
+    #: whether a member that died comes back by itself (Ray's ``max_restarts``); otherwise the
+    #: federation rebuilds it, or not, by its restart policy
+    restarts_itself: bool
+
+    def __init__(self, *, seed: int, randomness: str):
+        self.seed, self.randomness = seed, randomness
+
+    @abstractmethod
+    def make(self, cls, name: str, table, meta: dict, *, restarts: int, options: dict): ...
+
+    @abstractmethod
+    def run(self, handles, steps, args, kwargs, *, deadline_s, on_failure, where: Where) -> Replies:
+        """Run ``steps[name](ctx, *args, **kwargs)`` on every member and gather the replies."""
+
+    @abstractmethod
+    def scatter(self, handle, name, step, to, args, kwargs, *, deadline_s, where: Where):
+        """(metas by receiver, payloads by receiver) of a step answering one message each."""
+
+    @abstractmethod
+    def invoke(self, handles: dict, method: str, args: tuple, *, deadline_s, where: Where) -> list:
+        """A built-in actor method (not a step) on every member; values in name order."""
+
+    @abstractmethod
+    def get(self, value: Any, *, deadline_s, who: list[str] | None, where: Where) -> Any:
+        """Payloads (or object refs) brought to the driver."""
+
+    @abstractmethod
+    def call_method(self, handle, method: str, args, kwargs, *, deadline_s, where: Where) -> Any:
+        """One member's built-in method (e.g. the coordinator's ledger), its value fetched."""
+
+    def tolerant(self, handles: dict, method: str) -> dict[str, Any]:
+        """A built-in method on every member that still answers (the dead are left out)."""
+        return {
+            name: getattr(h, method)() for name, h in handles.items() if not isinstance(h, Dead)
+        }
+
+    def wait_restarted(self, handle, deadline_s: float) -> None:
+        """Wait for a member the backend is restarting (nothing to wait for in-process)."""
+        return None
+
+    def kill(self, handles) -> None:
+        """Stop every member (in-process members need nothing)."""
+        return None
+
+    def release(self) -> None:
+        """Forget what the run left with the backend (in-process: nothing)."""
+        return None
+
+
+class Dead:
+    """An in-process member that died and is not restarted: every call is a death."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def run(self, step, spec):
+        raise Crash(f"{self.name} is dead")
+
+
+def _plain(obj: Any) -> Any:
+    """The in-process flattening: Replies become plain dicts of payloads."""
+    if isinstance(obj, Replies):
+        return {name: obj.payloads[name] for name in obj.names()}
+    if isinstance(obj, Single):
+        return obj.payload
+    if isinstance(obj, dict):
+        return {k: _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_plain(v) for v in obj)
+    return obj
+
+
+def _readonly_copy(obj: Any) -> Any:
+    """What a Ray actor receives: a copy whose numpy arrays are read-only (the in-process backend
+    hands these to steps, so a step that mutates its input fails on both backends alike)."""
+    if isinstance(obj, np.ndarray):
+        out = obj.copy()
+        out.flags.writeable = False
+        return out
+    if isinstance(obj, dict):
+        return {k: _readonly_copy(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_readonly_copy(v) for v in obj)
+    return copy.deepcopy(obj)
+
+
+class LocalBackend(Backend):
+    """Members are objects in this process: the same drivers and steps, no Ray (unit tests,
+    debugging). Deadlines cannot pre-empt a step here."""
+
+    name = "local"
+    restarts_itself = False
+
+    def make(self, cls, name, table, meta, *, restarts, options):
+        return cls(name, self.seed, table, meta, randomness=self.randomness)
+
+    def run(self, handles, steps, args, kwargs, *, deadline_s, on_failure, where):
+        payloads, metas, failed = {}, {}, []
+        for name, handle in handles.items():
+            spec = _readonly_copy(
+                (_plain(for_member(args, name)), _plain(for_member(kwargs, name)))
+            )
+            try:
+                metas[name], payloads[name] = handle.run(steps[name], spec)
+            except RayfedError:
+                raise
+            except Crash as err:  # a simulated death: what a dead Ray actor would be
+                if on_failure == "drop":
+                    failed.append(name)
+                    continue
+                where.failed(name, "the actor died (simulated in-process)", err)
+            except Exception as err:
+                where.failed(name, f"{type(err).__name__}: {err}", err)
+        return Replies(payloads, metas, failed, died=list(failed))
+
+    def scatter(self, handle, name, step, to, args, kwargs, *, deadline_s, where):
+        try:
+            out = handle.run_scatter(step, list(to), _readonly_copy((_plain(args), _plain(kwargs))))
+        except RayfedError:
+            raise
+        except Exception as err:
+            where.failed(name, f"{type(err).__name__}: {err}", err)
+        return out[0], dict(zip(to, out[1:], strict=True))
+
+    def invoke(self, handles, method, args, *, deadline_s, where):
+        return [getattr(h, method)(*args) for h in handles.values()]
+
+    def get(self, value, *, deadline_s, who, where):
+        return value
+
+    def call_method(self, handle, method, args, kwargs, *, deadline_s, where):
+        return getattr(handle, method)(*args, **kwargs)
+
+
+class RayBackend(Backend):
+    """Members are Ray actors; every wait has a deadline (``ray.wait`` / ``ray.get`` with a
+    timeout); payloads stay in the object store and travel by reference."""
+
+    name = "ray"
+    restarts_itself = True
+
+    def __init__(self, *, seed: int, randomness: str, actors: int):
+        super().__init__(seed=seed, randomness=randomness)
+        self.actors = actors  # how many the run starts: each gets its share of the CPUs
+        self._step_refs: dict[Any, Any] = {}
+
+    def make(self, cls, name, table, meta, *, restarts, options):
+        import ray
+
+        cpus = float(ray.cluster_resources().get("CPU", 1.0))
+        actor_options = {
+            "num_cpus": min(1.0, cpus / self.actors),
+            "max_restarts": restarts,
+            "max_task_retries": 0,
+            **options,
+        }
+        return (
+            ray.remote(cls)
+            .options(**actor_options)
+            .remote(name, self.seed, table, meta, in_ray=True, randomness=self.randomness)
+        )
+
+    def _put_step(self, step):
+        import ray
+
+        if step not in self._step_refs:
+            self._step_refs[step] = ray.put(step)
+        return self._step_refs[step]
+
+    def run(self, handles, steps, args, kwargs, *, deadline_s, on_failure, where):
+        import ray
+
+        per_member = has_per_member((args, kwargs))
+        refs = {}
+        for name, handle in handles.items():
+            flat: list = []
+            a, k = (
+                (for_member(args, name), for_member(kwargs, name)) if per_member else (args, kwargs)
+            )
+            spec = (_flatten(a, flat), _flatten(k, flat))
+            run = handle.run.options(num_returns=2)
+            refs[name] = run.remote(self._put_step(steps[name]), spec, *flat)
+        meta_refs = {refs[name][0]: name for name in handles}
+        ready, not_ready = ray.wait(list(meta_refs), num_returns=len(meta_refs), timeout=deadline_s)
+        late = sorted(meta_refs[r] for r in not_ready)
+        if late and on_failure != "drop":
+            raise RoundTimeout(late, where.round_no, f"{where.role}:{where.phase}", deadline_s)
+        payloads, metas, failed, died = {}, {}, list(late), []
+        for name in handles:
+            if name in late:
+                continue
+            meta_ref, payload_ref = refs[name]
+            try:
+                metas[name] = ray.get(meta_ref, timeout=deadline_s)
+            except ray.exceptions.RayError as err:
+                if isinstance(_cause(err), RayfedError):
+                    raise _cause(err) from err
+                # only a member that is gone becomes a dropout; an exception in a step is a failure
+                if on_failure == "drop" and isinstance(err, ray.exceptions.RayActorError):
+                    failed.append(name)
+                    died.append(name)
+                    continue
+                where.failed(name, _reason(err), err)
+            payloads[name] = payload_ref
+        return Replies(payloads, metas, sorted(failed), sorted(died))
+
+    def scatter(self, handle, name, step, to, args, kwargs, *, deadline_s, where):
+        flat: list = []
+        spec = (_flatten(args, flat), _flatten(kwargs, flat))
+        refs = handle.run_scatter.options(num_returns=len(to) + 1).remote(
+            self._put_step(step), list(to), spec, *flat
+        )
+        refs = refs if isinstance(refs, list) else [refs]
+        metas = self.get(refs[0], deadline_s=deadline_s, who=[name], where=where)
+        return metas, dict(zip(to, refs[1:], strict=True))
+
+    def invoke(self, handles, method, args, *, deadline_s, where):
+        import ray
+
+        refs = {getattr(h, method).remote(*args): name for name, h in handles.items()}
+        _, not_ready = ray.wait(list(refs), num_returns=len(refs), timeout=deadline_s)
+        if not_ready:
+            late = sorted(refs[r] for r in not_ready)
+            raise RoundTimeout(late, where.round_no, f"{where.role}:{method}", deadline_s)
+        return self.get(list(refs), deadline_s=deadline_s, who=list(handles), where=where)
+
+    def get(self, value, *, deadline_s, who, where):
+        import ray
+
+        single = isinstance(value, ray.ObjectRef)
+        refs = [value] if single else list(value)
+        if any(not isinstance(r, ray.ObjectRef) for r in refs):
+            return value
+        try:
+            out = ray.get(refs, timeout=deadline_s)
+        except ray.exceptions.GetTimeoutError as err:
+            raise RoundTimeout(
+                who or ["(unknown)"], where.round_no, where.phase, deadline_s
+            ) from err
+        except ray.exceptions.RayError as err:
+            if isinstance(_cause(err), RayfedError):
+                raise _cause(err) from err
+            who_text = ", ".join(who) if who else "(unknown)"
+            raise PartyFailed(who_text, where.round_no, where.phase, _reason(err)) from err
+        return out[0] if single else out
+
+    def call_method(self, handle, method, args, kwargs, *, deadline_s, where):
+        ref = getattr(handle, method).remote(*args, **kwargs)
+        return self.get(ref, deadline_s=deadline_s, who=None, where=where)
+
+    def tolerant(self, handles, method):
+        import ray
+
+        refs = {name: getattr(h, method).remote() for name, h in handles.items()}
+        out = {}
+        for name, ref in refs.items():
+            with contextlib.suppress(ray.exceptions.RayError):  # a member that died
+                out[name] = ray.get(ref, timeout=60.0)
+        return out
+
+    def wait_restarted(self, handle, deadline_s):
+        import ray
+
+        with contextlib.suppress(ray.exceptions.RayError):  # one that does not come back stays out
+            ray.get(handle.ping.remote(), timeout=deadline_s)
+
+    def kill(self, handles):
+        import ray
+
+        for handle in handles:
+            with contextlib.suppress(Exception):
+                ray.kill(handle, no_restart=True)
+
+    def release(self):
+        self._step_refs.clear()
+
+
+def _flatten(obj: Any, flat: list) -> Any:
+    """Replace object refs and Replies by slots so that Ray resolves them as top-level arguments."""
+    import ray
+
+    if isinstance(obj, Replies):
+        return {name: _flatten(obj.payloads[name], flat) for name in obj.names()}
+    if isinstance(obj, Single):
+        return _flatten(obj.payload, flat)
+    if isinstance(obj, ray.ObjectRef):
+        flat.append(obj)
+        return _Slot(len(flat) - 1)
+    if isinstance(obj, dict):
+        return {k: _flatten(v, flat) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_flatten(v, flat) for v in obj)
+    return obj
+
+
+def _cause(err: BaseException) -> BaseException:
+    """The original exception inside a Ray task error (or the error itself)."""
+    cause = getattr(err, "cause", None)
+    return cause if isinstance(cause, BaseException) else err
+
+
+def _reason(err: BaseException) -> str:
+    """What went wrong, in words, for a Ray error or a step's own exception."""
+    import ray
+
+    if isinstance(err, ray.exceptions.ActorUnavailableError):
+        return "the actor is unavailable (possibly transient: the step may or may not have run)"
+    if isinstance(err, ray.exceptions.RayActorError):
+        return "the actor died"
+    cause = _cause(err)
+    return f"{type(cause).__name__}: {cause}"
