@@ -174,7 +174,7 @@ def test_duplicate_user_keys(out_dir, csv_file):
 
 
 def test_values_outside_declared_domain_are_not_an_error_but_encode_as_zero():
-    from rayfed.protocols.pattern_count import encode_values
+    from rayfed.ldp.patterns import encode_values
 
     table = pa.table({"a": [0, 5, 1], "b": ["x", "y", "q"]})
     values = encode_values(table, ["a", "b"], {"a": 2, "b": ["x", "y"]})

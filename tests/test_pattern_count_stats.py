@@ -11,8 +11,7 @@ import numpy as np
 import pytest
 from dp_accounting import dp_event
 
-from rayfed.privacy import Budget, NoiseSource, PrivacyLedger, binary_randomized_response
-from rayfed.protocols.pattern_count import (
+from rayfed.ldp.patterns import (
     exact_loss,
     one_hot,
     predicted_variance,
@@ -20,8 +19,9 @@ from rayfed.protocols.pattern_count import (
     public_sample,
     raw_counts,
     rr_event,
-    synthetic_table,
 )
+from rayfed.privacy import Budget, NoiseSource, PrivacyLedger, binary_randomized_response
+from rayfed.protocols.pattern_count.plan import synthetic_table
 
 M_USERS, SIZE, V = 2000, 3, 2
 
@@ -58,7 +58,7 @@ def _party_context(table, j, seed, size=SIZE):
 
 def _simulate_steps(table, parties, eps_prime, reps, sample_rate):
     """R runs of the real step functions (party encode + RR + packbits, coordinator estimate)."""
-    from rayfed.protocols.pattern_count import estimate_step, randomize_step
+    from rayfed.protocols.pattern_count.steps import estimate_step, randomize_step
 
     order = [f"p{j}" for j in range(parties)]
     out = []
@@ -172,7 +172,7 @@ def test_every_party_sends_the_same_public_sample_of_users():
     """Thm B.2: S is common to all parties. With ε' = 1/2 - 10⁻⁹ (a flip per 10⁹ bits; ε' = 1/2
     itself adds no noise and is refused) the bits are the one-hot values, so each party's message
     must hold exactly its values of the users in S, in order."""
-    from rayfed.protocols.pattern_count import randomize_step
+    from rayfed.protocols.pattern_count.steps import randomize_step
 
     table = synthetic_table(10_000, 2, SIZE, 0.5, seed=1)
     sample = public_sample(3, table.num_rows, 0.3)

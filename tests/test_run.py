@@ -12,7 +12,7 @@ import pytest
 import rayfed
 from rayfed.cli import main
 from rayfed.errors import RoundTimeout
-from rayfed.protocols.pattern_count import exact_loss
+from rayfed.ldp.patterns import exact_loss
 
 SMALL = dict(users=3000, seed=11)
 
@@ -244,12 +244,12 @@ def test_any_epsilon_runs_and_spends_the_exact_loss(epsilon, calibration):
 
 
 def test_failure_mid_run_marks_the_run_failed(out_dir, monkeypatch):
-    from rayfed.protocols import pattern_count
+    from rayfed.protocols.pattern_count import driver
 
     def broken(ctx, *args, **kwargs):
         raise RuntimeError("disk on fire")
 
-    monkeypatch.setattr(pattern_count, "estimate_step", broken)
+    monkeypatch.setattr(driver, "estimate_step", broken)
     with pytest.raises(rayfed.PartyFailed, match="coordinator.*disk on fire"):
         run_local(out_dir=out_dir)
     (run_dir,) = out_dir.iterdir()

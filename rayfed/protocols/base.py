@@ -44,6 +44,8 @@ class Plan:
     #: state is rebuilt from the seed): only where cohorts keep no state across rounds
     cohort_restarts: int = 0
     evaluation: Any = None
+    #: everything resolved at planning time, as the protocol's frozen, typed Params
+    params: Any = None
     info: dict[str, Any] = field(default_factory=dict)
 
 
@@ -151,6 +153,18 @@ def reconcile_randomness(
     if value in upgrade:
         cfg = dataclasses.replace(cfg, **{option: "secure"})
     return cfg, randomness
+
+
+def check_party_split(cfg: Any) -> None:
+    """A ``parties`` count that ``data.columns`` (a party -> columns split) contradicts is an
+    error: with data.columns, the parties are its keys."""
+    default = type(cfg)()
+    if cfg.data.columns is not None and cfg.parties not in (default.parties, len(cfg.data.columns)):
+        raise ConfigError(
+            "parties",
+            f"{cfg.parties} parties but data.columns names {len(cfg.data.columns)}",
+            "drop parties when data.columns is given",
+        )
 
 
 def reject_inapplicable(cfg: Any, file_options: list[str], synthetic_options: list[str]) -> None:

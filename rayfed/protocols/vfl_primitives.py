@@ -45,6 +45,13 @@ from rayfed.config import DataConfig, option
 from rayfed.data import even_groups, load_table, require_clean, sort_by_key, vertical
 from rayfed.data.scaling import features_of
 from rayfed.errors import ConfigError, DataError
+from rayfed.ldp.patterns import (
+    exact_loss,
+    keep_probability,
+    one_hot,
+    per_user_variance_constant,
+    rr_event,
+)
 from rayfed.privacy import (
     Budget,
     binary_randomized_response,
@@ -56,14 +63,7 @@ from rayfed.privacy import (
     laplace_event,
 )
 from rayfed.protocols.base import Outcome, Plan, Protocol, reject_inapplicable
-from rayfed.protocols.pattern_count import (
-    estimate_step,
-    exact_loss,
-    keep_probability,
-    one_hot,
-    per_user_variance_constant,
-    rr_event,
-)
+from rayfed.protocols.pattern_count.steps import estimate_step
 
 TASKS = ("l1-moment", "lp-moment", "l2-moment", "kmeans", "kmedian", "lowrank", "regression")
 SKETCH_TASKS = ("l2-moment", "lowrank", "regression")

@@ -1,0 +1,22 @@
+"""Everything ``pattern-count`` resolves at planning time, handed to the driver."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Params:
+    """The parties in order, every party's value labels, the requested patterns (None: all of the
+    product space), how many users there are and how many the public sample sends, and the values
+    outside their declared domains (per column, encoded as all-zero)."""
+
+    order: list[str]
+    labels: list[list[str]]
+    patterns: np.ndarray | None
+    users: int
+    sent: int
+    outside: dict[str, int]
+    eps_prime: float
