@@ -59,13 +59,10 @@ def _attempt(
 def secure_sum_scenarios(options: dict[str, Any], sets: list[str], rates) -> list[dict]:
     """Every scenario above, as result rows."""
     from rayfed.api import resolve
-    from rayfed.protocols.secure_sum import STATEMENTS
-    from rayfed.secagg.graph import NeighbourGraph
+    from rayfed.protocols.secure_sum.report import STATEMENTS
 
     proto, run_opts, cfg = resolve("secure-sum", options, sets)
     plan = proto.plan(cfg, run_opts.seed)
-    params, registry = plan.info["params"], plan.info["registry"]
-    n = registry.size
     note = STATEMENTS[cfg.mode]
     rows = [
         _attempt(
@@ -77,6 +74,21 @@ def secure_sum_scenarios(options: dict[str, Any], sets: list[str], rates) -> lis
         )
         for rate in rates
     ]
+    rows += _adversarial_rows(options, sets, plan, run_opts.seed)
+    for row in rows:
+        row["mode"] = cfg.mode
+        row["security"] = note
+    return rows
+
+
+def _adversarial_rows(options: dict[str, Any], sets: list[str], plan, seed: int) -> list[dict]:
+    """Dropouts placed at the edge of what the parameters tolerate: exactly the minimum number of
+    survivors and one fewer, a whole cohort, and one user's neighbourhood."""
+    from rayfed.secagg.graph import NeighbourGraph
+
+    params, registry = plan.params.secagg, plan.params.registry
+    n = registry.size
+    rows = []
     drop = n - params.min_survivors
     for name, count, expected in (
         ("exactly min_survivors", drop, "complete"),
@@ -105,7 +117,7 @@ def secure_sum_scenarios(options: dict[str, Any], sets: list[str], rates) -> lis
     )
     # one user's neighbourhood: keep exactly t of its neighbours (its self-mask is still
     # recoverable), then t - 1 (it is not), then none
-    graph = NeighbourGraph.build(n, params.degree, params.complete, run_opts.seed, 0)
+    graph = NeighbourGraph.build(n, params.degree, params.complete, seed, 0)
     neighbours = registry[graph.neighbours(np.array([0]))[0]]
     t = params.threshold
     global_ok = n - (len(neighbours) - t) >= params.min_survivors
@@ -124,9 +136,6 @@ def secure_sum_scenarios(options: dict[str, Any], sets: list[str], rates) -> lis
                 sets,
             )
         )
-    for row in rows:
-        row["mode"] = cfg.mode
-        row["security"] = note
     return rows
 
 

@@ -68,6 +68,21 @@ def test_vectors_from_a_file(tmp_path):
     assert result.metrics["exact"] and result.metrics["dim"] == 2 and result.metrics["users"] == 50
 
 
+@pytest.mark.parametrize("option", ["users", "dim"])
+def test_users_and_dim_come_from_a_data_file(tmp_path, option):
+    path = tmp_path / "v.csv"
+    pacsv.write_csv(pa.table({"uid": np.arange(10), "a": np.zeros(10)}), path)
+    with pytest.raises(ConfigError, match="synthetic data only") as err:
+        rayfed.run(
+            "secure-sum",
+            backend="local",
+            out_dir=None,
+            data={"path": str(path), "key": "uid"},
+            **{option: 5},
+        )
+    assert err.value.field == option
+
+
 def test_a_sum_of_exactly_two_to_the_53_is_exact(tmp_path):
     """Regression (issue 15): n·R = 2^53 (here 8 users x 2^50 with clip 2^50 at frac_bits 0; the
     issue's 4 x 2^51 is the same n·R) — the old float log2 sized the modulus one bit short, the

@@ -1,0 +1,50 @@
+"""The rounds of ``secure-sum``: one secure aggregation per round (every phase inside
+:func:`rayfed.secagg.secure_sum`), each checked against the exact sum of the expected survivors."""
+
+from __future__ import annotations
+
+from rayfed.protocols.base import Outcome, Plan
+from rayfed.protocols.secure_sum import report
+from rayfed.protocols.secure_sum.config import SecureSumConfig
+from rayfed.protocols.secure_sum.steps import synthetic_inputs, table_inputs
+from rayfed.secagg import make_spec, secure_sum
+
+
+def drive(fed, cfg: SecureSumConfig, plan: Plan) -> Outcome:
+    params = plan.params
+    kill = cfg.kill_point()
+    rows = []
+    for r in range(cfg.rounds):
+        with fed.round(r):
+            spec = make_spec(
+                round=r,
+                mode=cfg.mode,
+                registry=params.registry,
+                params=params.secagg,
+                encoding=params.encoding,
+                dim=params.dim,
+                dropout=cfg.schedule(),
+                tag=fed.run_id.encode(),
+                kill=kill if r == 0 else None,
+            )
+            if params.columns:
+                result = secure_sum(fed, spec, table_inputs, (params.columns,))
+            else:
+                result = secure_sum(fed, spec, synthetic_inputs, (params.dim, cfg.clip))
+            fed.record(
+                survivors=int(result.survivors.size),
+                dropouts=int(params.registry.size - result.survivors.size),
+            )
+        survivors, reference = report.reference(
+            cfg, plan, spec, kill=kill, seed=fed.seed, faults=fed.injected_faults
+        )
+        rows.append(report.round_row(r, result, params, survivors, reference))
+    return report.outcome(
+        cfg,
+        params,
+        rows,
+        result,
+        reference,
+        cohorts=len(fed.cohorts),
+        phase_seconds=fed.phase_seconds(),
+    )

@@ -1,0 +1,44 @@
+"""Everything ``secure-sum`` resolves at planning time, handed to the driver."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from rayfed.protocols.secure_sum.config import SecureSumConfig
+from rayfed.secagg import FixedPoint, SecAggParams, check_params, find_params
+
+
+@dataclass(frozen=True)
+class Params:
+    """The sorted user ids (the registry), the neighbour graph and threshold, the fixed-point
+    encoding, the vector length and the value columns of a data file (empty: synthetic inputs)."""
+
+    registry: np.ndarray
+    secagg: SecAggParams
+    encoding: FixedPoint
+    dim: int
+    columns: list[str]
+
+
+def secagg_params(cfg: SecureSumConfig, n: int) -> SecAggParams:
+    """The finder's graph and threshold for ``n`` users, or the overrides (the finder's value for
+    the one not given) with their bounds computed."""
+    found = find_params(
+        n,
+        dropout=cfg.tolerated_dropout,
+        corrupt=cfg.corrupt_fraction,
+        sigma=cfg.sigma,
+        eta=cfg.eta,
+        graph=cfg.graph,
+    )
+    if cfg.degree is None and cfg.threshold is None:
+        return found
+    return check_params(
+        n,
+        cfg.degree or found.degree,
+        cfg.threshold or found.threshold,
+        dropout=cfg.tolerated_dropout,
+        corrupt=cfg.corrupt_fraction,
+    )

@@ -1,0 +1,106 @@
+"""Planning ``secure-sum``: the users (synthetic ids, or a file's rows) dealt to cohorts, the
+neighbour graph, threshold and encoding — checked before any actor starts."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+
+from rayfed.data import load_table, per_user, require_clean, require_columns
+from rayfed.errors import ConfigError, DataError
+from rayfed.privacy import Budget
+from rayfed.protocols.base import Plan
+from rayfed.protocols.secure_sum.config import SecureSumConfig
+from rayfed.protocols.secure_sum.params import Params, secagg_params
+from rayfed.protocols.secure_sum.report import STATEMENTS
+from rayfed.secagg import FixedPoint, SecAggParams
+from rayfed.sizing import default_cohorts
+
+MAX_COMPLETE_BYTES = 4 << 30
+
+
+def data_bytes(cfg: SecureSumConfig) -> int:
+    """Every user's input, encoded and masked words (float64 and two word arrays), and its
+    keys and shares; the complete graph's share tables are checked in plan."""
+    if cfg.data.path is not None:
+        return 0
+    return cfg.users * (cfg.dim * 8 * 3 + 512)
+
+
+def plan(cfg: SecureSumConfig, seed: int) -> Plan:
+    table, columns = _users(cfg)
+    n = table.num_rows
+    dim = len(columns) or cfg.dim
+    n_cohorts = default_cohorts(n, cfg.cohorts)
+    cohorts = per_user(table, cfg.data.key or "user_id", n_cohorts)
+    kill = cfg.kill_point()
+    if kill is not None and kill[0] not in cohorts:
+        raise ConfigError("kill", f"no cohort {kill[0]!r}", sorted(cohorts))
+    secagg = secagg_params(cfg, n)
+    encoding = FixedPoint.choose(n, cfg.clip, cfg.frac_bits, cfg.modulus_bits)
+    _check_params(cfg, secagg, n, n_cohorts)
+    return Plan(
+        budget=Budget.none(),
+        ledger=dict(statement=STATEMENTS[cfg.mode]),
+        cohorts={name: (t, {}) for name, t in cohorts.items()},
+        rounds=cfg.rounds,
+        cohort_restarts=cfg.rounds,  # a cohort's state lives for one round: restart it
+        evaluation={"table": table if columns else None},
+        params=Params(
+            registry=np.sort(table.column(cfg.data.key or "user_id").to_numpy()),
+            secagg=secagg,
+            encoding=encoding,
+            dim=dim,
+            columns=columns,
+        ),
+    )
+
+
+def _users(cfg: SecureSumConfig) -> tuple[pa.Table, list[str]]:
+    """(one row per user, the value columns): synthetic ids and no columns, or a data file's rows
+    and its numeric columns (``data.columns.values``, default: all but the key)."""
+    if cfg.data.path is None:
+        return pa.table({"user_id": np.arange(cfg.users, dtype=np.int64)}), []
+    if cfg.data.key is None:
+        raise ConfigError(
+            "data.key",
+            "a data file needs the user key column",
+            "e.g. --set data.key=user_id",
+        )
+    table = load_table(cfg.data.path, cfg.data.format)
+    require_columns(table, [cfg.data.key], "data.key")
+    columns = (cfg.data.columns or {}).get("values") or [
+        c for c in table.column_names if c != cfg.data.key
+    ]
+    require_columns(table, columns, "data.columns.values")
+    require_clean(table, columns, "data.columns.values", numeric=True)
+    keys = table.column(cfg.data.key).to_numpy()
+    if np.unique(keys).size != keys.size:
+        raise DataError(
+            "data.key", "one row per user is expected", "aggregate the rows per user first"
+        )
+    return table, columns
+
+
+def _check_params(cfg: SecureSumConfig, params: SecAggParams, n: int, n_cohorts: int) -> None:
+    """Weak overrides and complete graphs too large for memory are errors before any actor starts."""
+    weak = params.log2_security_failure > -cfg.sigma or params.log2_correctness_failure > -cfg.eta
+    if weak and not cfg.allow_weak_params:
+        field = "threshold" if cfg.threshold is not None else "degree"
+        raise ConfigError(
+            field,
+            f"degree {params.degree} / threshold {params.threshold} miss the bounds: "
+            f"log2 P[security failure] = {params.log2_security_failure:.1f} (need <= -{cfg.sigma:g}), "
+            f"log2 P[abort] = {params.log2_correctness_failure:.1f} (need <= -{cfg.eta:g})",
+            "drop the override, or set allow_weak_params=true to measure a weak setting",
+        )
+    if params.complete and cfg.mode in ("secure", "simulation"):
+        per_cohort = -(-n // n_cohorts) * n * 13 * 8 * 2
+        if per_cohort > MAX_COMPLETE_BYTES:
+            raise ConfigError(
+                "graph",
+                f"the complete graph with {n:,} users needs ~{per_cohort / 2**30:.1f} GiB of "
+                "Shamir shares per cohort",
+                f"at most {MAX_COMPLETE_BYTES >> 30} GiB: graph=harary, "
+                "more cohorts, or fewer users",
+            )

@@ -1,0 +1,171 @@
+"""What a ``secure-sum`` run reports: the privacy statement of each mode, the exactness check of
+every round against a reference computed outside the protocol, the sum and rounds tables and the
+headline."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from rayfed.actors.base import StepContext
+from rayfed.dropout import NEVER
+from rayfed.protocols.base import Outcome, Plan
+from rayfed.protocols.secure_sum.config import SecureSumConfig
+from rayfed.protocols.secure_sum.params import Params
+from rayfed.protocols.secure_sum.steps import synthetic_inputs
+from rayfed.secagg import AggregationResult, RoundSpec
+from rayfed.secagg.graph import NeighbourGraph
+from rayfed.secagg.reference import PHASE_INDEX, exact_sum, expected_survivors
+
+STATEMENTS = {
+    "secure": "no differential privacy: the server learns the exact sum of the survivors' inputs and, under "
+    "the SecAgg assumptions (a semi-honest server colluding with at most a corrupt_fraction of the users, "
+    "who are corrupted independently of the public neighbour graph), nothing else",
+    "simulation": "simulation mode, NOT secure: the same protocol, but every key and seed is derived from the "
+    "run's root seed, so anyone holding it (the coordinator included) can derive them; reproducible; no DP",
+    "dealer": "dealer mode, NOT secure against the server: a trusted dealer (the coordinator) holds every mask "
+    "seed; no DP",
+    "plain": "INSECURE baseline (mode=plain): inputs are sent unmasked; no DP",
+}
+
+
+# --- the exactness reference (evaluation only, computed outside the protocol) ----------------------
+def reference(
+    cfg: SecureSumConfig,
+    plan: Plan,
+    spec: RoundSpec,
+    *,
+    kill: tuple[str, str] | None,
+    seed: int,
+    faults: tuple,
+) -> tuple[np.ndarray, np.ndarray]:
+    """With :mod:`rayfed.secagg.reference`: the users whose input must be in round ``spec.round``'s
+    sum — from the dropout schedule, the public graph and the cohorts planned to die — and the
+    exact integer sum of their raw inputs. A cohort that died unplanned makes the round
+    unverifiable (not exact)."""
+    params: Params = plan.params
+    registry = params.registry
+    survivors = expected_survivors(
+        registry,
+        spec.dropout.drop_phase(seed, spec.round, registry),
+        NeighbourGraph.build(registry.size, spec.degree, spec.complete, seed, spec.round),
+        spec.threshold,
+        _lost_at(cfg, plan, spec, kill, faults),
+    )
+    if params.columns:
+        table = plan.evaluation["table"]
+        keys = table.column(cfg.data.key).to_numpy()
+        order = np.argsort(keys)
+        rows = order[np.searchsorted(keys[order], survivors)]
+        x = np.column_stack([table.column(c).to_numpy()[rows] for c in params.columns])
+    else:
+        ctx = StepContext(name="evaluation", role="driver", seed=seed)
+        x = synthetic_inputs(ctx, spec.round, survivors, params.dim, cfg.clip)
+    return survivors, exact_sum(x, cfg.clip, cfg.frac_bits)
+
+
+def _lost_at(
+    cfg: SecureSumConfig, plan: Plan, spec: RoundSpec, kill: tuple[str, str] | None, faults: tuple
+) -> np.ndarray:
+    """Per registry position, the index of the phase at which its cohort is planned to die."""
+    registry = plan.params.registry
+    lost = np.full(registry.size, NEVER)
+    planned = [kill] if kill and spec.round == 0 else []
+    for fault in faults:  # --fail: @round=R dies at R's first phase, @phase=P in
+        if fault.role != "cohorts":  # the first round (cohorts restart after a round)
+            continue
+        if fault.round == spec.round or (fault.round is None and spec.round == 0):
+            planned.append((fault.member, fault.phase or "advertise"))
+    for cohort, phase in planned:
+        if phase not in PHASE_INDEX:  # a fault in no phase of secure aggregation never fires
+            continue
+        members = np.unique(plan.cohorts[cohort][0].column(cfg.data.key or "user_id"))
+        at = np.searchsorted(registry, members)
+        lost[at] = np.minimum(lost[at], PHASE_INDEX[phase])  # the earliest death counts
+    return lost
+
+
+def round_row(
+    r: int,
+    result: AggregationResult,
+    params: Params,
+    survivors: np.ndarray,
+    reference: np.ndarray,
+) -> dict[str, Any]:
+    """Round ``r``'s line of the rounds table: exact when the protocol's survivors and decoded sum
+    are the reference's."""
+    exact = bool(
+        np.array_equal(survivors, result.survivors)
+        and np.array_equal(params.encoding.signed(result.words), reference)
+    )
+    return {
+        "round": r,
+        "exact": exact,
+        "expected_survivors": int(survivors.size),
+        "survivors": int(result.survivors.size),
+        **{f"alive_{k}": v for k, v in result.counts.items()},
+        "failed_cohorts": ",".join(result.failed_cohorts),
+    }
+
+
+# --- the outcome -----------------------------------------------------------------------------------
+def outcome(
+    cfg: SecureSumConfig,
+    params: Params,
+    rows: list[dict[str, Any]],
+    last: AggregationResult,
+    reference: np.ndarray,
+    *,
+    cohorts: int,
+    phase_seconds: dict[str, float],
+) -> Outcome:
+    """The last round's sum next to the plaintext sum, every round's check, and the metrics."""
+    secagg = params.secagg
+    metrics = {
+        "exact": all(row["exact"] for row in rows),
+        "mode": cfg.mode,
+        "secure": cfg.mode == "secure",
+        "users": int(params.registry.size),
+        "dim": params.dim,
+        "cohorts": cohorts,
+        "degree": secagg.degree,
+        "threshold": secagg.threshold,
+        "min_survivors": secagg.min_survivors,
+        "complete_graph": secagg.complete,
+        "log2_security_failure": secagg.log2_security_failure,
+        "log2_correctness_failure": secagg.log2_correctness_failure,
+        "modulus_bits": params.encoding.modulus_bits,
+        "phase_seconds": phase_seconds,
+        "rounds": rows,
+    }
+    tables = {
+        "sum": pa.table(
+            {
+                "coordinate": np.arange(params.dim),
+                "secure_sum": last.sum,
+                "plaintext_sum": np.ldexp(reference.astype(np.float64), -cfg.frac_bits),
+            }
+        ),
+        "rounds": pa.Table.from_pylist(rows),
+    }
+    return Outcome(tables=tables, metrics=metrics, headline=headline(cfg, params, last, metrics))
+
+
+def headline(
+    cfg: SecureSumConfig, params: Params, last: AggregationResult, metrics: dict[str, Any]
+) -> str:
+    secagg = params.secagg
+    graph = (
+        "complete graph (SecAgg)"
+        if secagg.complete
+        else f"Harary graph k={secagg.degree} (SecAgg+)"
+    )
+    text = (
+        f"sum of {last.survivors.size}/{params.registry.size} survivors' {params.dim}-vectors "
+        f"{'EXACT' if metrics['exact'] else 'NOT EXACT'}; {graph}, t={secagg.threshold}, mode={cfg.mode}"
+    )
+    if cfg.mode != "secure":
+        text += f" [{STATEMENTS[cfg.mode].split(':')[0]}]"
+    return text

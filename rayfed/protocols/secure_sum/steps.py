@@ -1,0 +1,25 @@
+"""The users' inputs of ``secure-sum``: computed inside each cohort for its users and handed to
+:func:`rayfed.secagg.secure_sum` (which runs every phase of the protocol)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from rayfed import rng
+from rayfed.actors.base import StepContext
+
+
+# --- cohorts (users) -------------------------------------------------------------------------------
+def synthetic_inputs(
+    ctx: StepContext, round: int, ids: np.ndarray, dim: int, clip: float
+) -> np.ndarray:
+    """Uniform on [-clip, clip], keyed by (round, user id): the same wherever the user is hosted."""
+    return (rng.keyed_uniform(ctx.seed, "synthetic", round, ids, dim) * 2 - 1) * clip
+
+
+def table_inputs(ctx: StepContext, round: int, ids: np.ndarray, columns: list[str]) -> np.ndarray:
+    """The users' rows of the value columns (one row per user)."""
+    rows = np.searchsorted(ctx.table.column("user_id").to_numpy(), ids)
+    return np.column_stack([ctx.table.column(c).to_numpy()[rows] for c in columns]).astype(
+        np.float64
+    )

@@ -1,0 +1,129 @@
+"""Options of ``rayfed run square-wave``."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Literal
+
+from rayfed.config import DataConfig, option
+from rayfed.errors import ConfigError
+from rayfed.ldp import square_wave as sw
+from rayfed.privacy import check_budget
+
+MAX_EPSILON = 20.0
+MAX_BUCKETS = 4096
+METHODS = ("sw-ems", "sw-em", "cfo", "hh", "hh-admm", "haar-hrr", "sr", "pm")
+SW_METHODS = ("sw-ems", "sw-em")
+MOMENT_METHODS = ("sr", "pm")
+RANGE_ONLY = ("hh", "haar-hrr")  # may be negative: range queries only (spec Table 3.2)
+
+
+@dataclass(frozen=True)
+class SquareWaveConfig:
+    """Options of ``rayfed run square-wave``."""
+
+    method: Literal[METHODS] = option("sw-ems", "estimator: " + ", ".join(METHODS))
+    epsilon: float = option(
+        1.0,
+        f"ε of every user's one report (ε-LDP); at most {MAX_EPSILON:g}: beyond, SW's transition "
+        "matrix loses its precision (p/q = e^ε)",
+        above=0,
+        at_most=MAX_EPSILON,
+    )
+    buckets: int = option(
+        256,
+        f"d, buckets of the estimated histogram of [0, 1] (at most {MAX_BUCKETS}: the aggregator "
+        "holds dense d̃ x d matrices)",
+        at_least=2,
+        at_most=MAX_BUCKETS,
+    )
+    output_buckets: int | None = option(
+        None,
+        "SW: d̃, buckets of the report histogram (default d; discrete SW, bucketize=br, outputs "
+        "d + 2b values)",
+        at_least=2,
+        at_most=MAX_BUCKETS,
+        when={"method": SW_METHODS, "bucketize": ("rb",)},
+    )
+    bucketize: Literal["rb", "br"] = option(
+        "rb",
+        "SW: rb = continuous SW, then bucketize (the paper's experiments); br = discrete SW",
+        when={"method": SW_METHODS},
+    )
+    tolerance: float | None = option(
+        None,
+        "EM/EMS: stop when the log-likelihood gains less (default 1e-3·e^ε EM, 1e-3 EMS)",
+        at_least=0,
+        when={"method": SW_METHODS},
+    )
+    max_iterations: int = option(
+        sw.MAX_ITERATIONS,
+        "EM/EMS: at most this many iterations",
+        at_least=1,
+        when={"method": SW_METHODS},
+    )
+    bins: int = option(
+        16, "cfo: number of bins c (must divide d)", at_least=2, when={"method": ("cfo",)}
+    )
+    branching: int = option(
+        4,
+        "hh, hh-admm: branching factor β (d must be a power of it)",
+        at_least=2,
+        when={"method": ("hh", "hh-admm")},
+    )
+    moments: Literal["both", "mean"] = option(
+        "both",
+        "sr, pm: both = half the users for the mean, half for the variance; mean = all",
+        when={"method": MOMENT_METHODS},
+    )
+    users: int = option(
+        100_000, "synthetic data: number of users n", at_least=1, size=True, source="synthetic"
+    )
+    beta_a: float = option(5.0, "synthetic data: Beta(a, b) shape a", above=0, source="synthetic")
+    beta_b: float = option(2.0, "synthetic data: Beta(a, b) shape b", above=0, source="synthetic")
+    column: str | None = option(None, "data file: the numerical column to estimate", source="file")
+    bounds: list[float] | None = option(
+        None, "data file: declared [low, high] of the column (mapped to [0, 1])", source="file"
+    )
+    missing: Literal["error", "drop"] = option(
+        "error", "data file: a missing value is an error, or its row is dropped", source="file"
+    )
+    cohorts: int | None = option(
+        None, "user-cohort actors (default: this machine's CPUs)", at_least=1
+    )
+    range_queries: int = option(
+        1000, "random range queries per width for the range-query error", at_least=1
+    )
+    evaluate: bool = option(True, "add the error metrics (from the raw values: not private)")
+    data: DataConfig = field(default_factory=DataConfig, metadata={"help": "data source"})
+
+    def validate(self) -> None:
+        check_budget(self.epsilon, 0.0)
+        if self.method == "cfo" and (self.bins < 2 or self.buckets % self.bins):
+            raise ConfigError(
+                "bins", f"{self.bins} bins must be >= 2 and divide d = {self.buckets}", "16, 32, 64"
+            )
+        if self.method in ("hh", "hh-admm"):
+            _require_power(self.buckets, self.branching, "buckets")
+        if self.method == "haar-hrr":
+            _require_power(self.buckets, 2, "buckets")
+        if self.bounds is not None and (
+            len(self.bounds) != 2 or not self.bounds[0] < self.bounds[1]
+        ):
+            raise ConfigError("bounds", f"must be [low, high] with low < high, got {self.bounds}")
+        if self.data.columns is not None:  # a party split, with a file too: one column is read
+            raise ConfigError(
+                "data.columns", "square-wave estimates one column", "set column instead"
+            )
+
+    def em_tolerance(self) -> float:
+        if self.tolerance is not None:
+            return self.tolerance
+        return 1e-3 * (math.exp(self.epsilon) if self.method == "sw-em" else 1.0)
+
+
+def _require_power(d: int, base: int, name: str) -> None:
+    h = round(math.log(d, base))
+    if base**h != d or h < 1:
+        raise ConfigError(name, f"{d} is not a power of {base}", f"e.g. {base**4}")

@@ -1,0 +1,33 @@
+"""Everything ``square-wave`` resolves at planning time, handed to the driver."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Estimator:
+    """What the aggregator needs to turn a histogram method's reports into d buckets: the
+    method, ε, d, SW's band half-width b and report buckets d̃ (continuous SW), whether SW is
+    discrete (bucketize=br), EM's stopping rule, CFO's bins and the hierarchy's branching."""
+
+    method: str
+    epsilon: float
+    buckets: int
+    b: float
+    output_buckets: int
+    discrete: bool
+    tolerance: float
+    max_iterations: int
+    bins: int
+    branching: int
+
+
+@dataclass(frozen=True)
+class Params:
+    """How many users report; the aggregator's settings (histogram methods), or the parts of SR/PM
+    in round order (``"mean"`` and ``"variance"`` halves, or ``None``: every user for the mean)."""
+
+    users: int
+    estimator: Estimator | None
+    moment_parts: tuple[str | None, ...]

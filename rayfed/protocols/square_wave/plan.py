@@ -1,0 +1,119 @@
+"""Planning ``square-wave``: the users' values (synthetic Beta draws, or a file's column mapped
+from its declared bounds to [0, 1]) dealt to cohorts, the budget and the aggregator's settings —
+before any actor starts."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from rayfed import rng
+from rayfed.data import load_table, per_user, require_clean
+from rayfed.errors import ConfigError, DataError
+from rayfed.ldp import square_wave as sw
+from rayfed.ldp.distribution import true_histogram
+from rayfed.privacy import Budget
+from rayfed.protocols.base import Plan
+from rayfed.protocols.square_wave.config import MOMENT_METHODS, SquareWaveConfig
+from rayfed.protocols.square_wave.params import Estimator, Params
+from rayfed.protocols.square_wave.report import STATEMENT
+from rayfed.sizing import default_cohorts
+
+
+def data_bytes(cfg: SquareWaveConfig) -> int:
+    """Every user's value, its uniforms (up to 3) and its report, plus the aggregator's
+    d̃ x d transition matrix."""
+    users = 0 if cfg.data.path is not None else cfg.users
+    d = cfg.buckets
+    return users * 8 * 6 + (cfg.output_buckets or d) * d * 8 * 3
+
+
+def plan(cfg: SquareWaveConfig, seed: int) -> Plan:
+    values = _load_values(cfg, seed)
+    n = values.size
+    n_cohorts = default_cohorts(n, cfg.cohorts)
+    table = pa.table({"user_id": np.arange(n, dtype=np.int64), "value": values})
+    cohorts = {name: (t, {}) for name, t in per_user(table, "user_id", n_cohorts).items()}
+    evaluation = None
+    if cfg.evaluate:
+        evaluation = {
+            "histogram": true_histogram(values, cfg.buckets),
+            "mean": float(values.mean()),
+            "variance": float(values.var()),
+        }
+    moments = cfg.method in MOMENT_METHODS
+    parts = (("mean", "variance") if cfg.moments == "both" else (None,)) if moments else ()
+    return Plan(
+        budget=Budget(cfg.epsilon, 0.0),
+        ledger=dict(
+            accountant="pure", relation="replace_one", composition="parallel", statement=STATEMENT
+        ),
+        cohorts=cohorts,
+        rounds=max(1, len(parts)),
+        evaluation=evaluation,
+        params=Params(users=n, estimator=None if moments else _estimator(cfg), moment_parts=parts),
+    )
+
+
+def synthetic_values(users: int, a: float, b: float, seed: int) -> np.ndarray:
+    """Spec §4.2: n i.i.d. draws from Beta(a, b) (default Beta(5, 2))."""
+    return rng.stream(seed, "synthetic", 0, "square-wave").beta(a, b, users)
+
+
+def _estimator(cfg: SquareWaveConfig) -> Estimator:
+    d = cfg.buckets
+    return Estimator(
+        method=cfg.method,
+        epsilon=cfg.epsilon,
+        buckets=d,
+        b=sw.band_half_width(cfg.epsilon),
+        output_buckets=cfg.output_buckets or d,
+        discrete=cfg.bucketize == "br",
+        tolerance=cfg.em_tolerance(),
+        max_iterations=cfg.max_iterations,
+        bins=cfg.bins,
+        branching=cfg.branching,
+    )
+
+
+def _load_values(cfg: SquareWaveConfig, seed: int) -> np.ndarray:
+    """The users' values in [0, 1]."""
+    if cfg.data.path is None:
+        return synthetic_values(cfg.users, cfg.beta_a, cfg.beta_b, seed)
+    if cfg.column is None or cfg.bounds is None:
+        raise ConfigError(
+            "column" if cfg.column is None else "bounds",
+            "a data file needs the column to estimate and its declared bounds",
+            "e.g. --set column=air_time --set bounds=[0,700]",
+        )
+    values = _file_column(cfg)
+    lo, hi = cfg.bounds
+    outside = int(np.count_nonzero((values < lo) | (values > hi)))
+    if outside:
+        raise DataError(
+            "bounds",
+            f"{outside} value(s) of {cfg.column!r} lie outside the declared bounds [{lo:g}, {hi:g}]",
+            "bounds that cover the domain (public knowledge, not the data's min/max)",
+        )
+    if values.size < 2:
+        raise DataError("column", f"{values.size} usable value(s)", "2 or more users")
+    return (values - lo) / (hi - lo)
+
+
+def _file_column(cfg: SquareWaveConfig) -> np.ndarray:
+    """The numerical column of the data file as floats, its missing values dropped or refused."""
+    table = load_table(cfg.data.path, cfg.data.format)
+    if cfg.column not in table.column_names:
+        raise DataError("column", f"column {cfg.column!r} is not in the data", table.column_names)
+    col = table.column(cfg.column)
+    if not (pa.types.is_integer(col.type) or pa.types.is_floating(col.type)):
+        raise DataError(
+            "column", f"column {cfg.column!r} is not numeric ({col.type})", "a numerical column"
+        )
+    if cfg.missing == "drop":
+        col = pc.drop_null(col)
+        values = col.to_numpy(zero_copy_only=False).astype(np.float64)
+        return values[np.isfinite(values)]
+    require_clean(table.select([cfg.column]), [cfg.column], "column")
+    return col.to_numpy(zero_copy_only=False).astype(np.float64)

@@ -1,0 +1,197 @@
+"""The step functions of ``square-wave``, by role: plain functions of (ctx, inputs) -> reply."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from rayfed import rng
+from rayfed.actors.base import Message, StepContext
+from rayfed.ldp import distribution, hierarchy, oracles
+from rayfed.ldp import square_wave as sw
+from rayfed.privacy import local_randomizer
+from rayfed.protocols.square_wave.params import Estimator
+
+
+# --- cohorts (users) -------------------------------------------------------------------------------
+def sw_step(
+    ctx: StepContext, *, eps: float, b: float, discrete: bool, d: int, round: int
+) -> Message:
+    """Users: one Square Wave report each (a float in [-b, 1+b], or discrete SW's integer)."""
+    ids, v = _users(ctx, None)
+    if discrete:
+        values = distribution.bucket_index(v, d)
+        return _report(
+            ctx,
+            "sw_reports",
+            sw.perturb_discrete,
+            values,
+            eps=eps,
+            ids=ids,
+            width=2,
+            round=round,
+            d=d,
+        )
+    return _report(ctx, "sw_reports", sw.perturb, v, eps=eps, ids=ids, width=1, round=round, b=b)
+
+
+def cfo_step(ctx: StepContext, *, eps: float, bins: int, round: int) -> Message:
+    """Users: the bin of the value through GRR or OLH."""
+    ids, v = _users(ctx, None)
+    binned = distribution.bucket_index(v, bins)
+    hashes = _olh_hashes(ctx, ids, bins, eps, round)
+    return _report(
+        ctx,
+        "cfo_reports",
+        distribution.frequency_report,
+        binned,
+        bins,
+        hashes,
+        eps=eps,
+        ids=ids,
+        width=2,
+        round=round,
+    )
+
+
+def hh_step(ctx: StepContext, *, eps: float, d: int, branching: int, round: int) -> Message:
+    """Users: a uniformly chosen layer ℓ and the FO report of the value's ancestor there."""
+    ids, v = _users(ctx, None)
+    leaf = distribution.bucket_index(v, d)
+    hashes = [
+        _olh_hashes(ctx, ids, size, eps, round) for size in hierarchy.layer_sizes(d, branching)
+    ]
+    return _report(
+        ctx,
+        "hh_reports",
+        distribution.hh_report,
+        leaf,
+        d,
+        branching,
+        hashes,
+        eps=eps,
+        ids=ids,
+        width=3,
+        round=round,
+    )
+
+
+def haar_step(ctx: StepContext, *, eps: float, d: int, round: int) -> Message:
+    """Users: a uniformly chosen height and an HRR report of that level's signed coefficient."""
+    ids, v = _users(ctx, None)
+    leaf = distribution.bucket_index(v, d)
+    return _report(
+        ctx,
+        "haar_reports",
+        distribution.haar_report,
+        leaf,
+        d,
+        eps=eps,
+        ids=ids,
+        width=3,
+        round=round,
+    )
+
+
+def moment_step(
+    ctx: StepContext, *, mechanism: str, eps: float, part: str | None, mu: float, round: int
+) -> Message:
+    """Users (SR/PM): report v mapped to [-1, 1], or — the variance half — (v - μ̃)² mapped so."""
+    ids, v = _users(ctx, part)
+    x = 2 * v - 1 if part != "variance" else 2 * (v - mu) ** 2 - 1
+    perturb = oracles.sr_perturb if mechanism == "sr" else oracles.pm_perturb
+    scope = f"{ctx.name}/{part or 'mean'}"
+    return _report(
+        ctx, f"{mechanism}_reports", perturb, x, eps=eps, ids=ids, width=2, round=round, scope=scope
+    )
+
+
+def _users(ctx: StepContext, part: str | None) -> tuple[np.ndarray, np.ndarray]:
+    """(ids, values in [0, 1]) of this cohort's users, or of its half ``part`` (mean/variance)."""
+    ids = ctx.table.column("user_id").to_numpy().astype(np.uint64)
+    values = ctx.table.column("value").to_numpy()
+    if part is None:
+        return ids, values
+    in_mean = rng.keyed_uniform(ctx.seed, "sample", 0, ids, 1)[:, 0] < 0.5
+    keep = in_mean if part == "mean" else ~in_mean
+    return ids[keep], values[keep]
+
+
+def _report(
+    ctx: StepContext, name: str, randomizer, *args, eps: float, ids, width: int, round: int, **kw
+) -> Message:
+    """Every user's ε-LDP report through :func:`rayfed.privacy.local_randomizer`: ``randomizer``
+    gets (``*args``, eps, u) with ``width`` uniforms per user from the cohort's noise source,
+    keyed by user id; the message carries the mechanism's event."""
+    scope = kw.pop("scope", None)
+    payload, event = local_randomizer(
+        ctx.noise, randomizer, *args, epsilon=eps, ids=ids, width=width, round=round, **kw
+    )
+    return Message(name, payload, dp_event=event, scope=scope)
+
+
+def _olh_hashes(ctx: StepContext, ids: np.ndarray, domain: int, eps: float, round: int):
+    """OLH's public hash parameters of the users, keyed by id (None where GRR is used)."""
+    if oracles.use_grr(domain, eps):
+        return None
+    return oracles.olh_params(rng.keyed_bits64(ctx.seed, "olh-hash", round, ids, 2))
+
+
+# --- the coordinator (aggregator) ------------------------------------------------------------------
+def estimate_step(ctx: StepContext, reports: dict[str, Any], *, estimator: Estimator) -> dict:
+    """Aggregator: the d-bucket estimate of the value distribution from every received report."""
+    method, d, eps = estimator.method, estimator.buckets, estimator.epsilon
+    if method in ("sw-ems", "sw-em"):
+        est, iterations = distribution.sw_estimate(
+            _gather(reports),
+            eps=eps,
+            d=d,
+            b=estimator.b,
+            output_buckets=estimator.output_buckets,
+            discrete=estimator.discrete,
+            smoothing=method == "sw-ems",
+            tolerance=estimator.tolerance,
+            max_iterations=estimator.max_iterations,
+        )
+        return {"estimate": est, "iterations": iterations}
+    if method == "cfo":
+        hashes = None if oracles.use_grr(estimator.bins, eps) else _gather(reports, "hash")
+        report = _gather(reports, "report")
+        return {
+            "estimate": distribution.cfo_estimate(report, hashes, bins=estimator.bins, d=d, eps=eps)
+        }
+    if method in ("hh", "hh-admm"):
+        branching = estimator.branching
+        layers = distribution.hh_layers(
+            _gather(reports, "layer"),
+            _gather(reports, "report"),
+            _gather(reports, "hash"),
+            d=d,
+            branching=branching,
+            eps=eps,
+        )
+        if method == "hh":
+            return {"estimate": hierarchy.constrained_inference(layers, branching)[0]}
+        return {"estimate": hierarchy.admm_leaves(layers, branching)}
+    if method == "haar-hrr":
+        height, rows, bits = (_gather(reports, k) for k in ("height", "row", "bit"))
+        return {"estimate": distribution.haar_estimate(height, rows, bits, d=d, eps=eps)}
+    raise ValueError(f"unknown histogram method {method!r}")
+
+
+def moment_estimate_step(ctx: StepContext, reports: dict[str, Any], *, part: str) -> dict:
+    """Aggregator (SR/PM): the average of the unbiased reports, mapped back to [0, 1] units."""
+    values = _gather(reports)
+    mean = math.fsum(values) / values.size if values.size else 0.0
+    if part == "variance":
+        return {"variance": (mean + 1) / 2}
+    return {"mean": (mean + 1) / 2}
+
+
+def _gather(reports: dict[str, Any], key: str | None = None) -> np.ndarray:
+    """Every cohort's reports concatenated (in one fixed order for every field: the estimates are
+    sums over users, so the order does not matter beyond aligning the fields)."""
+    parts = [reports[c] if key is None else reports[c][key] for c in sorted(reports)]
+    return np.concatenate(parts) if parts else np.zeros(0)
