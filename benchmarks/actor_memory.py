@@ -34,7 +34,7 @@ def _kib(pid: int, field: str) -> int:
 def loaded_pid(ctx: StepContext) -> Message:
     """Import what protocol steps use, then report this process's id."""
     import rayfed.clustering.constrained  # noqa: F401 - OR-Tools, scikit-learn
-    import rayfed.protocols.hfl_kmeans_steps  # noqa: F401 - cryptography, pads
+    import rayfed.protocols.hfl_kmeans.steps  # noqa: F401 - cryptography, pads
 
     return Message("pid", os.getpid())
 

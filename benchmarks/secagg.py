@@ -37,7 +37,7 @@ from rayfed.data import per_user
 from rayfed.dropout import DropoutSchedule
 from rayfed.federation import Federation
 from rayfed.privacy import Budget
-from rayfed.protocols.secure_sum import synthetic_inputs
+from rayfed.protocols.secure_sum.steps import synthetic_inputs
 from rayfed.secagg import FixedPoint, _crypto, find_params, make_spec, secure_sum
 from rayfed.secagg.graph import NeighbourGraph
 from rayfed.secagg.reference import exact_sum, expected_survivors
@@ -118,7 +118,7 @@ def run_one(name: str, users: int, dim: int, variant: str, dropout: float, seed:
 
         def sample(phase: str) -> None:
             cohort = fed.get(fed.cohorts.run(_rss_step, phase="memory"))
-            coord = fed.one(fed.coordinator.run(_rss_step, phase="memory"))
+            coord = fed.coordinator.call(_rss_step, phase="memory")
             driver_peak = _rss_step(None)[1]
             memory[phase] = {
                 "peak_bytes_total": sum(p for _, p in cohort.values()) + coord[1] + driver_peak,

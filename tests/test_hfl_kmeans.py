@@ -12,6 +12,7 @@ standard deviation its tolerance comes from.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -27,13 +28,9 @@ from rayfed.actors.base import StepContext
 from rayfed.clustering import dplloyd, nearest
 from rayfed.clustering.constrained import assign, cluster_sums, data_random, fold
 from rayfed.errors import ConfigError, DataError
-from rayfed.protocols.hfl_kmeans import CLIENT_SETTINGS, HflKmeansConfig
-from rayfed.protocols.hfl_kmeans_steps import (
-    aggregate_step,
-    derive_params,
-    iterate_step,
-    prepare_step,
-)
+from rayfed.protocols.hfl_kmeans.config import HflKmeansConfig
+from rayfed.protocols.hfl_kmeans.params import Settings, derive_setup
+from rayfed.protocols.hfl_kmeans.steps import aggregate_step, iterate_step, prepare_step
 from rayfed.secagg import pads
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
@@ -119,11 +116,11 @@ def test_table_3_7_sizes_epsilon_m_and_t_max(dataset):
     assert round(amn, 4) == pytest.approx(eps_amn, abs=1e-12)
     assert [dplloyd.iterations(e, nma) for e in EPSILONS] == t_nma
     assert [dplloyd.iterations(e, amn) for e in EPSILONS] == t_amn
-    # derive_params applies the same rule (NMA and AMN) from N, d and the options
+    # derive_setup applies the same rule (NMA and AMN) from N, d and the options
     for aggregation, expected in (("nma", t_nma), ("amn", t_amn)):
         for eps, t_max in zip(EPSILONS, expected, strict=True):
             cfg = HflKmeansConfig(k=k, epsilon=eps, aggregation=aggregation)
-            assert derive_params(cfg, n, d).t_max == t_max
+            assert derive_setup(cfg, n, d).t_max == t_max
 
 
 def test_split_constant_and_s1_split():
@@ -158,7 +155,7 @@ def test_noise_scales_at_epsilon_4(n, d, k, aggregation, expected):
     0.5 % (NMA: b_sum = B/ε^Σ, b_cnt = 1/ε^C; AMN: b_μ = (B/c_min)/ε^μ). The table's figures are
     rounded loosely: S1's b_sum = 1/0.4866 = 2.055 is printed 2.06."""
     extra = {"sensitivity": "thesis"} if aggregation == "amn" else {}
-    params = derive_params(HflKmeansConfig(k=k, aggregation=aggregation, **extra), n, d)
+    params = derive_setup(HflKmeansConfig(k=k, aggregation=aggregation, **extra), n, d)
     scales = {b.label: b.scale / params.scale for b in params.noise}
     assert scales.keys() == expected.keys()
     for label, value in expected.items():
@@ -170,7 +167,7 @@ def test_noise_scales_at_epsilon_4(n, d, k, aggregation, expected):
 
 
 def test_run_reports_the_derived_parameters_on_s1():
-    """Through a run (the server's derive_params): S1 at ε = 4 has t_max = 3, the §3.7 bounds and
+    """Through a run (the server's derive_setup): S1 at ε = 4 has t_max = 3, the §3.7 bounds and
     split, 4·k(d+1)-byte uploads; AMN also t_max = 3, and ε = 1 gives t_max = 2."""
     m = run(**s1(epsilon=4.0)).metrics
     assert m["t_max"] == 3 and m["points"] == 5000 and m["dims"] == 2
@@ -396,8 +393,8 @@ def _client_contexts(blocks: list[np.ndarray], cfg: HflKmeansConfig):
     """Client StepContexts holding ``blocks`` (already in [-1, 1]^d), prepared with the public
     parameters the server would derive, and a group key the server lacks."""
     n, d = sum(len(b) for b in blocks), blocks[0].shape[1]
-    params = derive_params(cfg, n, d)
-    settings = {name: getattr(cfg, name) for name in CLIENT_SETTINGS}
+    params = derive_setup(cfg, n, d)
+    settings = Settings.of(cfg)
     order = [f"p{i}" for i in range(len(blocks))]
     meta = {"columns": [f"c{j}" for j in range(d)], "lo": [-1.0] * d, "hi": [1.0] * d}
     contexts = []
@@ -414,7 +411,7 @@ def _one_iteration(contexts, params):
     """Uploads of iteration 1, the server's aggregate, and what a client decodes from it."""
     uploads = {c.name: iterate_step(c, None, t=1) for c in contexts}
     server = StepContext(name="coordinator", role="coordinator", seed=7)
-    reply = aggregate_step(server, {n: m.payload for n, m in uploads.items()}, params=params, t=1)
+    reply = aggregate_step(server, {n: m.payload for n, m in uploads.items()}, setup=params, t=1)
     pad_key = pads.subkey(GROUP_KEY, pads.INFO_PADS)
     r = pads.shared_pads(pad_key, 1, len(contexts), params.length, params.ring_bits).sum(
         axis=0, dtype=pads.ring_dtype(params.ring_bits)
@@ -756,8 +753,12 @@ def test_non_exclusive_nma_charges_the_swap():
 def test_amn_empty_local_cluster_uploads_a_centroid_inside_the_box():
     """With centroid_post=none centroids can leave [-1, 1]; the stand-in an empty local cluster
     uploads is clipped, so the 2B/M sensitivity still bounds it."""
-    settings = {name: getattr(HflKmeansConfig(), name) for name in CLIENT_SETTINGS}
-    settings.update(aggregation="amn", assignment="unconstrained", centroid_post="none")
+    settings = dataclasses.replace(
+        Settings.of(HflKmeansConfig()),
+        aggregation="amn",
+        assignment="unconstrained",
+        centroid_post="none",
+    )
     cfg = HflKmeansConfig(aggregation="amn", assignment="unconstrained", noise="none", k=2)
     table = pa.table({"x0": [0.1, 0.2, 0.3]})
     ctx = StepContext(
@@ -767,7 +768,7 @@ def test_amn_empty_local_cluster_uploads_a_centroid_inside_the_box():
         table=table,
         meta={"columns": ["x0"], "lo": [-1.0], "hi": [1.0]},
     )
-    params = derive_params(cfg, 6, 1)
+    params = derive_setup(cfg, 6, 1)
     ctx.state.update(group_key=bytes(32))
     prepare_step(ctx, params, settings=settings, order=["p0", "p1"])
     ctx.state["centers"] = np.array([[0.2], [25.0]])  # cluster 1 far outside, and empty

@@ -21,8 +21,9 @@ from rayfed.clustering import fm, normalised_loss, product_grid, seed_of
 from rayfed.clustering.dplsf import dplsf, dplsf_event
 from rayfed.data.scaling import features_of
 from rayfed.privacy import NoiseSource, PureDpAccountant, kary_randomized_response
-from rayfed.protocols import vfl_kmeans as vk
-from rayfed.protocols import vfl_kmeans_steps as steps
+from rayfed.protocols.vfl_kmeans.config import VflKmeansConfig
+from rayfed.protocols.vfl_kmeans.params import split_budget
+from rayfed.protocols.vfl_kmeans.plan import synthetic_table
 from rayfed.secagg import groupkey
 
 ROOT = 20240611
@@ -372,8 +373,8 @@ LITERAL_K_PRIME = {  # spec §2.10 "Literal results"
 def test_k_prime_formula_and_table():
     formula = {
         (n, s): tuple(
-            vk.k_prime_formula(n, 5, s, 0.98 * eps / (2 * s), 1.0 / n, M)
-            for eps in vk.K_PRIME_TABLE_EPS
+            fm.k_prime_formula(n, 5, s, 0.98 * eps / (2 * s), 1.0 / n, M)
+            for eps in fm.K_PRIME_TABLE_EPS
         )
         for (n, s) in LITERAL_K_PRIME
     }
@@ -381,7 +382,7 @@ def test_k_prime_formula_and_table():
     cells = [
         (f, t)
         for key in LITERAL_K_PRIME
-        for f, t in zip(formula[key], vk.K_PRIME_TABLE[key], strict=True)
+        for f, t in zip(formula[key], fm.K_PRIME_TABLE[key], strict=True)
     ]
     assert len(cells) == 30
     assert sum(f == t for f, t in cells) >= 17
@@ -393,35 +394,35 @@ def test_k_prime_formula_and_table():
         if s == 4:
             assert all(a <= b for a, b in zip(row, formula[(n, 2)], strict=True))
     # Table 5.1 lookup: the row within 2 % of n̂, else None
-    assert vk.k_prime_from_table(20000, 2, 1.0) == 5
-    assert vk.k_prime_from_table(20399, 2, 3.0) == 6
-    assert vk.k_prime_from_table(58900, 4, 2.0) == 6
-    assert vk.k_prime_from_table(101999, 4, 0.5) == 5
-    assert vk.k_prime_from_table(30000, 2, 1.0) is None
-    assert vk.k_prime_from_table(20500, 2, 1.0) is None
-    assert vk.k_prime_from_table(20000, 2, 1.5) is None
-    assert vk.k_prime_from_table(20000, 3, 1.0) is None
+    assert fm.k_prime_from_table(20000, 2, 1.0) == 5
+    assert fm.k_prime_from_table(20399, 2, 3.0) == 6
+    assert fm.k_prime_from_table(58900, 4, 2.0) == 6
+    assert fm.k_prime_from_table(101999, 4, 0.5) == 5
+    assert fm.k_prime_from_table(30000, 2, 1.0) is None
+    assert fm.k_prime_from_table(20500, 2, 1.0) is None
+    assert fm.k_prime_from_table(20000, 2, 1.5) is None
+    assert fm.k_prime_from_table(20000, 3, 1.0) is None
 
 
 # --- 12. the budget split (Alg. 1, Theorem 4) -----------------------------------------------------
 def test_split_budget():
     eps, parties, delta = 1.0, 2, 1.0 / 20000
-    s = vk.split_budget(vk.VflKmeansConfig(epsilon=eps), parties, delta)
+    s = split_budget(VflKmeansConfig(epsilon=eps), parties, delta)
     assert math.isclose(s.eps0, 0.02)
     assert math.isclose(s.eps1, 0.245) and math.isclose(s.eps2, 0.245)
     assert math.isclose(s.delta2, 2.5e-5)
     assert math.isclose(s.eps0 + parties * (s.eps1 + s.eps2), eps)
     assert math.isclose(parties * s.delta2, delta)
-    s = vk.split_budget(vk.VflKmeansConfig(method="ldp-agg-2pest", epsilon=eps), parties, delta)
+    s = split_budget(VflKmeansConfig(method="ldp-agg-2pest", epsilon=eps), parties, delta)
     assert s.eps0 == 0 and s.delta2 == 0
     assert math.isclose(s.eps1, eps / (2 * parties)) and math.isclose(s.eps2, eps / (2 * parties))
-    s = vk.split_budget(vk.VflKmeansConfig(method="central-dplsf", epsilon=eps), parties, delta)
+    s = split_budget(VflKmeansConfig(method="central-dplsf", epsilon=eps), parties, delta)
     assert s.eps1 == eps and s.eps0 == 0 and s.eps2 == 0
 
 
 # --- 13. DPLSF ------------------------------------------------------------------------------------
 def test_dplsf_with_a_large_budget_matches_kmeans():
-    table = steps.synthetic_table(20000, 8, 5, 0.1, seed=13)
+    table = synthetic_table(20000, 8, 5, 0.1, seed=13)
     x = features_of(table, [f"x{j}" for j in range(8)])
     eps = 1000.0
     centers, event, info = dplsf(_noise("dplsf"), x, 5, eps)

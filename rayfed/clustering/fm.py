@@ -12,6 +12,9 @@ The paper's estimator (1+γ)^{HarmonicMean(U)} overestimates a cardinality by x1
 method collapse to independent weights; ``corrected`` is the bias-corrected harmonic mean
 [γ/((1+γ)ln(1+γ))]·M/Σ_i (1+γ)^{-U_i} of the spec (§2.8), unbiased to simulation accuracy.
 ``literal`` keeps the paper's formula so its bias can be shown.
+
+The number of local clusters k' trades the sketches' noise against the grid's resolution: the
+paper's noise-vs-signal rule (§2.10) or the thesis's Table 5.1.
 """
 
 from __future__ import annotations
@@ -312,3 +315,43 @@ def ldp_two_pass(
     singles = [unbias_axis(b.sum(axis=0), p, q, 0) for b in mats]
     w = independence_grid(n, singles)
     return refine_pairwise(w, pairs, n, rng, iterations, tolerance, projection)
+
+
+# --- choosing k' --------------------------------------------------------------------------------
+#: Table 5.1 of the thesis: automatically chosen k' by (n, S), for ε = 0.5, 1, 2, 3, 4.
+K_PRIME_TABLE = {
+    (20000, 2): (4, 5, 5, 6, 6),
+    (60000, 2): (5, 6, 6, 7, 7),
+    (100000, 2): (6, 6, 7, 7, 7),
+    (20000, 4): (4, 4, 5, 5, 5),
+    (60000, 4): (4, 5, 6, 6, 6),
+    (100000, 4): (5, 6, 6, 7, 7),
+}
+K_PRIME_TABLE_EPS = (0.5, 1.0, 2.0, 3.0, 4.0)
+RHO_LANG = 0.649  # the FM estimator's relative sd constant the paper takes from Lang (2017)
+
+
+def k_prime_formula(
+    n_hat: float, k: int, parties: int, eps2: float, delta: float, m: int, rho: float = RHO_LANG
+) -> int:
+    """§2.10: k' = max(k0, ⌈k^{1/S}⌉), k0 the smallest integer with 2σ >= n̂/k0²,
+    σ = ρ(n̂ - n̂/k0²)/√M + 4ρ·s·(k0-1)·sqrt(ln 1/δ)/ε2, s = 2."""
+    floor = math.ceil(k ** (1.0 / parties) - 1e-9)
+    for k0 in range(1, 10_000):
+        sigma = (
+            rho * (n_hat - n_hat / k0**2) / math.sqrt(m)
+            + 4 * rho * 2 * (k0 - 1) * math.sqrt(math.log(1.0 / delta)) / eps2
+        )
+        if 2 * sigma >= n_hat / k0**2:
+            return max(k0, floor)
+    return max(10_000, floor)
+
+
+def k_prime_from_table(n_hat: float, parties: int, epsilon: float) -> int | None:
+    """Table 5.1's k' for the row within 2 % of n̂, or None if the table has no such cell."""
+    for (n, s), row in K_PRIME_TABLE.items():
+        if s == parties and abs(n_hat - n) <= 0.02 * n:
+            for eps, kp in zip(K_PRIME_TABLE_EPS, row, strict=True):
+                if math.isclose(epsilon, eps):
+                    return kp
+    return None

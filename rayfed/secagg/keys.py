@@ -1,8 +1,8 @@
 """A secret group key among the parties, hidden from the coordinator (:mod:`rayfed.secagg.groupkey`),
-as three party steps and a driver helper: X25519 public keys, then key shares under AES-GCM for
-every other party, then the XOR of the shares. The coordinator relays only public keys and
-ciphertexts. Optionally each party also keeps a secret shared with each other party alone (the
-seeds of pairwise masks)."""
+as a recipe of three party steps and a driver helper: X25519 public keys, then key shares under
+AES-GCM for every other party, then the XOR of the shares. The coordinator relays only public keys
+and ciphertexts. Optionally each party also keeps a secret shared with each other party alone (the
+seeds of pairwise masks). vfl-kmeans (its hash keys) and hfl-kmeans (its pads) run it."""
 
 from __future__ import annotations
 

@@ -1,46 +1,25 @@
-"""Data helpers and step functions of ``vfl-kmeans`` (the driver and config are in
-:mod:`rayfed.protocols.vfl_kmeans`): what each party and the server run, as plain functions of
-(ctx, inputs) -> message, testable without Ray."""
+"""The step functions of ``vfl-kmeans``, by role: plain functions of (ctx, inputs) -> reply,
+testable without Ray."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
 
 from rayfed import rng
 from rayfed.actors.base import Message, StepContext
 from rayfed.clustering import fm, nearest, product_grid, weighted_kmeans
 from rayfed.clustering.dplsf import dplsf
-from rayfed.data import even_groups
 from rayfed.data.scaling import features_of, to_unit
 from rayfed.privacy import kary_randomized_response, randomized
 from rayfed.privacy import laplace as laplace_mechanism
+from rayfed.protocols.vfl_kmeans.params import ServerParams
 from rayfed.secagg import groupkey
 
 
-# --- data -----------------------------------------------------------------------------------------
-def synthetic_table(users: int, dims: int, k: int, spread: float, seed: int) -> pa.Table:
-    """Spec §5.1: k centers uniform in [-1, 1]^m, uniform labels, N(0, spread²) per coordinate,
-    clipped to [-1, 1]; ``label`` is the generating component."""
-    gen = rng.stream(seed, "synthetic", 0, "vfl-kmeans")
-    centers = gen.uniform(-1.0, 1.0, (k, dims))
-    labels = gen.integers(0, k, users)
-    x = np.clip(centers[labels] + gen.normal(0.0, spread, (users, dims)), -1.0, 1.0)
-    cols: dict[str, Any] = {"user_id": np.arange(users, dtype=np.int64)}
-    cols.update({f"x{j}": x[:, j] for j in range(dims)})
-    cols["label"] = labels
-    return pa.table(cols)
-
-
-def random_split(features: list[str], parties: int, seed: int) -> dict[str, list[str]]:
-    """The synthetic experiment's random split of the attributes into S even groups."""
-    perm = rng.stream(seed, "partition", 0, "vfl-kmeans").permutation(len(features))
-    groups = even_groups([features[i] for i in perm], parties)
-    return {p: sorted(cols, key=features.index) for p, cols in groups.items()}
-
-
+# --- parties ---------------------------------------------------------------------------------------
 def unit_features(ctx: StepContext) -> np.ndarray:
     """The party's columns mapped to [-1, 1] from their declared (public) bounds."""
     meta = ctx.meta
@@ -48,7 +27,6 @@ def unit_features(ctx: StepContext) -> np.ndarray:
     return np.clip(to_unit(x, np.asarray(meta["lo"]), np.asarray(meta["hi"])), -1.0, 1.0)
 
 
-# --- step functions: parties ---------------------------------------------------------------------
 def count_step(ctx: StepContext, *, epsilon0: float | None) -> Message:
     """Party: n̂ = n + Lap(1/ε0) (sensitivity 1, add/remove), or n itself where n is public."""
     n = np.array([float(ctx.table.num_rows)])
@@ -140,7 +118,21 @@ def labels_step(ctx: StepContext) -> Message:
     return Message("labels", ctx.state["labels"])
 
 
-# --- step functions: the server ------------------------------------------------------------------
+def curator_step(ctx: StepContext, *, k: int, epsilon: float | None) -> Message:
+    """The central baselines: one curator with every column clusters directly."""
+    return local_cluster_step(ctx, k=k, epsilon=epsilon, replace_one=False, round=0)
+
+
+# --- the coordinator -------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ServerOutput:
+    """The server's result: the final centers, the grid weights (None for the central baselines),
+    every party's local centers in order and the 2PEst pair updates run."""
+
+    centers: np.ndarray
+    weights: np.ndarray | None
+    local: list[np.ndarray]
+    iterations: int
 
 
 def grid_weights(
@@ -150,34 +142,34 @@ def grid_weights(
     *,
     n_hat: float,
     k: int,
-    cfg: dict,
+    server: ServerParams,
     round: int,
 ) -> tuple[np.ndarray, int]:
     """(grid weights of shape (k',)*S summing to n̂, 2PEst iterations run)."""
     gen = ctx.rng("clustering", round, "2pest")
     if encoding == "fm":
-        n_p = cfg["phantoms"]
-        if cfg["method"] == "dpfmps-basic":
+        n_p = server.phantoms
+        if server.method == "dpfmps-basic":
             weights = fm.basic_est(
-                n_hat, memberships, n_p, cfg["gamma"], cfg["estimator"], cfg["projection"]
+                n_hat, memberships, n_p, server.gamma, server.estimator, server.projection
             )
             return weights, 0
         return fm.two_pass_est(
             n_hat,
             memberships,
             n_p,
-            cfg["gamma"],
+            server.gamma,
             gen,
-            cfg["estimator"],
-            cfg["iterations"],
-            cfg["tolerance"],
-            cfg["projection"],
+            server.estimator,
+            server.iterations,
+            server.tolerance,
+            server.projection,
         )
     if encoding == "histogram":
         grid = fm.independence_grid(n_hat, memberships)
-        return fm.normalise(grid, n_hat, cfg["projection"]), 0
+        return fm.normalise(grid, n_hat, server.projection), 0
     if encoding == "ldp":
-        oracle, g, p, q = fm.ldp_probabilities(cfg["eps2"], k)
+        oracle, g, p, q = fm.ldp_probabilities(server.eps2, k)
         supports = []
         for party, reports in enumerate(memberships):
             if oracle == "olh":
@@ -186,7 +178,7 @@ def grid_weights(
             else:
                 supports.append(reports[:, None] == np.arange(k)[None, :])
         return fm.ldp_two_pass(
-            supports, p, q, n_hat, gen, cfg["iterations"], cfg["tolerance"], cfg["projection"]
+            supports, p, q, n_hat, gen, server.iterations, server.tolerance, server.projection
         )
     return fm.exact_grid(memberships, k), 0
 
@@ -202,9 +194,9 @@ def server_step(
     k: int,
     k_prime: int,
     encoding: str,
-    cfg: dict,
+    server: ServerParams,
     round: int,
-) -> dict:
+) -> ServerOutput:
     """Server: weigh the grid of local-center combinations and run weighted k-means on it."""
     local = [np.asarray(centers[p]) for p in order]
     weights, iterations = grid_weights(
@@ -213,15 +205,10 @@ def server_step(
         [memberships[p] for p in order],
         n_hat=n_hat,
         k=k_prime,
-        cfg=cfg,
+        server=server,
         round=round,
     )
     m = sum(len(p) for p in positions)
     grid = product_grid(local, positions, m)
     final = weighted_kmeans(grid, weights.reshape(-1), k, ctx.rng("clustering", round, "final"))
-    return {"centers": final, "weights": weights, "local": local, "iterations": iterations}
-
-
-def curator_step(ctx: StepContext, *, k: int, epsilon: float | None) -> Message:
-    """The central baselines: one curator with every column clusters directly."""
-    return local_cluster_step(ctx, k=k, epsilon=epsilon, replace_one=False, round=0)
+    return ServerOutput(final, weights, local, iterations)

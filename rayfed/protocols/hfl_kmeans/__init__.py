@@ -1,0 +1,54 @@
+"""DP horizontally federated k-means with masked aggregation and size-constrained assignment — the
+NMA and AMN protocols of A. Ahmed, "Differentially-Private Multiparty Clustering" (MMath thesis,
+Waterloo 2023); spec: shared/specs/hfl-kmeans.md.
+
+M clients (PartyActors) each hold some rows in [-1, 1]^d (mapped from declared bounds); the
+semi-honest server is the coordinator. Setup: the clients agree on a group key the server lacks
+(X25519 + AES-GCM); they send their row counts, the server derives t_max and the other public
+parameters (§3.5.5, §3.6.4); every client derives the same initial centroids from the group key
+(sphere packing). Then t_max round trips:
+
+1. each client assigns its rows to the current centroids — by default a size-constrained
+   min-cost flow with per-client bounds ⌈c_min/M⌉ and ⌊c_max/M⌋ (OR-Tools) — and uploads, padded
+   in Z_(2^b) at precision 2^-16, either its per-cluster sums and counts (``nma``: Noise, Mask then
+   Average = DPLloyd) or its local centroids / M (``amn``: Average, Mask then Noise = CDPLloyd);
+2. the server adds the uploads and discrete-Laplace noise on the grid, still padded, and
+   broadcasts; each client unpads, post-processes (fold by default) and divides (NMA).
+
+``masking``: ``shared-seed`` (the thesis: all clients derive all pads), ``pairwise`` (pairwise
+X25519 masks on top, so a server colluding with one client learns no other client's upload) or
+``none`` (a labelled baseline). ``topology=ring`` is the serverless sketch of §7.3.1: a ring
+secure sum in which every client adds its own full Laplace noise.
+
+Privacy: add/remove one point, pure ε, composed over the t_max iterations (the server's noise) or
+in parallel over the clients (the ring's local noise). ``sensitivity`` chooses the AMN centroid
+sensitivity: ``corrected`` (2B/(M(⌈c_min/M⌉+1)), tight for a local mean) or ``thesis`` (B·E/c_min,
+about half of it: the ledger then records the larger ε that noise actually buys).
+
+The maths is in :mod:`rayfed.clustering` (DPLloyd's public arithmetic, the constrained assignment,
+the initialisations and post-processing) and :mod:`rayfed.secagg` (pads, and the clients' group
+key from :mod:`rayfed.secagg.keys`); this package is config, params, plan, steps, driver and
+report, as every protocol's.
+"""
+
+from __future__ import annotations
+
+from rayfed.protocols.base import Protocol
+from rayfed.protocols.hfl_kmeans.config import HflKmeansConfig, resolve_randomness
+from rayfed.protocols.hfl_kmeans.driver import drive
+from rayfed.protocols.hfl_kmeans.plan import data_bytes, plan
+
+
+class HflKmeans(Protocol):
+    name = "hfl-kmeans"
+    summary = "DP horizontal multiparty k-means (NMA / AMN) with masked aggregation"
+    Config = HflKmeansConfig
+    examples = (
+        {"users": 2000},
+        {"users": 2000, "aggregation": "amn", "sensitivity": "thesis"},
+        {"users": 2000, "topology": "ring"},
+    )
+    data_bytes = staticmethod(data_bytes)
+    resolve_randomness = staticmethod(resolve_randomness)
+    plan = staticmethod(plan)
+    drive = staticmethod(drive)

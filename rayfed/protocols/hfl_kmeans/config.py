@@ -1,0 +1,151 @@
+"""Options of ``rayfed run hfl-kmeans``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from rayfed.clustering import dplloyd
+from rayfed.clustering.constrained import ASSIGNMENTS, POSTS
+from rayfed.config import DataConfig, option
+from rayfed.errors import ConfigError
+from rayfed.privacy import check_budget
+from rayfed.protocols.base import reconcile_randomness
+
+DATA_INITS = ("data-random", "kmeans++")
+INITS = ("sphere-packing", "random", *DATA_INITS)
+#: the assignments that bound the cluster sizes (and so read min_size and max_size)
+SIZED = {"assignment": ("constrained", "non-exclusive")}
+
+
+@dataclass(frozen=True)
+class HflKmeansConfig:
+    """Options of ``rayfed run hfl-kmeans``."""
+
+    aggregation: Literal["nma", "amn"] = option(
+        "nma",
+        "nma: masked per-cluster sums and counts + DPLloyd noise; amn: masked local centroids + "
+        "CDPLloyd noise",
+    )
+    epsilon: float = option(
+        4.0, "total privacy budget ε over all iterations", above=0, when={"noise": ("laplace",)}
+    )
+    noise: Literal["laplace", "none"] = option(
+        "laplace", "laplace: DP; none: a non-private baseline (t_max = 7)"
+    )
+    k: int = option(8, "number of clusters", at_least=1)
+    clients: int = option(2, "number of clients M (row blocks after a seeded shuffle)", at_least=2)
+    assignment: Literal[ASSIGNMENTS] = option(
+        "constrained",
+        "constrained: min-cost flow with per-client sizes ⌈c_min/M⌉..⌊c_max/M⌋, each point in 1..E "
+        "clusters; unconstrained: nearest centroid (plain Lloyd); non-exclusive: each cluster "
+        "takes its ⌈c_min/M⌉ nearest points",
+    )
+    contribution: int = option(
+        1,
+        "E: constrained assignment puts a point in at most E clusters",
+        at_least=1,
+        when={"assignment": ("constrained",)},
+    )
+    min_size: int | Literal["auto"] = option(
+        "auto", "global c_min; auto: ⌈N/(1.5k)⌉", at_least=0, when=SIZED
+    )
+    max_size: int | Literal["auto"] = option(
+        "auto", "global c_max; auto: ⌊3N/k⌋", at_least=1, when=SIZED
+    )
+    init: Literal[INITS] = option(
+        "sphere-packing",
+        "sphere-packing or random (uniform in [-1,1]^d), both from the clients' group key; "
+        "data-random or kmeans++ (the first client's rows: not private, noise=none only)",
+    )
+    sum_post: Literal[POSTS] = option(
+        "none", "post-processing of the noisy sums (NMA)", when={"aggregation": ("nma",)}
+    )
+    count_post: Literal[POSTS] = option(
+        "none", "post-processing of the noisy counts (NMA)", when={"aggregation": ("nma",)}
+    )
+    centroid_post: Literal[POSTS] = option("fold", "post-processing of the centroids")
+    iterations: int | Literal["auto"] = option(
+        "auto", "t_max; auto: the thesis's rule from N (private) or 7 (non-private)", at_least=1
+    )
+    rho: float = option(
+        dplloyd.RHO,
+        "ρ of the NMA budget split and iteration rule",
+        above=0,
+        when={"aggregation": ("nma",), "noise": ("laplace",)},
+    )
+    sensitivity: Literal["corrected", "thesis"] = option(
+        "corrected",
+        "AMN centroid sensitivity: corrected (2B/(M(⌈c_min/M⌉+1)), one point's true effect) or "
+        "thesis (B·E/c_min: about half of it; the ledger records the ε that noise really buys)",
+        when={"aggregation": ("amn",), "noise": ("laplace",)},
+    )
+    masking: Literal["shared-seed", "pairwise", "none"] = option(
+        "shared-seed",
+        "shared-seed: the thesis's pads from a seed all clients share; pairwise: plus pairwise "
+        "X25519 masks (a server colluding with one client sees no other client's upload, M >= 3); "
+        "none: plaintext uploads (an insecure baseline)",
+    )
+    topology: Literal["server", "ring"] = option(
+        "server",
+        "server: the server adds central noise to the padded sum; ring: serverless ring secure "
+        "sum, every client adds its own full noise (the thesis's §7.3.1 sketch)",
+    )
+    ring_bits: Literal[32, 64] = option(32, "the ring Z_2^b of the uploads: 32 (the thesis) or 64")
+    frac_bits: int = option(16, "fixed-point precision 2^-f", at_least=0, at_most=30)
+    key_agreement: Literal["seeded", "secure"] = option(
+        "seeded",
+        "key agreement randomness: seeded (from the run seed, a simulation) or secure (OS "
+        "randomness: makes the run randomness=secure, and a secure run sets it)",
+    )
+    shuffle: bool = option(
+        True, "split the rows over the clients after a seeded shuffle (the thesis); false: in order"
+    )
+    users: int = option(
+        10_000, "synthetic data: number of points N", at_least=1, size=True, source="synthetic"
+    )
+    dims: int = option(2, "synthetic data: dimension d", at_least=1, size=True, source="synthetic")
+    spread: float = option(
+        0.06, "synthetic data: std of each blob per coordinate", above=0, source="synthetic"
+    )
+    bounds: dict[str, list[float]] | None = option(
+        None,
+        "data file: feature column -> declared [low, high] (mapped to [-1, 1])",
+        source="file",
+    )
+    out_of_bounds: Literal["error", "clip"] = option(
+        "error", "a data value outside its declared bounds: error, or clip it"
+    )
+    evaluate: bool = option(
+        True, "add WCSS, silhouette and empty clusters on the union (raw data: not private)"
+    )
+    silhouette_points: int = option(
+        10_000,
+        "silhouette exactly up to this many points, else on a uniform sample of them",
+        at_least=1,
+    )
+    data: DataConfig = field(default_factory=DataConfig, metadata={"help": "data source"})
+
+    def validate(self) -> None:
+        check_budget(self.epsilon, 0.0)
+        if self.contribution > self.k:
+            raise ConfigError("contribution", f"E = {self.contribution} > k = {self.k}", "1..k")
+        if "auto" not in (self.min_size, self.max_size) and self.min_size > self.max_size:
+            raise ConfigError("min_size", f"{self.min_size} > max_size = {self.max_size}")
+        if self.assignment == "non-exclusive" and self.min_size == 0:
+            raise ConfigError("min_size", "non-exclusive clusters of 0 points are empty", ">= 1")
+        if self.init in DATA_INITS and self.noise != "none":
+            raise ConfigError(
+                "init",
+                f"{self.init} picks centroids from a client's rows: not differentially private",
+                "sphere-packing or random, or noise=none",
+            )
+        if self.topology == "ring" and self.masking == "pairwise":
+            raise ConfigError(
+                "masking", "the ring masks with the first client's random pad", "shared-seed"
+            )
+
+
+def resolve_randomness(cfg: HflKmeansConfig, randomness: str) -> tuple[HflKmeansConfig, str]:
+    """``key_agreement=secure`` makes the run secure; a secure run makes it secure."""
+    return reconcile_randomness(cfg, randomness, "key_agreement", upgrade=("seeded",))

@@ -1,0 +1,147 @@
+"""Planning ``hfl-kmeans``: the points (synthetic, or a file with declared bounds) dealt to the
+clients in row blocks, the public setup of the planned N checked for overflow and feasibility, and
+the budget — before any actor starts."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from rayfed import rng
+from rayfed.data import horizontal, load_table, require_clean
+from rayfed.data.scaling import check_bounds, declared_bounds, features_of, to_unit
+from rayfed.errors import ConfigError, DataError
+from rayfed.privacy import Budget
+from rayfed.protocols.base import Plan
+from rayfed.protocols.hfl_kmeans.config import HflKmeansConfig
+from rayfed.protocols.hfl_kmeans.params import Params, Setup, derive_setup, overflow_check
+
+
+def data_bytes(cfg: HflKmeansConfig) -> int:
+    """The synthetic points, each client's unit-scaled and grid copies, and the assignment's
+    point-to-cluster costs (k per point)."""
+    if cfg.data.path is not None:
+        return 0
+    return cfg.users * (cfg.dims * 8 * 4 + cfg.k * 16)
+
+
+def plan(cfg: HflKmeansConfig, seed: int) -> Plan:
+    if cfg.data.columns is not None:
+        raise ConfigError(
+            "data.columns", "horizontal clients hold whole rows", "drop it; use bounds"
+        )
+    table, features, lo, hi = _load(cfg, seed)
+    require_clean(table, features, numeric=True)
+    x_raw = features_of(table, features)
+    check_bounds(x_raw, features, lo, hi, cfg.out_of_bounds)
+    n, d = x_raw.shape
+    if n < cfg.clients * cfg.k:
+        raise DataError(
+            "data.path" if cfg.data.path else "users",
+            f"{n} rows for {cfg.clients} clients and k = {cfg.k}",
+            f"at least {cfg.clients * cfg.k} rows, or fewer clients / clusters",
+        )
+    setup = derive_setup(cfg, n, d)
+    overflow_check(setup, cfg.assignment, cfg.aggregation, cfg.topology)
+    rows = table.select(features)
+    if cfg.shuffle:
+        rows = rows.take(rng.stream(seed, "partition", 0, "hfl-kmeans").permutation(n))
+    blocks = horizontal(rows, cfg.clients)
+    _check_feasible(setup, [t.num_rows for t in blocks.values()], cfg.assignment)
+    meta = {"columns": features, "lo": lo.tolist(), "hi": hi.tolist()}
+    evaluation = None
+    if cfg.evaluate:
+        evaluation = {"x": np.clip(to_unit(x_raw, lo, hi), -1.0, 1.0)}
+    private = cfg.noise != "none"
+    return Plan(
+        budget=Budget(setup.t_max * setup.epsilon_per_iteration) if private else Budget.none(),
+        requested_epsilon=cfg.epsilon if private else None,
+        ledger=dict(
+            accountant="pure",
+            relation="add_or_remove_one",
+            composition="parallel" if cfg.topology == "ring" else "sequential",
+            statement=_statement(cfg),
+        ),
+        parties={p: (block, meta) for p, block in blocks.items()},
+        rounds=setup.t_max + 2,
+        evaluation=evaluation,
+        params=Params(features=features, lo=lo, hi=hi),
+    )
+
+
+def synthetic_table(users: int, dims: int, k: int, spread: float, seed: int) -> pa.Table:
+    """k Gaussian blobs in [-1, 1]^d: centers uniform in [-0.8, 0.8]^d, N(0, spread²) per
+    coordinate, clipped; ``label`` is the generating component."""
+    gen = rng.stream(seed, "synthetic", 0, "hfl-kmeans")
+    centers = gen.uniform(-0.8, 0.8, (k, dims))
+    labels = gen.integers(0, k, users)
+    x = np.clip(centers[labels] + gen.normal(0.0, spread, (users, dims)), -1.0, 1.0)
+    cols: dict[str, Any] = {f"x{j}": x[:, j] for j in range(dims)}
+    cols["label"] = labels
+    return pa.table(cols)
+
+
+def _load(cfg: HflKmeansConfig, seed: int) -> tuple[pa.Table, list[str], np.ndarray, np.ndarray]:
+    if cfg.data.path is None:
+        table = synthetic_table(cfg.users, cfg.dims, cfg.k, cfg.spread, seed)
+        features = [f"x{j}" for j in range(cfg.dims)]
+        return table, features, np.full(cfg.dims, -1.0), np.full(cfg.dims, 1.0)
+    if not cfg.bounds:
+        raise ConfigError(
+            "bounds",
+            "a data file needs the declared bounds of every feature column",
+            "e.g. --set bounds.x=[0,1e6] --set bounds.y=[0,1e6]",
+        )
+    table = load_table(cfg.data.path, cfg.data.format)
+    for col in cfg.bounds:
+        if col not in table.column_names:
+            raise DataError(
+                f"bounds.{col}", f"column {col!r} is not in the data", table.column_names
+            )
+    features = list(cfg.bounds)
+    lo, hi = declared_bounds(cfg.bounds, features)
+    return table, features, lo, hi
+
+
+def _check_feasible(setup: Setup, sizes: list[int], assignment: str) -> None:
+    """Every client's constrained assignment must have a solution (§3.1: k·c_min <= E·N_l and
+    N_l <= k·c_max), and a non-exclusive cluster must find its ⌈c_min/M⌉ points (the sensitivity
+    assumes that size); checked before any actor starts."""
+    b, k, e = setup.bounds, setup.k, setup.contribution
+    if b.c_min > b.c_max:
+        raise ConfigError(
+            "min_size", f"c_min = {b.c_min} > c_max = {b.c_max}", "a smaller min_size"
+        )
+    if assignment == "non-exclusive" and b.client_min > min(sizes):
+        raise ConfigError(
+            "min_size",
+            f"a non-exclusive cluster takes ⌈c_min/M⌉ = {b.client_min} points but a client has "
+            f"only {min(sizes)} rows",
+            f"min_size <= {min(sizes) * setup.clients}",
+        )
+    if assignment != "constrained":
+        return
+    for n_l in sizes:
+        if k * b.client_min > e * n_l or n_l > k * b.client_max:
+            raise ConfigError(
+                "min_size",
+                f"a client with {n_l} rows cannot fill {k} clusters of {b.client_min}.."
+                f"{b.client_max} rows each (per-client bounds of c_min={b.c_min}, c_max={b.c_max})",
+                "lower min_size, raise max_size, or fewer clients",
+            )
+
+
+def _statement(cfg: HflKmeansConfig) -> str:
+    if cfg.noise == "none":
+        return "not private: a non-private baseline (masked, but the clients see exact sums)"
+    if cfg.topology == "ring":
+        return (
+            "ε-DP per client by its own local noise (add/remove one point); parallel over the "
+            "clients' disjoint rows"
+        )
+    return (
+        "ε-DP towards every client (add/remove one point), sequential over the iterations; "
+        "assumes the server draws its noise honestly and colludes with no client"
+    )

@@ -1,0 +1,125 @@
+"""What an ``hfl-kmeans`` run reports: the centroids table, metrics, headline and privacy notes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from rayfed import rng
+from rayfed.clustering.constrained import empty_clusters, silhouette, wcss
+from rayfed.data.scaling import from_unit
+from rayfed.protocols.base import Outcome
+from rayfed.protocols.hfl_kmeans.config import HflKmeansConfig
+from rayfed.protocols.hfl_kmeans.params import Params, Setup
+
+MASKING = {
+    "shared-seed": "uploads and aggregates are one-time-padded in Z_2^{b} with pads every "
+    "client derives from the group key: the server sees only uniform words; the server "
+    "colluding with any one client unmasks every upload (all clients know all pads)",
+    "pairwise": "uploads carry the shared-seed pads plus pairwise X25519 masks: the server "
+    "sees only uniform words; colluding with one client it learns the aggregate before "
+    "its own noise (not DP) but, with 3 or more clients, no other client's upload",
+    "none": "masking=none: NOT secure, the server sees every client's upload and the "
+    "aggregate (an insecure baseline)",
+}
+RING = (
+    "ring: the first client pads the running sum with a random mask; each client sees "
+    "only a padded partial sum, and the release is the noisy total"
+)
+
+
+def notes(cfg: HflKmeansConfig, setup: Setup) -> list[str]:
+    masking = RING if cfg.topology == "ring" else MASKING[cfg.masking]
+    out = [
+        masking.replace("{b}", str(setup.ring_bits)),
+        f"N = {setup.n} and the clients' row counts are sent in the clear and treated as "
+        "public (t_max and c_min depend on them; spec A3)",
+    ]
+    if cfg.noise == "none":
+        return [*out, "noise=none: not private; the clients see exact aggregates"]
+    out.append(
+        "noise: discrete Laplace on the 2^-{f} grid (integer noise, so Theorem 7.2.1's "
+        "quantisation argument is not needed; drawn with numpy's geometric sampler, which "
+        "computes in floating point — not an exact sampler)".replace("{f}", str(setup.frac_bits))
+    )
+    if cfg.assignment != "unconstrained":
+        out.append(
+            "the sensitivities assume one point changes only the clusters it joins; under a "
+            "size-constrained assignment it can re-route other points, which neither the "
+            "thesis's analysis nor this one covers (an assumption, not a proof)"
+        )
+    if setup.claimed_epsilon is not None:
+        true_eps = setup.t_max * setup.epsilon_per_iteration
+        out.append(
+            f"sensitivity=thesis: noise calibrated to Δ^μ = B·E/c_min = "
+            f"{setup.sensitivity['thesis']:.4g}, but one point moves an uploaded local "
+            f"centroid by up to {setup.sensitivity['true']:.4g}: the thesis claims "
+            f"ε = {setup.claimed_epsilon:g}, the noise buys ε = {true_eps:.4g} (ledger)"
+        )
+    if cfg.topology == "ring":
+        out.append(
+            f"ring: each of the {setup.clients} clients adds full noise for its own rows, so "
+            "the released sum carries M times the central noise variance"
+        )
+    return out
+
+
+def outcome(
+    cfg: HflKmeansConfig,
+    params: Params,
+    setup: Setup,
+    centers: np.ndarray,
+    seconds: float,
+    evaluation: dict | None,
+) -> Outcome:
+    data_centers = from_unit(centers, params.lo, params.hi)
+    table = pa.table(
+        {"cluster": np.arange(len(centers))}
+        | {c: data_centers[:, j] for j, c in enumerate(params.features)}
+    )
+    metrics = _metrics(cfg, setup, seconds)
+    headline = (
+        f"{cfg.aggregation.upper()} {cfg.assignment}, {setup.n:,} points over "
+        f"{setup.clients} clients, k = {setup.k}, t_max = {setup.t_max}"
+    )
+    if evaluation is not None:
+        x = evaluation["x"]
+        score, labels = wcss(x, centers)
+        gen = rng.stream(0, "evaluation", 0, "silhouette")
+        sil, used = silhouette(x, labels, gen, cfg.silhouette_points)
+        metrics.update(
+            wcss=score,
+            nicv=score / len(x),
+            empty_clusters=empty_clusters(labels, setup.k),
+            silhouette=sil,
+            silhouette_points=used,
+        )
+        headline += f"; WCSS {score:.4g}, {metrics['empty_clusters']} empty, silhouette {sil:.3f}"
+    return Outcome(tables={"centroids": table}, metrics=metrics, headline=headline)
+
+
+def _metrics(cfg: HflKmeansConfig, setup: Setup, seconds: float) -> dict[str, Any]:
+    b = setup.bounds
+    return {
+        "aggregation": cfg.aggregation,
+        "assignment": cfg.assignment,
+        "masking": cfg.masking,
+        "topology": cfg.topology,
+        "points": setup.n,
+        "dims": setup.d,
+        "k": setup.k,
+        "clients": setup.clients,
+        "t_max": setup.t_max,
+        "epsilon_m": setup.epsilon_m,
+        "c_min": b.c_min,
+        "c_max": b.c_max,
+        "client_min": b.client_min,
+        "client_max": b.client_max,
+        **setup.split,
+        # in real units, not grid units
+        "noise_scales": {blk.label: blk.scale / setup.scale for blk in setup.noise},
+        "upload_bytes": setup.length * setup.ring_bits // 8,
+        "ms_per_iteration": 1000.0 * seconds / setup.t_max,
+    }

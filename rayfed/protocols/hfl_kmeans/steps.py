@@ -1,0 +1,232 @@
+"""The step functions of ``hfl-kmeans``, by role: plain functions of (ctx, inputs) -> reply,
+testable without Ray. The grid and masking they use are described in
+:mod:`rayfed.protocols.hfl_kmeans.params`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from rayfed.actors.base import Message, StepContext
+from rayfed.clustering import dplloyd
+from rayfed.clustering.constrained import (
+    assign,
+    cluster_sums,
+    data_random,
+    domain_random,
+    kmeans_plus_plus,
+    post_process,
+    sphere_packing,
+)
+from rayfed.data.scaling import features_of, to_unit
+from rayfed.privacy import discrete_laplace
+from rayfed.protocols.hfl_kmeans.config import HflKmeansConfig
+from rayfed.protocols.hfl_kmeans.params import Noise, Settings, Setup, derive_setup, noise_event
+from rayfed.secagg import pads
+
+COUNT_FLOOR = 0.5  # a noisy count below this divides as 0.5 (diffprivlib's clamp, A10)
+
+
+# --- clients ---------------------------------------------------------------------------------------
+def unit_features(ctx: StepContext) -> np.ndarray:
+    meta = ctx.meta
+    x = features_of(ctx.table, meta["columns"])
+    return np.clip(to_unit(x, np.asarray(meta["lo"]), np.asarray(meta["hi"])), -1.0, 1.0)
+
+
+def size_step(ctx: StepContext, *, to: str) -> Message:
+    """Client: its row count N_l, in the clear (N is treated as public, A3)."""
+    return Message("size", int(ctx.table.num_rows), to=to)
+
+
+def data_init_step(ctx: StepContext, *, init: str, k: int) -> Message:
+    """First client, non-private runs only: initial centroids drawn from its own rows."""
+    x = unit_features(ctx)
+    gen = ctx.rng("init")
+    centers = data_random(x, k, gen) if init == "data-random" else kmeans_plus_plus(x, k, gen)
+    return Message("initial_centroids", centers, to="parties")
+
+
+def prepare_step(
+    ctx: StepContext,
+    setup: Setup,
+    given: np.ndarray | None = None,
+    *,
+    settings: Settings,
+    order: list[str],
+) -> None:
+    """Client: keep the public setup; derive the initial centroids from the group key (every
+    client gets the same, the server none), or take the data-driven ones ``given``."""
+    st = ctx.state
+    st.update(setup=setup, settings=settings, order=order, me=order.index(ctx.name))
+    st["x"] = unit_features(ctx)
+    st["xq"] = np.rint(st["x"] * setup.scale).astype(np.int64)
+    if given is not None:
+        st["centers"] = np.asarray(given, dtype=np.float64)
+        return
+    key = pads.subkey(st["group_key"], pads.INFO_INIT)
+    gen = np.random.Generator(np.random.PCG64(int.from_bytes(key, "little")))
+    init = sphere_packing if settings.init == "sphere-packing" else domain_random
+    st["centers"] = init(setup.k, setup.d, gen)
+
+
+def _values(ctx: StepContext) -> np.ndarray:
+    """This iteration's upload as signed grid integers (before masking)."""
+    st, p = ctx.state, ctx.state["setup"]
+    s = st["settings"]
+    members = assign(
+        st["x"],
+        st["centers"],
+        s.assignment,
+        min_size=p.bounds.client_min,
+        max_size=p.bounds.client_max,
+        contribution=p.contribution,
+    )
+    if s.aggregation == "nma":
+        sums, counts = cluster_sums(st["xq"], members, p.k)
+        return np.concatenate([sums.ravel(), counts.astype(np.int64) * p.scale])
+    sums, counts = cluster_sums(st["x"], members, p.k)
+    # an empty local cluster uploads the previous centroid ([C], A9), kept in the box so that the
+    # sensitivity's 2B bound holds even with centroid_post=none
+    previous = np.clip(st["centers"], -dplloyd.BOUND, dplloyd.BOUND)
+    local = np.where(counts[:, None] > 0, sums / np.maximum(counts, 1)[:, None], previous)
+    return np.rint(local.ravel() / p.clients * p.scale).astype(np.int64)
+
+
+def _pad(ctx: StepContext, t: int) -> np.ndarray:
+    """This client's pad for iteration t: its shared-seed pad, plus pairwise masks if chosen."""
+    st, p = ctx.state, ctx.state["setup"]
+    masking = st["settings"].masking
+    if masking == "none":
+        return np.zeros(p.length, pads.ring_dtype(p.ring_bits))
+    pad_key = pads.subkey(st["group_key"], pads.INFO_PADS)
+    words = pads.party_pad(pad_key, t, st["me"], p.length, p.ring_bits)
+    if masking == "pairwise":
+        words = words + pads.pairwise_mask(st["pair_keys"], st["me"], t, p.length, p.ring_bits)
+    return words
+
+
+def _unpad(ctx: StepContext, words: np.ndarray, t: int) -> np.ndarray:
+    """Signed grid values of the aggregate: remove r = Σ_l r_l (the pairwise masks cancelled)."""
+    st, p = ctx.state, ctx.state["setup"]
+    words = np.asarray(words, dtype=pads.ring_dtype(p.ring_bits))
+    if st["settings"].masking != "none" and st["settings"].topology == "server":
+        pad_key = pads.subkey(st["group_key"], pads.INFO_PADS)
+        all_pads = pads.shared_pads(pad_key, t, p.clients, p.length, p.ring_bits)
+        words = words - all_pads.sum(axis=0, dtype=words.dtype)
+    return pads.from_ring(words, p.ring_bits)
+
+
+def _update(ctx: StepContext, values: np.ndarray) -> None:
+    """New centroids from the decoded (noisy) aggregate, post-processed as configured (§3.4)."""
+    st, p = ctx.state, ctx.state["setup"]
+    s, b = st["settings"], p.bounds
+    k, d = p.k, p.d
+    real = values.astype(np.float64) / p.scale
+    if s.aggregation == "nma":
+        constrained = s.assignment != "unconstrained"
+        c_lo, c_hi = (b.c_min, b.c_max) if constrained else (0, p.n)
+        sums = post_process(real[: k * d].reshape(k, d), s.sum_post, -c_hi, c_hi)
+        counts = post_process(real[k * d :], s.count_post, c_lo, c_hi)
+        centers = sums / np.maximum(counts, COUNT_FLOOR)[:, None]
+    else:
+        centers = real.reshape(k, d)
+    st["centers"] = post_process(centers, s.centroid_post, -dplloyd.BOUND, dplloyd.BOUND)
+
+
+def iterate_step(ctx: StepContext, aggregate: Any = None, *, t: int) -> Message | None:
+    """Client, one round trip: decode the previous aggregate (none before iteration 1) and
+    update; then, for t <= t_max, assign, encode and upload (server) or hold the values for the
+    ring; after the last iteration, keep the final centroids as this client's output."""
+    st, p = ctx.state, ctx.state["setup"]
+    if aggregate is not None:
+        _update(ctx, _unpad(ctx, aggregate, t - 1))
+    if t > p.t_max:
+        return Message("centroids", st["centers"], to=ctx.name)
+    values = _values(ctx)
+    if st["settings"].topology == "ring":
+        st["values"] = values
+        return None
+    words = pads.to_ring(values, p.ring_bits) + _pad(ctx, t)
+    return Message("masked_upload", words)
+
+
+def ring_step(ctx: StepContext, running: np.ndarray | None = None, *, t: int) -> Message:
+    """Client on the serverless ring (§1.8 F1): add its values and its own full Laplace noise to
+    the running sum and pass it on; the first client opens the ring with a random mask."""
+    st, p = ctx.state, ctx.state["setup"]
+    noisy, event = _local_noise(ctx, st["values"], t)
+    words = pads.to_ring(noisy, p.ring_bits)
+    if running is None:
+        st["ring_mask"] = _ring_mask(ctx, t)
+        total = st["ring_mask"] + words
+    else:
+        total = np.asarray(running, dtype=words.dtype) + words
+    order = st["order"]
+    after = order[(st["me"] + 1) % len(order)]
+    return Message("ring_partial", total, to=after, dp_event=event, scope=ctx.name)
+
+
+def _ring_mask(ctx: StepContext, t: int) -> np.ndarray:
+    """The first client's one-time pad of the running sum (zero with masking=none), from its
+    noise source (the OS in a secure run)."""
+    p = ctx.state["setup"]
+    dtype = pads.ring_dtype(p.ring_bits)
+    if ctx.state["settings"].masking == "none":
+        return np.zeros(p.length, dtype)
+    size = p.length * dtype.itemsize
+    raw = ctx.noise.secret_bytes("secagg-masks", size, t)
+    return np.frombuffer(raw, dtype=dtype).copy()
+
+
+def ring_close_step(ctx: StepContext, running: np.ndarray) -> Message:
+    """First client: remove its mask and broadcast Σ_l (values_l + noise_l)."""
+    total = np.asarray(running)
+    return Message("ring_release", total - ctx.state.pop("ring_mask"), to="parties")
+
+
+def _local_noise(ctx: StepContext, values: np.ndarray, t: int):
+    blocks = ctx.state["setup"].noise
+    if not blocks:
+        return values, None
+    return _add_noise(ctx, values, blocks, t)
+
+
+# --- the coordinator (the server; on the ring, its setup runs on the first client) -----------------
+def setup_step(ctx: StepContext, sizes: dict[str, int], *, cfg: HflKmeansConfig, d: int) -> Message:
+    """Server (or the ring's first client): N = Σ N_l, then t_max and the rest of the public
+    setup; broadcast to the clients."""
+    return Message("parameters", derive_setup(cfg, int(sum(sizes.values())), d), to="parties")
+
+
+def aggregate_step(ctx: StepContext, uploads: dict[str, np.ndarray], *, setup: Setup, t: int):
+    """Server: add the padded uploads in Z_(2^b) and discrete-Laplace noise on the grid; the
+    result is still padded, so the server learns nothing and the clients only the noisy sum."""
+    dtype = pads.ring_dtype(setup.ring_bits)
+    total = np.zeros(setup.length, dtype=dtype)
+    for words in uploads.values():
+        total = total + np.asarray(words, dtype=dtype)
+    if not setup.noise:
+        return Message("masked_aggregate", total, to="parties")
+    noise, event = _add_noise(ctx, np.zeros(setup.length, np.int64), setup.noise, t)
+    total = total + pads.to_ring(noise, setup.ring_bits)
+    return Message("masked_aggregate", total, to="parties", dp_event=event, scope="clients")
+
+
+def _add_noise(ctx: StepContext, values: np.ndarray, blocks: tuple[Noise, ...], t: int):
+    """Discrete Laplace per block from the actor's noise source; the event is the block's, or
+    their composition."""
+    out, events, start = values.copy(), [], 0
+    for block in blocks:
+        part = slice(start, start + block.length)
+        out[part], event = discrete_laplace(
+            ctx.noise,
+            values[part],
+            l1_sensitivity=block.l1_sensitivity,
+            epsilon=block.epsilon,
+            round=t,
+        )
+        events.append(event)
+        start += block.length
+    return out, noise_event(events)

@@ -1,0 +1,57 @@
+"""DP vertical federated k-means with Flajolet–Martin membership sketches — DPFMPS of Li, Wang &
+Li, "Differentially Private Vertical Federated Clustering" (VLDB'23), and its baselines
+(spec: shared/specs/vfl-kmeans.md).
+
+S parties hold column blocks of the same n users (rows aligned by key); the untrusted server is the
+coordinator. One round: the parties agree on secret hash keys among themselves (X25519 + AES-GCM,
+the server relays only ciphertexts); one random party sends n̂ = n + Lap(1/ε0); every party runs
+DPLSF on its columns (ε1), assigns its users to the nearest local center, and sends its local
+centers and an M x k' matrix of DP FM sketches of the clusters ((ε2, δ2)); the server weighs the
+k'^S grid of concatenated local centers (BasicEst or 2PEst) and runs weighted k-means on it.
+
+``method`` picks the membership encoding and weight estimator; the baselines share everything else:
+
+=================  =============================================  ===============================
+method             what the parties send                          weights / privacy
+=================  =============================================  ===============================
+dpfmps-2pest       DPLSF centers + FM sketches                    2PEst; (ε, δ)
+dpfmps-basic       DPLSF centers + FM sketches                    BasicEst; (ε, δ)
+ind-lap            DPLSF centers + Laplace cluster sizes          independence; ε
+ldp-agg-2pest      DPLSF centers + per-user GRR/OLH labels        P⁻¹ pair tables + 2PEst; ε
+vfl-nonprivate     k-means centers (k' = k) + exact labels        exact; not private
+central-dplsf      one curator with every column: DPLSF           ε
+central-kmeans     one curator with every column: k-means         not private
+=================  =============================================  ===============================
+
+Privacy (Theorem 4): sequential over the parties, ε0 + S(ε1 + ε2) = ε and S·δ2 = δ, under
+add/remove-one-user neighbours, assuming an ideal hash with keys the server does not know and no
+party colluding with the server. The ledger records Lemma 1's (ε2, δ2) per sketch message; the
+result also states the tighter zCDP bound for the same noise.
+
+The maths is in :mod:`rayfed.clustering` (DPLSF, FM sketches and the grid estimators, the k'
+rule) and the parties' hash keys come from :mod:`rayfed.secagg.keys`; this package is config,
+params, plan, steps, driver and report, as every protocol's.
+"""
+
+from __future__ import annotations
+
+from rayfed.protocols.base import Protocol
+from rayfed.protocols.vfl_kmeans.config import VflKmeansConfig, resolve_randomness
+from rayfed.protocols.vfl_kmeans.driver import drive
+from rayfed.protocols.vfl_kmeans.plan import data_bytes, plan
+
+
+class VflKmeans(Protocol):
+    name = "vfl-kmeans"
+    summary = "DP vertical federated k-means with Flajolet–Martin sketches (DPFMPS) and baselines"
+    Config = VflKmeansConfig
+    examples = (
+        {"users": 2000, "sketches": 256},
+        {"users": 2000, "method": "ind-lap"},
+        {"users": 2000, "method": "ldp-agg-2pest"},
+        {"users": 2000, "method": "central-dplsf"},
+    )
+    data_bytes = staticmethod(data_bytes)
+    resolve_randomness = staticmethod(resolve_randomness)
+    plan = staticmethod(plan)
+    drive = staticmethod(drive)

@@ -1,0 +1,111 @@
+"""Everything ``vfl-kmeans`` resolves at planning time, and the public arithmetic of its budget
+split and k' that planning and the driver share (the k' rule itself is in
+:mod:`rayfed.clustering.fm`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from rayfed.clustering import fm
+from rayfed.errors import ConfigError
+from rayfed.protocols.vfl_kmeans.config import ENCODING, VflKmeansConfig
+
+
+@dataclass(frozen=True)
+class Split:
+    """The budget split of Alg. 1: n̂ query, each party's LocCluster and MemEnc."""
+
+    eps0: float
+    eps1: float
+    eps2: float
+    delta2: float
+
+
+@dataclass(frozen=True)
+class Params:
+    """The parties in order and the global positions of each one's columns, every feature in
+    global order with its declared bounds, the number of users, δ and its split."""
+
+    order: list[str]
+    positions: list[list[int]]
+    features: list[str]
+    lo: np.ndarray
+    hi: np.ndarray
+    users: int
+    delta: float
+    split: Split
+
+
+@dataclass(frozen=True)
+class ServerParams:
+    """The public parameters the server needs to weigh the grid (not δ: the default δ = 1/n would
+    tell it n; it is sent the phantom count n_p instead)."""
+
+    method: str
+    eps2: float
+    phantoms: int | None
+    gamma: float
+    estimator: str
+    iterations: int
+    tolerance: float
+    projection: str
+
+
+def split_budget(cfg: VflKmeansConfig, parties: int, delta: float) -> Split:
+    """ε0 = (1-b)ε, ε1 = ε2 = bε/2S, δ2 = δ/S (LDP-AGG: ε0 = 0; central: ε1 = ε)."""
+    eps = cfg.epsilon
+    if cfg.method == "vfl-nonprivate":
+        return Split(0.0, 0.0, 0.0, 0.0)
+    if cfg.method.startswith("central"):
+        return Split(0.0, eps, 0.0, 0.0)
+    if cfg.method == "ldp-agg-2pest":
+        return Split(0.0, eps / (2 * parties), eps / (2 * parties), 0.0)
+    rest = (1.0 - cfg.count_fraction) * eps
+    fm_delta = delta / parties if ENCODING[cfg.method] == "fm" else 0.0
+    return Split(cfg.count_fraction * eps, rest / (2 * parties), rest / (2 * parties), fm_delta)
+
+
+def choose_k_prime(
+    cfg: VflKmeansConfig, n_hat: float, parties: int, split: Split, delta: float
+) -> tuple[int, str]:
+    """(k', how it was chosen)."""
+    if cfg.method == "vfl-nonprivate":
+        return cfg.k, "k' = k (non-private VFL)"
+    if cfg.k_prime != "auto":
+        return int(cfg.k_prime), "given"
+    if cfg.k_prime_rule == "table":
+        kp = fm.k_prime_from_table(n_hat, parties, cfg.epsilon)
+        if kp is not None:
+            return kp, "Table 5.1"
+    kp = max(2, fm.k_prime_formula(n_hat, cfg.k, parties, split.eps2, delta, cfg.sketches))
+    return kp, "formula (§2.10)"
+
+
+def check_grid(cells: int, limit: int, k_prime: int, parties: int, m: int) -> None:
+    """The server materialises all k'^S grid points: refuse more than ``max_grid_cells``."""
+    if cells > limit:
+        raise ConfigError(
+            "k_prime",
+            f"the grid has k'^S = {k_prime}^{parties} = {cells:,} cells, above max_grid_cells="
+            f"{limit:,} (the server holds {cells * m * 8 / 2**20:,.0f} MiB of grid points and "
+            "runs k-means on them)",
+            "a smaller k', fewer parties, or raise max_grid_cells",
+        )
+
+
+def server_params(cfg: VflKmeansConfig, split: Split) -> ServerParams:
+    phantoms = None
+    if ENCODING[cfg.method] == "fm":
+        phantoms = fm.phantom_count(fm.sketch_epsilon(split.eps2, split.delta2, cfg.sketches))
+    return ServerParams(
+        method=cfg.method,
+        eps2=split.eps2,
+        phantoms=phantoms,
+        gamma=cfg.gamma,
+        estimator=cfg.estimator,
+        iterations=cfg.iterations,
+        tolerance=cfg.tolerance,
+        projection=cfg.projection,
+    )
