@@ -129,6 +129,28 @@ def test_bad_input(tmp_path):
         assert info.value.field == field
 
 
+@pytest.mark.parametrize(
+    "options,field",
+    [
+        ({"method": "kmeans", "partition": "vertical-decomposition"}, "partition"),
+        ({"method": "adp", "bits": 64}, "bits"),
+        ({"method": "rsp", "epsilon": 2.0}, "epsilon"),
+        ({"method": "dbscan", "k": 5}, "k"),
+        ({"method": "kcluster", "dbscan_eps": 2.0}, "dbscan_eps"),
+        ({"partition": "vertical-decomposition", "parties": 3}, "parties"),
+        ({"consistence_radius": 0.3}, "consistence_radius"),
+        ({"label": "digit"}, "label"),
+    ],
+)
+def test_an_option_the_method_does_not_read_is_refused(options, field):
+    """A baseline runs on the raw data at one trusted party: the encoding's options, the partition
+    and the custodians do not apply to it (a baseline with the decomposition used to crash in
+    plan); each method's own options apply to it alone."""
+    with pytest.raises(ConfigError) as info:
+        run(records=40, **options)
+    assert info.value.field == field
+
+
 def test_reproduction_job_small(run_small_job):
     """jobs/ldp_bitvector_repro.py --small: Table III, NMI vs ε, estimator curves, DBSCAN, plot."""
     import json

@@ -12,8 +12,9 @@ import pytest
 
 import rayfed
 from rayfed.clustering import nearest, product_grid, weighted_kmeans
+from rayfed.clustering.kmedian import cost
 from rayfed.errors import ConfigError, DataError
-from rayfed.protocols import vfl_primitives as vp
+from rayfed.protocols.vfl_primitives.config import TASKS
 
 
 def run(task, **options):
@@ -33,8 +34,8 @@ def test_product_grid_cost_identity_and_nearest_center():
     positions = [[0, 3, 5], [1, 2], [4, 6]]  # a non-contiguous split over v = 3 servers
     local = [weighted_kmeans(a[:, pos], np.ones(len(a)), 3, gen) for pos in positions]
     grid = product_grid(local, positions, 7)
-    per_server = sum(vp.cost(a[:, pos], c, 2) for pos, c in zip(positions, local, strict=True))
-    assert vp.cost(a, grid, 2) == pytest.approx(per_server, rel=1e-10)
+    per_server = sum(cost(a[:, pos], c, 2) for pos, c in zip(positions, local, strict=True))
+    assert cost(a, grid, 2) == pytest.approx(per_server, rel=1e-10)
     labels = [nearest(a[:, pos], c) for pos, c in zip(positions, local, strict=True)]
     expected = np.ravel_multi_index(tuple(labels), (3, 3, 3))
     assert np.array_equal(nearest(a, grid), expected)
@@ -152,6 +153,8 @@ def test_ray_equals_local(ray_cluster):
         ({"task": "lp-moment", "bound": 5000}, "bound"),
         ({"task": "l2-moment", "delta": 0.0}, "delta"),
         ({"task": "kmeans", "epsilon": 9.0}, "epsilon"),
+        ({"task": "l1-moment", "dims": 8}, "dims"),  # one column per server: dims is not read
+        ({"task": "l2-moment", "k": 3}, "k"),
     ],
 )
 def test_bad_options(options, field):
@@ -183,6 +186,6 @@ def test_curves_job_small(run_small_job):
 
     tmp_path = run_small_job("vfl_primitives_curves.py", timeout=300)
     record = json.loads((tmp_path / "vfl_primitives_curves.json").read_text())
-    assert {r["task"] for r in record["rows"]} == set(vp.TASKS)
+    assert {r["task"] for r in record["rows"]} == set(TASKS)
     assert {r["axis"] for r in record["rows"]} == {"epsilon", "users"}
     assert (tmp_path / "vfl_primitives_curves.png").stat().st_size > 20_000

@@ -19,7 +19,11 @@ import math
 import numpy as np
 from scipy.special import gammaln, logsumexp
 
+from rayfed.clustering import squared_distances
 from rayfed.privacy.mechanisms import rr_keep_probability
+
+ROW_BLOCK = 2048  # rows of the distance matrix estimated at a time
+PAIR_BLOCK = 16384  # record pairs encoded or decoded at a time (vertical decomposition)
 
 
 # --- encoding -------------------------------------------------------------------------------------
@@ -100,6 +104,59 @@ def distance_consistence(d: np.ndarray, radius: float, max_iter: int = 50) -> np
             break
         out = new
     return np.where(np.isfinite(out), out, d)
+
+
+def exact_distances(x: np.ndarray) -> np.ndarray:
+    """n x n Euclidean distances (float32): the non-private comparator."""
+    return np.sqrt(squared_distances(x, x)).astype(np.float32)
+
+
+def distance_matrix(
+    blocks: list[np.ndarray], s: int, mu: float, eps: float | None, consistence: float | None
+) -> np.ndarray:
+    """n x n combined distance (Eq. 19): sqrt(Σ_attributes d̂²) from per-attribute bit matrices,
+    built in row blocks (float32) so only the matrix itself is n² sized."""
+    n = blocks[0].shape[0]
+    out = np.zeros((n, n), dtype=np.float32)
+    for bits in blocks:
+        if consistence is not None:  # Algorithm 1 needs the whole per-attribute matrix
+            d = distance_consistence(debias(hamming(bits, bits), s, mu, eps), consistence)
+            out += (d**2).astype(np.float32)
+            continue
+        for a in range(0, n, ROW_BLOCK):
+            d = debias(hamming(bits[a : a + ROW_BLOCK], bits), s, mu, eps)
+            out[a : a + ROW_BLOCK] += (d**2).astype(np.float32)
+    np.sqrt(out, out=out)
+    np.fill_diagonal(out, 0.0)
+    return out
+
+
+# --- vertical decomposition (Eq. 21–23) -------------------------------------------------------------
+def pair_sums(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For every record pair i < j (triu order): u = ‖x_i‖² + ‖x_j‖², v = 2·x_i·x_j, so
+    u - v = ‖x_i - x_j‖²."""
+    i, j = np.triu_indices(x.shape[0], k=1)
+    sq = (x**2).sum(1)
+    return sq[i] + sq[j], 2 * np.einsum("pk,pk->p", x[i], x[j])
+
+
+def decomposition_distances(
+    alice: np.ndarray, codes: np.ndarray, s: int, mu: float, eps: float | None
+) -> np.ndarray:
+    """sqrt(L² + max(R̂², 0)): Alice's exact part, Bob's part from the Hamming distance between the
+    codes of u and v of each pair (the debiased estimate of |u - v| = R²). ``codes`` is (2, pairs,
+    packed bytes): u's codes, then v's."""
+    n = alice.shape[0]
+    d2 = exact_distances(alice).astype(np.float64) ** 2
+    i, j = np.triu_indices(n, k=1)
+    r2 = np.empty(i.size)
+    for a in range(0, i.size, PAIR_BLOCK):
+        cu = np.unpackbits(codes[0, a : a + PAIR_BLOCK], axis=1, count=s).astype(bool)
+        cv = np.unpackbits(codes[1, a : a + PAIR_BLOCK], axis=1, count=s).astype(bool)
+        r2[a : a + PAIR_BLOCK] = debias((cu != cv).sum(1), s, mu, eps)
+    d2[i, j] += np.maximum(r2, 0.0)
+    d2[j, i] = d2[i, j]
+    return np.sqrt(d2).astype(np.float32)
 
 
 # --- the paper's privacy claims, and the true guarantee ---------------------------------------------

@@ -1,0 +1,37 @@
+"""Everything ``ldp-bitvector`` resolves at planning time, handed to the driver."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Clustering:
+    """How the collector clusters its distance matrix: the method and that method's options."""
+
+    method: str
+    k: int
+    restarts: int
+    dbscan_eps: float
+    min_samples: int
+    linkage: str
+
+
+@dataclass(frozen=True)
+class Params:
+    """The custodians in order (the trusted party alone for a baseline; Alice then Bob for the
+    decomposition), the records n and attributes d, the most bits two values' codes can differ in
+    (k_max), the anchor range μ, each custodian's attribute count, Algorithm 1's radius (None:
+    off) and, for the decomposition, Bob's pair codes' μ and k_max."""
+
+    order: list[str]
+    records: int
+    dims: int
+    k_max: int
+    mu: float
+    attributes: dict[str, int]
+    consistence: float | None
+    decomposition: bool
+    pair_mu: float | None
+    pair_k_max: int | None
+    clustering: Clustering

@@ -1,0 +1,277 @@
+"""Planning ``ldp-bitvector``: the records (the bundled digits, or a file with declared bounds),
+the shared anchors, the custodians' partitions and the budget — before any actor starts."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+
+from rayfed import rng
+from rayfed.data import even_groups, horizontal, load_table, require_clean, sort_by_key, vertical
+from rayfed.data.scaling import features_of
+from rayfed.errors import ConfigError, DataError
+from rayfed.ldp import bitvector as bv
+from rayfed.privacy import Budget
+from rayfed.protocols.base import Plan
+from rayfed.protocols.ldp_bitvector.config import BASELINES, LdpBitvectorConfig
+from rayfed.protocols.ldp_bitvector.params import Clustering, Params
+from rayfed.protocols.ldp_bitvector.steps import MAX_ATTRIBUTES
+
+TRUSTED = "trusted"
+DECOMPOSITION_LIMIT = 1000
+DIGITS_SHAPE = (1797, 64)  # scikit-learn's bundled digits
+CONSISTENCE_LIMIT = 1000
+
+Parties = dict[str, tuple[pa.Table, dict]]
+
+
+def data_bytes(cfg: LdpBitvectorConfig) -> int:
+    """The bundled digits (1,797 x 64): one attribute's s bits per record at a time, every
+    packed code, and the n x n float32 distance matrix (a file's n is checked in plan)."""
+    if cfg.data.path is not None:
+        return 0
+    n, d = DIGITS_SHAPE
+    n = min(n, cfg.records or n)
+    return n * cfg.bits * 2 + n * d * cfg.bits // 8 + 4 * n * n
+
+
+def plan(cfg: LdpBitvectorConfig, seed: int) -> Plan:
+    table, features, label, bounds = _load(cfg)
+    n, d = table.num_rows, len(features)
+    _check_size(cfg, n, d)
+    gen = rng.stream(seed, "anchors", 0, "custodians")
+    r = bv.anchors(gen, d, cfg.bits, cfg.low, cfg.high, cfg.half_width)
+    k_max = max(bv.max_differing_bits(r[j], cfg.half_width, cfg.low, cfg.high) for j in range(d))
+    common = {"bounds": bounds, "low": cfg.low, "high": cfg.high, "k_max": k_max}
+    parties, order, pair = _custodians(cfg, table, features, r, common, seed)
+    private = cfg.method not in BASELINES and cfg.encoding == "dpbv"
+    decomposition = cfg.partition == "vertical-decomposition" and cfg.encoding != "exact"
+    record_eps = d * k_max * cfg.epsilon
+    if decomposition:  # Bob's record enters n - 1 pairs, two codes each; Alice's part is exact
+        record_eps = 2 * (n - 1) * pair["pair_k_max"] * cfg.epsilon
+    return Plan(
+        budget=Budget(record_eps, 0.0) if private else Budget.none(),
+        ledger=dict(
+            accountant="pure",
+            relation="replace_one",
+            composition="parallel" if cfg.partition == "horizontal" else "sequential",
+            statement=_statement(cfg, n, d, k_max, pair.get("pair_k_max"), record_eps),
+        ),
+        parties=parties,
+        rounds=1,
+        evaluation=table.column(label).to_numpy() if label else None,
+        params=Params(
+            order=order,
+            records=n,
+            dims=d,
+            k_max=k_max,
+            mu=bv.anchor_range(cfg.low, cfg.high, cfg.half_width),
+            attributes={p: len(meta["columns"]) for p, (_, meta) in parties.items()},
+            consistence=cfg.consistence_radius * 2 * cfg.half_width if cfg.consistence else None,
+            decomposition=decomposition,
+            pair_mu=pair.get("pair_mu"),
+            pair_k_max=pair.get("pair_k_max"),
+            clustering=_clustering(cfg),
+        ),
+    )
+
+
+def _clustering(cfg: LdpBitvectorConfig) -> Clustering:
+    return Clustering(
+        method=cfg.method,
+        k=cfg.k,
+        restarts=cfg.restarts,
+        dbscan_eps=cfg.dbscan_eps,
+        min_samples=cfg.min_samples,
+        linkage=cfg.linkage,
+    )
+
+
+def _statement(
+    cfg: LdpBitvectorConfig, n: int, d: int, k_max: int, pair_k_max: int | None, record_eps: float
+) -> str:
+    """The ledger's statement: the true per-record guarantee, or why the run is not private."""
+    if cfg.method in BASELINES:
+        return "not private: a baseline on the raw data"
+    if cfg.encoding != "dpbv":
+        return f"not private: {cfg.encoding} distances without noise"
+    if cfg.partition == "vertical-decomposition":
+        return (
+            f"decomposition: Alice is the analyst and uses her attributes exactly (not "
+            f"protected); each of Bob's records enters {n - 1} pairs x 2 codes x up to "
+            f"{pair_k_max} differing bits: pure {record_eps:g}-LDP"
+        )
+    return (
+        f"pure ε-LDP per record: {d} attributes x up to {k_max} differing "
+        f"bits x ε={cfg.epsilon:g} per bit = {record_eps:g} (the paper's (ε, δ) "
+        "of Thm 4 does not hold)"
+        + (
+            "; custodians hold disjoint records, so they compose in parallel"
+            if cfg.partition == "horizontal"
+            else "; a record's attributes span the custodians, which compose"
+        )
+    )
+
+
+def _check_size(cfg: LdpBitvectorConfig, n: int, d: int) -> None:
+    """Refuse what the coin keys, the n x n matrix, Algorithm 1's O(n³) or k cannot take."""
+    if d >= MAX_ATTRIBUTES:
+        raise DataError(
+            "data.columns", f"{d} attributes, at most {MAX_ATTRIBUTES - 1}", "fewer columns"
+        )
+    if n > cfg.max_points:
+        raise ConfigError(
+            "max_points",
+            f"{n:,} records need a {n * n * 4 / 2**30:.1f} GiB distance matrix; the limit is "
+            f"{cfg.max_points:,} records ({cfg.max_points**2 * 4 / 2**30:.1f} GiB)",
+            "a sample of the records, or raise max_points",
+        )
+    if cfg.consistence and n > CONSISTENCE_LIMIT:
+        raise ConfigError(
+            "consistence",
+            f"Algorithm 1 is O(n³) per pass and attribute: {n:,} records is above "
+            f"{CONSISTENCE_LIMIT:,}",
+            "a sample, or consistence=false",
+        )
+    if cfg.k > n:
+        raise ConfigError("k", f"{cfg.k} clusters for {n} records")
+
+
+# --- the custodians --------------------------------------------------------------------------------
+def _custodians(
+    cfg: LdpBitvectorConfig,
+    table: pa.Table,
+    features: list[str],
+    r: np.ndarray,
+    common: dict,
+    seed: int,
+) -> tuple[Parties, list[str], dict]:
+    """(party -> (partition, meta), their order, the decomposition's pair parameters or {})."""
+    if cfg.method in BASELINES:
+        return (
+            {TRUSTED: (table.select(features + ["record"]), {"columns": features})},
+            [TRUSTED],
+            {},
+        )
+    if cfg.partition == "vertical-decomposition" and cfg.encoding != "exact":
+        return _decomposition_parties(cfg, table, features, common, seed)
+    if cfg.partition == "horizontal":
+        blocks = horizontal(table.select(features + ["record"]), cfg.parties)
+        d = len(features)
+        parties = {
+            p: (t, {**common, "columns": features, "attributes": list(range(d)), "anchors": r})
+            for p, t in blocks.items()
+        }
+        return parties, list(blocks), {}
+    groups = dict(cfg.data.columns) if cfg.data.columns else even_groups(features, cfg.parties)
+    parts = vertical(table, groups, "record")
+    index = {c: j for j, c in enumerate(features)}
+    parties = {
+        p: (
+            parts[p],
+            {
+                **common,
+                "columns": cols,
+                "attributes": [index[c] for c in cols],
+                "anchors": r[[index[c] for c in cols]],
+            },
+        )
+        for p, cols in groups.items()
+    }
+    return parties, list(groups), {}
+
+
+def _decomposition_parties(cfg, table, features, common, seed) -> tuple[Parties, list[str], dict]:
+    """Alice (first column group: her exact part) and Bob (second group: pair codes of u and v on
+    [0, R], R = 2·d_B·U², with half-width t = R/2 so every |u - v| is in local view)."""
+    groups = dict(cfg.data.columns) if cfg.data.columns else even_groups(features, 2)
+    if len(groups) != 2:
+        raise ConfigError("parties", "the decomposition needs exactly two custodians (Alice, Bob)")
+    n = table.num_rows
+    if n > DECOMPOSITION_LIMIT:
+        raise ConfigError(
+            "partition",
+            f"the decomposition encodes every record pair: {n:,} records is above "
+            f"{DECOMPOSITION_LIMIT:,} ({n * (n - 1) // 2:,} pairs)",
+            "a sample, or partition=vertical",
+        )
+    (alice, alice_cols), (bob, bob_cols) = groups.items()
+    top = 2 * len(bob_cols) * max(abs(cfg.low), abs(cfg.high)) ** 2
+    t = top / 2
+    anchors = bv.anchors(rng.stream(seed, "anchors", 1, "pairs"), 1, cfg.bits, 0.0, top, t)[0]
+    pair = {
+        "pair_t": t,
+        "pair_mu": bv.anchor_range(0.0, top, t),
+        "pair_k_max": bv.max_differing_bits(anchors, t, 0.0, top),
+    }
+    parts = vertical(table, groups, "record")
+    parties = {
+        alice: (parts[alice], {**common, "columns": alice_cols}),
+        bob: (parts[bob], {**common, **pair, "columns": bob_cols, "pair_anchors": anchors}),
+    }
+    return parties, [alice, bob], pair
+
+
+# --- the data --------------------------------------------------------------------------------------
+def _load(cfg: LdpBitvectorConfig) -> tuple[pa.Table, list[str], str | None, list[float]]:
+    """(table with a 'record' column, feature columns, label column, declared bounds)."""
+    if cfg.data.path is None:
+        table, features, label, bounds = _digits(cfg)
+    else:
+        table, features, label, bounds = _from_file(cfg)
+    x = features_of(table, features)
+    outside = int(np.count_nonzero((x < bounds[0]) | (x > bounds[1])))
+    if outside:
+        raise DataError(
+            "bounds",
+            f"{outside} value(s) lie outside the declared bounds {bounds}",
+            "bounds covering the domain",
+        )
+    return (
+        table.append_column("record", pa.array(np.arange(table.num_rows, dtype=np.int64))),
+        features,
+        label,
+        bounds,
+    )
+
+
+def _digits(cfg: LdpBitvectorConfig) -> tuple[pa.Table, list[str], str, list[float]]:
+    """scikit-learn's bundled digits (its first ``records`` rows), labelled by the digit."""
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    rows = slice(0, cfg.records)
+    features = [f"pixel{i}" for i in range(digits.data.shape[1])]
+    cols = {name: digits.data[rows, i] for i, name in enumerate(features)}
+    cols["digit"] = digits.target[rows]
+    return pa.table(cols), features, "digit", cfg.bounds or [0.0, 16.0]
+
+
+def _from_file(cfg: LdpBitvectorConfig) -> tuple[pa.Table, list[str], str | None, list[float]]:
+    """A data file's numeric features (data.columns, or every column but the label and key)."""
+    table = sort_by_key(load_table(cfg.data.path, cfg.data.format), cfg.data.key)
+    label = cfg.label
+    if label is not None and label not in table.column_names:
+        raise DataError("label", f"column {label!r} is not in the data", table.column_names)
+    if cfg.data.columns is not None:
+        features = [c for cols in cfg.data.columns.values() for c in cols]
+    else:
+        skip = {label, cfg.data.key}
+        features = [c for c in table.column_names if c not in skip]
+    for c in features:
+        if c not in table.column_names:
+            raise DataError("data.columns", f"column {c!r} is not in the data", table.column_names)
+        if not (
+            pa.types.is_integer(table.column(c).type) or pa.types.is_floating(table.column(c).type)
+        ):
+            raise DataError(
+                "data.columns", f"column {c!r} is not numeric", "numeric feature columns"
+            )
+    require_clean(table, features, numeric=True)
+    if cfg.bounds is None:
+        raise ConfigError(
+            "bounds",
+            "a data file needs the declared [low, high] of its features",
+            "e.g. --set 'bounds=[0, 16]'",
+        )
+    return table, features, label, list(cfg.bounds)

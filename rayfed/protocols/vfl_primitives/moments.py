@@ -1,0 +1,145 @@
+"""The moment family of ``vfl-primitives``: ℓ1 (App. C), ℓp (Alg. 2, two rounds) and ℓ2
+(sketch-and-perturb, E.3) of the users' summed values x_i = Σ_j x^(j)_i."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from rayfed.actors.base import Message, StepContext
+from rayfed.data.scaling import features_of
+from rayfed.ldp.patterns import per_user_variance_constant
+from rayfed.privacy import laplace, laplace_event
+from rayfed.protocols.base import Outcome, Plan
+from rayfed.protocols.vfl_primitives import report
+from rayfed.protocols.vfl_primitives.config import VflPrimitivesConfig
+from rayfed.protocols.vfl_primitives.params import (
+    Params,
+    SketchParams,
+    lp_constants,
+    pattern_weights,
+)
+from rayfed.protocols.vfl_primitives.patterns import count_patterns
+from rayfed.protocols.vfl_primitives.sketches import sketch_round
+
+
+# --- servers ---------------------------------------------------------------------------------------
+def l1_step(ctx: StepContext, *, eps: float) -> Message:
+    """Server: ‖x^(j)‖₁ + Lap(1/ε) (event-level sensitivity 1)."""
+    total = np.array([features_of(ctx.table, ctx.meta["columns"]).sum()])
+    noisy, event = laplace(ctx.noise, total, l1_sensitivity=1, epsilon=eps)
+    return Message("l1_norm", float(noisy[0]), dp_event=event)
+
+
+def noisy_vector_step(ctx: StepContext, *, eps: float) -> Message:
+    """Server (Alg. 2 round 1): y^(j) = x^(j) + Lap(2/ε) per entry (ε/2-DP, event-level)."""
+    x = features_of(ctx.table, ctx.meta["columns"])[:, 0]
+    noisy, event = laplace(ctx.noise, x, l1_sensitivity=1, epsilon=eps / 2)
+    return Message("noisy_vector", noisy, dp_event=event)
+
+
+# --- the coordinator -------------------------------------------------------------------------------
+def heavy_step(
+    ctx: StepContext,
+    ys: dict[str, np.ndarray],
+    *,
+    v: int,
+    m: int,
+    eps: float,
+    alpha: float,
+    bound: int | None,
+    p: float,
+) -> Message:
+    """CC (Alg. 2): y = Σ y^(j); L = {i : y_i >= τ}; M; the heavy part Σ_{i∈L} y_i^p. Sends L, M."""
+    y = np.sum([ys[name] for name in sorted(ys)], axis=0)
+    _, tau, big_m = lp_constants(v, m, eps, alpha)
+    heavy = np.flatnonzero(y >= tau)
+    payload = {
+        "L": heavy,
+        "M": bound or big_m,
+        "theorem_M": big_m,
+        "heavy_part": float(np.sum(y[heavy] ** p)),
+    }
+    return Message("heavy_coordinates", payload, to="parties")
+
+
+def l2_step(
+    ctx: StepContext, sketches: dict[str, np.ndarray], *, order: list[str], s: int
+) -> float:
+    """CC (E.3): ‖Σ_j o^(j)‖² / s, the paper's (biased) estimator."""
+    total = np.sum([np.asarray(sketches[p]) for p in order], axis=0)
+    return float((total**2).sum() / s)
+
+
+# --- the rounds ------------------------------------------------------------------------------------
+def drive(fed, cfg: VflPrimitivesConfig, plan: Plan) -> Outcome:
+    if cfg.task == "l1-moment":
+        return _l1(fed, cfg, plan)
+    if cfg.task == "lp-moment":
+        return _lp(fed, cfg, plan)
+    params: SketchParams = plan.params
+    raw = sketch_round(fed, params, params.order, l2_step, s=params.s)
+    fed.note(report.sigma_note(cfg, params))
+    fed.note(report.L2_BIAS_NOTE)
+    return report.l2_outcome(cfg, params, raw, plan.evaluation)
+
+
+def _l1(fed, cfg: VflPrimitivesConfig, plan: Plan) -> Outcome:
+    order = plan.params.order
+    with fed.round(0):
+        fed.charge([(p, "ℓ1 norm + Laplace", laplace_event(1, cfg.epsilon)) for p in order])
+        norms = fed.get(fed.parties.run(l1_step, eps=cfg.epsilon, phase="l1"))
+    return report.l1_outcome(cfg, plan.params, math.fsum(norms.values()), plan.evaluation)
+
+
+def _lp(fed, cfg: VflPrimitivesConfig, plan: Plan) -> Outcome:
+    """Round 0: noisy vectors, the CC's heavy set; round 1: pattern counting with L zeroed."""
+    params: Params = plan.params
+    order, v, m = params.order, len(params.order), params.users
+    with fed.round(0):
+        fed.charge(
+            [(p, "per-entry Laplace (ε/2)", laplace_event(1, cfg.epsilon / 2)) for p in order]
+        )
+        ys = fed.parties.run(noisy_vector_step, eps=cfg.epsilon, phase="noisy-vectors")
+        heavy_reply = fed.coordinator.run(
+            heavy_step,
+            ys,
+            v=v,
+            m=m,
+            eps=cfg.epsilon,
+            alpha=cfg.alpha,
+            bound=cfg.bound,
+            p=cfg.p,
+            phase="heavy",
+        )
+        heavy = fed.get(heavy_reply.single())
+    with fed.round(1):
+        counts, eps_prime = count_patterns(
+            fed, cfg, order, heavy_reply.single(), heavy["M"] + 1, cfg.epsilon / 2, 1
+        )
+    estimate = lp_estimate(cfg, heavy, counts, eps_prime, v, m)
+    for note in report.lp_notes(cfg, estimate):
+        fed.note(note)
+    return report.lp_outcome(cfg, estimate, plan.evaluation)
+
+
+def lp_estimate(
+    cfg: VflPrimitivesConfig, heavy: dict, counts: np.ndarray, eps_prime: float, v: int, m: int
+) -> report.LpEstimate:
+    """Σ_{i∈L} y_i^p + Σ_ρ count_ρ (Σρ)^p over the patterns ρ in {0..M}^v, and the light part's
+    predicted sd."""
+    weights = pattern_weights(heavy["M"] + 1, v, cfg.p)
+    used = np.maximum(counts, 0.0) if cfg.counts == "clipped" else counts
+    light = float((used * weights).sum())
+    c = per_user_variance_constant(eps_prime)
+    return report.LpEstimate(
+        heavy_part=heavy["heavy_part"],
+        light=light,
+        estimate=heavy["heavy_part"] + light,
+        heavy_set=heavy["L"],
+        big_m=heavy["M"],
+        theorem_m=heavy["theorem_M"],
+        predicted_sd=math.sqrt(m * c**v * float((weights**2).sum())),
+        eps_prime=eps_prime,
+    )
