@@ -9,14 +9,9 @@ import pytest
 
 import rayfed
 from rayfed.actors.base import StepContext
+from rayfed.mf.lfl import effective_variance, noise_shares, worst_case_variance
 from rayfed.privacy import NoiseSource, share_noise
-from rayfed.protocols.federated_mf import (
-    effective_variance,
-    lfl_round1_inputs,
-    lfl_round2_step,
-    noise_shares,
-    worst_case_variance,
-)
+from rayfed.protocols.federated_mf.lfl.steps import lfl_round1_inputs, lfl_round2_step
 
 SMALL = dict(users=300, items=40, iterations=3, backend="local", out_dir=None, secagg_mode="dealer")
 
@@ -55,7 +50,7 @@ def test_aggregate_noise_variance_is_f_sigma_squared():
     ctx = StepContext(name="c0", role="cohort", seed=5, state={"ids": ids})
     # Round-1 shares of U1 = everyone, as the cohort's mechanism drew them
     share = share_noise(ctx.noise, ids, d, l2_sensitivity=1.0, noise_multiplier=sigma, share=z1)
-    msg = lfl_round2_step(ctx, 0, ids, (d, 1), noise, z2, dropout)
+    msg = lfl_round2_step(ctx, ids, round=0, shapes=(d, 1), noise=noise, zeta2=z2, dropout=dropout)
     u2 = len(msg.payload["ids"])
     assert 0 < u2 < n  # some Round-2 dropouts happened
     total = share.sum(axis=0) + beta * msg.payload["values"].sum(axis=0)
@@ -273,7 +268,7 @@ def test_vfl_split_by_a_column(tmp_path):
         split_column="genre",
     )
     assert result.metrics["parties"] == 3 and np.isfinite(result.metrics["test_mse"])
-    with pytest.raises(rayfed.ConfigError, match="split_column"):
+    with pytest.raises(rayfed.ConfigError, match="applies to a data file") as err:
         rayfed.run(
             "federated-mf",
             setting="vfl",
@@ -282,13 +277,14 @@ def test_vfl_split_by_a_column(tmp_path):
             out_dir=None,
             split_column="genre",
         )
+    assert err.value.field == "split_column"
 
 
 def test_option_checks_and_defaults(tmp_path):
     import pyarrow as pa
     import pyarrow.csv as pacsv
 
-    from rayfed.protocols.federated_mf import threshold
+    from rayfed.mf.lfl import threshold
 
     assert (
         threshold(1000, 0.7) == 300 and threshold(943, 0.3) == 661
@@ -306,10 +302,17 @@ def test_option_checks_and_defaults(tmp_path):
                 out_dir=None,
                 data={"path": str(path)},
             )
-    with pytest.raises(rayfed.ConfigError, match="omega.*does not apply to setting=vfl"):
+    with pytest.raises(rayfed.ConfigError, match="does not apply to setting=vfl") as err:
         rayfed.run("federated-mf", setting="vfl", omega=0.5, backend="local", out_dir=None)
-    with pytest.raises(rayfed.ConfigError, match="local_steps.*does not apply to setting=lfl"):
+    assert err.value.field == "omega"
+    with pytest.raises(rayfed.ConfigError, match="does not apply to setting=lfl") as err:
         rayfed.run("federated-mf", local_steps=5, backend="local", out_dir=None)
+    assert err.value.field == "local_steps"
+    with pytest.raises(rayfed.ConfigError, match="does not apply to setting=hfl") as err:
+        rayfed.run(
+            "federated-mf", setting="hfl", split_column="genre", backend="local", out_dir=None
+        )
+    assert err.value.field == "split_column"
     with pytest.raises(rayfed.ConfigError, match="trim"):
         rayfed.run("federated-mf", setting="vfl", trim=0, backend="local", out_dir=None)
     default_vfl = rayfed.run(

@@ -1,0 +1,107 @@
+"""Local training of MF embeddings (spec federated-mf.md §2.5–2.8): users' own gradient steps with
+V fixed, joint steps on (U, V), per-user trimming to θ ratings, and DP-SGD with Poisson user
+sampling. Plain numpy on arrays; DP-SGD's sample and noise come from the caller's NoiseSource
+(both must be secret for the sampled accounting)."""
+
+from __future__ import annotations
+
+import numpy as np
+from dp_accounting import dp_event
+
+from rayfed import rng
+from rayfed.mf import Ratings, gradient_sums, project
+from rayfed.privacy import NoiseSource, gaussian
+from rayfed.privacy.calibration import gaussian_steps_event
+
+
+def descend_users(
+    u: np.ndarray,
+    v: np.ndarray,
+    rows: np.ndarray,
+    items: np.ndarray,
+    ratings: np.ndarray,
+    *,
+    steps: int,
+    lr: float,
+    bound: float,
+) -> np.ndarray:
+    """Gradient steps on each user's u_i with V fixed, averaged over the user's own ratings, Π_𝒰.
+    ``rows`` is each rating's row of ``u``."""
+    counts = np.maximum(np.bincount(rows, minlength=len(u)), 1)[:, None]
+    for _ in range(steps):
+        resid = ratings - np.einsum("ij,ij->i", u[rows], v[items])
+        grad = np.zeros_like(u)
+        np.add.at(grad, rows, -2.0 * resid[:, None] * v[items])
+        u = project(u - lr * grad / counts, bound)
+    return u
+
+
+def descend_jointly(
+    u: np.ndarray, v: np.ndarray, batch: Ratings, *, steps: int, lr: float, bound: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """Gradient steps on U and V together, each row averaged over its own ratings, Π on both."""
+    counts_u = np.maximum(np.bincount(batch.user, minlength=u.shape[0]), 1)[:, None]
+    counts_v = np.maximum(np.bincount(batch.item, minlength=v.shape[0]), 1)[:, None]
+    for _ in range(steps):
+        g_u, g_v = gradient_sums(u, v, batch)
+        u, v = (
+            project(u - lr * g_u / counts_u, bound),
+            project(v - lr * g_v / counts_v, bound),
+        )
+    return u, v
+
+
+def trim_mask(
+    seed: int, users: np.ndarray, items: np.ndarray, n: int, keep_per_user: int
+) -> np.ndarray:
+    """Mask keeping at most θ ratings per user, chosen by a draw keyed by (user, item): independent
+    of row order."""
+    draw = rng.keyed_uniform(
+        seed, "trim", 0, users.astype(np.uint64) * np.uint64(2**32) + items, 1
+    )[:, 0]
+    order = np.lexsort((draw, users))
+    counts = np.bincount(users, minlength=n)
+    rank = np.arange(users.size) - np.repeat(np.cumsum(counts) - counts, counts)
+    keep = np.zeros(users.size, dtype=bool)
+    keep[order] = rank < keep_per_user
+    return keep
+
+
+def dp_sgd(
+    noise: NoiseSource,
+    u: np.ndarray,
+    v: np.ndarray,
+    train: tuple[np.ndarray, np.ndarray, np.ndarray],
+    n: int,
+    *,
+    steps: int,
+    round: int,
+    lr: float,
+    rate: float,
+    z: float,
+    sensitivity: float,
+    bound: float,
+    m_share: float,
+    update_u: bool,
+) -> tuple[np.ndarray, np.ndarray, dp_event.DpEvent]:
+    """``steps`` DP-SGD steps (spec §2.5) on the (users, items, ratings) ``train`` of ``n`` users:
+    Poisson user sampling, the released gradient sums plus N(0, (zΔ)²) through
+    :func:`rayfed.privacy.gaussian` (on (g_U, g_V) jointly when U is updated, Δ their joint
+    sensitivity), divided by the public B = η|Ω|, projected. Returns (U, V, the event of the
+    ``steps`` releases)."""
+    users, items, ratings = train
+    b = max(rate * users.size, 1.0)
+    event = None
+    for _ in range(steps):
+        sampled = noise.generator("sample", round).random(n) < rate
+        rows = np.flatnonzero(sampled[users])
+        batch = Ratings(users[rows], items[rows], ratings[rows], n, v.shape[0], 0, bound)
+        g_u, g_v = gradient_sums(u, v, batch)
+        released = np.concatenate([g_u.ravel(), g_v.ravel()]) if update_u else g_v.ravel()
+        noisy, event = gaussian(
+            noise, released, l2_sensitivity=sensitivity, noise_multiplier=z, round=round
+        )
+        if update_u:
+            u = project(u - lr * noisy[: u.size].reshape(u.shape) / b, bound)
+        v = project(v - lr * m_share * noisy[-v.size :].reshape(v.shape) / b, bound)
+    return u, v, gaussian_steps_event(event.noise_multiplier, steps, rate)

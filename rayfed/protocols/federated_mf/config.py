@@ -1,0 +1,169 @@
+"""Options of ``rayfed run federated-mf``: one config for the three settings, each option
+declaring the settings that read it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from rayfed.config import DataConfig, option
+from rayfed.errors import ConfigError
+from rayfed.privacy import check_budget
+from rayfed.protocols.base import reconcile_randomness
+
+LFL = {"setting": ("lfl",)}
+PARTITIONED = {"setting": ("vfl", "hfl")}
+#: the methods each setting runs: its own algorithm first (the default), then its baselines
+METHODS = {
+    "lfl": ("lfl", "ldp", "stage1", "central"),
+    "vfl": ("vfl", "local", "central"),
+    "hfl": ("hfl", "local", "central"),
+}
+
+
+@dataclass(frozen=True)
+class FederatedMFConfig:
+    """Options of ``rayfed run federated-mf``."""
+
+    setting: Literal["lfl", "vfl", "hfl"] = option(
+        "lfl",
+        "lfl: one simulated user per rating-row owner; vfl: parties hold disjoint item sets; "
+        "hfl: parties hold disjoint user sets",
+    )
+    method: Literal["lfl", "ldp", "stage1", "central", "vfl", "hfl", "local"] | None = option(
+        None,
+        "default: the setting's own algorithm. lfl: ldp (LDP-level noise), stage1 (pre-training only); "
+        "vfl: local (each party alone, with DP); hfl: local (non-private local SGD); any: central",
+    )
+    mode: Literal["corrected", "faithful"] = option(
+        "corrected",
+        "LFL: corrected (the spec's fix, nominal ε holds) or faithful (the thesis; ε is larger)",
+        when=LFL,
+    )
+    epsilon: float = option(
+        1.0, "target ε (per user, or per rating in VFL/HFL with privacy_unit=rating)", above=0
+    )
+    delta: float | None = option(None, "δ (default 1/number of ratings)", above=0, below=1)
+    iterations: int = option(
+        10, "T, server iterations (the spec uses 10 for LFL, 100 for VFL/HFL)", at_least=1
+    )
+    rank: int = option(10, "embedding dimension p", at_least=1, size=True)
+    bound: float = option(
+        5.0, "R: rows are clipped to ‖x‖² <= R (ratings must lie in [0, R])", above=0
+    )
+    pretrain_steps: int = option(
+        50, "LFL/HFL Stage 1: local gradient steps on the user embeddings", at_least=0
+    )
+    finetune_steps: int = option(
+        50,
+        "LFL/HFL: local, unpublished Stage-3 steps; VFL: κ noisy steps on V_Fk (published, charged)",
+        at_least=0,
+    )
+    local_lr: float = option(
+        0.05, "LFL/HFL: learning rate of the local (non-private) steps", above=0
+    )
+    omega: float = option(
+        0.3,
+        "LFL: ω, tolerated dropout fraction; threshold t = ceil((1-ω) n)",
+        at_least=0,
+        below=1,
+        when=LFL,
+    )
+    dropout: float = option(
+        0.0,
+        "LFL: actual dropout rate per iteration, in each of the two rounds",
+        at_least=0,
+        below=1,
+        when=LFL,
+    )
+    lr: float = option(
+        2.0, "LFL: γ, server learning rate of V (the update is divided by |U1|)", above=0, when=LFL
+    )
+    secagg_mode: Literal["secure", "simulation", "dealer"] = option(
+        "simulation",
+        "LFL: secure aggregation mode for Round 1 (only secure protects against the server; it "
+        "makes the run randomness=secure, and a secure run makes simulation secure)",
+        when=LFL,
+    )
+    cohorts: int | None = option(
+        None, "LFL: user-cohort actors (default: this machine's CPUs)", at_least=1, when=LFL
+    )
+    parties: int = option(
+        2,
+        "VFL/HFL: parties s (items, resp. users, dealt at random)",
+        at_least=1,
+        when=PARTITIONED,
+    )
+    local_steps: int = option(
+        10, "VFL/HFL: T', local DP-SGD steps between averages", at_least=1, when=PARTITIONED
+    )
+    sampling_rate: float = option(
+        0.01,
+        "VFL/HFL: η, Poisson user-level sampling rate per local step",
+        above=0,
+        at_most=1,
+        when=PARTITIONED,
+    )
+    privacy_unit: Literal["rating", "user"] | None = option(
+        None,
+        "VFL/HFL: per-rating or per-user privacy (default: VFL rating, HFL user; spec §7.8)",
+        when=PARTITIONED,
+    )
+    trim: int | None = option(
+        None,
+        "VFL/HFL per-user: ratings kept per user and party (default VFL 5, HFL 10)",
+        at_least=1,
+        when=PARTITIONED,
+    )
+    split_column: str | None = option(
+        None,
+        "VFL: a column of the ratings file; each of its values is one party's item set (e.g. genre)",
+        when={"setting": ("vfl",)},
+        source="file",
+    )
+    vfl_lr: float = option(
+        0.05,
+        "VFL/HFL: learning rate of the local DP-SGD steps (constant)",
+        above=0,
+        when=PARTITIONED,
+    )
+    users: int = option(2000, "synthetic data: users", at_least=1, size=True)
+    items: int = option(200, "synthetic data: items", at_least=1, size=True)
+    density: float = option(
+        0.05, "synthetic data: fraction of observed ratings", above=0, at_most=1
+    )
+    test_fraction: float = option(
+        0.1, "held-out fraction of each user's ratings", above=0, at_most=1
+    )
+    data: DataConfig = field(
+        default_factory=DataConfig, metadata={"help": "ratings file (user, item, rating)"}
+    )
+
+    def validate(self) -> None:
+        check_budget(self.epsilon, self.delta if self.delta is not None else 1e-6)
+        if self.split_column is not None and self.parties != type(self)().parties:
+            raise ConfigError(
+                "parties", "the parties come from split_column's values", "drop parties"
+            )
+        allowed = METHODS[self.setting]
+        if self.resolved_method() not in allowed:
+            raise ConfigError(
+                "method", f"{self.method!r} does not apply to setting={self.setting}", allowed
+            )
+
+    def resolved_method(self) -> str:
+        return self.method or self.setting
+
+    def resolved_unit(self) -> str:
+        return self.privacy_unit or ("user" if self.setting in ("hfl", "lfl") else "rating")
+
+    def resolved_trim(self) -> int:
+        return self.trim or (10 if self.setting == "hfl" else 5)
+
+
+def resolve_randomness(cfg: FederatedMFConfig, randomness: str) -> tuple[FederatedMFConfig, str]:
+    """``secagg_mode=secure`` makes the run secure; a secure run makes ``simulation`` secure
+    and refuses ``dealer`` (its mask seeds come from the run seed)."""
+    return reconcile_randomness(
+        cfg, randomness, "secagg_mode", upgrade=("simulation",), refused=("dealer",)
+    )

@@ -1,0 +1,145 @@
+"""The rounds of ``federated-mf``'s LFL setting: Stage 1, T two-round iterations (Round 1 through
+secure aggregation, Round 2's noise replacement, the server's update), Stage 3 and evaluation."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rayfed.dropout import DropoutSchedule
+from rayfed.errors import BelowThreshold
+from rayfed.mf.lfl import (
+    applied_variance,
+    effective_variance,
+    noise_shares,
+    round1_event,
+    round1_noise,
+)
+from rayfed.protocols.base import Outcome, Plan
+from rayfed.protocols.federated_mf.config import FederatedMFConfig
+from rayfed.protocols.federated_mf.lfl import report
+from rayfed.protocols.federated_mf.lfl.params import LflParams
+from rayfed.protocols.federated_mf.lfl.steps import (
+    current_v_step,
+    evaluate_step,
+    finetune_step,
+    lfl_round1_inputs,
+    lfl_round2_step,
+    update_v_step,
+)
+from rayfed.protocols.federated_mf.steps import init_v_step, pretrain_step
+from rayfed.secagg import make_spec, secure_sum
+
+
+def drive(fed, cfg: FederatedMFConfig, plan: Plan) -> Outcome:
+    params: LflParams = plan.params
+    v_msg = fed.coordinator.run(
+        init_v_step, m=params.m, p=cfg.rank, mean=params.mean, bound=cfg.bound, phase="init_v"
+    )
+    fed.cohorts.run(
+        pretrain_step,
+        v_msg.single(),
+        p=cfg.rank,
+        mean=params.mean,
+        steps=cfg.pretrain_steps,
+        lr=cfg.local_lr,
+        bound=cfg.bound,
+        phase="pretrain",
+    )
+    history: list[dict[str, Any]] = []
+    if params.method in ("lfl", "ldp"):
+        v_msg, history = _iterations(fed, cfg, params, v_msg)
+    for note in report.notes(cfg, params):
+        fed.note(note)
+    fed.cohorts.run(
+        finetune_step,
+        v_msg.single(),
+        steps=cfg.finetune_steps,
+        lr=cfg.local_lr,
+        bound=cfg.bound,
+        phase="finetune",
+    )
+    parts = fed.get(fed.cohorts.run(evaluate_step, v_msg.single(), phase="evaluate"))
+    test_mse = sum(s for s, _ in parts.values()) / max(1, sum(c for _, c in parts.values()))
+    skipped = [row["iteration"] for row in history if row["skipped"]]
+    return report.outcome(cfg, params, plan.budget.epsilon, test_mse, history, skipped)
+
+
+def _iterations(fed, cfg: FederatedMFConfig, params: LflParams, v_msg):
+    """Stage 2: T iterations, each charged before its noise is drawn (a skipped one too)."""
+    noise = round1_noise(cfg.mode, params.method, params.n, cfg.omega, params.z, params.sensitivity)
+    history = []
+    for t in range(cfg.iterations):
+        with fed.round(t):
+            fed.charge([("run", f"iteration {t}", round1_event(noise))])
+            v_msg, row = _iteration(fed, cfg, params, t, v_msg, noise)
+            fed.record(
+                survivors_round1=row.get("u1", 0),
+                survivors_round2=row.get("u2", 0),
+                skipped=int(row["skipped"]),
+            )
+        history.append(row)
+    return v_msg, history
+
+
+def _iteration(fed, cfg: FederatedMFConfig, params: LflParams, t: int, v_msg, noise: dict):
+    """One iteration: (the coordinator's V reply, the iteration's row). Below the threshold t it
+    is skipped and V is broadcast unchanged."""
+    spec = make_spec(
+        round=t,
+        mode=cfg.secagg_mode,
+        registry=params.registry,
+        params=params.secagg,
+        encoding=params.encoding,
+        dim=params.m * cfg.rank,
+        tag=fed.run_id.encode(),
+        dropout=DropoutSchedule(rates={"before_advertise": cfg.dropout}),
+        min_survivors=params.threshold,  # secure aggregation itself aborts below t
+    )
+    v = fed.get(v_msg.single())
+    row: dict[str, Any] = {"iteration": t, "skipped": False}
+    try:
+        agg = secure_sum(fed, spec, lfl_round1_inputs, (v, noise))
+    except BelowThreshold as err:
+        row.update(skipped=True, reason=str(err))
+        return fed.coordinator.run(current_v_step, phase="keep_v"), row
+    u1 = int(agg.survivors.size)
+    if u1 < params.threshold:
+        row.update(skipped=True, reason=f"|U1| = {u1} < t = {params.threshold}")
+        return fed.coordinator.run(current_v_step, phase="keep_v"), row
+    zeta1, zeta2, beta = noise_shares(cfg.mode, params.method, params.n, cfg.omega, u1)
+    round2, u2 = _round2(fed, cfg, params, t, agg.survivors, noise, zeta2)
+    v_msg = fed.coordinator.run(
+        update_v_step,
+        agg.sum,
+        round2,
+        u1=u1,
+        lr=cfg.lr,
+        beta=beta,
+        bound=cfg.bound,
+        phase="update_v",
+    )
+    # f_eff: the server's best estimate (what DP must cover); f_applied: the update's own noise
+    row.update(
+        u1=u1,
+        u2=u2,
+        f_eff=effective_variance(zeta1, zeta2, u1, u2),
+        f_applied=applied_variance(zeta1, zeta2, beta, u1, u2),
+    )
+    return v_msg, row
+
+
+def _round2(fed, cfg: FederatedMFConfig, params: LflParams, t: int, survivors, noise, zeta2):
+    """(Round 2's replies, |U2|); no round when ζ2 = 0 (the LDP-level baseline)."""
+    if zeta2 > 0:
+        round2 = fed.cohorts.run(
+            lfl_round2_step,
+            survivors,
+            round=t,
+            shapes=(params.m, cfg.rank),
+            noise=noise,
+            zeta2=zeta2,
+            dropout=cfg.dropout,
+            phase="round2",
+        )
+        return round2, int(sum(len(r["ids"]) for r in fed.get(round2).values()))
+    return {}, 0

@@ -1,0 +1,28 @@
+"""Everything the LFL setting of ``federated-mf`` resolves at planning time."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from rayfed.secagg import FixedPoint, SecAggParams
+
+
+@dataclass(frozen=True)
+class LflParams:
+    """The method (the setting's default resolved), n users and m items, δ, the noise multiplier
+    z and sensitivity Δ = 2R^{3/2}, secure aggregation's graph, encoding, registry and threshold
+    t = ⌈(1-ω)n⌉, and the mean training rating (the embeddings' initial scale)."""
+
+    method: str
+    n: int
+    m: int
+    delta: float
+    z: float
+    sensitivity: float
+    secagg: SecAggParams
+    encoding: FixedPoint
+    mean: float
+    threshold: int
+    registry: np.ndarray

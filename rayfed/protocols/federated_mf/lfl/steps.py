@@ -1,0 +1,127 @@
+"""The step functions of ``federated-mf``'s LFL setting, by role: plain functions of (ctx, inputs)
+-> reply. Stage 1 (``pretrain_step``) and the initial V (``init_v_step``) are shared with HFL, in
+:mod:`rayfed.protocols.federated_mf.steps`."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from dp_accounting import dp_event
+
+from rayfed import mf, rng
+from rayfed.actors.base import Message, StepContext
+from rayfed.privacy import distributed_gaussian, gaussian, share_noise
+from rayfed.protocols.federated_mf.steps import descend, user_ratings
+
+
+# --- cohorts (users) -------------------------------------------------------------------------------
+def lfl_round1_inputs(
+    ctx: StepContext, round: int, ids: np.ndarray, v: np.ndarray, noise: dict[str, float]
+) -> tuple[np.ndarray, dp_event.DpEvent]:
+    """Round 1 for the online users ``ids``: (G_i + ξ_i flattened (m·p), the event of the sum), as
+    secure aggregation's input (:func:`rayfed.secagg.secure_sum` fixes this signature). ``noise``
+    holds the distributed Gaussian's parameters (:func:`rayfed.privacy.distributed_gaussian`): z,
+    Δ, ζ1, t and ζ2 at |U1| = t."""
+    all_ids = ctx.state["ids"]
+    rows = np.searchsorted(all_ids, ids)
+    users, items, ratings = user_ratings(ctx, "train")
+    urows = np.searchsorted(all_ids, users)
+    order = np.argsort(urows, kind="stable")
+    counts = np.bincount(urows, minlength=all_ids.size)
+    starts = np.cumsum(counts) - counts
+    pick = starts[rows] + np.floor(
+        ctx.noise.user_uniform("sample", round, ids, 1)[:, 0] * counts[rows]
+    ).astype(np.int64)  # the sampled rating is secret too
+    j, x = items[order][pick], ratings[order][pick]
+    u = ctx.state["u"][rows]
+    m, p = v.shape
+    grads = np.zeros((len(ids), m * p))
+    grad = -2.0 * (x - np.einsum("ij,ij->i", u, v[j]))[:, None] * u
+    grads.reshape(len(ids), m, p)[np.arange(len(ids)), j] = grad
+    return distributed_gaussian(
+        ctx.noise,
+        grads,
+        ids=ids,
+        l2_sensitivity=noise["sensitivity"],
+        noise_multiplier=noise["z"],
+        share=noise["zeta1"],
+        quorum=noise["quorum"],
+        replacement=noise["zeta2"],
+        round=round,
+    )
+
+
+def lfl_round2_step(
+    ctx: StepContext,
+    u1: np.ndarray,
+    *,
+    round: int,
+    shapes: tuple[int, int],
+    noise: dict[str, float],
+    zeta2: float,
+    dropout: float,
+) -> Message:
+    """Round 2: each Round-1 survivor (``u1``) still online sends ξ̄_i = -ξ_i + ξ'_i: ξ_i
+    regenerated from its own noise source, ξ'_i ~ N(0, ζ2 σ²) with ζ2 from the realised |U1|."""
+    ids = ctx.state["ids"][np.isin(ctx.state["ids"], u1)]
+    online = rng.keyed_uniform(ctx.seed, "dropout-round2", round, ids, 1)[:, 0] >= dropout
+    ids = ids[online]
+    m, p = shapes
+    xi = share_noise(
+        ctx.noise,
+        ids,
+        m * p,
+        l2_sensitivity=noise["sensitivity"],
+        noise_multiplier=noise["z"],
+        share=noise["zeta1"],
+        round=round,
+    )
+    values, _ = gaussian(
+        ctx.noise,
+        -xi,
+        l2_sensitivity=noise["sensitivity"],
+        noise_multiplier=math.sqrt(zeta2) * noise["z"],
+        ids=ids,
+        round=round,
+        purpose="replacement",
+        part_of="this iteration's Round-1 release",  # its event covers the replacement (F)
+    )
+    return Message("noise_replacement", {"ids": ids, "values": values}, to="coordinator")
+
+
+def finetune_step(ctx: StepContext, v: np.ndarray, *, steps: int, lr: float, bound: float) -> None:
+    """Stage 3: local, unpublished steps on each user's u_i against the final V."""
+    descend(ctx, v, steps=steps, lr=lr, bound=bound)
+
+
+def evaluate_step(ctx: StepContext, v: np.ndarray) -> tuple[float, int]:
+    """Evaluation only (outside the protocol): squared error and count on the users' test ratings."""
+    users, items, ratings = user_ratings(ctx, "test")
+    rows = np.searchsorted(ctx.state["ids"], users)
+    pred = np.einsum("ij,ij->i", ctx.state["u"][rows], v[items])
+    return float(np.sum((pred - ratings) ** 2)), int(ratings.size)
+
+
+# --- the coordinator -------------------------------------------------------------------------------
+def update_v_step(
+    ctx: StepContext,
+    s1: np.ndarray,
+    round2: dict,
+    *,
+    u1: int,
+    lr: float,
+    beta: float,
+    bound: float,
+) -> Message:
+    """V <- Π_𝒱(V - γ/|U1| (S1 + β N2)), N2 the sum of the replacement messages: post-processing
+    of the iteration's release (whose event Round 1's messages carried)."""
+    v = ctx.state["v"]
+    n2 = sum((np.asarray(r["values"]).sum(axis=0) for r in round2.values()), np.zeros(v.size))
+    ctx.state["v"] = mf.project(v - lr / u1 * (s1 + beta * n2).reshape(v.shape), bound)
+    return Message("item_embeddings", ctx.state["v"], to="cohorts")
+
+
+def current_v_step(ctx: StepContext) -> Message:
+    """A skipped iteration: V unchanged, broadcast again."""
+    return Message("item_embeddings", ctx.state["v"], to="cohorts")

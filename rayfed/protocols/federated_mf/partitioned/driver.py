@@ -1,0 +1,170 @@
+"""The rounds of ``federated-mf``'s VFL and HFL settings: T rounds of T' local DP-SGD steps at
+every party and the server's average (of U in VFL, of V in HFL), then fine-tuning and evaluation."""
+
+from __future__ import annotations
+
+from rayfed.federation import PerMember
+from rayfed.privacy.calibration import gaussian_steps_event
+from rayfed.protocols.base import Outcome, Plan
+from rayfed.protocols.federated_mf.config import FederatedMFConfig
+from rayfed.protocols.federated_mf.partitioned import report
+from rayfed.protocols.federated_mf.partitioned.params import PartitionedParams
+from rayfed.protocols.federated_mf.partitioned.steps import (
+    average_step,
+    hfl_evaluate_step,
+    hfl_finetune_step,
+    hfl_local_step,
+    hfl_pretrain_step,
+    init_u_step,
+    vfl_evaluate_step,
+    vfl_finetune_step,
+    vfl_init_step,
+    vfl_local_step,
+)
+from rayfed.protocols.federated_mf.steps import init_v_step
+
+
+def drive(fed, cfg: FederatedMFConfig, plan: Plan) -> Outcome:
+    if cfg.setting == "vfl":
+        return _drive_vfl(fed, cfg, plan.params)
+    return _drive_hfl(fed, cfg, plan.params)
+
+
+# --- VFL -------------------------------------------------------------------------------------------
+def _drive_vfl(fed, cfg: FederatedMFConfig, params: PartitionedParams) -> Outcome:
+    u_msg = fed.coordinator.run(
+        init_u_step, n=params.n, p=cfg.rank, mean=params.mean, bound=cfg.bound, phase="init_u"
+    )
+    fed.parties.run(
+        vfl_init_step,
+        p=cfg.rank,
+        mean=params.mean,
+        bound=cfg.bound,
+        trim=params.trim,
+        phase="init_v",
+    )
+    u_arg = _vfl_rounds(fed, cfg, params, u_msg.single())
+    if cfg.finetune_steps:
+        _vfl_finetune(fed, cfg, params, u_arg)
+    parts = fed.get(fed.parties.run(vfl_evaluate_step, phase="evaluate"))
+    fed.note(report.vfl_noise_note(cfg, params))
+    return report.outcome(cfg, params, parts)
+
+
+def _vfl_rounds(fed, cfg: FederatedMFConfig, params: PartitionedParams, u_arg):
+    """T rounds; returns the U each party continues from: the average (VFL), or its own U^(k)
+    (the local-only baseline)."""
+    names = fed.parties.names
+    shares = PerMember({k: params.shares[k] for k in names})
+    round_event = gaussian_steps_event(params.z, cfg.local_steps, cfg.sampling_rate)
+    for t in range(cfg.iterations):
+        with fed.round(t):
+            fed.charge(
+                [(k, f"round {t}: {cfg.local_steps} DP-SGD steps", round_event) for k in names]
+            )
+            uploads = fed.parties.run(
+                vfl_local_step,
+                u_arg,
+                round=t,
+                steps=cfg.local_steps,
+                lr=cfg.vfl_lr,
+                rate=cfg.sampling_rate,
+                z=params.z,
+                delta_joint=params.delta_joint,
+                bound=cfg.bound,
+                m_share=shares,
+                phase="local_steps",
+            )
+            if params.method == "vfl":
+                weights = {k: params.shares[k] for k in names}
+                u_arg = fed.coordinator.run(
+                    average_step,
+                    uploads,
+                    weights=weights,
+                    name="user_embeddings",
+                    phase="average_u",
+                ).single()
+            else:  # local-only: each party continues from its own U^(k)
+                u_arg = PerMember(uploads)
+    return u_arg
+
+
+def _vfl_finetune(fed, cfg: FederatedMFConfig, params: PartitionedParams, u_arg) -> None:
+    """κ noisy steps on each V_Fk with U frozen: published, so charged."""
+    names = fed.parties.names
+    tune_event = gaussian_steps_event(params.z, cfg.finetune_steps, cfg.sampling_rate)
+    fed.charge([(k, "fine-tuning V_Fk", tune_event) for k in names])
+    fed.parties.run(
+        vfl_finetune_step,
+        u_arg,
+        steps=cfg.finetune_steps,
+        lr=cfg.vfl_lr,
+        rate=cfg.sampling_rate,
+        z=params.z,
+        delta_v=params.delta_v,
+        bound=cfg.bound,
+        m_share=PerMember({k: params.shares[k] for k in names}),
+        phase="finetune",
+    )
+
+
+# --- HFL -------------------------------------------------------------------------------------------
+def _drive_hfl(fed, cfg: FederatedMFConfig, params: PartitionedParams) -> Outcome:
+    v_msg = fed.coordinator.run(
+        init_v_step, m=params.m, p=cfg.rank, mean=params.mean, bound=cfg.bound, phase="init_v"
+    )
+    fed.parties.run(
+        hfl_pretrain_step,
+        v_msg.single(),
+        p=cfg.rank,
+        mean=params.mean,
+        steps=cfg.pretrain_steps,
+        lr=cfg.local_lr,
+        bound=cfg.bound,
+        trim=params.trim,
+        phase="pretrain",
+    )
+    if params.method == "hfl":
+        v_msg = _hfl_rounds(fed, cfg, params, v_msg)
+    else:
+        fed.note(report.LOCAL_NOTE)
+    fed.parties.run(
+        hfl_finetune_step,
+        v_msg.single(),
+        steps=cfg.finetune_steps,
+        lr=cfg.local_lr,
+        bound=cfg.bound,
+        phase="finetune",
+    )
+    parts = fed.get(fed.parties.run(hfl_evaluate_step, phase="evaluate"))
+    if params.privacy_unit == "rating":
+        fed.note(report.RATING_GAP_NOTE)
+    return report.outcome(cfg, params, parts)
+
+
+def _hfl_rounds(fed, cfg: FederatedMFConfig, params: PartitionedParams, v_msg):
+    """T rounds of DP-SGD on every party's copy of V and the server's weighted average."""
+    names = fed.parties.names
+    round_event = gaussian_steps_event(params.z, cfg.local_steps, cfg.sampling_rate)
+    weights = {k: params.shares[k] for k in names}
+    for t in range(cfg.iterations):
+        with fed.round(t):
+            fed.charge(
+                [(k, f"round {t}: {cfg.local_steps} DP-SGD steps on V", round_event) for k in names]
+            )
+            uploads = fed.parties.run(
+                hfl_local_step,
+                v_msg.single(),
+                round=t,
+                steps=cfg.local_steps,
+                lr=cfg.vfl_lr,
+                rate=cfg.sampling_rate,
+                z=params.z,
+                delta_v=params.delta_v,
+                bound=cfg.bound,
+                phase="local_steps",
+            )
+            v_msg = fed.coordinator.run(
+                average_step, uploads, weights=weights, name="item_embeddings", phase="average_v"
+            )
+    return v_msg

@@ -1,0 +1,143 @@
+"""Planning the VFL and HFL settings of ``federated-mf``: items (VFL) or users (HFL) dealt to the
+parties, the noise calibrated for every published DP-SGD step, and the budget.
+
+VFL: per-rating, the parties compose in parallel (disjoint items, Thm 4.4.1); per-user, a user's
+ratings span every party, so all parties compose (spec §3.2). HFL: both units compose in parallel
+(disjoint users, Prop. 4.5.1)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pyarrow as pa
+
+from rayfed import mf, rng
+from rayfed.data import load_table, require_columns
+from rayfed.errors import ConfigError
+from rayfed.privacy import Budget, gaussian_noise_multiplier
+from rayfed.protocols.base import Plan
+from rayfed.protocols.federated_mf import ratings as ratings_data
+from rayfed.protocols.federated_mf.config import FederatedMFConfig
+from rayfed.protocols.federated_mf.partitioned.params import PartitionedParams
+
+
+def plan(cfg: FederatedMFConfig, seed: int) -> Plan:
+    vfl = cfg.setting == "vfl"
+    gen = rng.stream(seed, "synthetic", 0, "federated-mf")
+    ratings = ratings_data.load(cfg, gen)
+    train, test = mf.split(ratings, cfg.test_fraction, gen, by_user=True)
+    axis = ratings.m if vfl else ratings.n
+    _check_parties(cfg, axis, vfl)
+    delta = cfg.delta if cfg.delta is not None else 1.0 / len(ratings)
+    if cfg.split_column is not None:
+        owner = _owner_by_column(cfg)
+        n_parties = int(owner.max()) + 1
+    else:
+        owner, n_parties = gen.integers(0, cfg.parties, axis), cfg.parties
+    parties = _deal(ratings, train, test, owner, n_parties, vfl)
+    unit = cfg.resolved_unit()
+    per_user = unit == "user"
+    # per-user VFL: a user's ratings span every party, so every party's releases compose (the
+    # local-only baseline too: each party releases its own V_Fk and U^(k) about the same users)
+    compose_all = per_user and vfl
+    theta = cfg.resolved_trim() if per_user else 1
+    return Plan(
+        budget=Budget(cfg.epsilon, delta),
+        ledger=dict(
+            accountant="rdp",
+            relation="add_or_remove_one",
+            composition="sequential" if compose_all else "parallel",
+            statement=_statement(unit, vfl),
+        ),
+        parties=parties,
+        rounds=cfg.iterations,
+        evaluation={"train": train, "test": test},
+        params=PartitionedParams(
+            method=cfg.resolved_method(),
+            privacy_unit=unit,
+            trim=cfg.resolved_trim() if per_user else None,
+            n=ratings.n,
+            m=ratings.m,
+            delta=delta,
+            z=_noise_multiplier(cfg, delta, n_parties if compose_all else 1, vfl),
+            delta_joint=theta * 2 * math.sqrt(2) * cfg.bound**1.5,
+            delta_v=theta * 2 * cfg.bound**1.5,
+            mean=float(train.rating.mean()),
+            shares={name: meta["m_share"] for name, (_, meta) in parties.items()},
+        ),
+    )
+
+
+def _check_parties(cfg: FederatedMFConfig, axis: int, vfl: bool) -> None:
+    if cfg.parties < 1 or cfg.parties > axis:
+        raise ConfigError(
+            "parties",
+            f"{cfg.parties} parties for {axis} {'items' if vfl else 'users'}",
+            f"1 to {axis}",
+        )
+    if not 0 < cfg.sampling_rate <= 1 or cfg.local_steps < 1:
+        raise ConfigError("sampling_rate", "need sampling_rate in (0, 1] and local_steps >= 1")
+
+
+def _noise_multiplier(cfg: FederatedMFConfig, delta: float, composed: int, vfl: bool) -> float:
+    """z for every DP-SGD step a user's data enters, over ``composed`` parties' releases."""
+    # VFL publishes V_Fk after κ more noisy steps; HFL's Stage 3 is local and never published
+    steps = cfg.iterations * cfg.local_steps + (cfg.finetune_steps if vfl else 0)
+    return gaussian_noise_multiplier(
+        cfg.epsilon, delta, steps=steps * composed, sampling_rate=cfg.sampling_rate
+    )
+
+
+def _deal(
+    ratings: mf.Ratings,
+    train: mf.Ratings,
+    test: mf.Ratings,
+    owner: np.ndarray,
+    n_parties: int,
+    vfl: bool,
+) -> dict[str, tuple[pa.Table, dict]]:
+    """Party name -> (its table, its meta: its items, n and its share of the items or users)."""
+    parties = {}
+    for k in range(n_parties):
+        items = np.flatnonzero(owner == k) if vfl else np.arange(ratings.m)
+        rows = {
+            name: part.take(np.flatnonzero(owner[part.item if vfl else part.user] == k))
+            for name, part in (("train", train), ("test", test))
+        }
+        table = ratings_data.member_table(rows["train"], rows["test"])
+        share = items.size / ratings.m if vfl else np.count_nonzero(owner == k) / ratings.n
+        parties[f"p{k}"] = (table, {"items": items, "n": ratings.n, "m_share": share})
+    return parties
+
+
+def _statement(unit: str, vfl: bool) -> str:
+    if not vfl:
+        return (
+            f"per-{unit} DP in HFL: users are disjoint across parties, so parties "
+            "compose in parallel; only the Stage-2 uploads and the published V count"
+        )
+    if unit == "user":
+        return (
+            "per-user DP: each party trims every user to θ ratings; a user's ratings span all "
+            "parties, so all parties' releases compose"
+        )
+    return "per-rating DP in VFL: items are disjoint across parties, so parties compose in parallel"
+
+
+def _owner_by_column(cfg: FederatedMFConfig) -> np.ndarray:
+    """Party of each item from ``split_column`` (its first value per item), parties in value order."""
+    table = load_table(cfg.data.path, cfg.data.format)
+    item_col = ((cfg.data.columns or {}).get("ratings") or ratings_data.DEFAULT_COLUMNS)[1]
+    require_columns(table, [cfg.split_column], "split_column")
+    items = table.column(item_col).to_numpy(zero_copy_only=False)
+    values = np.asarray(table.column(cfg.split_column).to_pylist(), dtype=object).astype(str)
+    first = np.unique(items, return_index=True)[1]  # sorted item ids: the dense index order
+    groups, owner = np.unique(values[first], return_inverse=True)
+    if groups.size < 2:
+        raise ConfigError(
+            "split_column",
+            f"column {cfg.split_column!r} has a single value",
+            "two or more values",
+        )
+    return owner.astype(np.int64)
