@@ -159,9 +159,10 @@ class Group:
         return replies
 
     def call(self, step, *args, phase: str, deadline_s: float | None = None, **kwargs) -> Any:
-        """Run a step on the group's single member (e.g. the coordinator) and return its value."""
+        """Run a step on one member (the group's only one, or ``members=[name]``) and return its
+        value."""
         replies = self.run(step, *args, phase=phase, deadline_s=deadline_s, **kwargs)
-        return self.fed.get(replies.single().payload, phase=f"fetch:{self.role}:{phase}")
+        return self.fed.get(replies.single(), phase=f"fetch:{self.role}:{phase}")
 
     def scatter(
         self, step, *args, to: list[str], phase: str, deadline_s: float | None = None, **kwargs
@@ -395,7 +396,8 @@ class Federation:
         deadline_s: float | None = None,
         who: list[str] | None = None,
     ) -> Any:
-        """Bring payloads to the driver: a Replies (→ dict by name), an object ref or a list of refs.
+        """Bring payloads to the driver: a Replies (→ dict by name), a Single (→ its value), an object
+        ref or a list of refs.
 
         ``who`` names the members the refs come from, for error messages.
         """
@@ -406,6 +408,8 @@ class Federation:
                 [value.payloads[n] for n in names], phase=phase, deadline_s=deadline, who=names
             )
             return dict(zip(names, fetched, strict=True))
+        if isinstance(value, Single):
+            value = value.payload
         where = Where("", phase, self.round_no)
         return self.backend.get(value, deadline_s=deadline, who=who, where=where)
 
@@ -416,11 +420,6 @@ class Federation:
             if t["phase"] != "(round)":
                 out[t["phase"]] = out.get(t["phase"], 0.0) + t["seconds"]
         return out
-
-    def one(self, replies: Replies) -> Any:
-        """The payload of a single-member phase, fetched to the driver (prefer ``Group.call``)."""
-        (name,) = replies.names()
-        return self.get(replies, phase=f"fetch:{name}")[name]
 
     def require_quorum(self, alive: int, minimum: int, phase: str) -> None:
         """BelowThreshold unless at least ``minimum`` participants are still alive after ``phase``."""

@@ -132,8 +132,8 @@ def keyed_noise(ctx, round):
 def test_messages_flow_and_transcript(backend):
     with make_fed(backend, parties=3) as fed:
         sums = fed.parties.run(column_sum, 1, phase="sum")
-        total = fed.coordinator.run(add_all, sums, phase="add")
-        assert fed.one(total) == pytest.approx(45 * 3 + 1000 + 2000 + 3 * 1.0 + 0)
+        total = fed.coordinator.call(add_all, sums, phase="add")
+        assert total == pytest.approx(45 * 3 + 1000 + 2000 + 3 * 1.0 + 0)
         rows = fed.transcript.rows
         assert [(r["sender"], r["receiver"], r["name"]) for r in rows[:3]] == [
             ("p0", "coordinator", "sum"),

@@ -118,13 +118,30 @@ def dplsf(
     )
     theta = threshold(d, eps_sum, int(root[0]), k)
     tree = _Tree(n)
+    levels = _grow(noise, tree, bits, root, theta, eps_level, round=round)
+    weights = np.concatenate(tree.leaf_counts) if tree.leaf_counts else np.zeros(0)
+    sums = _leaf_sums(tree, x, weights.size)
+    noisy_sums, sum_event = laplace(noise, sums, l1_sensitivity=d, epsilon=eps_sum, round=round)
+    means = np.clip(noisy_sums / np.maximum(weights, 1.0)[:, None], -1.0, 1.0)
+    weights = np.maximum(weights, 1.0)
+    centers = weighted_kmeans(means, weights, k, gen)
+    event = dp_event.ComposedDpEvent(
+        [dp_event.SelfComposedDpEvent(count_event, depth + 1), sum_event]
+    )
+    info = {"theta": theta, "leaves": int(weights.size), "levels_used": levels}
+    return centers, event, info
+
+
+def _grow(noise, tree: _Tree, bits, root, theta: float, eps_level: float, *, round: int) -> int:
+    """Split the tree level by level: a node whose noisy count reaches 3θ branches, and a child
+    whose noisy count falls below θ is dropped with its points. Returns the count levels drawn."""
     nodes, counts = np.zeros(1, dtype=np.int64), root.astype(np.float64)
     levels = 1
-    for level in range(depth):
+    for level in range(bits.shape[1]):
         branch = counts >= 3 * theta
         tree.settle(nodes[~branch], counts[~branch])
         if not branch.any():
-            break
+            return levels
         parents = nodes[branch]
         children = np.stack([2 * parents, 2 * parents + 1], axis=1).reshape(-1)  # sorted pairs
         pts = np.flatnonzero(tree.active)
@@ -142,23 +159,17 @@ def dplsf(
         tree.active[pts[still & ~keep_pt]] = False  # points of dropped children are discarded
         tree.code[pts[keep_pt]] = child_of[keep_pt]
         nodes, counts = children[kept.reshape(-1)], noisy[kept.reshape(-1)].astype(np.float64)
-    else:
-        tree.settle(nodes, counts)
-    weights = np.concatenate(tree.leaf_counts) if tree.leaf_counts else np.zeros(0)
+    tree.settle(nodes, counts)
+    return levels
+
+
+def _leaf_sums(tree: _Tree, x: np.ndarray, leaves: int) -> np.ndarray:
+    """Per leaf, the coordinate-wise sum of the points it holds (leaves × d)."""
     member = tree.leaf_of >= 0
-    sums = np.stack(
+    return np.stack(
         [
-            np.bincount(tree.leaf_of[member], weights=x[member, j], minlength=weights.size)
-            for j in range(d)
+            np.bincount(tree.leaf_of[member], weights=x[member, j], minlength=leaves)
+            for j in range(x.shape[1])
         ],
         axis=1,
     )
-    noisy_sums, sum_event = laplace(noise, sums, l1_sensitivity=d, epsilon=eps_sum, round=round)
-    means = np.clip(noisy_sums / np.maximum(weights, 1.0)[:, None], -1.0, 1.0)
-    weights = np.maximum(weights, 1.0)
-    centers = weighted_kmeans(means, weights, k, gen)
-    event = dp_event.ComposedDpEvent(
-        [dp_event.SelfComposedDpEvent(count_event, depth + 1), sum_event]
-    )
-    info = {"theta": theta, "leaves": int(weights.size), "levels_used": levels}
-    return centers, event, info

@@ -46,7 +46,6 @@ class Plan:
     evaluation: Any = None
     #: everything resolved at planning time, as the protocol's frozen, typed Params
     params: Any = None
-    info: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -159,36 +158,6 @@ def check_party_split(cfg: Any) -> None:
     """A ``parties`` count that ``data.columns`` (a party -> columns split) contradicts is an
     error: with data.columns, the parties are its keys."""
     default = type(cfg)()
-    if cfg.data.columns is not None and cfg.parties not in (default.parties, len(cfg.data.columns)):
-        raise ConfigError(
-            "parties",
-            f"{cfg.parties} parties but data.columns names {len(cfg.data.columns)}",
-            "drop parties when data.columns is given",
-        )
-
-
-def reject_inapplicable(cfg: Any, file_options: list[str], synthetic_options: list[str]) -> None:
-    """Options the chosen data source ignores are an error, not silently dropped: file options
-    without ``data.path``, synthetic-data options with it, and a party count ``data.columns``
-    contradicts. ``cfg`` is a protocol config with ``data`` and ``parties`` fields."""
-    default = type(cfg)()
-    if cfg.data.path is None:
-        for name in ["data.columns", "data.key", *file_options]:
-            value = cfg
-            for part in name.split("."):
-                value = getattr(value, part)
-            if value is not None:
-                raise ConfigError(
-                    name,
-                    "applies to a data file, but no data.path is given",
-                    "set data.path, or drop this option for synthetic data",
-                )
-        return
-    for name in synthetic_options:
-        if getattr(cfg, name) != getattr(default, name):
-            raise ConfigError(
-                name, "applies to synthetic data only, but data.path is given", "drop this option"
-            )
     if cfg.data.columns is not None and cfg.parties not in (default.parties, len(cfg.data.columns)):
         raise ConfigError(
             "parties",

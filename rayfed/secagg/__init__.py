@@ -120,44 +120,24 @@ def secure_sum(
     def alive() -> list[str]:
         return [n for n in cohorts.names if n not in failed]
 
-    def done(phase: str) -> None:
+    def client_phase(step, *args, phase: str):
+        """``step`` on the cohorts still alive; a cohort that fails becomes a dropout."""
+        replies = cohorts.run(step, spec, *args, phase=phase, members=alive(), on_failure="drop")
+        failed.extend(replies.failed)
         if after_phase is not None:
             after_phase(phase)
+        return replies
 
-    keys = cohorts.run(client.advertise, spec, phase="advertise", on_failure="drop")
-    failed += keys.failed
-    done("advertise")
+    keys = client_phase(client.advertise, phase="advertise")
     table = fed.coordinator.run(server.collect_keys, spec, keys, phase="collect_keys")
-    shares = cohorts.run(
-        client.share_keys,
-        spec,
-        table.single(),
-        phase="share_keys",
-        members=alive(),
-        on_failure="drop",
-    )
-    failed += shares.failed
-    done("share_keys")
+    shares = client_phase(client.share_keys, table.single(), phase="share_keys")
     routed = fed.coordinator.scatter(
         server.route_shares, spec, shares, to=alive(), phase="route_shares"
     )
-    masked = cohorts.run(
-        client.masked_input,
-        spec,
-        PerMember(routed),
-        input_fn,
-        tuple(input_args),
-        phase="masked_input",
-        members=alive(),
-        on_failure="drop",
+    masked = client_phase(
+        client.masked_input, PerMember(routed), input_fn, tuple(input_args), phase="masked_input"
     )
-    failed += masked.failed
-    done("masked_input")
     request = fed.coordinator.run(server.collect_masked, spec, masked, phase="collect_masked")
-    answers = cohorts.run(
-        client.unmask, spec, request.single(), phase="unmask", members=alive(), on_failure="drop"
-    )
-    failed += answers.failed
-    done("unmask")
-    out = fed.one(fed.coordinator.run(server.finish, spec, answers, phase="reconstruct"))
+    answers = client_phase(client.unmask, request.single(), phase="unmask")
+    out = fed.coordinator.call(server.finish, spec, answers, phase="reconstruct")
     return AggregationResult(failed_cohorts=sorted(failed), mode=spec.mode, **out)

@@ -202,26 +202,14 @@ def share_keys(ctx: StepContext, spec: RoundSpec, table: dict) -> Message:
     plain = plain.view(np.uint8).reshape(len(pi), PLAINTEXT_BYTES)
     sender = st.pos[rows][pi]
 
-    t_rows = np.searchsorted(u1, receiver)
-    c_pk = st.table_c_pk
-    ct = np.empty((len(pi), PLAINTEXT_BYTES + _crypto.TAG_BYTES), dtype=np.uint8)
-    keys = np.empty((len(pi), 32), dtype=np.uint8)
-    c_sk = st.c_sk
-    for e in range(len(pi)):
-        secret = _crypto.shared_secret(c_sk[key_rows[pi[e]]], c_pk[t_rows[e]])
-        key = _crypto.hkdf(secret, _crypto.INFO_SHARE, spec.salt)
-        keys[e] = np.frombuffer(key, np.uint8)
-        ct[e] = np.frombuffer(
-            _crypto.encrypt_share(
-                key,
-                plain[e].tobytes(),
-                tag=spec.tag,
-                round=spec.round,
-                sender=int(sender[e]),
-                receiver=int(receiver[e]),
-            ),
-            np.uint8,
-        )
+    ct, keys = _encrypt_shares(
+        st,
+        spec,
+        plain,
+        own=key_rows[pi],
+        peer=np.searchsorted(u1, receiver),
+        pairs=(sender, receiver),
+    )
     code = sender.astype(np.uint64) * np.uint64(spec.n) + receiver.astype(np.uint64)
     order = np.argsort(code)
     st.pair_code, st.pair_key = code[order], keys[order]
@@ -233,6 +221,31 @@ def share_keys(ctx: StepContext, spec: RoundSpec, table: dict) -> Message:
 
 
 # --- phase 3: masked input -----------------------------------------------------------------------
+def _encrypt_shares(
+    st: ClientRound, spec: RoundSpec, plain: np.ndarray, *, own, peer, pairs
+) -> tuple[np.ndarray, np.ndarray]:
+    """(ciphertexts, pair keys): each row of ``plain`` encrypted under the key user ``own`` (a
+    key row) agrees with ``peer`` (a row of the advertised table); ``pairs`` = (sender, receiver)
+    positions, bound into the associated data."""
+    sender, receiver = pairs
+    ct = np.empty((len(plain), PLAINTEXT_BYTES + _crypto.TAG_BYTES), dtype=np.uint8)
+    keys = np.empty((len(plain), 32), dtype=np.uint8)
+    for e in range(len(plain)):
+        secret = _crypto.shared_secret(st.c_sk[own[e]], st.table_c_pk[peer[e]])
+        key = _crypto.hkdf(secret, _crypto.INFO_SHARE, spec.salt)
+        keys[e] = np.frombuffer(key, np.uint8)
+        sealed = _crypto.encrypt_share(
+            key,
+            plain[e].tobytes(),
+            tag=spec.tag,
+            round=spec.round,
+            sender=int(sender[e]),
+            receiver=int(receiver[e]),
+        )
+        ct[e] = np.frombuffer(sealed, np.uint8)
+    return ct, keys
+
+
 def _pair_masks_real(
     spec: RoundSpec, st: ClientRound, rows: np.ndarray, u2_member: np.ndarray, graph, y: np.ndarray
 ) -> None:
@@ -355,9 +368,8 @@ def unmask(ctx: StepContext, spec: RoundSpec, request: dict) -> Message:
         raise ProtocolViolation("the server's unmask request names users outside U2: refused")
     in_u3 = _member(spec.n, survivors)
     st.active &= in_u3[st.pos] & (st.drop == NEVER)
-    rows = np.flatnonzero(
-        st.active
-    )  # a user with fewer than t surviving neighbours reveals nothing
+    # a user with fewer than t surviving neighbours reveals nothing
+    rows = np.flatnonzero(st.active)
     st.active[
         rows[in_u3[_graph(ctx, spec).neighbours(st.pos[rows])].sum(axis=1) < spec.threshold]
     ] = False
@@ -386,8 +398,26 @@ def unmask(ctx: StepContext, spec: RoundSpec, request: dict) -> Message:
         key_at.max() >= len(st.pair_code) or not np.array_equal(st.pair_code[key_at], codes)
     ):
         raise ProtocolViolation("a routed ciphertext comes from a user that is not a neighbour")
-    shares = np.empty((len(codes), shamir.CHUNKS), dtype=np.int64)
-    for e in range(len(codes)):
+    shares = _decrypt_shares(st, spec, ct, key_at, kind, pairs=(owner, holder))
+    payload = {
+        "pos": st.pos[st.active],
+        "holder": holder,
+        "owner": owner,
+        "kind": kind,
+        "share": shares,
+    }
+    return Message("unmask_shares", payload, to="coordinator")
+
+
+def _decrypt_shares(
+    st: ClientRound, spec: RoundSpec, ct: np.ndarray, key_at: np.ndarray, kind, *, pairs
+) -> np.ndarray:
+    """Each routed ciphertext decrypted under its pair key (row ``key_at``), keeping the self-mask
+    or the key share as ``kind`` says; ``pairs`` = (owner, holder) positions, as in the associated
+    data. A ciphertext that fails authentication is a ProtocolViolation."""
+    owner, holder = pairs
+    shares = np.empty((len(ct), shamir.CHUNKS), dtype=np.int64)
+    for e in range(len(ct)):
         try:
             plain = _crypto.decrypt_share(
                 st.pair_key[key_at[e]].tobytes(),
@@ -399,15 +429,9 @@ def unmask(ctx: StepContext, spec: RoundSpec, request: dict) -> Message:
             )
         except _crypto.InvalidTag:
             raise ProtocolViolation(
-                f"the share ciphertext from position {owner[e]} to {holder[e]} failed authentication: rejected"
+                f"the share ciphertext from position {owner[e]} to {holder[e]} failed "
+                "authentication: rejected"
             ) from None
         words = np.frombuffer(plain, dtype="<u4").astype(np.int64)
         shares[e] = words[shamir.CHUNKS :] if kind[e] == KIND_SELF else words[: shamir.CHUNKS]
-    payload = {
-        "pos": st.pos[st.active],
-        "holder": holder,
-        "owner": owner,
-        "kind": kind,
-        "share": shares,
-    }
-    return Message("unmask_shares", payload, to="coordinator")
+    return shares
