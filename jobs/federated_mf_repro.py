@@ -1,6 +1,6 @@
 """Federated MF reproduction: test MSE vs ε for VFL, HFL and LFL, with their baselines (JSON + plot).
 
-Self-contained (``ray submit`` uploads only this file):
+Needs rayfed installed where it runs (cluster.yaml installs it on every node):
 
     python jobs/federated_mf_repro.py                              # ML-100K from ../shared/data
     python jobs/federated_mf_repro.py --data ratings.csv --epsilons 0.5,1,2,4,8
@@ -16,13 +16,12 @@ non-private central reference is drawn as a line. LFL uses secure aggregation in
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 import time
 from pathlib import Path
 
 import rayfed
+from rayfed import jobs
 
 ML100K = Path(__file__).resolve().parents[2] / "shared" / "data" / "movielens-100k" / "ratings.csv"
 RUNS = {  # setting -> (method, baselines)
@@ -52,28 +51,8 @@ def options(setting: str, method: str, epsilon: float, args) -> dict:
     return base
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument(
-        "--data", help="ratings file with user_id,item_id,rating (default: ML-100K beside the repo)"
-    )
-    p.add_argument("--epsilons", default="0.5,1,2,4,8")
-    p.add_argument("--rounds", type=int, default=100, help="VFL/HFL T (T'=10)")
-    p.add_argument("--secagg", default="dealer", choices=["dealer", "simulation", "secure"])
-    p.add_argument(
-        "--small", action="store_true", help="synthetic data, two ε values, short runs (tests)"
-    )
-    p.add_argument("--users", type=int, default=1000)
-    p.add_argument("--items", type=int, default=100)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--backend", default="ray", choices=["ray", "local"])
-    p.add_argument("--out", default="runs/federated_mf_repro")
-    args = p.parse_args(argv)
-    if args.small:
-        args.epsilons, args.rounds, args.data = "1,8", 30, None
-    elif args.data is None and ML100K.exists():
-        args.data = str(ML100K)
-    epsilons = [float(e) for e in args.epsilons.split(",")]
+def body(args) -> dict:
+    epsilons = jobs.numbers(args.epsilons)
     started = time.perf_counter()
     rows = []
     for setting, (method, baselines) in RUNS.items():
@@ -105,8 +84,7 @@ def main(argv: list[str] | None = None) -> int:
             }
             against = "ldp" if setting == "lfl" else "local"
             checks[f"{setting} {method} < {against} at ε={eps:g}"] = mse[method] < mse[against]
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = jobs.out_dir(args)
     record = {
         "data": args.data or f"synthetic {args.users}x{args.items}",
         "central_nonprivate_mse": central,
@@ -114,23 +92,13 @@ def main(argv: list[str] | None = None) -> int:
         "orderings": checks,
         "seconds": time.perf_counter() - started,
     }
-    (out / "federated_mf_repro.json").write_text(json.dumps(record, indent=2) + "\n")
+    jobs.write_json(out / "federated_mf_repro.json", record)
     plot(rows, central, epsilons, out / "federated_mf_repro.png")
-    for name, ok in checks.items():
-        print(f"{'ok  ' if ok else 'FAIL'} {name}")
-    print(
-        f"RESULT_JSON {json.dumps({'out': str(out.resolve()), 'orderings_hold': all(checks.values())})}"
-    )
-    return 0
+    return {"out": str(out.resolve()), "orderings_hold": jobs.checks_hold(checks)}
 
 
 def plot(rows, central, epsilons, path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 3, figsize=(14, 4.2), sharey=False)
+    fig, axes = jobs.pyplot().subplots(1, 3, figsize=(14, 4.2), sharey=False)
     for ax, (setting, (method, baselines)) in zip(axes, RUNS.items(), strict=True):
         for m in [method, *baselines]:
             pts = sorted(
@@ -145,9 +113,31 @@ def plot(rows, central, epsilons, path) -> None:
         ax.minorticks_off()
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    jobs.save(fig, path, dpi=120)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = jobs.parser(
+        __doc__,
+        small="synthetic data, two ε values, short runs (tests)",
+        out="runs/federated_mf_repro",
+        seed=True,
+        backend="ray",
+    )
+    p.add_argument(
+        "--data", help="ratings file with user_id,item_id,rating (default: ML-100K beside the repo)"
+    )
+    p.add_argument("--epsilons", default="0.5,1,2,4,8")
+    p.add_argument("--rounds", type=int, default=100, help="VFL/HFL T (T'=10)")
+    p.add_argument("--secagg", default="dealer", choices=["dealer", "simulation", "secure"])
+    p.add_argument("--users", type=int, default=1000)
+    p.add_argument("--items", type=int, default=100)
+    args = p.parse_args(argv)
+    if args.small:
+        args.epsilons, args.rounds, args.data = "1,8", 30, None
+    elif args.data is None and ML100K.exists():
+        args.data = str(ML100K)
+    return jobs.run("federated_mf_repro", body, args)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """DP horizontal multiparty k-means reproduction (Ahmed, MMath thesis 2023): WCSS vs ε and empty
 clusters for NMA and AMN on S1, Iris, Adult and Birch2, beside the thesis's numbers.
 
-Self-contained (``ray submit`` uploads only this file; point --data-dir at the datasets):
+Needs rayfed installed where it runs (cluster.yaml installs it on every node); point --data-dir
+at the datasets:
 
     python jobs/hfl_kmeans_repro.py                       # every section, default repetitions
     python jobs/hfl_kmeans_repro.py --sections table,empty --reps 40
@@ -24,7 +25,6 @@ public bounds, as the thesis's code does; M = 2 clients after a seeded shuffle.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import time
@@ -34,6 +34,7 @@ import numpy as np
 import pandas as pd
 
 import rayfed
+from rayfed import jobs
 
 #: name -> (file under the data dir, feature columns, k)
 DATASETS = {
@@ -311,16 +312,11 @@ def checks_of(sections: dict, epsilons) -> dict[str, bool]:
 
 def plot(sections: dict, out: Path) -> list[str]:
     """WCSS vs ε per dataset (NMA and AMN panels, log scale), the non-private settings as lines."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     curves = sections.get("curves", [])
     names = list(dict.fromkeys(r["dataset"] for r in curves))
     if not names:
         return []
-    fig, axes = plt.subplots(len(names), 2, figsize=(11, 3.6 * len(names)), squeeze=False)
+    fig, axes = jobs.pyplot().subplots(len(names), 2, figsize=(11, 3.6 * len(names)), squeeze=False)
     colours = dict(zip(SETTINGS, ["tab:gray", "tab:green", "tab:red", "tab:blue"], strict=True))
     for i, name in enumerate(names):
         for j, agg in enumerate(("nma", "amn")):
@@ -353,39 +349,12 @@ def plot(sections: dict, out: Path) -> list[str]:
             ax.set_title(f"{name} — {agg.upper()}")
             ax.grid(True, which="both", alpha=0.3)
     axes[0][0].legend(fontsize=8)
-    fig.tight_layout()
-    path = out / "hfl_kmeans_wcss.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return [str(path)]
+    return [jobs.save(fig, out / "hfl_kmeans_wcss.png", dpi=110)]
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    here = Path(__file__).resolve().parents[1]
-    p.add_argument("--data-dir", default=str(here.parent / "shared" / "data"))
-    p.add_argument("--datasets", default="s1,iris,adult,birch2")
-    p.add_argument("--sections", default="table,curves,empty,post,init")
-    p.add_argument("--epsilons", default="0.25,0.5,1,2,4")
-    p.add_argument("--reps", type=int, default=20, help="repetitions on S1 and Iris")
-    p.add_argument("--table-reps", type=int, default=100, help="S1/Iris repetitions at ε = 4")
-    p.add_argument("--reps-adult", type=int, default=5, help="Adult (x2 in the ε = 4 table)")
-    p.add_argument("--reps-birch2", type=int, default=5, help="Birch2 (x2 in the ε = 4 table)")
-    p.add_argument("--data", help="a CSV/Parquet file instead of the thesis's datasets")
-    p.add_argument("--bounds", help="declared bounds of --data's features, JSON")
-    p.add_argument("--k", type=int, default=8)
-    p.add_argument("--backend", default="local", choices=["ray", "local"])
-    p.add_argument("--small", action="store_true", help="S1 and Iris, ε = 1, 4, 2 repetitions")
-    p.add_argument("--out", default="runs/hfl_kmeans_repro")
-    args = p.parse_args(argv)
-    if args.small:
-        args.datasets, args.epsilons, args.reps, args.table_reps = "s1,iris", "1,4", 2, 2
-        args.sections = "table,curves,init"
-    if args.data and not args.bounds:
-        p.error("--data needs --bounds")
-    epsilons = [float(e) for e in args.epsilons.split(",")]
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+def body(args) -> dict:
+    epsilons = jobs.numbers(args.epsilons)
+    out = jobs.out_dir(args)
     started = time.perf_counter()
     data = load(args)
     wanted = args.sections.split(",")
@@ -415,12 +384,37 @@ def main(argv: list[str] | None = None) -> int:
         "seconds": time.perf_counter() - started,
     }
     record["plots"] = plot(sections, out)
-    (out / "hfl_kmeans_repro.json").write_text(json.dumps(record, indent=2) + "\n")
-    for name, ok in checks.items():
-        print(f"{'ok  ' if ok else 'FAIL'} {name}")
-    summary = {"out": str(out.resolve()), "checks_hold": all(checks.values()) if checks else None}
-    print(f"RESULT_JSON {json.dumps(summary)}")
-    return 0
+    jobs.write_json(out / "hfl_kmeans_repro.json", record)
+    hold = jobs.checks_hold(checks)
+    return {"out": str(out.resolve()), "checks_hold": hold if checks else None}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = jobs.parser(
+        __doc__,
+        small="S1 and Iris, ε = 1, 4, 2 repetitions",
+        out="runs/hfl_kmeans_repro",
+        backend="local",
+    )
+    here = Path(__file__).resolve().parents[1]
+    p.add_argument("--data-dir", default=str(here.parent / "shared" / "data"))
+    p.add_argument("--datasets", default="s1,iris,adult,birch2")
+    p.add_argument("--sections", default="table,curves,empty,post,init")
+    p.add_argument("--epsilons", default="0.25,0.5,1,2,4")
+    p.add_argument("--reps", type=int, default=20, help="repetitions on S1 and Iris")
+    p.add_argument("--table-reps", type=int, default=100, help="S1/Iris repetitions at ε = 4")
+    p.add_argument("--reps-adult", type=int, default=5, help="Adult (x2 in the ε = 4 table)")
+    p.add_argument("--reps-birch2", type=int, default=5, help="Birch2 (x2 in the ε = 4 table)")
+    p.add_argument("--data", help="a CSV/Parquet file instead of the thesis's datasets")
+    p.add_argument("--bounds", help="declared bounds of --data's features, JSON")
+    p.add_argument("--k", type=int, default=8)
+    args = p.parse_args(argv)
+    if args.small:
+        args.datasets, args.epsilons, args.reps, args.table_reps = "s1,iris", "1,4", 2, 2
+        args.sections = "table,curves,init"
+    if args.data and not args.bounds:
+        p.error("--data needs --bounds")
+    return jobs.run("hfl_kmeans_repro", body, args)
 
 
 if __name__ == "__main__":

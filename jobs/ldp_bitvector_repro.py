@@ -2,7 +2,7 @@
 NMI vs ε (Fig. 8 analogue), the distance estimator's error vs distance and the effect of distance
 consistence (Fig. 5 analogue), and DBSCAN on the SIPU shapes (JSON + plot).
 
-Self-contained (``ray submit`` uploads only this file):
+Needs rayfed installed where it runs (cluster.yaml installs it on every node):
 
     python jobs/ldp_bitvector_repro.py                  # about 5 minutes on 2 cores
     python jobs/ldp_bitvector_repro.py --reps 10
@@ -15,8 +15,6 @@ are printed beside it.
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -24,9 +22,10 @@ from pathlib import Path
 import numpy as np
 
 import rayfed
-from rayfed import rng
+from rayfed import jobs, rng
 from rayfed.ldp import bitvector as bv
 from rayfed.privacy import NoiseSource, binary_randomized_response
+from rayfed.protocols.ldp_bitvector.config import BASELINES
 
 SHAPES = Path(__file__).resolve().parents[2] / "shared" / "data"
 TABLE_III = [  # label, options, the paper's NMI
@@ -53,7 +52,8 @@ def table_iii(args) -> list[dict]:
     rows = []
     for label, options, paper in TABLE_III:
         reps = args.reps * (4 if options.get("method") in ("rsp",) else 1)
-        options = {**options, "bits": args.bits}
+        if options.get("method") not in BASELINES:  # the baselines encode nothing
+            options = {**options, "bits": args.bits}
         values = nmi(options, range(reps), args.backend)
         rows.append(
             {
@@ -157,18 +157,8 @@ def shapes(args) -> list[dict]:
     return rows
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--epsilons", default="0.1,0.25,0.5,1,2,3,4")
-    p.add_argument("--reps", type=int, default=3)
-    p.add_argument("--bits", type=int, default=1000)
-    p.add_argument("--backend", default="local", choices=["ray", "local"])
-    p.add_argument("--small", action="store_true", help="s = 200, 1 repetition, three ε")
-    p.add_argument("--out", default="runs/ldp_bitvector_repro")
-    args = p.parse_args(argv)
-    if args.small:
-        args.epsilons, args.reps, args.bits = "0.5,1,4", 1, 200
-    epsilons = [float(e) for e in args.epsilons.split(",")]
+def body(args) -> dict:
+    epsilons = jobs.numbers(args.epsilons)
     started = time.perf_counter()
     record = {
         "bits": args.bits,
@@ -181,20 +171,14 @@ def main(argv: list[str] | None = None) -> int:
         "true_epsilon_per_record_digits": {f"{e:g}": 64 * args.bits * e for e in (1.0, 2.0)},
     }
     record["seconds"] = time.perf_counter() - started
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "ldp_bitvector_repro.json").write_text(json.dumps(record, indent=2) + "\n")
+    out = jobs.out_dir(args)
+    jobs.write_json(out / "ldp_bitvector_repro.json", record)
     plot(record, out / "ldp_bitvector_repro.png")
-    print(f"RESULT_JSON {json.dumps({'out': str(out.resolve())})}")
-    return 0
+    return {"out": str(out.resolve())}
 
 
 def plot(record: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = jobs.pyplot()
     fig, axes = plt.subplots(1, 4, figsize=(20, 4.6))
     ax = axes[0]
     rows = record["table_iii"]
@@ -256,9 +240,23 @@ def plot(record: dict, path: Path) -> None:
         title="uniform [0,25], t = 3, noise-free BV",
     )
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    jobs.save(fig, path, dpi=100)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = jobs.parser(
+        __doc__,
+        small="s = 200, 1 repetition, three ε",
+        out="runs/ldp_bitvector_repro",
+        backend="local",
+    )
+    p.add_argument("--epsilons", default="0.1,0.25,0.5,1,2,3,4")
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--bits", type=int, default=1000)
+    args = p.parse_args(argv)
+    if args.small:
+        args.epsilons, args.reps, args.bits = "0.5,1,4", 1, 200
+    return jobs.run("ldp_bitvector_repro", body, args)
 
 
 if __name__ == "__main__":

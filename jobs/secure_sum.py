@@ -1,7 +1,8 @@
 """Run secure aggregation (SecAgg / SecAgg+, protocol ``secure-sum``) on a Ray cluster, then write
 its report (plots and a one-page HTML summary) into the run directory.
 
-Self-contained: `ray submit` uploads only this file, so it imports nothing from jobs/.
+Needs rayfed installed where it runs (cluster.yaml installs it on every node); the common flags,
+the Ray connection and the exit codes come from ``rayfed.jobs``.
 
     ray submit cluster.yaml jobs/secure_sum.py -- --users 100000 --dropout 0.1
     ray job submit --working-dir . -- python jobs/secure_sum.py --small --cohorts 8 \
@@ -14,32 +15,14 @@ configuration error, 1 on any other failure (BelowThreshold when too many users 
 
 from __future__ import annotations
 
-import argparse
-import json
-import sys
-
 import rayfed
+from rayfed import jobs
 from rayfed.report import report
 
 SMALL_USERS = 500
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--small", action="store_true", help=f"{SMALL_USERS} users, 2 rounds")
-    p.add_argument("--users", type=int, default=10_000)
-    p.add_argument("--dim", type=int, default=1000, help="vector length per user")
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--dropout", type=float, default=0.0, help="fraction dropping per round")
-    p.add_argument("--mode", default="simulation", choices=["secure", "simulation", "dealer"])
-    p.add_argument("--cohorts", type=int, help="user-cohort actors (default: the cluster's CPUs)")
-    p.add_argument("--fail", action="append", metavar="SPEC", help="fault injection (repeatable)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default="runs", help="directory for run directories")
-    p.add_argument("--address", help="Ray address (default: RAY_ADDRESS, else auto, else embedded)")
-    args = p.parse_args(argv)
-    if args.small:
-        args.users, args.rounds, args.dim = SMALL_USERS, 2, 100
+def body(args) -> dict:
     options = dict(
         users=args.users,
         dim=args.dim,
@@ -52,17 +35,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     if args.cohorts:
         options["cohorts"] = args.cohorts
-    try:
-        address, _ = rayfed.connect(args.address, "secure_sum")
-        result = rayfed.run("secure-sum", address=address, **options)
-    except rayfed.RayfedError as err:
-        print(f"secure_sum: {type(err).__name__}: {err}", file=sys.stderr)
-        return 2 if isinstance(err, rayfed.ConfigError) else 1
-    finally:
-        rayfed.shutdown()
+    result = rayfed.run("secure-sum", address=args.address, **options)
     print(result.summary())
     written = report(result.run_dir)
-    record = {
+    return {
         "protocol": result.protocol,
         "run_dir": result.run_dir,
         "headline": result.headline,
@@ -70,8 +46,21 @@ def main(argv: list[str] | None = None) -> int:
         "seconds": result.seconds,
         "report": str(written[-1]),
     }
-    print(f"RESULT_JSON {json.dumps(record)}")
-    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = jobs.parser(__doc__, small=f"{SMALL_USERS} users, 2 rounds", seed=True)
+    p.add_argument("--users", type=int, default=10_000)
+    p.add_argument("--dim", type=int, default=1000, help="vector length per user")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--dropout", type=float, default=0.0, help="fraction dropping per round")
+    p.add_argument("--mode", default="simulation", choices=["secure", "simulation", "dealer"])
+    p.add_argument("--cohorts", type=int, help="user-cohort actors (default: the cluster's CPUs)")
+    p.add_argument("--fail", action="append", metavar="SPEC", help="fault injection (repeatable)")
+    args = p.parse_args(argv)
+    if args.small:
+        args.users, args.rounds, args.dim = SMALL_USERS, 2, 100
+    return jobs.run("secure_sum", body, args)
 
 
 if __name__ == "__main__":

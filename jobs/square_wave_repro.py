@@ -1,7 +1,7 @@
 """Square Wave reproduction: every metric vs ε for SW-EMS, SW-EM and all baselines (JSON + plot),
 on Beta(5, 2) beside the spec's reference values and on nycflights13's air_time.
 
-Self-contained (``ray submit`` uploads only this file):
+Needs rayfed installed where it runs (cluster.yaml installs it on every node):
 
     python jobs/square_wave_repro.py                     # Beta(5,2) and air_time, 20 repetitions
     python jobs/square_wave_repro.py --reps 100          # the paper's repetition count
@@ -16,8 +16,6 @@ convergence (tolerance 0), which over-fits (the reason for EMS).
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
 import sys
 import time
@@ -26,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 import rayfed
+from rayfed import jobs
 
 AIR_TIME = Path(__file__).resolve().parents[2] / "shared" / "data" / "nycflights13" / "air_time.txt"
 METHODS = [  # (label, method, options)
@@ -184,24 +183,9 @@ def checks_of(rows, epsilons) -> dict:
     return checks
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--epsilons", default="0.5,1,2,3,4")
-    p.add_argument("--reps", type=int, default=20)
-    p.add_argument("--users", type=int, default=100_000, help="Beta(5,2) users")
-    p.add_argument("--buckets", type=int, default=256)
-    p.add_argument("--data", help="CSV/Parquet file instead of Beta(5,2) and air_time")
-    p.add_argument("--column", help="the column of --data")
-    p.add_argument("--bounds", default="0,1", help="declared low,high of --column")
-    p.add_argument("--backend", default="local", choices=["ray", "local"])
-    p.add_argument("--small", action="store_true", help="20,000 users, ε = 1, 4, 2 repetitions")
-    p.add_argument("--out", default="runs/square_wave_repro")
-    args = p.parse_args(argv)
-    if args.small:
-        args.epsilons, args.reps, args.users = "1,4", 2, 20_000
-    epsilons = [float(e) for e in args.epsilons.split(",")]
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+def body(args) -> dict:
+    epsilons = jobs.numbers(args.epsilons)
+    out = jobs.out_dir(args)
     started = time.perf_counter()
     rows = sweep(args, epsilons, datasets(args, out))
     checks = {} if args.data else checks_of(rows, epsilons)
@@ -213,22 +197,14 @@ def main(argv: list[str] | None = None) -> int:
         "seconds": time.perf_counter() - started,
     }
     record["plots"] = plot(rows, epsilons, out)
-    (out / "square_wave_repro.json").write_text(json.dumps(record, indent=2) + "\n")
-    for name, ok in checks.items():
-        print(f"{'ok  ' if ok else 'FAIL'} {name}")
-    print(
-        f"RESULT_JSON {json.dumps({'out': str(out.resolve()), 'checks_hold': all(checks.values()) if checks else None})}"
-    )
-    return 0
+    jobs.write_json(out / "square_wave_repro.json", record)
+    hold = jobs.checks_hold(checks)
+    return {"out": str(out.resolve()), "checks_hold": hold if checks else None}
 
 
 def plot(rows, epsilons, out: Path) -> list[str]:
     """One PNG per dataset: a panel per metric (log scale) and a legend panel."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = jobs.pyplot()
     cmap = plt.get_cmap("tab20")
     colours = {label: cmap(i) for i, (label, _, _) in enumerate(METHODS)}
     paths = []
@@ -276,12 +252,29 @@ def plot(rows, epsilons, out: Path) -> list[str]:
             )
         legend.legend(handles.values(), handles.keys(), loc="center", fontsize=10)
         fig.suptitle(f"{name}: error vs ε (mean over repetitions)")
-        fig.tight_layout()
         path = out / f"square_wave_repro_{''.join(c for c in name if c.isalnum()).lower()}.png"
-        fig.savefig(path, dpi=100)
-        plt.close(fig)
-        paths.append(str(path))
+        paths.append(jobs.save(fig, path, dpi=100))
     return paths
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = jobs.parser(
+        __doc__,
+        small="20,000 users, ε = 1, 4, 2 repetitions",
+        out="runs/square_wave_repro",
+        backend="local",
+    )
+    p.add_argument("--epsilons", default="0.5,1,2,3,4")
+    p.add_argument("--reps", type=int, default=20)
+    p.add_argument("--users", type=int, default=100_000, help="Beta(5,2) users")
+    p.add_argument("--buckets", type=int, default=256)
+    p.add_argument("--data", help="CSV/Parquet file instead of Beta(5,2) and air_time")
+    p.add_argument("--column", help="the column of --data")
+    p.add_argument("--bounds", default="0,1", help="declared low,high of --column")
+    args = p.parse_args(argv)
+    if args.small:
+        args.epsilons, args.reps, args.users = "1,4", 2, 20_000
+    return jobs.run("square_wave_repro", body, args)
 
 
 if __name__ == "__main__":

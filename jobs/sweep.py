@@ -1,7 +1,7 @@
 """Sweep one protocol over a grid of options and seeds; one run directory per point, a JSON table,
 a plot of a metric against the first grid option, and a comparison report of all the runs.
 
-Self-contained (``ray submit`` uploads only this file):
+Needs rayfed installed where it runs (cluster.yaml installs it on every node):
 
     python jobs/sweep.py --protocol hfl-kmeans --grid epsilon=0.5,1,2,4 --grid aggregation=nma,amn \\
         --seeds 5 --metric wcss
@@ -17,14 +17,13 @@ spent and seconds per run), ``sweep.png`` (mean ± standard error of ``--metric`
 
 from __future__ import annotations
 
-import argparse
 import itertools
-import json
 import math
 import time
 from pathlib import Path
 
 import rayfed
+from rayfed import jobs
 from rayfed.report import compare
 
 
@@ -49,11 +48,7 @@ def grid_points(grid: list[str]) -> list[dict]:
 
 
 def plot(rows: list[dict], axis: str | None, metric: str, out: Path) -> str | None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = jobs.pyplot()
     if axis is None:
         return None
     series: dict[str, dict] = {}
@@ -80,69 +75,38 @@ def plot(rows: list[dict], axis: str | None, metric: str, out: Path) -> str | No
     ax.set_ylabel(metric)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    path = out / "sweep.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return str(path)
+    return jobs.save(fig, out / "sweep.png", dpi=110)
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--protocol", default="hfl-kmeans")
-    p.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-    p.add_argument("--seeds", type=int, default=3)
-    p.add_argument("--metric", help="scalar metric to plot (default: the first numeric one)")
-    p.add_argument("--fail", action="append", metavar="SPEC", help="fault injected in every run")
-    p.add_argument("--backend", default="ray", choices=["ray", "local"])
-    p.add_argument("--address", help="Ray address (default: RAY_ADDRESS, else auto, else embedded)")
-    p.add_argument("--small", action="store_true", help="hfl-kmeans, ε = 1, 4, 2 seeds, local")
-    p.add_argument("--out", default="runs/sweep")
-    args = p.parse_args(argv)
-    if args.small:
-        args.protocol, args.grid, args.seeds, args.backend = (
-            "hfl-kmeans",
-            ["epsilon=1,4"],
-            2,
-            "local",
-        )
-        args.set = ["users=1000", "k=3"]
-        args.metric = args.metric or "wcss"
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+def body(args) -> dict:
+    out = jobs.out_dir(args)
     started = time.perf_counter()
-    address = None if args.backend == "local" else rayfed.connect(args.address, "sweep")[0]
+    address = args.address if args.backend == "ray" else None
     rows = []
-    try:
-        for point in grid_points(args.grid):
-            for seed in range(args.seeds):
-                options = {**point, "seed": seed, "backend": args.backend}
-                options.update(out_dir=str(out / "runs"), address=address, fail=args.fail)
-                try:
-                    result = rayfed.run(args.protocol, sets=args.set, **options)
-                except rayfed.RayfedError as err:  # one failed point does not end the sweep
-                    error = f"{type(err).__name__}: {err}"
-                    rows.append({"point": point, "seed": seed, "status": "failed", "error": error})
-                    print(f"{point} seed {seed}: {error}", flush=True)
-                    continue
-                scalars = {
-                    k: v for k, v in result.metrics.items() if isinstance(v, (int, float, str))
+    for point in grid_points(args.grid):
+        for seed in range(args.seeds):
+            options = {**point, "seed": seed, "backend": args.backend}
+            options.update(out_dir=str(out / "runs"), address=address, fail=args.fail)
+            try:
+                result = rayfed.run(args.protocol, sets=args.set, **options)
+            except rayfed.RayfedError as err:  # one failed point does not end the sweep
+                error = f"{type(err).__name__}: {err}"
+                rows.append({"point": point, "seed": seed, "status": "failed", "error": error})
+                print(f"{point} seed {seed}: {error}", flush=True)
+                continue
+            scalars = {k: v for k, v in result.metrics.items() if isinstance(v, (int, float, str))}
+            rows.append(
+                {
+                    "point": point,
+                    "seed": seed,
+                    "status": "complete",
+                    "run_dir": result.run_dir,
+                    "epsilon_spent": result.privacy.epsilon,
+                    "seconds": result.seconds,
+                    "metrics": scalars,
                 }
-                rows.append(
-                    {
-                        "point": point,
-                        "seed": seed,
-                        "status": "complete",
-                        "run_dir": result.run_dir,
-                        "epsilon_spent": result.privacy.epsilon,
-                        "seconds": result.seconds,
-                        "metrics": scalars,
-                    }
-                )
-                print(f"{point} seed {seed}: {result.headline}", flush=True)
-    finally:
-        rayfed.shutdown()
+            )
+            print(f"{point} seed {seed}: {result.headline}", flush=True)
     done = [r for r in rows if r["status"] == "complete"]
     metric = args.metric or next(
         (k for k, v in (done[0]["metrics"] if done else {}).items() if isinstance(v, float)), None
@@ -160,10 +124,31 @@ def main(argv: list[str] | None = None) -> int:
         if len(done) > 1
         else [],
     }
-    (out / "sweep.json").write_text(json.dumps(record, indent=2, default=str) + "\n")
-    summary = {"out": str(out.resolve()), "runs": len(rows), "failed": len(rows) - len(done)}
-    print(f"RESULT_JSON {json.dumps(summary)}")
-    return 0
+    jobs.write_json(out / "sweep.json", record, default=str)
+    return {"out": str(out.resolve()), "runs": len(rows), "failed": len(rows) - len(done)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = jobs.parser(
+        __doc__, small="hfl-kmeans, ε = 1, 4, 2 seeds, local", out="runs/sweep", backend="ray"
+    )
+    p.add_argument("--protocol", default="hfl-kmeans")
+    p.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--metric", help="scalar metric to plot (default: the first numeric one)")
+    p.add_argument("--fail", action="append", metavar="SPEC", help="fault injected in every run")
+    args = p.parse_args(argv)
+    if args.small:
+        args.protocol, args.grid, args.seeds, args.backend = (
+            "hfl-kmeans",
+            ["epsilon=1,4"],
+            2,
+            "local",
+        )
+        args.set = ["users=1000", "k=3"]
+        args.metric = args.metric or "wcss"
+    return jobs.run("sweep", body, args)
 
 
 if __name__ == "__main__":

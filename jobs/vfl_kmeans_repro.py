@@ -1,7 +1,7 @@
 """DP vertical federated k-means reproduction (Li, Wang & Li, VLDB'23): normalised k-means loss,
 V-measure and intersection error vs ε for DPFMPS and its baselines, beside the paper's Table 2.
 
-Self-contained (``ray submit`` uploads only this file):
+Needs rayfed installed where it runs (cluster.yaml installs it on every node):
 
     python jobs/vfl_kmeans_repro.py                  # synthetic n=20,000, m=8, k=5; S=2,4; ε=0.5..4
     python jobs/vfl_kmeans_repro.py --reps 10        # more repetitions (seeds 0..reps-1)
@@ -17,23 +17,22 @@ a cell estimate (R13). Every repetition is a full protocol run (seeded by its re
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
 import rayfed
-from rayfed import rng
+from rayfed import jobs, rng
 from rayfed.clustering import fm, nearest, normalised_loss, product_grid, weighted_kmeans
 from rayfed.clustering.dplsf import dplsf
 from rayfed.data.scaling import features_of
 from rayfed.privacy import NoiseSource, laplace
-from rayfed.protocols import vfl_kmeans as vk
-from rayfed.protocols import vfl_kmeans_steps as steps
+from rayfed.protocols.vfl_kmeans.config import VflKmeansConfig
+from rayfed.protocols.vfl_kmeans.params import choose_k_prime, split_budget
+from rayfed.protocols.vfl_kmeans.plan import random_split, synthetic_table
 from rayfed.secagg import groupkey
 
 PRIVATE = ["dpfmps-2pest", "dpfmps-basic", "ind-lap", "ldp-agg-2pest", "central-dplsf"]
@@ -150,15 +149,15 @@ def ablation(args, parties: int, eps: float) -> dict:
     """R12: loss of (DPLSF + exact intersections) and (k-means + DPFMPS-2PEst) at the same split."""
     out = {"DPLSF + exact intersection": [], "k-means + DPFMPS-2PEst": []}
     for seed in range(args.reps):
-        cfg = vk.VflKmeansConfig(epsilon=eps, parties=parties, users=args.users)
-        table = steps.synthetic_table(cfg.users, cfg.dims, cfg.k, cfg.spread, seed)
+        cfg = VflKmeansConfig(epsilon=eps, parties=parties, users=args.users)
+        table = synthetic_table(cfg.users, cfg.dims, cfg.k, cfg.spread, seed)
         features = [f"x{j}" for j in range(cfg.dims)]
-        groups = steps.random_split(features, parties, seed)
+        groups = random_split(features, parties, seed)
         x = features_of(table, features)
         positions = [[features.index(c) for c in cols] for cols in groups.values()]
         delta = 1.0 / len(x)
-        split = vk.split_budget(cfg, parties, delta)
-        k_prime, _ = vk.choose_k_prime(cfg, len(x), parties, split, delta)
+        split = split_budget(cfg, parties, delta)
+        k_prime, _ = choose_k_prime(cfg, len(x), parties, split, delta)
         gen = rng.stream(seed, "test", 0, "ablation")
         noise = NoiseSource.seeded(seed, "ablation")
         key = gen.bytes(32)
@@ -210,7 +209,7 @@ def theorem6(args, eps: float = 1.0, k_prime: int = 5, draws: int = 30) -> dict:
     """R13: the empirical sd of BasicEst's raw cell estimates over fresh keys and phantoms, against
     Theorem 6 with ρ ≈ 1.04 (the corrected estimator at γ = 1; the spec says ≈ 1.07) and with the
     paper's ρ = 0.649 (Lang's estimator)."""
-    table = steps.synthetic_table(args.users, 8, 5, 0.1, 0)
+    table = synthetic_table(args.users, 8, 5, 0.1, 0)
     x = features_of(table, [f"x{j}" for j in range(8)])
     n, m_keys = len(x), 4096
     positions = [[0, 1, 2, 3], [4, 5, 6, 7]]
@@ -312,28 +311,8 @@ def checks_of(rows, ablations, thm6) -> dict:
     return checks
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--epsilons", default="0.5,1,2,3,4")
-    p.add_argument("--parties", default="2,4", help="values of S (synthetic data)")
-    p.add_argument("--reps", type=int, default=5, help="repetitions (seeds) per cell")
-    p.add_argument("--users", type=int, default=20_000)
-    p.add_argument("--k", type=int, default=5, help="number of final clusters")
-    p.add_argument("--data", help="CSV/Parquet file instead of the synthetic mixture")
-    p.add_argument("--key", help="user key column of --data")
-    p.add_argument("--columns", help="JSON party -> columns (default: dealt evenly)")
-    p.add_argument(
-        "--bounds", default="{}", help="JSON column -> [low, high] (required with --data)"
-    )
-    p.add_argument("--label", help="reference label column for the V-measure")
-    p.add_argument("--backend", default="local", choices=["ray", "local"])
-    p.add_argument("--small", action="store_true", help="2,000 users, ε = 1, 4, S = 2, 2 reps")
-    p.add_argument("--out", default="runs/vfl_kmeans_repro")
-    args = p.parse_args(argv)
-    if args.small:
-        args.epsilons, args.parties, args.reps, args.users = "1,4", "2", 2, 2000
-    epsilons = [float(e) for e in args.epsilons.split(",")]
-    parties_list = [int(s) for s in args.parties.split(",")]
+def body(args) -> dict:
+    epsilons, parties_list = jobs.numbers(args.epsilons), jobs.numbers(args.parties, int)
     if args.data and args.columns:
         parties_list = [len(json.loads(args.columns))]
     started = time.perf_counter()
@@ -343,8 +322,7 @@ def main(argv: list[str] | None = None) -> int:
         ablations = {s: ablation(args, s, 1.0) for s in parties_list}
         thm6 = theorem6(args, draws=5 if args.small else 30)
     checks = {} if args.data else checks_of(rows, ablations, thm6)  # the paper's checks
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = jobs.out_dir(args)
     record = {
         "data": args.data or f"synthetic mixed Gaussian n={args.users}, m=8, k=5, σ=0.1",
         "repetitions": args.reps,
@@ -357,22 +335,13 @@ def main(argv: list[str] | None = None) -> int:
         "checks": checks,
         "seconds": time.perf_counter() - started,
     }
-    (out / "vfl_kmeans_repro.json").write_text(json.dumps(record, indent=2) + "\n")
+    jobs.write_json(out / "vfl_kmeans_repro.json", record)
     plot(rows, epsilons, parties_list, out / "vfl_kmeans_repro.png", paper=not args.data)
-    for name, ok in checks.items():
-        print(f"{'ok  ' if ok else 'FAIL'} {name}")
-    print(
-        f"RESULT_JSON {json.dumps({'out': str(out.resolve()), 'checks_hold': all(checks.values())})}"
-    )
-    return 0
+    return {"out": str(out.resolve()), "checks_hold": jobs.checks_hold(checks)}
 
 
 def plot(rows, epsilons, parties_list, path, paper: bool) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = jobs.pyplot()
     with_errors = any(r["variant"] == "k'=5" for r in rows)
     fig, axes = plt.subplots(
         2 if with_errors else 1,
@@ -454,9 +423,32 @@ def plot(rows, epsilons, parties_list, path, paper: bool) -> None:
             ax.set_xticks(epsilons, [f"{e:g}" for e in epsilons])
             ax.grid(alpha=0.3)
             ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    jobs.save(fig, path, dpi=110)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = jobs.parser(
+        __doc__,
+        small="2,000 users, ε = 1, 4, S = 2, 2 reps",
+        out="runs/vfl_kmeans_repro",
+        backend="local",
+    )
+    p.add_argument("--epsilons", default="0.5,1,2,3,4")
+    p.add_argument("--parties", default="2,4", help="values of S (synthetic data)")
+    p.add_argument("--reps", type=int, default=5, help="repetitions (seeds) per cell")
+    p.add_argument("--users", type=int, default=20_000)
+    p.add_argument("--k", type=int, default=5, help="number of final clusters")
+    p.add_argument("--data", help="CSV/Parquet file instead of the synthetic mixture")
+    p.add_argument("--key", help="user key column of --data")
+    p.add_argument("--columns", help="JSON party -> columns (default: dealt evenly)")
+    p.add_argument(
+        "--bounds", default="{}", help="JSON column -> [low, high] (required with --data)"
+    )
+    p.add_argument("--label", help="reference label column for the V-measure")
+    args = p.parse_args(argv)
+    if args.small:
+        args.epsilons, args.parties, args.reps, args.users = "1,4", "2", 2, 2000
+    return jobs.run("vfl_kmeans_repro", body, args)
 
 
 if __name__ == "__main__":

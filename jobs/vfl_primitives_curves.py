@@ -1,6 +1,6 @@
 """DP VFL primitives: error vs ε and vs m for every primitive (JSON + plot).
 
-Self-contained (``ray submit`` uploads only this file):
+Needs rayfed installed where it runs (cluster.yaml installs it on every node):
 
     python jobs/vfl_primitives_curves.py                 # synthetic data, 3 repetitions per point
     python jobs/vfl_primitives_curves.py --reps 10
@@ -14,15 +14,13 @@ regression ‖Ax̃ - b‖² / OPT.
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
 import rayfed
+from rayfed import jobs
 
 TASKS = {  # task -> (options, metric, transform, label)
     "l1-moment": ({}, "error", abs, "|error|"),
@@ -62,21 +60,8 @@ def point(task: str, epsilon: float, users: int, reps: int, backend: str) -> dic
     }
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--epsilons", default="0.5,1,2,4")
-    p.add_argument("--users", default="5000,20000,80000")
-    p.add_argument("--fixed-users", type=int, default=20_000, help="m of the error-vs-ε curves")
-    p.add_argument("--fixed-epsilon", type=float, default=1.0, help="ε of the error-vs-m curves")
-    p.add_argument("--reps", type=int, default=3)
-    p.add_argument("--backend", default="local", choices=["ray", "local"])
-    p.add_argument("--small", action="store_true", help="two ε, two m, 2 repetitions")
-    p.add_argument("--out", default="runs/vfl_primitives_curves")
-    args = p.parse_args(argv)
-    if args.small:
-        args.epsilons, args.users, args.reps, args.fixed_users = "1,4", "2000,8000", 2, 4000
-    epsilons = [float(e) for e in args.epsilons.split(",")]
-    users = [int(m) for m in args.users.split(",")]
+def body(args) -> dict:
+    epsilons, users = jobs.numbers(args.epsilons), jobs.numbers(args.users, int)
     started = time.perf_counter()
     rows = []
     for task in TASKS:
@@ -90,21 +75,15 @@ def main(argv: list[str] | None = None) -> int:
             )
         shown = [f"{r['mean']:.3g}" for r in rows if r["task"] == task]
         print(f"{task:<11} {' '.join(shown)}", file=sys.stderr, flush=True)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = jobs.out_dir(args)
     record = {"repetitions": args.reps, "rows": rows, "seconds": time.perf_counter() - started}
-    (out / "vfl_primitives_curves.json").write_text(json.dumps(record, indent=2) + "\n")
+    jobs.write_json(out / "vfl_primitives_curves.json", record)
     plot(rows, out / "vfl_primitives_curves.png")
-    print(f"RESULT_JSON {json.dumps({'out': str(out.resolve()), 'points': len(rows)})}")
-    return 0
+    return {"out": str(out.resolve()), "points": len(rows)}
 
 
 def plot(rows, path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = jobs.pyplot()
     fig, axes = plt.subplots(2, len(TASKS), figsize=(3.3 * len(TASKS), 6.4))
     for col, (task, (_, _, _, label)) in enumerate(TASKS.items()):
         for row, axis in enumerate(("epsilon", "users")):
@@ -127,9 +106,25 @@ def plot(rows, path) -> None:
             ax.set_ylabel(label, fontsize=8)
             ax.grid(alpha=0.3)
     fig.suptitle("DP VFL primitives: error vs ε (top, m fixed) and vs m (bottom, ε fixed)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    jobs.save(fig, path, dpi=100)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = jobs.parser(
+        __doc__,
+        small="two ε, two m, 2 repetitions",
+        out="runs/vfl_primitives_curves",
+        backend="local",
+    )
+    p.add_argument("--epsilons", default="0.5,1,2,4")
+    p.add_argument("--users", default="5000,20000,80000")
+    p.add_argument("--fixed-users", type=int, default=20_000, help="m of the error-vs-ε curves")
+    p.add_argument("--fixed-epsilon", type=float, default=1.0, help="ε of the error-vs-m curves")
+    p.add_argument("--reps", type=int, default=3)
+    args = p.parse_args(argv)
+    if args.small:
+        args.epsilons, args.users, args.reps, args.fixed_users = "1,4", "2000,8000", 2, 4000
+    return jobs.run("vfl_primitives_curves", body, args)
 
 
 if __name__ == "__main__":
