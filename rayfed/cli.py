@@ -60,20 +60,23 @@ def _cmd_run(args) -> int:
         return 0
     from rayfed.api import run
 
-    options = {
-        k: v
-        for k, v in (
-            ("seed", args.seed),
-            ("address", args.address),
-            ("out_dir", args.out),
-            ("backend", args.backend),
-            ("fail", args.fail),
-        )
-        if v is not None
-    }
-    result = run(args.protocol, args.config, sets=args.set, progress=not args.quiet, **options)
+    result = run(
+        args.protocol, args.config, sets=args.set, progress=not args.quiet, **run_options(args)
+    )
     print(result.summary())
     return 0
+
+
+def run_options(args) -> dict:
+    """The run options a parsed ``rayfed run`` command line gives as keywords."""
+    given = (
+        ("seed", args.seed),
+        ("address", args.address),
+        ("out_dir", args.out),
+        ("backend", args.backend),
+        ("fail", args.fail),
+    )
+    return {k: v for k, v in given if v is not None}
 
 
 def _run_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
