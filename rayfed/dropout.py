@@ -1,4 +1,5 @@
-"""Seeded dropout schedules: which simulated user stops answering at which round and phase.
+"""Seeded dropout schedules and population models: which simulated user stops answering at which
+round and phase, and how long each answer takes on a simulated clock.
 
 Phases of one secure-aggregation round, in order (a user that drops at a phase is absent from it
 and from every later phase of that round):
@@ -13,19 +14,45 @@ A rate is a per-phase hazard: the probability of dropping at that phase for a us
 (so rates of 0.1 at two phases drop 19 %, not 20 %). A user's draw is a pure function of (root
 seed, round, user id), so schedules do not depend on how users are dealt to cohorts. Explicit lists
 name user ids per phase and apply to every round.
+
+Beyond these i.i.d. rates a schedule composes population models, each a pure, vectorised function
+of (root seed, round, user ids):
+
+* availability — :class:`Markov` (a per-user on/off chain across rounds, optionally diurnal),
+  :class:`Outage` (a named group offline together for some rounds) and :class:`Trace` (a replayed
+  file of (user, round, available[, latency_s])): a user offline at a round drops
+  ``before_advertise``;
+* latency — :class:`Stragglers`: every answer of a client phase takes a log-normal time (or the
+  trace's), and one that would arrive after the phase's deadline is a dropout at that phase.
+
+Nothing sleeps: time runs on a simulated clock (:meth:`DropoutSchedule.simulated_seconds`).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
+from scipy.special import ndtri
 
 from rayfed import rng
-from rayfed.errors import ConfigError
+from rayfed.errors import ConfigError, DataError
 
 PHASES = ("before_advertise", "after_share_keys", "after_masked_input", "during_unmask")
 NEVER = len(PHASES)
+#: the client phases of one round, whose answers a deadline bounds
+CLIENT_PHASES = ("advertise", "share_keys", "masked_input", "unmask")
+#: the dropout phase of a user whose answer to a client phase misses its deadline: late keys or
+#: late shares leave it out of the round before any mask involves it (its neighbours count it as
+#: absent when they check for t live neighbours, which is the cautious side); a late masked input
+#: is a dropout after sharing, a late unmasking answer one during the unmasking
+MISSED = np.array([0, 0, 1, 3], dtype=np.int8)
+#: per client phase, the least drop phase (index into PHASES) of a user the server waits for, and
+#: of a user that answers: e.g. one that drops after_masked_input answered masked_input, not unmask
+EXPECTED_FROM = np.array([0, 1, 1, 2], dtype=np.int8)
+ANSWERS_FROM = np.array([1, 1, 2, NEVER], dtype=np.int8)
 
 
 @dataclass(frozen=True)
@@ -34,6 +61,9 @@ class DropoutSchedule:
 
     rates: dict[str, float] = field(default_factory=dict)
     explicit: dict[str, list[int]] = field(default_factory=dict)
+    #: availability models (Markov, Outage, Trace): offline at a round = drops before_advertise
+    availability: tuple = ()
+    stragglers: Stragglers | None = None
 
     def __post_init__(self):
         for name, table in (("dropout", self.rates), ("dropout_users", self.explicit)):
@@ -52,7 +82,13 @@ class DropoutSchedule:
 
     def drop_phase(self, seed: int, round: int, ids: np.ndarray) -> np.ndarray:
         """Index into PHASES of the phase each user drops at (NEVER = 4 if it stays)."""
-        ids = np.asarray(ids, dtype=np.int64)
+        out = self._absent(seed, round, np.asarray(ids, dtype=np.int64))
+        if self.stragglers is not None:
+            out = np.minimum(out, self.stragglers.missed(seed, round, ids))
+        return out
+
+    def _absent(self, seed: int, round: int, ids: np.ndarray) -> np.ndarray:
+        """The drop phase from the rates, the lists and the availability models (no latency)."""
         out = np.full(ids.size, NEVER, dtype=np.int8)
         if self.rates:
             u = rng.keyed_uniform(seed, "dropout", round, ids, len(PHASES))
@@ -61,4 +97,187 @@ class DropoutSchedule:
         for p, phase in reversed(list(enumerate(PHASES))):
             listed = np.isin(ids, np.asarray(self.explicit.get(phase, []), dtype=np.int64))
             out[listed] = np.minimum(out[listed], p)
+        for model in self.availability:
+            out[~model.online(seed, round, ids)] = 0
         return out
+
+    def simulated_seconds(self, seed: int, round: int, ids: np.ndarray) -> dict[str, float]:
+        """The simulated time of each client phase of round ``round`` for the users ``ids``: the
+        server waits for the slowest answer, or until the deadline when an answer it expects does
+        not come in time (a user that dropped, or is late). Without a latency model answers are
+        instant, and only the wait for missing users counts."""
+        ids = np.asarray(ids, dtype=np.int64)
+        absent = self._absent(seed, round, ids)
+        s = self.stragglers
+        latency = s.latency(seed, round, ids) if s is not None else np.zeros((ids.size, 4))
+        deadline = s.deadline_s if s is not None else 0.0
+        late = latency > deadline if s is not None else np.zeros_like(latency, dtype=bool)
+        late_before = np.cumsum(late, axis=1) - late > 0
+        out = {}
+        for c, phase in enumerate(CLIENT_PHASES):
+            expected = (absent >= EXPECTED_FROM[c]) & ~late_before[:, c]
+            answered = expected & (absent >= ANSWERS_FROM[c]) & ~late[:, c]
+            times = latency[answered, c]
+            if np.any(expected & ~answered):
+                out[phase] = float(deadline)
+            else:
+                out[phase] = float(times.max()) if times.size else 0.0
+        return out
+
+
+@dataclass(frozen=True)
+class Markov:
+    """Each user's device is on or off, a two-state Markov chain across rounds: it switches off
+    with probability ``off`` and back on with probability ``on`` per round, starting from the
+    chain's stationary share ``on / (on + off)``. With ``diurnal`` = a > 0 the rates follow a
+    daily cycle of ``period`` rounds: off·(1 + a·sin θ) and on·(1 - a·sin θ), θ = 2π·round/period
+    (so devices are scarcer half of the day). A user's state at round r is a pure function of
+    (seed, id, r): the chain is replayed from round 0 with keyed uniforms."""
+
+    off: float
+    on: float
+    diurnal: float = 0.0
+    period: int = 24
+
+    def __post_init__(self):
+        for name in ("off", "on"):
+            if not 0 < getattr(self, name) <= 1:
+                raise ConfigError(f"markov_{name}", "must be a probability in (0, 1]")
+        if not 0 <= self.diurnal < 1:
+            raise ConfigError("diurnal", f"the amplitude must be in [0, 1), got {self.diurnal}")
+        if self.period < 1:
+            raise ConfigError("diurnal_period", "must be at least one round")
+
+    def rates(self, round: int) -> tuple[float, float]:
+        """(P(on -> off), P(off -> on)) at ``round``."""
+        wave = self.diurnal * math.sin(2 * math.pi * round / self.period)
+        return min(1.0, self.off * (1 + wave)), min(1.0, self.on * (1 - wave))
+
+    def online(self, seed: int, round: int, ids: np.ndarray) -> np.ndarray:
+        ids = np.asarray(ids, dtype=np.int64)
+        state = rng.keyed_uniform(seed, "availability", 0, ids)[:, 0] < self.on / (
+            self.on + self.off
+        )
+        for r in range(1, round + 1):
+            u = rng.keyed_uniform(seed, "availability", r, ids)[:, 0]
+            p_off, p_on = self.rates(r)
+            state = np.where(state, u >= p_off, u < p_on)
+        return state
+
+
+@dataclass(frozen=True)
+class Outage:
+    """A named group of users (a cohort, a region, an app version) offline together for
+    ``rounds`` rounds from round ``start``."""
+
+    name: str
+    users: tuple[int, ...]
+    start: int = 0
+    rounds: int = 1
+
+    def online(self, seed: int, round: int, ids: np.ndarray) -> np.ndarray:
+        if not self.start <= round < self.start + self.rounds:
+            return np.ones(len(ids), dtype=bool)
+        return ~np.isin(np.asarray(ids, dtype=np.int64), np.asarray(self.users, dtype=np.int64))
+
+
+@dataclass(frozen=True, eq=False)
+class Trace:
+    """A replayed availability trace: rows (user, round, available[, latency_s]); a (user, round)
+    the trace does not list is available, with no recorded latency."""
+
+    user: np.ndarray
+    round: np.ndarray
+    available: np.ndarray
+    latency_s: np.ndarray | None = None
+
+    @staticmethod
+    def read(path: str | Path) -> Trace:
+        """A CSV or Parquet trace file."""
+        from rayfed.data import load_table
+
+        table = load_table(path)
+        missing = [c for c in ("user", "round", "available") if c not in table.column_names]
+        if missing:
+            raise DataError(
+                "trace", f"the trace lacks column(s) {missing}", "user, round, available"
+            )
+        latency = (
+            _column(table, "latency_s", np.float64) if "latency_s" in table.column_names else None
+        )
+        return Trace(
+            _column(table, "user", np.int64),
+            _column(table, "round", np.int64),
+            _column(table, "available", bool),
+            latency,
+        )
+
+    def _rows(self, round: int, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(the trace row of each id at ``round``, whether the trace has one)."""
+        at = np.flatnonzero(self.round == round)
+        if at.size == 0:
+            return np.zeros(ids.size, dtype=np.int64), np.zeros(ids.size, dtype=bool)
+        at = at[np.argsort(self.user[at], kind="stable")]
+        pos = np.minimum(np.searchsorted(self.user[at], ids), at.size - 1)
+        return at[pos], self.user[at][pos] == ids
+
+    def online(self, seed: int, round: int, ids: np.ndarray) -> np.ndarray:
+        ids = np.asarray(ids, dtype=np.int64)
+        rows, found = self._rows(round, ids)
+        out = np.ones(ids.size, dtype=bool)
+        out[found] = self.available[rows[found]]
+        return out
+
+    def latency(self, round: int, ids: np.ndarray) -> np.ndarray:
+        """Each id's recorded latency at ``round`` (NaN where the trace has none)."""
+        ids = np.asarray(ids, dtype=np.int64)
+        out = np.full(ids.size, np.nan)
+        if self.latency_s is not None:
+            rows, found = self._rows(round, ids)
+            out[found] = self.latency_s[rows[found]]
+        return out
+
+
+@dataclass(frozen=True)
+class Stragglers:
+    """Per user and client phase, the time its answer takes: log-normal with median ``median_s``
+    and shape ``sigma`` (or the trace's latency where it records one, for every phase of that
+    round); an answer later than the phase's deadline ``deadline_s`` is a dropout at that phase
+    (see MISSED)."""
+
+    median_s: float = 1.0
+    sigma: float = 1.0
+    deadline_s: float = 10.0
+    trace: Trace | None = None
+
+    def __post_init__(self):
+        for name in ("median_s", "deadline_s"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"latency_{name}", f"must be positive, got {getattr(self, name)}")
+        if not self.sigma >= 0:
+            raise ConfigError("latency_sigma", f"must be >= 0, got {self.sigma}")
+
+    def deadlines(self) -> np.ndarray:
+        return np.full(len(CLIENT_PHASES), self.deadline_s)
+
+    def latency(self, seed: int, round: int, ids: np.ndarray) -> np.ndarray:
+        """(users x client phases) seconds."""
+        ids = np.asarray(ids, dtype=np.int64)
+        u = rng.keyed_uniform(seed, "latency", round, ids, len(CLIENT_PHASES))
+        z = ndtri(np.clip(u, 2.0**-53, 1 - 2.0**-53))
+        out = self.median_s * np.exp(self.sigma * z)
+        if self.trace is not None:
+            recorded = self.trace.latency(round, ids)
+            known = ~np.isnan(recorded)
+            out[known] = recorded[known, None]
+        return out
+
+    def missed(self, seed: int, round: int, ids: np.ndarray) -> np.ndarray:
+        """The dropout phase of each user's first late answer (NEVER if none is late)."""
+        late = self.latency(seed, round, ids) > self.deadlines()
+        first = np.where(late.any(axis=1), late.argmax(axis=1), -1)
+        return np.where(first >= 0, MISSED[np.maximum(first, 0)], NEVER).astype(np.int8)
+
+
+def _column(table, name: str, dtype) -> np.ndarray:
+    return table.column(name).to_numpy(zero_copy_only=False).astype(dtype)

@@ -50,6 +50,8 @@ PURPOSES: dict[str, int] = {
     "group-key": 25,
     "gaussian-share": 26,
     "ldp-report": 27,
+    "availability": 28,
+    "latency": 29,
     "test": 99,
 }
 

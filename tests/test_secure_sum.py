@@ -5,6 +5,7 @@ import json
 import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
 import pytest
 
 import rayfed
@@ -66,6 +67,20 @@ def test_vectors_from_a_file(tmp_path):
         "secure-sum", backend="local", out_dir=None, data={"path": str(path), "key": "uid"}
     )
     assert result.metrics["exact"] and result.metrics["dim"] == 2 and result.metrics["users"] == 50
+    # a cohort killed mid-round, or offline together, with a file's own key (not user_id): the
+    # reference finds the cohort's users (it used to look for a column the cohorts do not have)
+    for lost in ({"kill": "c1@masked_input"}, {"outage_cohort": "c1"}):
+        result = rayfed.run(
+            "secure-sum",
+            backend="local",
+            out_dir=None,
+            data={"path": str(path), "key": "uid"},
+            cohorts=4,
+            tolerated_dropout=0.4,
+            **lost,
+        )
+        # 50 users in 4 contiguous blocks: cuts at round(12.5) = 12, 25, round(37.5) = 38
+        assert result.metrics["exact"] and result.metrics["rounds"][0]["survivors"] == 50 - 13
 
 
 @pytest.mark.parametrize("option", ["users", "dim"])
@@ -199,3 +214,58 @@ def test_weak_overrides_and_oversized_complete_graphs_are_errors():
         rayfed.run(
             "secure-sum", backend="local", out_dir=None, users=20_000, graph="complete", cohorts=1
         )
+
+
+def test_a_replayed_trace_decides_who_is_online(tmp_path):
+    """Users 0-9 are offline at round 0 and user 10 answers too late: exactly they are missing
+    from round 0's exact sum, and nobody from round 1's."""
+    path = tmp_path / "trace.parquet"
+    users = np.arange(11)
+    pq.write_table(
+        pa.table(
+            {
+                "user": users,
+                "round": np.zeros(11, dtype=np.int64),
+                "available": users >= 10,
+                "latency_s": np.where(users >= 10, 60.0, 1.0),
+            }
+        ),
+        path,
+    )
+    result = rayfed.run(
+        "secure-sum",
+        backend="local",
+        out_dir=None,
+        users=100,
+        dim=3,
+        rounds=2,
+        trace=str(path),
+        availability="trace",
+        latency="trace",
+        latency_sigma=0.0,  # every unrecorded answer takes the median, 1 s
+    )
+    rounds = result.metrics["rounds"]
+    assert [r["survivors"] for r in rounds] == [89, 100]
+    assert all(r["exact"] for r in rounds)
+    # round 0 waits out the 10 s deadline at advertise (users 0-10 never answer); round 1 is 1 s
+    # a phase
+    assert result.metrics["simulated_seconds"][0]["advertise"] == 10.0
+    assert result.metrics["simulated_round_seconds"][1] == 4.0
+
+
+@pytest.mark.parametrize(
+    "options,field",
+    [
+        ({"availability": "trace"}, "trace"),
+        ({"trace": "t.csv"}, "trace"),
+        ({"markov_on": 0.3}, "markov_on"),
+        ({"latency_deadline_s": 5.0}, "latency_deadline_s"),
+        ({"outage_start": 2}, "outage_start"),
+        ({"outage_cohort": "c9"}, "outage_cohort"),
+        ({"outage": [1], "outage_cohort": "c0"}, "outage_cohort"),
+    ],
+)
+def test_population_options_are_checked(options, field):
+    with pytest.raises(ConfigError) as err:
+        rayfed.run("secure-sum", backend="local", out_dir=None, users=20, dim=2, **options)
+    assert err.value.field == field

@@ -173,8 +173,12 @@ class NoiseSource:
 
     def user_bytes(self, purpose: str, round: int, ids: np.ndarray, n: int) -> np.ndarray:
         """``(len(ids), n)`` uint8 secret bytes per user (keys, seeds): the OS when secure."""
-        words = self.user_words(purpose, round, ids, -(-n // 8))
-        return np.ascontiguousarray(words).view(np.uint8).reshape(len(words), -1)[:, :n].copy()
+        width = -(-n // 8)
+        words = self.user_words(purpose, round, ids, width)
+        # reshape with an explicit width: a cohort whose users all dropped has no rows
+        return (
+            np.ascontiguousarray(words).view(np.uint8).reshape(len(words), 8 * width)[:, :n].copy()
+        )
 
     def secret_bytes(self, purpose: str, n: int, round: int = 0, ident: Any = None) -> bytes:
         """``n`` secret bytes of this actor (a key, a mask seed): the OS when secure."""

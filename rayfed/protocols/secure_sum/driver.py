@@ -13,7 +13,7 @@ from rayfed.secagg import make_spec, secure_sum
 def drive(fed, cfg: SecureSumConfig, plan: Plan) -> Outcome:
     params = plan.params
     kill = cfg.kill_point()
-    rows = []
+    rows, clock = [], []
     for r in range(cfg.rounds):
         with fed.round(r):
             spec = make_spec(
@@ -23,7 +23,7 @@ def drive(fed, cfg: SecureSumConfig, plan: Plan) -> Outcome:
                 params=params.secagg,
                 encoding=params.encoding,
                 dim=params.dim,
-                dropout=cfg.schedule(),
+                dropout=params.schedule,
                 tag=fed.run_id.encode(),
                 kill=kill if r == 0 else None,
             )
@@ -39,6 +39,7 @@ def drive(fed, cfg: SecureSumConfig, plan: Plan) -> Outcome:
             cfg, plan, spec, kill=kill, seed=fed.seed, faults=fed.injected_faults
         )
         rows.append(report.round_row(r, result, params, survivors, reference))
+        clock.append(params.schedule.simulated_seconds(fed.seed, r, params.registry))
     return report.outcome(
         cfg,
         params,
@@ -47,4 +48,5 @@ def drive(fed, cfg: SecureSumConfig, plan: Plan) -> Outcome:
         reference,
         cohorts=len(fed.cohorts),
         phase_seconds=fed.phase_seconds(),
+        simulated_seconds=clock,
     )

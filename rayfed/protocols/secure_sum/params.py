@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from rayfed.dropout import DropoutSchedule
 from rayfed.protocols.secure_sum.config import SecureSumConfig
 from rayfed.secagg import FixedPoint, SecAggParams, check_params, find_params
 
@@ -13,13 +14,17 @@ from rayfed.secagg import FixedPoint, SecAggParams, check_params, find_params
 @dataclass(frozen=True)
 class Params:
     """The sorted user ids (the registry), the neighbour graph and threshold, the fixed-point
-    encoding, the vector length and the value columns of a data file (empty: synthetic inputs)."""
+    encoding, the vector length, the value columns of a data file (empty: synthetic inputs) and
+    the dropout schedule."""
 
     registry: np.ndarray
     secagg: SecAggParams
     encoding: FixedPoint
     dim: int
     columns: list[str]
+    #: who drops when: the rates, the lists and the population models, resolved (trace read,
+    #: outage cohort named by its users)
+    schedule: DropoutSchedule
 
 
 def secagg_params(cfg: SecureSumConfig, n: int) -> SecAggParams:

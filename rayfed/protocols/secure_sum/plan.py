@@ -36,6 +36,10 @@ def plan(cfg: SecureSumConfig, seed: int) -> Plan:
     kill = cfg.kill_point()
     if kill is not None and kill[0] not in cohorts:
         raise ConfigError("kill", f"no cohort {kill[0]!r}", sorted(cohorts))
+    if cfg.outage_cohort is not None and cfg.outage_cohort not in cohorts:
+        raise ConfigError("outage_cohort", f"no cohort {cfg.outage_cohort!r}", sorted(cohorts))
+    key = cfg.data.key or "user_id"
+    schedule = cfg.schedule({name: t.column("user_id").to_numpy() for name, t in cohorts.items()})
     secagg = secagg_params(cfg, n)
     encoding = FixedPoint.choose(n, cfg.clip, cfg.frac_bits, cfg.modulus_bits)
     _check_params(cfg, secagg, n, n_cohorts)
@@ -47,11 +51,12 @@ def plan(cfg: SecureSumConfig, seed: int) -> Plan:
         cohort_restarts=cfg.rounds,  # a cohort's state lives for one round: restart it
         evaluation={"table": table if columns else None},
         params=Params(
-            registry=np.sort(table.column(cfg.data.key or "user_id").to_numpy()),
+            registry=np.sort(table.column(key).to_numpy()),
             secagg=secagg,
             encoding=encoding,
             dim=dim,
             columns=columns,
+            schedule=schedule,
         ),
     )
 

@@ -81,7 +81,7 @@ def _lost_at(
     for cohort, phase in planned:
         if phase not in PHASE_INDEX:  # a fault in no phase of secure aggregation never fires
             continue
-        members = np.unique(plan.cohorts[cohort][0].column(cfg.data.key or "user_id"))
+        members = np.unique(plan.cohorts[cohort][0].column("user_id"))  # per_user renames the key
         at = np.searchsorted(registry, members)
         lost[at] = np.minimum(lost[at], PHASE_INDEX[phase])  # the earliest death counts
     return lost
@@ -120,6 +120,7 @@ def outcome(
     *,
     cohorts: int,
     phase_seconds: dict[str, float],
+    simulated_seconds: list[dict[str, float]],
 ) -> Outcome:
     """The last round's sum next to the plaintext sum, every round's check, and the metrics."""
     secagg = params.secagg
@@ -138,6 +139,9 @@ def outcome(
         "log2_correctness_failure": secagg.log2_correctness_failure,
         "modulus_bits": params.encoding.modulus_bits,
         "phase_seconds": phase_seconds,
+        # per round and client phase, the time on the simulated clock of the latency model
+        "simulated_seconds": simulated_seconds,
+        "simulated_round_seconds": [sum(r.values()) for r in simulated_seconds],
         "rounds": rows,
     }
     tables = {
