@@ -181,6 +181,23 @@ def test_ledger_refuses_before_recording_and_totals_match():
     assert report.entries[-1]["epsilon_after"] == pytest.approx(1.0)
 
 
+def test_charge_all_records_all_or_nothing():
+    """Three charges in one call, the third over budget: nothing of the call is recorded, in any
+    scope, and the ledger charges on from where it was (0.5 in p0, 0 in p1)."""
+    ledger = PrivacyLedger(Budget(1.0), composition="parallel")
+    ledger.charge(dp_event.LaplaceDpEvent(noise_multiplier=2.0), label="a", scope="p0")
+    lap = dp_event.LaplaceDpEvent
+    with pytest.raises(BudgetExceeded):
+        ledger.charge_all(
+            [("p1", "b", lap(2.0)), ("run", "c", lap(4.0)), ("p0", "d", lap(2.0))], round=1
+        )
+    assert [e.label for e in ledger.entries] == ["a"]
+    assert ledger.report().per_scope == pytest.approx({"p0": 0.5})
+    entries = ledger.charge_all([("p1", "b", lap(2.0)), ("run", "c", lap(4.0))], round=1)
+    assert [e.epsilon_after for e in entries] == pytest.approx([0.5, 0.75])  # p1; then p0 + run
+    assert ledger.report().per_scope == pytest.approx({"p0": 0.75, "p1": 0.75, "run": 0.25})
+
+
 def test_parallel_scopes_take_the_worst_scope():
     ledger = PrivacyLedger(Budget(1.0), composition="parallel")
     ledger.charge(dp_event.LaplaceDpEvent(noise_multiplier=2.0), label="x", scope="p0")

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import copy
-
 from rayfed.actors.base import RoleActor
 from rayfed.errors import UnaccountedNoise
 from rayfed.privacy.ledger import Budget, PrivacyLedger, PrivacyReport
@@ -22,15 +20,8 @@ class CoordinatorActor(RoleActor):
 
         All or nothing: if one would exceed the budget, none is recorded.
         """
-        saved = copy.deepcopy(self.ctx.ledger)
-        try:
-            return [
-                self.ctx.ledger.charge(event, label=label, scope=scope, round=round).epsilon_after
-                for scope, label, event in charges
-            ]
-        except BaseException:
-            self.ctx.ledger = saved
-            raise
+        entries = self.ctx.ledger.charge_all(charges, round=round)
+        return [e.epsilon_after for e in entries]
 
     def note(self, text: str) -> None:
         self.ctx.ledger.note(text)

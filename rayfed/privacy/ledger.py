@@ -323,6 +323,20 @@ class PrivacyLedger:
         self.entries.append(entry)
         return entry
 
+    def charge_all(self, charges: list[tuple[str, str, Any]], *, round: int) -> list[LedgerEntry]:
+        """Charge ``(scope, label, event)`` triples in order, all or nothing: if one would exceed
+        the budget, none is recorded. (``charge`` composes into copies and swaps them in, so the
+        accountants held before stay untouched and restoring them is exact.)"""
+        accountants, count = dict(self._accountants), len(self.entries)
+        try:
+            return [
+                self.charge(event, label=label, scope=scope, round=round)
+                for scope, label, event in charges
+            ]
+        except BaseException:
+            self._accountants, self.entries[count:] = accountants, []
+            raise
+
     def scopes(self) -> list[str]:
         return sorted({e.scope for e in self.entries})
 
