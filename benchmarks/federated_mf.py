@@ -32,11 +32,11 @@ def main(argv: list[str] | None = None) -> int:
     configs = [
         (
             "LFL ML-100K real SA (simulation), 10 iterations, ε=4",
-            dict(data={"path": str(ML100K)}, epsilon=4.0, secagg_mode="simulation"),
+            dict(data={"path": str(ML100K)}, epsilon=4.0, secagg_mode="simulation", iterations=10),
         ),
         (
             "LFL 20,000 synthetic users, dealer SA, 10 iterations, ε=1",
-            dict(users=20_000, items=200, secagg_mode="dealer"),
+            dict(users=20_000, items=200, secagg_mode="dealer", iterations=10),
         ),
     ]
     records = []

@@ -193,6 +193,7 @@ def _result(proto, fed: Federation, plan: Plan, outcome, record: _Record) -> Res
         timings=fed.timings,
         seconds=time.perf_counter() - record.started,
         headline=outcome.headline,
+        details=outcome.details,
         run_dir=str(record.rundir.path) if record.rundir else None,
         noise_fingerprints=fed.noise_fingerprints(),
     )
@@ -292,6 +293,7 @@ def _write_result(rundir: RunDir, manifest: dict[str, Any], result: Result) -> N
         finished_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         seconds=result.seconds,
         headline=result.headline,
+        details=result.details,
         privacy=result.privacy.to_dict(),
         metrics=result.metrics,
         timings=result.timings,

@@ -321,6 +321,7 @@ def _summary_html(run: Run, images: list[Path]) -> str:
     )
     body = [
         f"<p><b>{html.escape(m.get('headline', ''))}</b></p>",
+        *(f"<p>{html.escape(line)}</p>" for line in m.get("details", [])),
         failed,
         _table(
             {

@@ -55,6 +55,8 @@ class Outcome:
     tables: dict[str, pa.Table]
     metrics: dict[str, Any] = field(default_factory=dict)
     headline: str = ""
+    #: more lines for the summary under the headline (baselines, a learning curve)
+    details: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -77,6 +79,7 @@ class Result:
     #: member -> digests of its noise releases (NoiseSource.fingerprints): compare two runs'
     #: noise without exposing it; in memory only, never written to the run directory
     noise_fingerprints: dict[str, list[str]] = field(default_factory=dict, repr=False)
+    details: list[str] = field(default_factory=list)
 
     def summary(self) -> str:
         """A few lines for the end of a CLI run."""
@@ -84,6 +87,7 @@ class Result:
         lines = [
             f"{self.protocol} run {self.run_id} (seed {self.seed})",
             f"  result:  {self.headline}" if self.headline else None,
+            *(f"           {line}" for line in self.details),
             f"  privacy: {self.privacy.summary()}",
             *(f"           {note}" for note in self.privacy.notes),
             f"  noise:   {self.privacy.randomness_statement}",

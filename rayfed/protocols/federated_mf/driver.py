@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-from rayfed import mf, rng
 from rayfed.protocols.base import Outcome, Plan
 from rayfed.protocols.federated_mf import report
 from rayfed.protocols.federated_mf.config import FederatedMFConfig
 from rayfed.protocols.federated_mf.lfl import driver as lfl_driver
 from rayfed.protocols.federated_mf.lfl import report as lfl_report
 from rayfed.protocols.federated_mf.partitioned import driver as partitioned_driver
-
-#: the central baseline's epochs of the reference SGD (spec §5.4)
-CENTRAL_EPOCHS = 30
+from rayfed.protocols.federated_mf.steps import central_test_mse
 
 
 def drive(fed, cfg: FederatedMFConfig, plan: Plan) -> Outcome:
@@ -25,14 +22,8 @@ def drive(fed, cfg: FederatedMFConfig, plan: Plan) -> Outcome:
 def _central(fed, cfg: FederatedMFConfig, plan: Plan) -> Outcome:
     """The non-private central baseline, trained in the driver on the pooled ratings: no member
     runs a step and nothing is released."""
-    result = mf.central_sgd(
-        plan.evaluation["train"],
-        plan.evaluation["test"],
-        p=cfg.rank,
-        epochs=CENTRAL_EPOCHS,
-        rng=rng.stream(fed.seed, "init", 0, "central-baseline"),
-    )
+    test_mse = central_test_mse(plan.evaluation, rank=cfg.rank, seed=fed.seed)
     fed.note(report.CENTRAL_NOTE)
     if cfg.setting == "lfl":
-        return lfl_report.outcome(cfg, plan.params, plan.budget.epsilon, result.test_mse, [], [])
-    return report.central_outcome(cfg, result.test_mse)
+        return lfl_report.outcome(cfg, plan.params, plan.budget.epsilon, test_mse, [], {})
+    return report.central_outcome(cfg, test_mse)

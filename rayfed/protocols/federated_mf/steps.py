@@ -45,6 +45,23 @@ def pretrain_step(
     return int(ids.size)
 
 
+# --- the driver: evaluation only -----------------------------------------------------------------
+#: the central baseline's epochs of the reference SGD (spec §5.4)
+CENTRAL_EPOCHS = 30
+
+
+def central_test_mse(evaluation: dict, *, rank: int, seed: int) -> float:
+    """The non-private central baseline: SGD on the pooled training ratings (the plan's
+    evaluation data, never given to a member), its test MSE."""
+    return mf.central_sgd(
+        evaluation["train"],
+        evaluation["test"],
+        p=rank,
+        epochs=CENTRAL_EPOCHS,
+        rng=rng.stream(seed, "init", 0, "central-baseline"),
+    ).test_mse
+
+
 # --- the coordinator -------------------------------------------------------------------------------
 def init_v_step(ctx: StepContext, *, m: int, p: int, mean: float, bound: float) -> Message:
     """The server's V in 𝒱, kept as its state and broadcast."""

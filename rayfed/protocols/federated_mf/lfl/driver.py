@@ -24,9 +24,10 @@ from rayfed.protocols.federated_mf.lfl.steps import (
     finetune_step,
     lfl_round1_inputs,
     lfl_round2_step,
+    stopped_here_step,
     update_v_step,
 )
-from rayfed.protocols.federated_mf.steps import init_v_step, pretrain_step
+from rayfed.protocols.federated_mf.steps import central_test_mse, init_v_step, pretrain_step
 from rayfed.secagg import make_spec, secure_sum
 
 
@@ -46,7 +47,13 @@ def drive(fed, cfg: FederatedMFConfig, plan: Plan) -> Outcome:
         phase="pretrain",
     )
     history: list[dict[str, Any]] = []
+    baselines: dict[str, float] = {}
     if params.method in ("lfl", "ldp"):
+        # evaluation only, in the same run: where Stage 1 alone ends, and the central optimum
+        baselines["stage1_test_mse"] = _stopped_here(fed, cfg, v_msg)
+        baselines["central_test_mse"] = central_test_mse(
+            plan.evaluation, rank=cfg.rank, seed=fed.seed
+        )
         v_msg, history = _iterations(fed, cfg, params, v_msg)
     for note in report.notes(cfg, params):
         fed.note(note)
@@ -59,9 +66,27 @@ def drive(fed, cfg: FederatedMFConfig, plan: Plan) -> Outcome:
         phase="finetune",
     )
     parts = fed.get(fed.cohorts.run(evaluate_step, v_msg.single(), phase="evaluate"))
-    test_mse = sum(s for s, _ in parts.values()) / max(1, sum(c for _, c in parts.values()))
-    skipped = [row["iteration"] for row in history if row["skipped"]]
-    return report.outcome(cfg, params, plan.budget.epsilon, test_mse, history, skipped)
+    return report.outcome(cfg, params, plan.budget.epsilon, _mean(parts), history, baselines)
+
+
+def _mean(parts: dict[str, tuple[float, int]]) -> float:
+    """The test MSE from the cohorts' (squared error, count) pairs."""
+    return sum(s for s, _ in parts.values()) / max(1, sum(c for _, c in parts.values()))
+
+
+def _stopped_here(fed, cfg: FederatedMFConfig, v_msg) -> float:
+    """Evaluation only: the test MSE had training stopped at the coordinator's current V (Stage 3
+    on copies); a cohort that is gone is left out of the point."""
+    parts = fed.cohorts.run(
+        stopped_here_step,
+        v_msg.single(),
+        steps=cfg.finetune_steps,
+        lr=cfg.local_lr,
+        bound=cfg.bound,
+        phase="learning_curve",
+        on_failure="drop",
+    )
+    return _mean(fed.get(parts))
 
 
 def _iterations(fed, cfg: FederatedMFConfig, params: LflParams, v_msg):
@@ -72,10 +97,12 @@ def _iterations(fed, cfg: FederatedMFConfig, params: LflParams, v_msg):
         with fed.round(t):
             fed.charge([("run", f"iteration {t}", round1_event(noise))])
             v_msg, row = _iteration(fed, cfg, params, t, v_msg, noise)
+            row["test_mse"] = _stopped_here(fed, cfg, v_msg)
             fed.record(
                 survivors_round1=row.get("u1", 0),
                 survivors_round2=row.get("u2", 0),
                 skipped=int(row["skipped"]),
+                test_mse=row["test_mse"],
             )
         history.append(row)
     return v_msg, history

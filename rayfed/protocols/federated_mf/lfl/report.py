@@ -13,6 +13,12 @@ from rayfed.protocols.federated_mf.config import FederatedMFConfig
 from rayfed.protocols.federated_mf.lfl.params import LflParams
 
 ITERATION_COLUMNS = ("iteration", "skipped", "u1", "u2", "f_eff", "f_applied")
+METHOD_NAMES = {
+    "lfl": "LFL-SGDMF",
+    "ldp": "LFL with LDP-level noise (baseline)",
+    "stage1": "LFL Stage 1 only (baseline)",
+    "central": "central non-private SGD (baseline)",
+}
 
 
 def notes(cfg: FederatedMFConfig, params: LflParams) -> list[str]:
@@ -54,8 +60,9 @@ def outcome(
     charged_epsilon: float,
     test_mse: float,
     history: list[dict[str, Any]],
-    skipped: list[int],
+    baselines: dict[str, float],
 ) -> Outcome:
+    skipped = [row["iteration"] for row in history if row["skipped"]]
     metrics = {
         "test_mse": test_mse,
         "method": params.method,
@@ -71,13 +78,25 @@ def outcome(
         "secagg_mode": cfg.secagg_mode,
         "epsilon_nominal": cfg.epsilon,
         "epsilon_worst_case": charged_epsilon,
+        **baselines,
+        "learning_curve": [row["test_mse"] for row in history],
     }
-    headline = f"LFL {params.method} test MSE {test_mse:.4f} ({params.n} users, {params.m} items)"
+    headline = f"{METHOD_NAMES[params.method]} test MSE {test_mse:.4f} ({params.n} users, {params.m} items)"
     if skipped:
         headline += f"; {len(skipped)} iteration(s) skipped below threshold"
+    details = []
+    if baselines:
+        details = [
+            "baselines (same run, evaluation only): Stage 1 only "
+            f"{baselines['stage1_test_mse']:.4f}, central non-private SGD "
+            f"{baselines['central_test_mse']:.4f}",
+            "test MSE by iteration: " + " ".join(f"{row['test_mse']:.3f}" for row in history),
+        ]
     table = (
         pa.Table.from_pylist([{k: r.get(k) for k in ITERATION_COLUMNS} for r in history])
         if history
         else pa.table({"iteration": pa.array([], pa.int64())})
     )
-    return Outcome(tables={"iterations": table}, metrics=metrics, headline=headline)
+    return Outcome(
+        tables={"iterations": table}, metrics=metrics, headline=headline, details=details
+    )

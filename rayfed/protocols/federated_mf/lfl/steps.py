@@ -103,6 +103,19 @@ def evaluate_step(ctx: StepContext, v: np.ndarray) -> tuple[float, int]:
     return float(np.sum((pred - ratings) ** 2)), int(ratings.size)
 
 
+def stopped_here_step(
+    ctx: StepContext, v: np.ndarray, *, steps: int, lr: float, bound: float
+) -> tuple[float, int]:
+    """Evaluation only: the test error if training stopped at this V — Stage 3 on a copy of every
+    user's u_i, then the squared error and count; the users' state is left as it was."""
+    kept = ctx.state["u"].copy()
+    try:
+        finetune_step(ctx, v, steps=steps, lr=lr, bound=bound)
+        return evaluate_step(ctx, v)
+    finally:
+        ctx.state["u"] = kept
+
+
 # --- the coordinator -------------------------------------------------------------------------------
 def update_v_step(
     ctx: StepContext,
