@@ -122,11 +122,27 @@ def _cmd_stress(args) -> int:
         config = load_yaml(args.config)
     rates = [float(r) for r in args.rates.split(",")] if args.rates else None
     kwargs = {"rates": rates} if rates else {}
+    if args.sweep:
+        name, _, values = args.sweep.partition("=")
+        if not name or not values:
+            raise ConfigError("--sweep", f"expected OPTION=V1,V2,..., got {args.sweep!r}")
+        kwargs.update(sweep=(name, values.split(",")), reps=args.reps)
     path = stress(args.protocol, {**config, **options}, args.set, out_dir=args.out, **kwargs)
     import json
 
     for row in json.loads((path / "stress.json").read_text())["rows"]:
         dropout = "" if row["dropout"] is None else f"{100 * row['dropout']:5.1f} %"
+        if row["scenario"] == "sweep":
+            simulated = row["simulated_round_seconds"]
+            print(
+                f"{row['option']}={row['value']:<8} dropout {dropout:>8}  aborts "
+                f"{row['aborts']}/{row['reps']} (95 % {row['abort_ci_low']:.2f}-"
+                f"{row['abort_ci_high']:.2f}; finder's bound {row['predicted_abort_bound']:.1e})  "
+                f"wrong sums {row['wrong_sums']}  simulated "
+                + ("-" if simulated is None else f"{simulated:.1f} s")
+                + " per round"
+            )
+            continue
         if "test_mse" in row:
             print(
                 f"dropout {dropout:>8}  test MSE {row['test_mse']:.4f}  epsilon {row['epsilon']:.4g}  "
@@ -174,6 +190,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--set", action="append", default=[], metavar="KEY=VALUE", help="override one option"
     )
     st.add_argument("--rates", help="comma-separated dropout rates (default 0,0.1,0.2,0.3,0.4,0.5)")
+    st.add_argument(
+        "--sweep",
+        metavar="OPTION=V1,V2,...",
+        help="secure-sum: sweep one option (e.g. markov_off=0.05,0.1,0.2) instead of the rates",
+    )
+    st.add_argument("--reps", type=int, default=5, help="--sweep: seeds per point (default 5)")
     st.add_argument("--seed", type=int)
     st.add_argument("--backend", choices=["ray", "local"])
     st.add_argument(

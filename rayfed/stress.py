@@ -16,11 +16,18 @@ time:
   after the masked input: with t its self-mask is still rebuilt from t shares; with fewer it is
   not, the sparse graph's known failure mode, which the parameter finder makes unlikely for random
   dropouts but an adversary can force: aborts.
+
+With ``sweep=(option, values)`` it instead runs ``secure-sum`` at every value of one option (a
+population model's parameter, say ``markov_off``), ``reps`` seeds each, and records per point the
+abort rate with its 95 % (Wilson) interval beside the parameter finder's bound — P[abort] <= 2^-η
+while the dropout stays within ``tolerated_dropout`` — the dropout actually observed, the users
+alive after each phase, wrong sums (there must be none), and the simulated and wall time per round.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -139,6 +146,118 @@ def _adversarial_rows(options: dict[str, Any], sets: list[str], plan, seed: int)
     return rows
 
 
+def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """The 95 % Wilson score interval of a proportion k / n."""
+    if n == 0:
+        return 0.0, 1.0
+    p, z2 = k / n, z * z
+    centre = (p + z2 / (2 * n)) / (1 + z2 / n)
+    half = z * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / (1 + z2 / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def _repeat(options: dict[str, Any], sets: list[str], seed: int) -> dict:
+    """One secure-sum run: its outcome, survivors, the users alive after each phase of its last
+    round, and its simulated and wall time per round."""
+    from rayfed.api import run
+
+    started = time.perf_counter()
+    try:
+        result = run("secure-sum", {**options, "seed": seed, "out_dir": None}, sets=sets)
+    except BelowThreshold as err:
+        return {"outcome": "aborted", "survivors": err.alive, "users": None, "phases": {}}
+    metrics = result.metrics
+    rounds = metrics["rounds"]
+    return {
+        "outcome": "complete" if metrics["exact"] else "WRONG SUM",
+        "survivors": rounds[-1]["survivors"],
+        "users": metrics["users"],
+        "phases": {k: v for k, v in rounds[-1].items() if k.startswith("alive_")},
+        "simulated": float(np.mean(metrics["simulated_round_seconds"])),
+        "wall": (time.perf_counter() - started) / len(rounds),
+    }
+
+
+def sweep_rows(
+    options: dict[str, Any], sets: list[str], option: str, values: list[str], reps: int
+) -> list[dict]:
+    """secure-sum at every value of ``option``, ``reps`` seeds each (see the module's docstring)."""
+    from rayfed.api import resolve
+
+    first = int(options.get("seed", 0))
+    rows = []
+    for value in values:
+        point = [*sets, f"{option}={value}"]
+        proto, run_opts, cfg = resolve("secure-sum", options, point)
+        secagg = proto.plan(cfg, run_opts.seed).params.secagg
+        runs = [_repeat(options, point, first + r) for r in range(reps)]
+        done = [r for r in runs if r["outcome"] != "aborted"]
+        aborts = reps - len(done)
+        low, high = wilson(aborts, reps)
+        phases = list(done[0]["phases"]) if done else []  # in the protocol's order
+        rows.append(
+            {
+                "scenario": "sweep",
+                "option": option,
+                "value": value,
+                "dropout": float(np.mean([1 - r["survivors"] / r["users"] for r in done]))
+                if done
+                else None,
+                "reps": reps,
+                "aborts": aborts,
+                "abort_rate": aborts / reps,
+                "abort_ci_low": low,
+                "abort_ci_high": high,
+                "predicted_abort_bound": 2.0**secagg.log2_correctness_failure,
+                "tolerated_dropout": cfg.tolerated_dropout,
+                "wrong_sums": sum(r["outcome"] == "WRONG SUM" for r in runs),
+                **{p: float(np.mean([r["phases"].get(p, 0) for r in done])) for p in phases},
+                "simulated_round_seconds": float(np.mean([r["simulated"] for r in done]))
+                if done
+                else None,
+                "wall_round_seconds": float(np.mean([r["wall"] for r in done])) if done else None,
+                "mode": cfg.mode,
+                "outcome": f"{aborts}/{reps} aborted",
+                "expected": "no wrong sum; aborts rare while the dropout is within tolerated",
+            }
+        )
+    return rows
+
+
+def plot_sweep(rows: list[dict], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    x = np.arange(len(rows))
+    labels = [str(r["value"]) for r in rows]
+    fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(15, 4.2))
+    rate = np.array([r["abort_rate"] for r in rows])
+    err = [rate - [r["abort_ci_low"] for r in rows], [r["abort_ci_high"] for r in rows] - rate]
+    ax1.errorbar(x, rate, yerr=err, fmt="o", capsize=4, label="observed (95 % interval)")
+    ax1.axhline(rows[0]["predicted_abort_bound"], color="tab:red", ls="--", label="finder's bound")
+    ax1.set(ylabel="abort rate", title="aborts", ylim=(-0.05, 1.05))
+    ax1.legend(fontsize=8)
+    names = next((list(r) for r in rows if any(k.startswith("alive_") for k in r)), [])
+    for name in [k for k in names if k.startswith("alive_")]:
+        ax2.plot(x, [r.get(name) for r in rows], marker="o", label=name.removeprefix("alive_"))
+    ax2.set(ylabel="users alive after the phase (completed runs)", title="survivors")
+    ax2.legend(fontsize=8)
+    ax3.plot(x, [r["simulated_round_seconds"] for r in rows], marker="o", label="simulated")
+    ax3.plot(x, [r["wall_round_seconds"] for r in rows], marker="s", label="wall")
+    ax3.set(ylabel="seconds per round", title="time")
+    ax3.legend(fontsize=8)
+    for ax in (ax1, ax2, ax3):
+        ax.set_xticks(x, labels)
+        ax.set_xlabel(rows[0]["option"])
+        ax.grid(alpha=0.3)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+
+
 def federated_mf_rows(options: dict[str, Any], sets: list[str], rates) -> list[dict]:
     """LFL at each dropout rate (both rounds): test MSE, ε spent and skipped iterations."""
     from rayfed.api import run
@@ -230,12 +349,16 @@ def stress(
     sets: list[str],
     rates=DEFAULT_RATES,
     out_dir: str | Path = "runs",
+    sweep: tuple[str, list[str]] | None = None,
+    reps: int = 5,
 ) -> Path:
     """Run the sweep; write stress.json, stress.parquet and stress.png under a new directory."""
     if protocol not in SUPPORTED:
         raise ConfigError("protocol", f"no stress test for {protocol!r}", SUPPORTED)
-    if protocol == "federated-mf":
-        rows = federated_mf_rows(options, sets, rates)
+    if sweep is not None and protocol != "secure-sum":
+        raise ConfigError("--sweep", f"an option sweep is built for secure-sum, not {protocol}")
+    if sweep is not None:
+        rows = sweep_rows(options, sets, *sweep, reps)
     else:
         rows = secure_sum_scenarios(options, sets, rates)
     path = Path(out_dir) / f"stress-{protocol}-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -249,6 +372,6 @@ def stress(
         )
         + "\n"
     )
-    draw = plot_federated_mf if protocol == "federated-mf" else plot
+    draw = plot_sweep if sweep else plot_federated_mf if protocol == "federated-mf" else plot
     draw(rows, path / "stress.png", f"{protocol} ({rows[0]['mode']} mode): dropout tolerance")
     return path

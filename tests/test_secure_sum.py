@@ -203,6 +203,32 @@ def test_stress_sweep_writes_table_json_and_plot(tmp_path, capsys):
     assert "t-1 of one user's neighbours" in capsys.readouterr().out
 
 
+def test_stress_sweeps_a_population_model(tmp_path, capsys):
+    """--small form: Markov availability at P(on->off) = 0.02 (stationary offline share
+    0.02/0.52 = 4 %, within the tolerated 30 %) and 0.5 (50 % offline, far beyond it): every run
+    of the first completes, every run of the second aborts, and no sum is ever wrong."""
+    args = ["stress", "secure-sum", "--backend", "local", "--out", str(tmp_path)]
+    for option in ("users=60", "dim=4", "availability=markov"):
+        args += ["--set", option]
+    assert main([*args, "--sweep", "markov_off=0.02,0.5", "--reps", "3"]) == 0
+    (path,) = tmp_path.iterdir()
+    low, high = json.loads((path / "stress.json").read_text())["rows"]
+    assert (low["value"], low["aborts"], high["aborts"]) == ("0.02", 0, 3)
+    assert low["wrong_sums"] == high["wrong_sums"] == 0
+    assert 0 < low["dropout"] < 0.3 and low["alive_unmask"] <= low["alive_advertise"] <= 60
+    assert high["abort_ci_low"] == pytest.approx(0.4385, abs=1e-4)  # Wilson, 3 of 3
+    assert low["predicted_abort_bound"] < 2**-29  # eta = 30
+    assert (path / "stress.png").stat().st_size > 10_000
+    assert "markov_off=0.5" in capsys.readouterr().out
+
+
+def test_wilson_interval_matches_the_textbook_values():
+    from rayfed.stress import wilson
+
+    assert wilson(0, 10) == pytest.approx((0.0, 0.2775), abs=1e-4)
+    assert wilson(5, 10) == pytest.approx((0.2366, 0.7634), abs=1e-4)
+
+
 def test_weak_overrides_and_oversized_complete_graphs_are_errors():
     with pytest.raises(ConfigError, match="threshold.*miss the bounds"):
         rayfed.run("secure-sum", backend="local", out_dir=None, users=200, threshold=2)
