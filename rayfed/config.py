@@ -265,17 +265,17 @@ def from_mapping(cls: type, values: dict[str, Any], prefix: str = "") -> Any:
         if bounds is not None and numeric and not bounds.admits(value):
             raise ConfigError(f"{prefix}{key}", f"{value!r} is out of range", bounds.text())
     obj = cls(**kwargs)
-    if not prefix:  # the whole config: the modes an option names are its siblings
-        check_applicable(obj)
+    check_applicable(obj, prefix)  # the modes an option names are its siblings
     if hasattr(obj, "validate"):
         obj.validate()
     return obj
 
 
-def check_applicable(cfg: Any) -> None:
+def check_applicable(cfg: Any, prefix: str = "") -> None:
     """ConfigError for an option set away from its default where the chosen mode or data source
     does not read it (its ``when`` and ``source`` declarations), and for ``data.key`` or
-    ``data.columns`` without a file."""
+    ``data.columns`` without a file. ``prefix`` names a nested group of options (``population.``),
+    whose modes are its own fields."""
     default = type(cfg)()
     data = getattr(cfg, "data", None)
     path = getattr(data, "path", None)
@@ -287,9 +287,9 @@ def check_applicable(cfg: Any) -> None:
             actual = getattr(cfg, key)
             if actual not in allowed:
                 raise ConfigError(
-                    f.name,
-                    f"does not apply to {key}={actual}",
-                    f"{key} in ({', '.join(map(str, allowed))}), or drop {f.name}",
+                    prefix + f.name,
+                    f"does not apply to {prefix}{key}={actual}",
+                    f"{prefix}{key} in ({', '.join(map(str, allowed))}), or drop {prefix}{f.name}",
                 )
         source = f.metadata.get("source")
         if source == "file" and path is None:

@@ -33,11 +33,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 from scipy.special import ndtri
 
 from rayfed import rng
+from rayfed.config import option
 from rayfed.errors import ConfigError, DataError
 
 PHASES = ("before_advertise", "after_share_keys", "after_masked_input", "during_unmask")
@@ -142,11 +144,13 @@ class Markov:
     def __post_init__(self):
         for name in ("off", "on"):
             if not 0 < getattr(self, name) <= 1:
-                raise ConfigError(f"markov_{name}", "must be a probability in (0, 1]")
+                raise ConfigError(f"population.markov_{name}", "must be a probability in (0, 1]")
         if not 0 <= self.diurnal < 1:
-            raise ConfigError("diurnal", f"the amplitude must be in [0, 1), got {self.diurnal}")
+            raise ConfigError(
+                "population.diurnal", f"the amplitude must be in [0, 1), got {self.diurnal}"
+            )
         if self.period < 1:
-            raise ConfigError("diurnal_period", "must be at least one round")
+            raise ConfigError("population.diurnal_period", "must be at least one round")
 
     def rates(self, round: int) -> tuple[float, float]:
         """(P(on -> off), P(off -> on)) at ``round``."""
@@ -200,7 +204,7 @@ class Trace:
         missing = [c for c in ("user", "round", "available") if c not in table.column_names]
         if missing:
             raise DataError(
-                "trace", f"the trace lacks column(s) {missing}", "user, round, available"
+                "population.trace", f"the trace lacks column(s) {missing}", "user, round, available"
             )
         latency = (
             _column(table, "latency_s", np.float64) if "latency_s" in table.column_names else None
@@ -253,9 +257,11 @@ class Stragglers:
     def __post_init__(self):
         for name in ("median_s", "deadline_s"):
             if not getattr(self, name) > 0:
-                raise ConfigError(f"latency_{name}", f"must be positive, got {getattr(self, name)}")
+                raise ConfigError(
+                    f"population.latency_{name}", f"must be positive, got {getattr(self, name)}"
+                )
         if not self.sigma >= 0:
-            raise ConfigError("latency_sigma", f"must be >= 0, got {self.sigma}")
+            raise ConfigError("population.latency_sigma", f"must be >= 0, got {self.sigma}")
 
     def deadlines(self) -> np.ndarray:
         return np.full(len(CLIENT_PHASES), self.deadline_s)
@@ -281,3 +287,109 @@ class Stragglers:
 
 def _column(table, name: str, dtype) -> np.ndarray:
     return table.column(name).to_numpy(zero_copy_only=False).astype(dtype)
+
+
+_MARKOV = {"availability": ("markov",)}
+_LATENCY = {"latency": ("lognormal", "trace")}
+
+
+@dataclass(frozen=True)
+class PopulationConfig:
+    """The population models of a protocol that hosts users, as its nested ``population``
+    options (``--set population.availability=markov``)."""
+
+    availability: Literal["iid", "markov", "trace"] = option(
+        "iid",
+        "who is online each round, on top of the dropout rates: iid (the rates only), markov (a "
+        "per-user on/off chain across rounds) or trace (replay the trace file)",
+    )
+    markov_off: float = option(
+        0.1, "markov: P(on -> off) per round", above=0, at_most=1, when=_MARKOV
+    )
+    markov_on: float = option(
+        0.5, "markov: P(off -> on) per round", above=0, at_most=1, when=_MARKOV
+    )
+    diurnal: float = option(
+        0.0,
+        "markov: amplitude a of the daily cycle of both rates",
+        at_least=0,
+        below=1,
+        when=_MARKOV,
+    )
+    diurnal_period: int = option(24, "markov: rounds per day", at_least=1, when=_MARKOV)
+    outage: list[int] | None = option(
+        None, "user ids offline together (a region, an app version) for outage_rounds rounds"
+    )
+    outage_cohort: str | None = option(None, "a cohort whose users are all offline together")
+    outage_start: int = option(0, "first round of the outage", at_least=0)
+    outage_rounds: int = option(1, "rounds the outage lasts", at_least=1)
+    latency: Literal["none", "lognormal", "trace"] = option(
+        "none",
+        "answer times on a simulated clock: none, lognormal per user and phase, or the trace's "
+        "latency_s (lognormal where it has none); a late answer is a dropout at that phase",
+    )
+    latency_median_s: float = option(1.0, "median answer time in seconds", above=0, when=_LATENCY)
+    latency_sigma: float = option(1.0, "log-normal shape σ", at_least=0, when=_LATENCY)
+    latency_deadline_s: float = option(
+        10.0, "deadline of every client phase, seconds", above=0, when=_LATENCY
+    )
+    trace: str | None = option(
+        None, "a CSV or Parquet file of (user, round, available[, latency_s])"
+    )
+
+    def validate(self) -> None:
+        if ("trace" in (self.availability, self.latency)) != (self.trace is not None):
+            raise ConfigError(
+                "population.trace",
+                "availability=trace or latency=trace reads the trace file, and only they do",
+                "set both population.trace=FILE and population.availability=trace (or "
+                "population.latency=trace), or neither",
+            )
+        if self.outage is not None and self.outage_cohort is not None:
+            raise ConfigError(
+                "population.outage_cohort", "give the outage's users or its cohort, not both"
+            )
+        if self.outage is None and self.outage_cohort is None:
+            for name in ("outage_start", "outage_rounds"):
+                if getattr(self, name) != getattr(PopulationConfig(), name):
+                    raise ConfigError(
+                        f"population.{name}",
+                        "applies to an outage",
+                        "set population.outage or population.outage_cohort",
+                    )
+
+    def schedule(
+        self, rates: dict, explicit: dict, cohorts: dict[str, np.ndarray] | None = None
+    ) -> DropoutSchedule:
+        """The dropout schedule of these models on top of ``rates`` and ``explicit`` lists;
+        ``cohorts`` (name -> user ids, known at plan time) resolves ``outage_cohort`` and marks
+        the trace file to be read (before it, only the parameters are checked)."""
+        trace = Trace.read(self.trace) if self.trace is not None and cohorts is not None else None
+        models: list = []
+        if self.availability == "markov":
+            models.append(
+                Markov(self.markov_off, self.markov_on, self.diurnal, self.diurnal_period)
+            )
+        if self.availability == "trace" and trace is not None:
+            models.append(trace)
+        if self.outage is not None or (self.outage_cohort is not None and cohorts is not None):
+            users = self.outage if self.outage is not None else cohorts[self.outage_cohort]
+            models.append(
+                Outage(
+                    self.outage_cohort or "outage",
+                    tuple(int(u) for u in users),
+                    self.outage_start,
+                    self.outage_rounds,
+                )
+            )
+        stragglers = None
+        if self.latency != "none":
+            stragglers = Stragglers(
+                self.latency_median_s,
+                self.latency_sigma,
+                self.latency_deadline_s,
+                trace if self.latency == "trace" else None,
+            )
+        return DropoutSchedule(
+            rates=rates, explicit=explicit, availability=tuple(models), stragglers=stragglers
+        )

@@ -9,6 +9,7 @@ import pytest
 
 import rayfed
 from rayfed.actors.base import StepContext
+from rayfed.errors import ConfigError
 from rayfed.mf.lfl import effective_variance, noise_shares, worst_case_variance
 from rayfed.privacy import NoiseSource, share_noise
 from rayfed.protocols.federated_mf.lfl.steps import lfl_round1_inputs, lfl_round2_step
@@ -346,3 +347,16 @@ def test_party_settings_on_ray_equal_in_process(ray_cluster, setting):
     )
     assert on_ray.metrics["test_mse"] == local.metrics["test_mse"]
     assert on_ray.privacy.epsilon == pytest.approx(local.privacy.epsilon)
+
+
+def test_lfl_users_follow_the_population_models():
+    """An outage of cohort c1 (the second half of 300 users, dealt in contiguous blocks) in
+    iterations 1 and 2: exactly its 150 users are missing from those iterations' Round 1, and
+    with ω = 0.6 (t = 120) the iterations still run."""
+    options = {**SMALL, "iterations": 4, "cohorts": 2, "omega": 0.6}
+    outage = {"outage_cohort": "c1", "outage_start": 1, "outage_rounds": 2}
+    result = rayfed.run("federated-mf", population=outage, **options)
+    assert [row["u1"] for row in result.metrics["iterations"]] == [300, 150, 150, 300]
+    with pytest.raises(ConfigError) as err:
+        rayfed.run("federated-mf", setting="vfl", backend="local", population=outage)
+    assert err.value.field == "population"

@@ -134,10 +134,10 @@ def test_the_simulated_clock_waits_for_the_slowest_or_the_deadline():
 @pytest.mark.parametrize(
     "make,field",
     [
-        (lambda: Markov(off=0.0, on=0.5), "markov_off"),
-        (lambda: Markov(off=0.2, on=0.5, diurnal=1.0), "diurnal"),
-        (lambda: Stragglers(deadline_s=0.0), "latency_deadline_s"),
-        (lambda: Stragglers(sigma=-1.0), "latency_sigma"),
+        (lambda: Markov(off=0.0, on=0.5), "population.markov_off"),
+        (lambda: Markov(off=0.2, on=0.5, diurnal=1.0), "population.diurnal"),
+        (lambda: Stragglers(deadline_s=0.0), "population.latency_deadline_s"),
+        (lambda: Stragglers(sigma=-1.0), "population.latency_sigma"),
     ],
 )
 def test_bad_model_parameters_name_their_option(make, field):

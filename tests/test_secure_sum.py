@@ -69,7 +69,7 @@ def test_vectors_from_a_file(tmp_path):
     assert result.metrics["exact"] and result.metrics["dim"] == 2 and result.metrics["users"] == 50
     # a cohort killed mid-round, or offline together, with a file's own key (not user_id): the
     # reference finds the cohort's users (it used to look for a column the cohorts do not have)
-    for lost in ({"kill": "c1@masked_input"}, {"outage_cohort": "c1"}):
+    for lost in ({"kill": "c1@masked_input"}, {"population": {"outage_cohort": "c1"}}):
         result = rayfed.run(
             "secure-sum",
             backend="local",
@@ -208,9 +208,9 @@ def test_stress_sweeps_a_population_model(tmp_path, capsys):
     0.02/0.52 = 4 %, within the tolerated 30 %) and 0.5 (50 % offline, far beyond it): every run
     of the first completes, every run of the second aborts, and no sum is ever wrong."""
     args = ["stress", "secure-sum", "--backend", "local", "--out", str(tmp_path)]
-    for option in ("users=60", "dim=4", "availability=markov"):
+    for option in ("users=60", "dim=4", "population.availability=markov"):
         args += ["--set", option]
-    assert main([*args, "--sweep", "markov_off=0.02,0.5", "--reps", "3"]) == 0
+    assert main([*args, "--sweep", "population.markov_off=0.02,0.5", "--reps", "3"]) == 0
     (path,) = tmp_path.iterdir()
     low, high = json.loads((path / "stress.json").read_text())["rows"]
     assert (low["value"], low["aborts"], high["aborts"]) == ("0.02", 0, 3)
@@ -265,10 +265,12 @@ def test_a_replayed_trace_decides_who_is_online(tmp_path):
         users=100,
         dim=3,
         rounds=2,
-        trace=str(path),
-        availability="trace",
-        latency="trace",
-        latency_sigma=0.0,  # every unrecorded answer takes the median, 1 s
+        population={
+            "trace": str(path),
+            "availability": "trace",
+            "latency": "trace",
+            "latency_sigma": 0.0,  # every unrecorded answer takes the median, 1 s
+        },
     )
     rounds = result.metrics["rounds"]
     assert [r["survivors"] for r in rounds] == [89, 100]
@@ -282,16 +284,17 @@ def test_a_replayed_trace_decides_who_is_online(tmp_path):
 @pytest.mark.parametrize(
     "options,field",
     [
-        ({"availability": "trace"}, "trace"),
-        ({"trace": "t.csv"}, "trace"),
-        ({"markov_on": 0.3}, "markov_on"),
-        ({"latency_deadline_s": 5.0}, "latency_deadline_s"),
-        ({"outage_start": 2}, "outage_start"),
-        ({"outage_cohort": "c9"}, "outage_cohort"),
-        ({"outage": [1], "outage_cohort": "c0"}, "outage_cohort"),
+        ({"availability": "trace"}, "population.trace"),
+        ({"trace": "t.csv"}, "population.trace"),
+        ({"markov_on": 0.3}, "population.markov_on"),
+        ({"latency_deadline_s": 5.0}, "population.latency_deadline_s"),
+        ({"outage_start": 2}, "population.outage_start"),
+        ({"outage_cohort": "c9"}, "population.outage_cohort"),
+        ({"outage": [1], "outage_cohort": "c0"}, "population.outage_cohort"),
+        ({"availability": "markov", "markov_off": 2.0}, "population.markov_off"),
     ],
 )
 def test_population_options_are_checked(options, field):
     with pytest.raises(ConfigError) as err:
-        rayfed.run("secure-sum", backend="local", out_dir=None, users=20, dim=2, **options)
+        rayfed.run("secure-sum", backend="local", out_dir=None, users=20, dim=2, population=options)
     assert err.value.field == field

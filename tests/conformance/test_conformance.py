@@ -40,7 +40,7 @@ _RUNS: dict[tuple, rayfed.Result] = {}
 
 def run(name: str, i: int, **extra: Any) -> rayfed.Result:
     """One run of example ``i`` (cached: several checks read the same run)."""
-    key = (name, i, tuple(sorted(extra.items())))
+    key = (name, i, repr(sorted(extra.items())))
     if key not in _RUNS:
         options = {"backend": "local", "out_dir": None, **get_protocol(name).examples[i], **extra}
         _RUNS[key] = rayfed.run(name, **options)
@@ -75,7 +75,9 @@ def test_same_seed_gives_identical_tables_and_noise(name, i):
 def test_secure_runs_draw_noise_the_seed_cannot_regenerate(name, i):
     """Two secure runs with the same seed share no draw — noise release or secret key — and
     neither shares one with the seeded run (how many draws a run makes may depend on its noise,
-    e.g. DPLSF's tree); the result says which source it used."""
+    e.g. DPLSF's tree); the result says which source it used. A fingerprint digests a release,
+    and a release of one or two small noisy counts (DPLSF's deep levels) can repeat by chance:
+    fewer than one in ten shared draws is chance, a seed-derived run would share them all."""
     seeded = run(name, i)
     a, b = run(name, i, randomness="secure"), run(name, i, seed=0, randomness="secure")
     assert a.privacy.randomness == b.privacy.randomness == "secure"
@@ -83,7 +85,9 @@ def test_secure_runs_draw_noise_the_seed_cannot_regenerate(name, i):
     assert "secure randomness" in a.summary() and "seeded randomness" in seeded.summary()
     draws = [{d for ds in r.noise_fingerprints.values() for d in ds} for r in (seeded, a, b)]
     assert draws[0] and draws[1] and draws[2]  # noise, keys or both: every protocol draws
-    assert not draws[0] & draws[1] and not draws[0] & draws[2] and not draws[1] & draws[2]
+    for x, y in ((0, 1), (0, 2), (1, 2)):
+        shared = draws[x] & draws[y]
+        assert len(shared) <= min(len(draws[x]), len(draws[y])) // 10, (x, y, len(shared))
 
 
 @pytest.mark.parametrize("name", PROTOCOLS)
@@ -110,12 +114,14 @@ def test_results_do_not_depend_on_the_number_of_cohorts(name):
 #: population models on top of an example: Markov availability with a fast daily cycle and
 #: log-normal stragglers against a tight deadline (both drop users in a 60-user example)
 POPULATION = {
-    "availability": "markov",
-    "markov_off": 0.05,
-    "diurnal": 0.5,
-    "diurnal_period": 2,
-    "latency": "lognormal",
-    "latency_deadline_s": 8.0,
+    "population": {
+        "availability": "markov",
+        "markov_off": 0.05,
+        "diurnal": 0.5,
+        "diurnal_period": 2,
+        "latency": "lognormal",
+        "latency_deadline_s": 8.0,
+    }
 }
 HOSTS_MODELS = [
     name

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from rayfed.config import DataConfig, option
+from rayfed.dropout import PopulationConfig
 from rayfed.errors import ConfigError
 from rayfed.privacy import check_budget
 from rayfed.protocols.base import reconcile_randomness
@@ -78,6 +79,13 @@ class FederatedMFConfig:
         at_least=0,
         below=1,
         when=LFL,
+    )
+    population: PopulationConfig = field(
+        default_factory=PopulationConfig,
+        metadata={
+            "help": "LFL: who takes part in each iteration's secure aggregation (models)",
+            "when": LFL,
+        },
     )
     lr: float = option(
         2.0, "LFL: γ, server learning rate of V (the update is divided by |U1|)", above=0, when=LFL

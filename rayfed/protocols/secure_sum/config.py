@@ -8,13 +8,11 @@ from typing import Literal
 import numpy as np
 
 from rayfed.config import DataConfig, option
-from rayfed.dropout import DropoutSchedule, Markov, Outage, Stragglers, Trace
+from rayfed.dropout import DropoutSchedule, PopulationConfig
 from rayfed.errors import ConfigError
 from rayfed.protocols.base import reconcile_randomness
 
 KILL_PHASES = ("advertise", "share_keys", "masked_input", "unmask")
-_MARKOV = {"availability": ("markov",)}
-_LATENCY = {"latency": ("lognormal", "trace")}
 
 
 @dataclass(frozen=True)
@@ -66,43 +64,9 @@ class SecureSumConfig:
     dropout_users: dict[str, list[int]] | None = option(
         None, "explicit user ids dropping per phase"
     )
-    availability: Literal["iid", "markov", "trace"] = option(
-        "iid",
-        "who is online each round, on top of the dropout rates: iid (the rates only), markov (a "
-        "per-user on/off chain across rounds) or trace (replay the trace file)",
-    )
-    markov_off: float = option(
-        0.1, "markov: P(on -> off) per round", above=0, at_most=1, when=_MARKOV
-    )
-    markov_on: float = option(
-        0.5, "markov: P(off -> on) per round", above=0, at_most=1, when=_MARKOV
-    )
-    diurnal: float = option(
-        0.0,
-        "markov: amplitude a of the daily cycle of both rates",
-        at_least=0,
-        below=1,
-        when=_MARKOV,
-    )
-    diurnal_period: int = option(24, "markov: rounds per day", at_least=1, when=_MARKOV)
-    outage: list[int] | None = option(
-        None, "user ids offline together (a region, an app version) for outage_rounds rounds"
-    )
-    outage_cohort: str | None = option(None, "a cohort whose users are all offline together")
-    outage_start: int = option(0, "first round of the outage", at_least=0)
-    outage_rounds: int = option(1, "rounds the outage lasts", at_least=1)
-    latency: Literal["none", "lognormal", "trace"] = option(
-        "none",
-        "answer times on a simulated clock: none, lognormal per user and phase, or the trace's "
-        "latency_s (lognormal where it has none); a late answer is a dropout at that phase",
-    )
-    latency_median_s: float = option(1.0, "median answer time in seconds", above=0, when=_LATENCY)
-    latency_sigma: float = option(1.0, "log-normal shape σ", at_least=0, when=_LATENCY)
-    latency_deadline_s: float = option(
-        10.0, "deadline of every client phase, seconds", above=0, when=_LATENCY
-    )
-    trace: str | None = option(
-        None, "a CSV or Parquet file of (user, round, available[, latency_s])"
+    population: PopulationConfig = field(
+        default_factory=PopulationConfig,
+        metadata={"help": "who is online each round and how fast they answer (models)"},
     )
     clip: float = option(1.0, "inputs are clipped to [-clip, clip]", above=0)
     frac_bits: int = option(16, "fixed-point scale 2^frac_bits", at_least=0, at_most=52)
@@ -123,19 +87,6 @@ class SecureSumConfig:
 
     def validate(self) -> None:
         self.schedule()  # unknown phases or rates outside [0, 1] fail here, before any actor
-        uses_trace = "trace" in (self.availability, self.latency)
-        if uses_trace != (self.trace is not None):
-            raise ConfigError(
-                "trace",
-                "availability=trace or latency=trace reads the trace file, and only they do",
-                "set both trace=FILE and availability=trace (or latency=trace), or neither",
-            )
-        if self.outage is not None and self.outage_cohort is not None:
-            raise ConfigError("outage_cohort", "give the outage's users or its cohort, not both")
-        if self.outage is None and self.outage_cohort is None:
-            for name in ("outage_start", "outage_rounds"):
-                if getattr(self, name) != getattr(SecureSumConfig(), name):
-                    raise ConfigError(name, "applies to an outage", "set outage or outage_cohort")
         if self.kill is not None:
             cohort, _, phase = self.kill.partition("@")
             if not cohort or phase not in KILL_PHASES:
@@ -146,40 +97,14 @@ class SecureSumConfig:
                 )
 
     def schedule(self, cohorts: dict[str, np.ndarray] | None = None) -> DropoutSchedule:
-        """The run's dropout schedule; ``cohorts`` (name -> user ids) resolves ``outage_cohort``."""
+        """The run's dropout schedule; ``cohorts`` (name -> user ids) resolves the population's
+        ``outage_cohort``."""
         rates = (
             dict(self.dropout_rates)
             if self.dropout_rates is not None
             else ({self.dropout_phase: self.dropout} if self.dropout else {})
         )
-        trace = Trace.read(self.trace) if self.trace is not None and cohorts is not None else None
-        models: list = []
-        if self.availability == "markov":
-            models.append(
-                Markov(self.markov_off, self.markov_on, self.diurnal, self.diurnal_period)
-            )
-        if self.availability == "trace" and trace is not None:
-            models.append(trace)
-        if self.outage is not None or (self.outage_cohort is not None and cohorts is not None):
-            users = self.outage if self.outage is not None else cohorts[self.outage_cohort]
-            name = self.outage_cohort or "outage"
-            models.append(
-                Outage(name, tuple(int(u) for u in users), self.outage_start, self.outage_rounds)
-            )
-        stragglers = None
-        if self.latency != "none":
-            stragglers = Stragglers(
-                self.latency_median_s,
-                self.latency_sigma,
-                self.latency_deadline_s,
-                trace if self.latency == "trace" else None,
-            )
-        return DropoutSchedule(
-            rates=rates,
-            explicit=dict(self.dropout_users or {}),
-            availability=tuple(models),
-            stragglers=stragglers,
-        )
+        return self.population.schedule(rates, dict(self.dropout_users or {}), cohorts)
 
     def kill_point(self) -> tuple[str, str] | None:
         """(cohort, phase) of the injected kill, if any."""

@@ -36,8 +36,9 @@ def plan(cfg: SecureSumConfig, seed: int) -> Plan:
     kill = cfg.kill_point()
     if kill is not None and kill[0] not in cohorts:
         raise ConfigError("kill", f"no cohort {kill[0]!r}", sorted(cohorts))
-    if cfg.outage_cohort is not None and cfg.outage_cohort not in cohorts:
-        raise ConfigError("outage_cohort", f"no cohort {cfg.outage_cohort!r}", sorted(cohorts))
+    outage = cfg.population.outage_cohort
+    if outage is not None and outage not in cohorts:
+        raise ConfigError("population.outage_cohort", f"no cohort {outage!r}", sorted(cohorts))
     key = cfg.data.key or "user_id"
     schedule = cfg.schedule({name: t.column("user_id").to_numpy() for name, t in cohorts.items()})
     secagg = secagg_params(cfg, n)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from rayfed.dropout import DropoutSchedule
 from rayfed.errors import BelowThreshold
 from rayfed.mf.lfl import (
     applied_variance,
@@ -119,7 +118,7 @@ def _iteration(fed, cfg: FederatedMFConfig, params: LflParams, t: int, v_msg, no
         encoding=params.encoding,
         dim=params.m * cfg.rank,
         tag=fed.run_id.encode(),
-        dropout=DropoutSchedule(rates={"before_advertise": cfg.dropout}),
+        dropout=params.schedule,
         min_survivors=params.threshold,  # secure aggregation itself aborts below t
     )
     v = fed.get(v_msg.single())

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from rayfed.dropout import DropoutSchedule
 from rayfed.secagg import FixedPoint, SecAggParams
 
 
@@ -26,3 +27,5 @@ class LflParams:
     mean: float
     threshold: int
     registry: np.ndarray
+    #: who drops from Round 1 (secure aggregation): the dropout rate and the population models
+    schedule: DropoutSchedule

@@ -9,6 +9,7 @@ import numpy as np
 
 from rayfed import mf, rng
 from rayfed.data import per_user
+from rayfed.errors import ConfigError
 from rayfed.mf.lfl import noise_shares, round1_event, round1_noise, threshold
 from rayfed.privacy import Budget, check_budget, gaussian_noise_multiplier
 from rayfed.privacy.calibration import gaussian_steps_event
@@ -35,7 +36,10 @@ def plan(cfg: FederatedMFConfig, seed: int) -> Plan:
     n, m = ratings.n, ratings.m
     table = ratings_data.member_table(train, test)
     n_cohorts = default_cohorts(n, cfg.cohorts)
-    cohorts = {name: (t, {}) for name, t in per_user(table, "user_id", n_cohorts).items()}
+    dealt = per_user(table, "user_id", n_cohorts)
+    cohorts = {name: (t, {}) for name, t in dealt.items()}
+    users = {name: np.unique(t.column("user_id").to_numpy()) for name, t in dealt.items()}
+    schedule = _schedule(cfg, users)
     z = gaussian_noise_multiplier(cfg.epsilon, delta, steps=cfg.iterations)
     sensitivity = 2.0 * cfg.bound**1.5
     method = cfg.resolved_method()
@@ -63,8 +67,18 @@ def plan(cfg: FederatedMFConfig, seed: int) -> Plan:
             mean=float(train.rating.mean()),
             threshold=threshold(n, cfg.omega),
             registry=np.arange(n, dtype=np.int64),
+            schedule=schedule,
         ),
     )
+
+
+def _schedule(cfg: FederatedMFConfig, cohorts: dict[str, np.ndarray]):
+    """Round 1's dropouts: the rate before advertising, and the population models."""
+    outage = cfg.population.outage_cohort
+    if outage is not None and outage not in cohorts:
+        raise ConfigError("population.outage_cohort", f"no cohort {outage!r}", sorted(cohorts))
+    rates = {"before_advertise": cfg.dropout} if cfg.dropout else {}
+    return cfg.population.schedule(rates, {}, cohorts)
 
 
 def _charged_epsilon(
