@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any
@@ -366,8 +367,15 @@ class RayBackend(Backend):
     def wait_restarted(self, handle, deadline_s):
         import ray
 
-        with contextlib.suppress(ray.exceptions.RayError):  # one that does not come back stays out
-            ray.get(handle.ping.remote(), timeout=deadline_s)
+        until = time.monotonic() + deadline_s
+        while time.monotonic() < until:
+            try:
+                ray.get(handle.ping.remote(), timeout=max(0.1, until - time.monotonic()))
+                return
+            except ray.exceptions.ActorUnavailableError:  # still restarting: ask again
+                time.sleep(0.2)
+            except ray.exceptions.RayError:  # one that does not come back stays out
+                return
 
     def kill(self, handles):
         import ray

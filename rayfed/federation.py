@@ -111,6 +111,18 @@ class Group:
 
     def __init__(self, fed: Federation, role: str):
         self.fed, self.role, self.handles = fed, role, {}
+        #: member -> its latest checkpoint (a reply payload, left where it is), and the step that
+        #: restores one into a restarted member
+        self.checkpoints: dict[str, Any] = {}
+        self.restore = None
+
+    def checkpoint(self, step, restore, *, phase: str = "checkpoint") -> None:
+        """Keep every live member's state: ``step(ctx)`` returns it (an Arrow table), kept where
+        it is (the object store on Ray), not fetched. A member that dies and is restarted runs
+        ``restore(ctx, state)`` before its next step, so it resumes from this checkpoint."""
+        replies = self.run(step, phase=phase, on_failure="drop")
+        self.checkpoints.update(replies.payloads)
+        self.restore = restore
 
     @property
     def names(self) -> list[str]:
@@ -326,12 +338,22 @@ class Federation:
     def _died(self, group: Group, name: str) -> None:
         """A member died during a phase. A backend that restarts its members itself (Ray) has the
         next round wait for it; otherwise it is rebuilt from its partition while its restarts last,
-        else it stays dead for every later call."""
+        else it stays dead for every later call. A restarted member with a checkpoint is waited
+        for and restored at once."""
+        resumes = group.restore is not None and name in group.checkpoints
         if self.backend.restarts_itself:
-            self.faults.restarting.add((group.role, name))
+            if not (resumes and self.faults.restarts.get(MEMBER_ROLE[group.role], 0) > 0):
+                self.faults.restarting.add((group.role, name))
+                return
+            self.backend.wait_restarted(group.handles[name], STARTUP_DEADLINE_S)
+        elif self.faults.may_restart(group.role, name):
+            group.handles[name] = self._make(group.role, name)
+        else:
+            group.handles[name] = Dead(name)
             return
-        revived = self.faults.may_restart(group.role, name)
-        group.handles[name] = self._make(group.role, name) if revived else Dead(name)
+        if resumes:  # its state is needed at once: later phases of this round may call it
+            checkpoint = Single(group.checkpoints[name])
+            group.run(group.restore, checkpoint, members=[name], phase="restore")
 
     def _await_restarts(self) -> None:
         """Before a new round, wait for members the backend is restarting."""

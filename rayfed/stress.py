@@ -359,6 +359,8 @@ def stress(
         raise ConfigError("--sweep", f"an option sweep is built for secure-sum, not {protocol}")
     if sweep is not None:
         rows = sweep_rows(options, sets, *sweep, reps)
+    elif protocol == "federated-mf":
+        rows = federated_mf_rows(options, sets, rates)
     else:
         rows = secure_sum_scenarios(options, sets, rates)
     path = Path(out_dir) / f"stress-{protocol}-{time.strftime('%Y%m%d-%H%M%S')}"

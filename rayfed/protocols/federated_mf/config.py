@@ -80,6 +80,12 @@ class FederatedMFConfig:
         below=1,
         when=LFL,
     )
+    lost_users: Literal["resume", "dropouts"] = option(
+        "resume",
+        "LFL: when a cohort actor dies, restart it and resume its users from their checkpoint "
+        "(Arrow, taken after Stage 1), or carry its users as permanent dropouts",
+        when=LFL,
+    )
     population: PopulationConfig = field(
         default_factory=PopulationConfig,
         metadata={

@@ -18,11 +18,13 @@ from rayfed.protocols.federated_mf.config import FederatedMFConfig
 from rayfed.protocols.federated_mf.lfl import report
 from rayfed.protocols.federated_mf.lfl.params import LflParams
 from rayfed.protocols.federated_mf.lfl.steps import (
+    checkpoint_step,
     current_v_step,
     evaluate_step,
     finetune_step,
     lfl_round1_inputs,
     lfl_round2_step,
+    restore_step,
     stopped_here_step,
     update_v_step,
 )
@@ -45,6 +47,8 @@ def drive(fed, cfg: FederatedMFConfig, plan: Plan) -> Outcome:
         bound=cfg.bound,
         phase="pretrain",
     )
+    if cfg.lost_users == "resume":  # u_i changes only in Stages 1 and 3: one checkpoint holds
+        fed.cohorts.checkpoint(checkpoint_step, restore_step)
     history: list[dict[str, Any]] = []
     baselines: dict[str, float] = {}
     if params.method in ("lfl", "ldp"):
@@ -63,9 +67,16 @@ def drive(fed, cfg: FederatedMFConfig, plan: Plan) -> Outcome:
         lr=cfg.local_lr,
         bound=cfg.bound,
         phase="finetune",
+        on_failure="drop",
     )
-    parts = fed.get(fed.cohorts.run(evaluate_step, v_msg.single(), phase="evaluate"))
-    return report.outcome(cfg, params, plan.budget.epsilon, _mean(parts), history, baselines)
+    evaluated = fed.cohorts.run(evaluate_step, v_msg.single(), phase="evaluate", on_failure="drop")
+    if evaluated.failed:
+        fed.note(report.lost_note(evaluated.failed))
+    outcome = report.outcome(
+        cfg, params, plan.budget.epsilon, _mean(fed.get(evaluated)), history, baselines
+    )
+    outcome.metrics["lost_cohorts"] = sorted(evaluated.failed)
+    return outcome
 
 
 def _mean(parts: dict[str, tuple[float, int]]) -> float:
@@ -166,6 +177,7 @@ def _round2(fed, cfg: FederatedMFConfig, params: LflParams, t: int, survivors, n
             zeta2=zeta2,
             dropout=cfg.dropout,
             phase="round2",
+            on_failure="drop",  # a cohort lost here: its users are Round-2 dropouts
         )
         return round2, int(sum(len(r["ids"]) for r in fed.get(round2).values()))
     return {}, 0

@@ -54,6 +54,8 @@ def plan(cfg: FederatedMFConfig, seed: int) -> Plan:
         ),
         cohorts=cohorts,
         rounds=cfg.iterations if method in ("lfl", "ldp") else 1,
+        # a restarted cohort resumes from its users' checkpoint: restart it once per iteration
+        cohort_restarts=cfg.iterations if cfg.lost_users == "resume" else 0,
         evaluation={"train": train, "test": test},
         params=LflParams(
             method=method,

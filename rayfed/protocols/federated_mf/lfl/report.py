@@ -36,6 +36,13 @@ def notes(cfg: FederatedMFConfig, params: LflParams) -> list[str]:
     return out
 
 
+def lost_note(cohorts: list[str]) -> str:
+    return (
+        f"cohort(s) {', '.join(sorted(cohorts))} lost for good (lost_users=dropouts): their users "
+        "were permanent dropouts from then on and are not in the test MSE"
+    )
+
+
 def _method_note(cfg: FederatedMFConfig, params: LflParams) -> str:
     if params.method == "stage1":
         return "stage-1-only baseline: V stays at its initialisation; nothing is released"

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pyarrow as pa
 from dp_accounting import dp_event
 
 from rayfed import mf, rng
@@ -88,6 +89,25 @@ def lfl_round2_step(
         part_of="this iteration's Round-1 release",  # its event covers the replacement (F)
     )
     return Message("noise_replacement", {"ids": ids, "values": values}, to="coordinator")
+
+
+def checkpoint_step(ctx: StepContext) -> pa.Table:
+    """The users' state a restarted cohort resumes from: their ids and u_i rows, as Arrow."""
+    u = ctx.state["u"]
+    values = pa.array(np.ascontiguousarray(u).reshape(-1))
+    return pa.table(
+        {
+            "user_id": ctx.state["ids"],
+            "u": pa.FixedSizeListArray.from_arrays(values, u.shape[1]),
+        }
+    )
+
+
+def restore_step(ctx: StepContext, state: pa.Table) -> None:
+    """A restarted cohort takes its users' state back from their checkpoint."""
+    ctx.state["ids"] = state.column("user_id").to_numpy()
+    flat = state.column("u").combine_chunks().flatten().to_numpy()
+    ctx.state["u"] = flat.reshape(state.num_rows, -1).copy()
 
 
 def finetune_step(ctx: StepContext, v: np.ndarray, *, steps: int, lr: float, bound: float) -> None:
