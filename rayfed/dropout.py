@@ -59,7 +59,8 @@ ANSWERS_FROM = np.array([1, 1, 2, NEVER], dtype=np.int8)
 
 @dataclass(frozen=True)
 class DropoutSchedule:
-    """Per-phase dropout probabilities and explicit per-phase user lists."""
+    """Per-phase dropout probabilities, explicit per-phase user lists, and the population models
+    (availability, stragglers) on top of them."""
 
     rates: dict[str, float] = field(default_factory=dict)
     explicit: dict[str, list[int]] = field(default_factory=dict)
@@ -106,8 +107,8 @@ class DropoutSchedule:
     def simulated_seconds(self, seed: int, round: int, ids: np.ndarray) -> dict[str, float]:
         """The simulated time of each client phase of round ``round`` for the users ``ids``: the
         server waits for the slowest answer, or until the deadline when an answer it expects does
-        not come in time (a user that dropped, or is late). Without a latency model answers are
-        instant, and only the wait for missing users counts."""
+        not come in time (a user that dropped, or is late). Without a latency model every phase
+        takes 0 s."""
         ids = np.asarray(ids, dtype=np.int64)
         absent = self._absent(seed, round, ids)
         s = self.stragglers
