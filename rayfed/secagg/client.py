@@ -226,13 +226,21 @@ def _encrypt_shares(
 ) -> tuple[np.ndarray, np.ndarray]:
     """(ciphertexts, pair keys): each row of ``plain`` encrypted under the key user ``own`` (a
     key row) agrees with ``peer`` (a row of the advertised table); ``pairs`` = (sender, receiver)
-    positions, bound into the associated data."""
+    positions, bound into the associated data. Where both users of a pair live in this cohort,
+    their agreed key (the same from either side: Diffie-Hellman) is computed once for both."""
     sender, receiver = pairs
     ct = np.empty((len(plain), PLAINTEXT_BYTES + _crypto.TAG_BYTES), dtype=np.uint8)
     keys = np.empty((len(plain), 32), dtype=np.uint8)
+    here = set(sender.tolist())
+    agreed: dict[tuple[int, int], bytes] = {}
     for e in range(len(plain)):
-        secret = _crypto.shared_secret(st.c_sk[own[e]], st.table_c_pk[peer[e]])
-        key = _crypto.hkdf(secret, _crypto.INFO_SHARE, spec.salt)
+        u, v = int(sender[e]), int(receiver[e])
+        key = agreed.pop((v, u), None)  # its partner's, if it came first
+        if key is None:
+            secret = _crypto.shared_secret(st.c_sk[own[e]], st.table_c_pk[peer[e]])
+            key = _crypto.hkdf(secret, _crypto.INFO_SHARE, spec.salt)
+            if v in here:
+                agreed[(u, v)] = key
         keys[e] = np.frombuffer(key, np.uint8)
         sealed = _crypto.encrypt_share(
             key,
@@ -249,25 +257,35 @@ def _encrypt_shares(
 def _pair_masks_real(
     spec: RoundSpec, st: ClientRound, rows: np.ndarray, u2_member: np.ndarray, graph, y: np.ndarray
 ) -> None:
-    """Add Σ_v sign(u, v)·PRG(HKDF(X25519(s_u, s_v))) to each user's row of y (per pair: the cost)."""
+    """Add Σ_v sign(u, v)·PRG(HKDF(X25519(s_u, s_v))) to each user's row of y (per pair: the cost).
+
+    A pair whose two users both mask in this cohort has one seed (the same from either side:
+    Diffie-Hellman), so it is agreed and expanded once, with the smaller position, and added to
+    both rows with opposite signs; the words wrap, so the order of the additions does not matter.
+    """
     key_index = np.searchsorted(np.flatnonzero(st.drop > BEFORE_ADVERTISE), rows)
     nb = graph.neighbours(st.pos[rows])
     dtype = spec.word_dtype
+    here = {int(p): i for i, p in enumerate(st.pos[rows])}  # every peer of theirs in U2 is a peer
     for i, row in enumerate(rows):
         peers = nb[i][u2_member[nb[i]]]
         sk = st.s_sk[key_index[i]]
         t_rows = np.searchsorted(st.table_pos, peers)
-        acc = y[i]
-        u = st.pos[row]
+        u = int(st.pos[row])
         for v, tr in zip(peers.tolist(), t_rows.tolist(), strict=True):
+            j = here.get(v)
+            if j is not None and v < u:
+                continue  # done with v
             seed = _crypto.hkdf(
                 _crypto.shared_secret(sk, st.table_s_pk[tr]), _crypto.INFO_MASK, spec.salt
             )
             mask = _crypto.expand(seed, spec.dim, dtype)
             if u > v:
-                acc += mask
+                y[i] += mask
             else:
-                acc -= mask
+                y[i] -= mask
+            if j is not None:  # v > u: v's side adds the mask u's side subtracted
+                y[j] += mask
 
 
 _DEALER_CHUNK_BYTES = 1 << 24
