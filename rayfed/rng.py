@@ -98,6 +98,7 @@ _M0, _M1 = np.uint64(0xD2511F53), np.uint64(0xCD9E8D57)
 _W0, _W1 = 0x9E3779B9, 0xBB67AE85
 _SHIFT = np.uint64(32)
 _CHUNK_BLOCKS = 1 << 15
+_UNIFORM_CHUNK_WORDS = 1 << 22  # keyed_uniform's working set: 32 MiB of words at a time
 
 
 def _philox_words(c0, c1, c2, c3, key: tuple[int, int], rounds: int = 10):
@@ -164,6 +165,16 @@ def keyed_bits64(root: int, purpose: str, round: int, ids: np.ndarray, n: int) -
 
 
 def keyed_uniform(root: int, purpose: str, round: int, ids: np.ndarray, n: int = 1) -> np.ndarray:
-    """``(len(ids), n)`` uniforms in [0, 1) keyed per user id, with 53 random bits each."""
-    words = keyed_bits64(root, purpose, round, ids, n)
-    return (words >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
+    """``(len(ids), n)`` uniforms in [0, 1) keyed per user id, with 53 random bits each.
+
+    Drawn in chunks of ids (a user's draws do not depend on its neighbours'), so 10^6 users x 1,000
+    draws need the output and one chunk, not three full-size temporaries."""
+    ids = np.asarray(ids)
+    out = np.empty((ids.size, max(n, 0)), dtype=np.float64)
+    per_chunk = max(1, _UNIFORM_CHUNK_WORDS // max(n, 1))
+    for a in range(0, ids.size, per_chunk):
+        words = keyed_bits64(root, purpose, round, ids[a : a + per_chunk], n)
+        np.multiply(
+            (words >> np.uint64(11)).astype(np.float64), 1.0 / (1 << 53), out=out[a : a + per_chunk]
+        )
+    return out

@@ -289,6 +289,7 @@ def _pair_masks_real(
 
 
 _DEALER_CHUNK_BYTES = 1 << 24
+_ENCODE_CHUNK_ROWS = 1 << 12  # rows a dealer or plain cohort encodes and masks at a time
 
 
 def add_dealer_masks(
@@ -346,29 +347,52 @@ def masked_input(
         raise ValueError(
             f"input function returned shape {x.shape}, expected {(len(rows), spec.dim)}"
         )
-    y = spec.encoding.encode(x)
-    if spec.mode != "plain" and len(rows):
-        graph = _graph(ctx, spec)
-        if spec.mode == "dealer":
-            key = dealer_key(ctx.seed, spec.round)
-            pos = st.pos[rows]
-            add_dealer_masks(
-                key, spec, self_codes(pos)[:, None], np.ones((len(rows), 1), np.int8), y
-            )
-            nb = graph.neighbours(pos)
-            signs = np.where(u2_member[nb], sign(pos[:, None], nb), 0).astype(np.int8)
-            add_dealer_masks(key, spec, pair_codes(pos[:, None], nb, spec.n), signs, y)
-        else:
-            for i, row in enumerate(rows):
-                y[i] += _crypto.expand(st.b_seed[row].tobytes(), spec.dim, spec.word_dtype)
-            _pair_masks_real(spec, st, rows, u2_member, graph, y)
     return Message(
         "masked_input",
-        {"pos": st.pos[rows], "y": spec.encoding.reduce(y)},
+        {"pos": st.pos[rows], "y": _masked_sum(ctx, spec, st, rows, u2_member, x)[None, :]},
         to="coordinator",
         dp_event=event,
         scope="run" if event is not None else None,
     )
+
+
+def _masked_sum(
+    ctx: StepContext, spec: RoundSpec, st: ClientRound, rows: np.ndarray, u2_member, x: np.ndarray
+) -> np.ndarray:
+    """Σ_u y_u mod 2^b over this cohort's masking users.
+
+    The cohort forwards its users' masked inputs already added up: the server only ever adds them,
+    and a sum of masked inputs tells it no more than the inputs one by one, while the message
+    shrinks from (users x dim) to one row. Dealer and plain rounds encode and mask in chunks of
+    rows, so a cohort of 10^5 users never holds all their words at once.
+    """
+    dtype = spec.word_dtype
+    if spec.mode in ("dealer", "plain"):
+        total = np.zeros(spec.dim, np.uint64)
+        for a in range(0, len(rows), _ENCODE_CHUNK_ROWS):
+            part = rows[a : a + _ENCODE_CHUNK_ROWS]
+            y = spec.encoding.encode(x[a : a + _ENCODE_CHUNK_ROWS])
+            if spec.mode == "dealer":
+                _add_dealer_round_masks(ctx, spec, st.pos[part], u2_member, y)
+            total += y.sum(axis=0, dtype=np.uint64)
+        return spec.encoding.reduce(total)
+    y = spec.encoding.encode(x)
+    if len(rows):
+        for i, row in enumerate(rows):
+            y[i] += _crypto.expand(st.b_seed[row].tobytes(), spec.dim, dtype)
+        _pair_masks_real(spec, st, rows, u2_member, _graph(ctx, spec), y)
+    return spec.encoding.reduce(y.sum(axis=0, dtype=np.uint64))
+
+
+def _add_dealer_round_masks(
+    ctx: StepContext, spec: RoundSpec, pos: np.ndarray, u2_member, y: np.ndarray
+) -> None:
+    """The self mask and the signed pair masks (with peers in U2) of the users at ``pos``."""
+    key = dealer_key(ctx.seed, spec.round)
+    add_dealer_masks(key, spec, self_codes(pos)[:, None], np.ones((len(pos), 1), np.int8), y)
+    nb = _graph(ctx, spec).neighbours(pos)
+    signs = np.where(u2_member[nb], sign(pos[:, None], nb), 0).astype(np.int8)
+    add_dealer_masks(key, spec, pair_codes(pos[:, None], nb, spec.n), signs, y)
 
 
 # --- phase 4: unmask -----------------------------------------------------------------------------

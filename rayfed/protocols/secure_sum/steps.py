@@ -14,7 +14,11 @@ def synthetic_inputs(
     ctx: StepContext, round: int, ids: np.ndarray, dim: int, clip: float
 ) -> np.ndarray:
     """Uniform on [-clip, clip], keyed by (round, user id): the same wherever the user is hosted."""
-    return (rng.keyed_uniform(ctx.seed, "synthetic", round, ids, dim) * 2 - 1) * clip
+    x = rng.keyed_uniform(ctx.seed, "synthetic", round, ids, dim)
+    x *= 2  # in place: (u·2 - 1)·clip, the same floats without two more users x dim copies
+    x -= 1
+    x *= clip
+    return x
 
 
 def table_inputs(ctx: StepContext, round: int, ids: np.ndarray, columns: list[str]) -> np.ndarray:
