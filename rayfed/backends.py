@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import threading
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
@@ -140,12 +141,21 @@ class Backend(ABC):
             name: getattr(h, method)() for name, h in handles.items() if not isinstance(h, Dead)
         }
 
-    def wait_restarted(self, handle, deadline_s: float) -> None:
-        """Wait for a member the backend is restarting (nothing to wait for in-process)."""
+    def wait_restarted(self, handle, deadline_s: float, member: tuple) -> None:
+        """Wait for a member the backend is restarting and give it back its ``member``
+        (name, table, meta); nothing to wait for in-process."""
         return None
 
     def kill(self, handles) -> None:
         """Stop every member (in-process members need nothing)."""
+        return None
+
+    def close(self, handles, *, reuse: bool) -> None:
+        """The run is over: stop its members, or (``reuse``) keep the healthy ones for the next."""
+        self.kill(handles)
+
+    def made(self) -> None:
+        """Every member of the run exists (in-process: nothing to do)."""
         return None
 
     def release(self) -> None:
@@ -249,6 +259,7 @@ class RayBackend(Backend):
         super().__init__(seed=seed, randomness=randomness)
         self.actors = actors  # how many the run starts: each gets its share of the CPUs
         self._step_refs: dict[Any, Any] = {}
+        self._keys: dict[int, tuple] = {}  # id(handle) -> its pool key
 
     def make(self, cls, name, table, meta, *, restarts, options):
         import ray
@@ -260,11 +271,19 @@ class RayBackend(Backend):
             "max_task_retries": 0,
             **options,
         }
-        return (
-            ray.remote(cls)
-            .options(**actor_options)
-            .remote(name, self.seed, table, meta, in_ray=True, randomness=self.randomness)
-        )
+        key = (cls.__name__, repr(sorted(actor_options.items())))
+        handle = POOL.take(key)
+        if handle is None:
+            handle = ray.remote(cls).options(**actor_options).remote(in_ray=True)
+        self._keys[id(handle)] = key
+        # the federation's first contact (ping) runs after this: an actor runs one caller's calls
+        # in order
+        handle.load.remote(name, self.seed, table, meta, self.randomness)
+        return handle
+
+    def made(self) -> None:
+        """Every member exists: idle actors no run took are stopped (they hold CPUs)."""
+        POOL.drain()
 
     def _put_step(self, step):
         import ray
@@ -364,13 +383,14 @@ class RayBackend(Backend):
                 out[name] = ray.get(ref, timeout=60.0)
         return out
 
-    def wait_restarted(self, handle, deadline_s):
+    def wait_restarted(self, handle, deadline_s, member):
         import ray
 
         until = time.monotonic() + deadline_s
         while time.monotonic() < until:
             try:
-                ray.get(handle.ping.remote(), timeout=max(0.1, until - time.monotonic()))
+                load = handle.load.remote(*member[:1], self.seed, *member[1:], self.randomness)
+                ray.get(load, timeout=max(0.1, until - time.monotonic()))
                 return
             except ray.exceptions.ActorUnavailableError:  # still restarting: ask again
                 time.sleep(0.2)
@@ -384,8 +404,86 @@ class RayBackend(Backend):
             with contextlib.suppress(Exception):
                 ray.kill(handle, no_restart=True)
 
+    def close(self, handles, *, reuse):
+        """Members that answer at once go to the pool; a member still busy (a step past its
+        deadline) or gone is stopped."""
+        import ray
+
+        handles = list(handles)
+        healthy = set()
+        if reuse and handles:
+            pings = {h.ping.remote(): h for h in handles}
+            ready, _ = ray.wait(list(pings), num_returns=len(pings), timeout=REUSE_PING_S)
+            for ref in ready:
+                with contextlib.suppress(ray.exceptions.RayError):
+                    ray.get(ref)
+                    healthy.add(id(pings[ref]))
+        self.kill([h for h in handles if id(h) not in healthy])
+        for handle in handles:
+            if id(handle) in healthy:
+                POOL.give(self._keys[id(handle)], handle)
+
     def release(self):
         self._step_refs.clear()
+
+
+class ActorPool:
+    """Idle actors of finished runs, by class and actor options.
+
+    Starting an actor is a process spawn plus imports, about 2 s for a run's three actors on 2
+    cores, which dominated small runs and sweeps. A run of the same shape as the last one loads its
+    members into these actors instead (:meth:`RoleActor.load` gives each a fresh context). Only
+    actors of a run that had no death or injected fault come back, so each still has all its Ray
+    restarts. Idle actors hold their CPUs, so they are stopped after ``IDLE_S`` without a run (or
+    when a run of another shape starts); the pool forgets actors of an earlier Ray session.
+    """
+
+    IDLE_S = 5.0
+
+    def __init__(self):
+        self._idle: dict[tuple, list] = {}
+        self._job = None
+        self._lock = threading.Lock()
+        self._timer: threading.Timer | None = None
+
+    def _current(self) -> dict[tuple, list]:
+        import ray
+
+        job = ray.get_runtime_context().get_job_id()
+        if job != self._job:
+            self._idle, self._job = {}, job
+        return self._idle
+
+    def take(self, key: tuple):
+        with self._lock:
+            idle = self._current().get(key)
+            return idle.pop() if idle else None
+
+    def give(self, key: tuple, handle) -> None:
+        with self._lock:
+            self._current().setdefault(key, []).append(handle)
+            if self._timer is not None:
+                self._timer.cancel()
+            self._timer = threading.Timer(self.IDLE_S, self.drain)
+            self._timer.daemon = True
+            self._timer.start()
+
+    def drain(self) -> None:
+        """Stop every idle actor (frees the CPUs they hold)."""
+        import ray
+
+        with self._lock:
+            idle, self._idle = self._idle, {}
+            if not ray.is_initialized():
+                return
+            for handles in idle.values():
+                for handle in handles:
+                    with contextlib.suppress(Exception):
+                        ray.kill(handle, no_restart=True)
+
+
+POOL = ActorPool()
+REUSE_PING_S = 2.0  # a member that does not answer this fast after its run is not reused
 
 
 def _flatten(obj: Any, flat: list) -> Any:

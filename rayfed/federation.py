@@ -282,6 +282,7 @@ class Federation:
         self.round_no = 0
         self.progress = progress
         self._started = False
+        self._deaths = 0
         self.coordinator = Group(self, "coordinator")
         self.parties = Group(self, "parties")
         self.cohorts = Group(self, "cohorts")
@@ -310,6 +311,7 @@ class Federation:
             for group in self.groups:
                 for name in self._specs[group.role]:
                     group.handles[name] = self._make(group.role, name)
+            self.backend.made()
             # Starting an actor is a process spawn (about a second each here, longer under load), so
             # the first contact gets at least STARTUP_DEADLINE_S whatever the per-phase deadline is.
             for group in self.groups:
@@ -322,6 +324,10 @@ class Federation:
             self.shutdown()
             raise
         return self
+
+    def _member(self, group: str, name: str) -> tuple:
+        """(name, table, meta): what a (re)started actor needs to become this member."""
+        return (name, *self._specs[group][name])
 
     def _make(self, group: str, name: str):
         table, meta = self._specs[group][name]
@@ -340,12 +346,15 @@ class Federation:
         next round wait for it; otherwise it is rebuilt from its partition while its restarts last,
         else it stays dead for every later call. A restarted member with a checkpoint is waited
         for and restored at once."""
+        self._deaths += 1
         resumes = group.restore is not None and name in group.checkpoints
         if self.backend.restarts_itself:
             if not (resumes and self.faults.restarts.get(MEMBER_ROLE[group.role], 0) > 0):
                 self.faults.restarting.add((group.role, name))
                 return
-            self.backend.wait_restarted(group.handles[name], STARTUP_DEADLINE_S)
+            self.backend.wait_restarted(
+                group.handles[name], STARTUP_DEADLINE_S, self._member(group.role, name)
+            )
         elif self.faults.may_restart(group.role, name):
             group.handles[name] = self._make(group.role, name)
         else:
@@ -361,14 +370,18 @@ class Federation:
         for group_name, name in sorted(pending):
             if self.faults.restarts.get(MEMBER_ROLE[group_name], 0) > 0:
                 group = getattr(self, group_name)
-                self.backend.wait_restarted(group.handles[name], STARTUP_DEADLINE_S)
+                self.backend.wait_restarted(
+                    group.handles[name], STARTUP_DEADLINE_S, self._member(group_name, name)
+                )
 
     def shutdown(self) -> None:
         """Stop every member of this run (idempotent). Ray itself keeps running for the next run."""
         if not self._started:
             return
         self._started = False
-        self.backend.kill([h for group in self.groups for h in group.handles.values()])
+        handles = [h for group in self.groups for h in group.handles.values()]
+        # members of a run nothing killed can serve the next run (see backends.ActorPool)
+        self.backend.close(handles, reuse=not (self._deaths or self.faults.injected))
         self.backend.release()
 
     def __enter__(self) -> Federation:

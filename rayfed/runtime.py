@@ -85,7 +85,10 @@ def shutdown() -> None:
     running). Call it when done with rayfed in a long-lived process."""
     import ray
 
+    from rayfed.backends import POOL
+
     if ray.is_initialized():
+        POOL.drain()  # on a cluster, the idle actors kept for the next run would outlive us
         ray.shutdown()
 
 

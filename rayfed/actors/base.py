@@ -7,9 +7,11 @@ a trust boundary is a :class:`Message`, whose size and DP event go into the run'
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -144,13 +146,25 @@ class RoleActor:
 
     def __init__(
         self,
-        name: str,
-        seed: int,
+        name: str | None = None,
+        seed: int = 0,
         table: pa.Table | None = None,
         meta: dict | None = None,
         in_ray: bool = False,
         randomness: str = "seeded",
     ):
+        """A member named ``name``; a Ray actor starts without one (``name=None``) and is given
+        its member by :meth:`load`, so that a finished run's actor can serve the next run."""
+        self.in_ray = in_ray
+        self.ctx: StepContext | None = None
+        if name is not None:
+            self.load(name, seed, table, meta, randomness)
+
+    def load(
+        self, name: str, seed: int, table: pa.Table | None, meta: dict | None, randomness: str
+    ) -> str:
+        """Become member ``name`` of a run: a new context, so nothing of an earlier run's state
+        survives, and this process's peak-memory mark reset (benchmarks read it per run)."""
         self.ctx = StepContext(
             name=name,
             role=self.role,
@@ -159,7 +173,10 @@ class RoleActor:
             meta=dict(meta or {}),
             randomness=randomness,
         )
-        self.in_ray = in_ray
+        if self.in_ray:
+            with contextlib.suppress(OSError):
+                Path("/proc/self/clear_refs").write_text("5")
+        return name
 
     def _step(self, step, args, kwargs):
         self.ctx.noise.begin_step()
@@ -171,6 +188,8 @@ class RoleActor:
             raise
 
     def ping(self) -> str:
+        if self.ctx is None:
+            raise RuntimeError("this actor holds no member: it restarted, or its load failed")
         return self.ctx.name
 
     def noise_fingerprints(self) -> list[str]:

@@ -1,0 +1,84 @@
+"""Actors of a finished run serve the next run of the same shape (backends.ActorPool): the same
+processes, and results equal to fresh actors'; a run with a death or a fault leaves none behind."""
+
+import os
+import sys
+
+import numpy as np
+import pyarrow as pa
+import pytest
+import ray.cloudpickle
+
+import rayfed
+from rayfed.actors import Message
+from rayfed.backends import POOL
+from rayfed.federation import Federation
+from rayfed.privacy import Budget
+
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+pytestmark = pytest.mark.ray
+
+
+def where_and_what(ctx, round_no):
+    """This process, the member's table and state left by earlier steps, and a seeded draw."""
+    seen = ctx.state.get("seen", 0)
+    ctx.state["seen"] = seen + 1
+    x = ctx.table.column("x").to_numpy()
+    return Message("pid", (os.getpid(), int(x.sum()), seen, ctx.rng("synthetic", round_no).random()))
+
+
+def _run(seed: int, offset: int = 0, fail=None) -> dict:
+    cohorts = {f"c{i}": (pa.table({"x": np.arange(5) + 10 * i + offset}), {}) for i in range(2)}
+    with Federation(
+        run_id="pool", seed=seed, cohorts=cohorts, budget=Budget.none(), faults=fail
+    ) as fed:
+        return fed.get(fed.cohorts.run(where_and_what, 0, phase="p"))
+
+
+def test_a_second_run_reuses_the_processes_and_starts_clean(ray_cluster):
+    POOL.drain()
+    first = _run(seed=1)
+    second = _run(seed=2, offset=100)
+    again = _run(seed=1)
+    pids = lambda out: {v[0] for v in out.values()}  # noqa: E731
+    assert pids(second) == pids(first) == pids(again)  # no new process
+    # the new run's tables and seed, and no state from the run before
+    assert [v[1:3] for v in second.values()] == [(510, 0), (560, 0)]
+    assert again == first
+
+
+def test_a_run_with_a_fault_leaves_no_actor_behind(ray_cluster):
+    from rayfed.faults import parse
+
+    POOL.drain()
+    first = _run(seed=1)
+    with pytest.raises(rayfed.PartyFailed):
+        _run(seed=1, fail=[parse("cohort=c0@phase=p")])
+    third = _run(seed=1)
+    assert not ({v[0] for v in third.values()} & {v[0] for v in first.values()})
+    assert [v[1:] for v in third.values()] == [v[1:] for v in first.values()]
+
+
+def test_runs_on_reused_actors_equal_runs_on_fresh_ones(ray_cluster):
+    options = dict(users=60, dim=4, out_dir=None)
+    POOL.drain()
+    fresh = rayfed.run("secure-sum", seed=3, **options)
+    rayfed.run("secure-sum", seed=4, **options)  # leaves its actors in the pool
+    reused = rayfed.run("secure-sum", seed=3, **options)
+    assert fresh.tables["sum"].equals(reused.tables["sum"])
+    assert fresh.noise_fingerprints == reused.noise_fingerprints
+
+
+def test_idle_actors_are_stopped_after_a_while(ray_cluster, monkeypatch):
+    """They hold CPUs another process's run (a job joining this Ray) may need."""
+    import time
+
+    from rayfed.backends import ActorPool
+
+    monkeypatch.setattr(ActorPool, "IDLE_S", 0.3)
+    POOL.drain()
+    first = _run(seed=1)
+    time.sleep(1.5)
+    later = _run(seed=1)
+    assert not ({v[0] for v in later.values()} & {v[0] for v in first.values()})
