@@ -25,7 +25,9 @@ def where_and_what(ctx, round_no):
     seen = ctx.state.get("seen", 0)
     ctx.state["seen"] = seen + 1
     x = ctx.table.column("x").to_numpy()
-    return Message("pid", (os.getpid(), int(x.sum()), seen, ctx.rng("synthetic", round_no).random()))
+    return Message(
+        "pid", (os.getpid(), int(x.sum()), seen, ctx.rng("synthetic", round_no).random())
+    )
 
 
 def _run(seed: int, offset: int = 0, fail=None) -> dict:
