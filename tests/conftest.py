@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
+
+# before anything loads numpy: the golden runs' BLAS kernel (see tests/golden/record.py)
+sys.path.insert(0, str(Path(__file__).resolve().parent / "golden"))
+import record  # noqa: E402, F401
 
 
 @pytest.fixture(scope="session")

@@ -16,7 +16,25 @@ from rayfed.protocols import get_protocol
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
 sys.path.insert(0, str(GOLDEN))
-from record import golden_run, ledger  # noqa: E402
+from record import BLAS_KERNEL, golden_run, ledger  # noqa: E402
+
+
+def blas_kernels() -> set[str]:
+    from threadpoolctl import threadpool_info
+
+    return {i.get("architecture", "") for i in threadpool_info() if i["internal_api"] == "openblas"}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def pinned_blas_kernel():
+    kernels = blas_kernels()
+    if kernels and kernels != {BLAS_KERNEL}:
+        pytest.fail(
+            f"OpenBLAS runs the {kernels} kernel, the golden runs were recorded with "
+            f"{BLAS_KERNEL}: numpy was loaded before tests/conftest.py pinned it "
+            "(OPENBLAS_CORETYPE)"
+        )
+
 
 CASES = [
     pytest.param(name, i, id=f"{name}-{i}")

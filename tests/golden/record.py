@@ -1,7 +1,7 @@
 """Record the golden runs: every protocol's examples (seeded, in-process), their result tables as
 Arrow IPC files and their ledger entries as JSON. ``tests/test_golden.py`` checks that the code
 still produces them bit for bit: run this only when a result is meant to change, and say why in
-the commit.
+the commit. Both pin OpenBLAS's kernel (BLAS_KERNEL), so the files hold on any x86-64 machine.
 
     python tests/golden/record.py
 """
@@ -9,13 +9,23 @@ the commit.
 from __future__ import annotations
 
 import json
+import os
+import platform
 import shutil
 from pathlib import Path
 
-import pyarrow as pa
+#: OpenBLAS picks its kernels by CPU, and an AVX-512 kernel sums in another order than an AVX2
+#: one: results of matrix products differ in the last bits between machines. The golden runs pin
+#: the AVX2 kernel every x86-64 CPU of the last decade has; this must happen before numpy loads
+#: (tests/conftest.py imports this module first).
+BLAS_KERNEL = "Haswell"
+if platform.machine().lower() in ("x86_64", "amd64"):
+    os.environ.setdefault("OPENBLAS_CORETYPE", BLAS_KERNEL)
 
-import rayfed
-from rayfed.protocols import get_protocol
+import pyarrow as pa  # noqa: E402
+
+import rayfed  # noqa: E402
+from rayfed.protocols import get_protocol  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 
