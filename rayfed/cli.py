@@ -131,30 +131,41 @@ def _cmd_stress(args) -> int:
     import json
 
     for row in json.loads((path / "stress.json").read_text())["rows"]:
-        dropout = "" if row["dropout"] is None else f"{100 * row['dropout']:5.1f} %"
-        if row["scenario"] == "sweep":
-            simulated = row["simulated_round_seconds"]
-            print(
-                f"{row['option']}={row['value']:<8} dropout {dropout:>8}  aborts "
-                f"{row['aborts']}/{row['reps']} (95 % {row['abort_ci_low']:.2f}-"
-                f"{row['abort_ci_high']:.2f}; finder's bound {row['predicted_abort_bound']:.1e})  "
-                f"wrong sums {row['wrong_sums']}  simulated "
-                + ("-" if simulated is None else f"{simulated:.1f} s")
-                + " per round"
-            )
-            continue
-        if "test_mse" in row:
-            print(
-                f"dropout {dropout:>8}  test MSE {row['test_mse']:.4f}  epsilon {row['epsilon']:.4g}  "
-                f"skipped {row['skipped']}/{row['iterations']}  {row['seconds']:6.2f} s"
-            )
-            continue
-        print(
-            f"{row['scenario']:<30} {dropout:>8}  {row['outcome']:<9} (expected {row['expected']}) "
-            f"{row['seconds']:6.2f} s"
-        )
+        print(_stress_line(row))
     print(f"table, JSON and plot: {path}")
     return 0
+
+
+def _stress_line(row: dict) -> str:
+    """One row of a stress table as a line of text."""
+    dropout = "" if row["dropout"] is None else f"{100 * row['dropout']:5.1f} %"
+    sweep = row["scenario"] == "sweep"
+    label = f"{row['option']}={row['value']:<8}" if sweep else f"dropout {dropout:>8}"
+    sd = (lambda key: f" ± {row[key + '_sd']:.2g}") if sweep else (lambda key: "")
+    if "aborts" in row:  # a secure-sum sweep
+        simulated = row["simulated_round_seconds"]
+        return (
+            f"{label} dropout {dropout:>8}  aborts {row['aborts']}/{row['reps']} (95 % "
+            f"{row['abort_ci_low']:.2f}-{row['abort_ci_high']:.2f}; finder's bound "
+            f"{row['predicted_abort_bound']:.1e})  wrong sums {row['wrong_sums']}  simulated "
+            + ("-" if simulated is None else f"{simulated:.1f} s")
+            + " per round"
+        )
+    if "test_mse" in row:
+        return (
+            f"{label}  test MSE {row['test_mse']:.4f}{sd('test_mse')}  epsilon "
+            f"{row['epsilon']:.4g}  skipped {row['skipped']:g}/{row['iterations']:g}"
+        )
+    if "error" in row:
+        return (
+            f"{label}  {row['error_metric']} {row['error']:.3e}{sd('error')}  epsilon "
+            f"{row['epsilon']:.4g}  reports lost {100 * row['observed_dropout']:.1f} %  "
+            f"simulated {row['simulated_round_seconds']:.1f} s per round"
+        )
+    return (
+        f"{row['scenario']:<30} {dropout:>8}  {row['outcome']:<9} (expected {row['expected']}) "
+        f"{row['seconds']:6.2f} s"
+    )
 
 
 def _cmd_report(args) -> int:
@@ -184,7 +195,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _run_parser(run_p).set_defaults(func=_cmd_run)
     st = sub.add_parser("stress", help="dropout-tolerance sweep of a protocol (table, JSON, plot)")
-    st.add_argument("protocol", help="secure-sum or federated-mf")
+    st.add_argument("protocol", help="secure-sum, federated-mf or square-wave")
     st.add_argument("--config", help="YAML file of options")
     st.add_argument(
         "--set", action="append", default=[], metavar="KEY=VALUE", help="override one option"
@@ -193,7 +204,7 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument(
         "--sweep",
         metavar="OPTION=V1,V2,...",
-        help="secure-sum: sweep one option (e.g. markov_off=0.05,0.1,0.2) instead of the rates",
+        help="sweep one option (e.g. population.markov_off=0.05,0.1,0.2) instead of the rates",
     )
     st.add_argument("--reps", type=int, default=5, help="--sweep: seeds per point (default 5)")
     st.add_argument("--seed", type=int)

@@ -36,6 +36,8 @@ from pathlib import Path
 from typing import Literal
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 from scipy.special import ndtri
 
 from rayfed import rng
@@ -103,6 +105,22 @@ class DropoutSchedule:
         for model in self.availability:
             out[~model.online(seed, round, ids)] = 0
         return out
+
+    def one_message(self, seed: int, round: int, ids: np.ndarray) -> tuple[np.ndarray, float]:
+        """For users who send one message per round (an LDP report): whether each user's message
+        of round ``round`` arrives, and the round's simulated time. A user the rates, lists or
+        availability models drop at its first phase sends nothing; one whose answer takes longer
+        than the deadline (its first client phase's latency) is a dropout. The server waits for
+        the slowest answer, or until the deadline when one does not come in time."""
+        ids = np.asarray(ids, dtype=np.int64)
+        sent = self._absent(seed, round, ids) > 0
+        if self.stragglers is None:
+            return sent, 0.0
+        latency = self.stragglers.latency(seed, round, ids)[:, 0]
+        arrived = sent & (latency <= self.stragglers.deadline_s)
+        if not arrived.all():
+            return arrived, float(self.stragglers.deadline_s)
+        return arrived, float(latency.max()) if ids.size else 0.0
 
     def simulated_seconds(self, seed: int, round: int, ids: np.ndarray) -> dict[str, float]:
         """The simulated time of each client phase of round ``round`` for the users ``ids``: the
@@ -322,6 +340,12 @@ class PopulationConfig:
         None, "user ids offline together (a region, an app version) for outage_rounds rounds"
     )
     outage_cohort: str | None = option(None, "a cohort whose users are all offline together")
+    outage_column: str | None = option(
+        None, "a column of the data file (e.g. region): users whose value is outage_value"
+    )
+    outage_value: str | None = option(
+        None, "the value of outage_column whose users are offline together (e.g. north)"
+    )
     outage_start: int = option(0, "first round of the outage", at_least=0)
     outage_rounds: int = option(1, "rounds the outage lasts", at_least=1)
     latency: Literal["none", "lognormal", "trace"] = option(
@@ -346,26 +370,44 @@ class PopulationConfig:
                 "set both population.trace=FILE and population.availability=trace (or "
                 "population.latency=trace), or neither",
             )
-        if self.outage is not None and self.outage_cohort is not None:
+        if (self.outage_column is None) != (self.outage_value is None):
             raise ConfigError(
-                "population.outage_cohort", "give the outage's users or its cohort, not both"
+                "population.outage_value"
+                if self.outage_value is None
+                else "population.outage_column",
+                "an outage by column needs both the column and its value",
+                "e.g. population.outage_column=region population.outage_value=north",
             )
-        if self.outage is None and self.outage_cohort is None:
+        given = [self.outage is not None, self.outage_cohort is not None]
+        given.append(self.outage_column is not None)
+        if sum(given) > 1:
+            raise ConfigError(
+                "population.outage_cohort",
+                "give the outage's users, its cohort or its column, only one of them",
+            )
+        if not any(given):
             for name in ("outage_start", "outage_rounds"):
                 if getattr(self, name) != getattr(PopulationConfig(), name):
                     raise ConfigError(
                         f"population.{name}",
                         "applies to an outage",
-                        "set population.outage or population.outage_cohort",
+                        "set population.outage, population.outage_cohort or "
+                        "population.outage_column",
                     )
 
     def schedule(
-        self, rates: dict, explicit: dict, cohorts: dict[str, np.ndarray] | None = None
+        self,
+        rates: dict,
+        explicit: dict,
+        cohorts: dict[str, np.ndarray] | None = None,
+        users: tuple[np.ndarray, pa.Table] | None = None,
     ) -> DropoutSchedule:
         """The dropout schedule of these models on top of ``rates`` and ``explicit`` lists;
         ``cohorts`` (name -> user ids, known at plan time) resolves ``outage_cohort`` and marks
-        the trace file to be read (before it, only the parameters are checked)."""
-        trace = Trace.read(self.trace) if self.trace is not None and cohorts is not None else None
+        the trace file to be read (before it, only the parameters are checked); ``users`` (the
+        user ids and their data rows, aligned) resolves ``outage_column``."""
+        planned = cohorts is not None
+        trace = Trace.read(self.trace) if self.trace is not None and planned else None
         models: list = []
         if self.availability == "markov":
             models.append(
@@ -373,12 +415,12 @@ class PopulationConfig:
             )
         if self.availability == "trace" and trace is not None:
             models.append(trace)
-        if self.outage is not None or (self.outage_cohort is not None and cohorts is not None):
-            users = self.outage if self.outage is not None else cohorts[self.outage_cohort]
+        group = self._outage_group(cohorts, users) if planned else self.outage
+        if group is not None:
             models.append(
                 Outage(
-                    self.outage_cohort or "outage",
-                    tuple(int(u) for u in users),
+                    self.outage_cohort or self.outage_column or "outage",
+                    tuple(int(u) for u in group),
                     self.outage_start,
                     self.outage_rounds,
                 )
@@ -394,3 +436,41 @@ class PopulationConfig:
         return DropoutSchedule(
             rates=rates, explicit=explicit, availability=tuple(models), stragglers=stragglers
         )
+
+    def _outage_group(
+        self, cohorts: dict[str, np.ndarray], users: tuple[np.ndarray, pa.Table] | None
+    ):
+        """The user ids of the outage (None without one): listed, a cohort's, or the users whose
+        ``outage_column`` holds ``outage_value`` (compared as text)."""
+        if self.outage is not None:
+            return self.outage
+        if self.outage_cohort is not None:
+            if self.outage_cohort not in cohorts:
+                raise ConfigError(
+                    "population.outage_cohort", f"no cohort {self.outage_cohort!r}", sorted(cohorts)
+                )
+            return cohorts[self.outage_cohort]
+        if self.outage_column is None:
+            return None
+        if users is None:
+            raise ConfigError(
+                "population.outage_column",
+                "this run's users have no data columns",
+                "a data file (data.path) with that column, or population.outage_cohort",
+            )
+        ids, table = users
+        if self.outage_column not in table.column_names:
+            raise DataError(
+                "population.outage_column",
+                f"column {self.outage_column!r} is not in the data",
+                table.column_names,
+            )
+        text = pc.cast(table.column(self.outage_column), pa.string())
+        hit = pc.fill_null(pc.equal(text, self.outage_value), False).to_numpy(zero_copy_only=False)
+        if not hit.any():
+            raise DataError(
+                "population.outage_value",
+                f"no user has {self.outage_column} = {self.outage_value!r}",
+                "a value the column holds",
+            )
+        return np.asarray(ids)[hit]

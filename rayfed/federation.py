@@ -150,8 +150,12 @@ class Group:
         members as plain payloads, without passing through the driver; ``PerMember(...)`` sends each
         member its own value. ``on_failure="drop"`` turns a member that dies or misses the deadline
         into a dropout (listed in ``Replies.failed``) instead of raising PartyFailed / RoundTimeout;
-        an exception raised by a step is always a PartyFailed.
+        ``"retry"`` asks a member that died once more, in the same phase, when the run restarts it
+        (for steps whose lost attempt released nothing), else it is a dropout too. An exception
+        raised by a step is always a PartyFailed.
         """
+        if on_failure == "retry":
+            return self._run_retrying(step, args, kwargs, phase, members, deadline_s)
         names = members if members is not None else self.names
         started = time.perf_counter()
         faults, round_no = self.fed.faults, self.fed.round_no
@@ -169,6 +173,39 @@ class Group:
             self.fed._died(self, name)
         self.fed._after_phase(self.role, phase, replies, time.perf_counter() - started)
         return replies
+
+    def _run_retrying(self, step, args, kwargs, phase, members, deadline_s) -> Replies:
+        """``run`` with on_failure="retry": the members that died and were restarted (their
+        restart awaited) run the step again; the rest of the failed stay dropouts."""
+        first = self.run(
+            step,
+            *args,
+            phase=phase,
+            members=members,
+            deadline_s=deadline_s,
+            on_failure="drop",
+            **kwargs,
+        )
+        self.fed._await_restarts()
+        restarts = self.fed.faults.restarts.get(MEMBER_ROLE[self.role], 0)
+        again = [n for n in first.died if restarts and not isinstance(self.handles[n], Dead)]
+        if not again:
+            return first
+        second = self.run(
+            step,
+            *args,
+            phase=phase,
+            members=again,
+            deadline_s=deadline_s,
+            on_failure="drop",
+            **kwargs,
+        )
+        return Replies(
+            {**first.payloads, **second.payloads},
+            {**first.metas, **second.metas},
+            failed=[n for n in first.failed if n not in second.payloads] + second.failed,
+            died=first.died + second.died,
+        )
 
     def call(self, step, *args, phase: str, deadline_s: float | None = None, **kwargs) -> Any:
         """Run a step on one member (the group's only one, or ``members=[name]``) and return its

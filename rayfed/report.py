@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import html
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -352,7 +353,10 @@ def _summary_html(run: Run, images: list[Path]) -> str:
 
 # --- entry points -------------------------------------------------------------------------------
 def report(run_dir: str | Path, out: str | Path | None = None) -> list[Path]:
-    """Write the plots and ``report.html`` of one run (into the run directory by default)."""
+    """Write the plots and ``report.html`` of one run (into the run directory by default), or of
+    a ``rayfed stress`` directory (:func:`stress_report`)."""
+    if (Path(run_dir) / "stress.json").exists():
+        return stress_report(run_dir, out)
     run = load(run_dir)
     out = Path(out) if out else run.path
     out.mkdir(parents=True, exist_ok=True)
@@ -367,6 +371,37 @@ def report(run_dir: str | Path, out: str | Path | None = None) -> list[Path]:
     page = out / "report.html"
     page.write_text(_summary_html(run, images))
     return [*images, page]
+
+
+def stress_report(stress_dir: str | Path, out: str | Path | None = None) -> list[Path]:
+    """``report.html`` of a ``rayfed stress`` directory: its plot, and one table row per rate,
+    scenario or sweep point with every value it recorded."""
+    stress_dir = Path(stress_dir)
+    record = json.loads((stress_dir / "stress.json").read_text())
+    out = Path(out) if out else stress_dir
+    out.mkdir(parents=True, exist_ok=True)
+    rows = record["rows"]
+    columns = list(dict.fromkeys(k for row in rows for k in row if k not in ("security",)))
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
+    body = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(_fmt(row.get(c, '')))}</td>" for c in columns) + "</tr>"
+        for row in rows
+    )
+    image = stress_dir / "stress.png"
+    where = Path(os.path.relpath(image.resolve(), out.resolve())).as_posix()
+    img = f"<img src='{html.escape(where)}' alt='stress'>" if image.exists() else ""
+    settings = _table({"options": record.get("options", {}), "sets": record.get("sets", [])})
+    security = rows[0].get("security") if rows else None
+    page = out / "report.html"
+    page.write_text(
+        _page(
+            f"rayfed stress {record['protocol']}",
+            img
+            + (f"<p>{html.escape(security)}</p>" if security else "")
+            + f"<table><tr>{head}</tr>{body}</table><h2>Settings</h2>{settings}",
+        )
+    )
+    return [page]
 
 
 def compare(run_dirs: list[str | Path], out: str | Path) -> list[Path]:

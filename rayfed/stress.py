@@ -1,7 +1,11 @@
 """``rayfed stress``: dropout-tolerance sweeps, written as a table, JSON and a plot.
 
 For ``federated-mf`` (LFL) it runs the protocol at each dropout rate (applied in both rounds) and
-records the test MSE, the ε spent and the iterations skipped below the threshold.
+records the test MSE, the ε spent and the iterations skipped below the threshold. For
+``square-wave`` it records the estimate's error (W1, or the moments' mean error), the ε spent, the
+share of users whose report did not arrive and the simulated round time. With ``sweep=(option,
+values)`` both run at every value of one option (a population model's parameter, ε, ...), ``reps``
+seeds each, and record the mean and standard deviation of each of these and the ε per point.
 
 For ``secure-sum`` it runs the protocol at each dropout rate (0–50 % by default) and under four
 adversarial patterns, and records for each whether the round completed with the exact sum or
@@ -39,7 +43,7 @@ import pyarrow.parquet as pq
 from rayfed.errors import BelowThreshold, ConfigError
 
 DEFAULT_RATES = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5)
-SUPPORTED = ("secure-sum", "federated-mf")
+SUPPORTED = ("secure-sum", "federated-mf", "square-wave")
 
 
 def _attempt(
@@ -258,25 +262,45 @@ def plot_sweep(rows: list[dict], path: Path, title: str) -> None:
     plt.close(fig)
 
 
-def federated_mf_rows(options: dict[str, Any], sets: list[str], rates) -> list[dict]:
-    """LFL at each dropout rate (both rounds): test MSE, ε spent and skipped iterations."""
+def measure(protocol: str, result) -> dict[str, Any]:
+    """What a stress row records of one run: the utility, the ε spent and who took part."""
+    m = result.metrics
+    if protocol == "federated-mf":
+        return {
+            "test_mse": m["test_mse"],
+            "epsilon": result.privacy.epsilon,
+            "skipped": len(m["skipped_iterations"]),
+            "iterations": len(m["iterations"]),
+        }
+    error = "wasserstein" if "wasserstein" in m else "mean_error"
+    return {
+        "error": m.get(error, m.get("range_error_0.1")),
+        "error_metric": error if error in m else "range_error_0.1",
+        "epsilon": result.privacy.epsilon,
+        "observed_dropout": m["dropout"],
+        "reports": sum(m["reports"]),
+        "simulated_round_seconds": float(np.mean(m["simulated_round_seconds"])),
+    }
+
+
+#: the utility a rate or sweep row plots, per protocol
+UTILITY = {"federated-mf": "test_mse", "square-wave": "error"}
+
+
+def rate_rows(protocol: str, options: dict[str, Any], sets: list[str], rates) -> list[dict]:
+    """``protocol`` at each dropout rate (for LFL in both rounds): utility, ε and who took part."""
     from rayfed.api import run
 
     rows = []
     for rate in rates:
         started = time.perf_counter()
-        result = run(
-            "federated-mf", {**options, "out_dir": None, "dropout": float(rate)}, sets=sets
-        )
+        result = run(protocol, {**options, "out_dir": None, "dropout": float(rate)}, sets=sets)
         rows.append(
             {
                 "scenario": "rate",
                 "dropout": float(rate),
-                "test_mse": result.metrics["test_mse"],
-                "epsilon": result.privacy.epsilon,
-                "skipped": len(result.metrics["skipped_iterations"]),
-                "iterations": len(result.metrics["iterations"]),
-                "mode": result.metrics["mode"],
+                **measure(protocol, result),
+                "mode": result.metrics.get("mode", "ldp"),
                 "outcome": "complete",
                 "expected": "complete",
                 "seconds": time.perf_counter() - started,
@@ -285,26 +309,77 @@ def federated_mf_rows(options: dict[str, Any], sets: list[str], rates) -> list[d
     return rows
 
 
-def plot_federated_mf(rows: list[dict], path: Path, title: str) -> None:
+def point_rows(
+    protocol: str,
+    options: dict[str, Any],
+    sets: list[str],
+    option: str,
+    values: list[str],
+    reps: int,
+) -> list[dict]:
+    """``protocol`` at every value of ``option``, ``reps`` seeds each: the mean and standard
+    deviation over the seeds of every measure, and the ε each point spends."""
+    from rayfed.api import run
+
+    first = int(options.get("seed", 0))
+    rows = []
+    for value in values:
+        point = [*sets, f"{option}={value}"]
+        started = time.perf_counter()
+        runs = [
+            run(protocol, {**options, "seed": first + r, "out_dir": None}, sets=point)
+            for r in range(reps)
+        ]
+        measured = [measure(protocol, r) for r in runs]
+        row = {"scenario": "sweep", "option": option, "value": value, "reps": reps}
+        for key, v in measured[0].items():
+            if isinstance(v, str):
+                row[key] = v
+                continue
+            column = np.array([m[key] for m in measured], dtype=float)
+            row[key] = float(column.mean())
+            row[f"{key}_sd"] = float(column.std(ddof=1)) if reps > 1 else 0.0
+        row.update(
+            mode=runs[0].metrics.get("mode", "ldp"),
+            outcome="complete",
+            expected="complete",
+            dropout=row.get("observed_dropout"),
+            wall_seconds=(time.perf_counter() - started) / reps,
+        )
+        rows.append(row)
+    return rows
+
+
+def plot_utility(rows: list[dict], path: Path, title: str, protocol: str) -> None:
+    """Utility (± sd over seeds for a sweep) and ε per point; LFL's skipped iterations or the
+    square-wave's observed dropout beside them."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rates = [100 * r["dropout"] for r in rows]
+    key = UTILITY[protocol]
+    sweep = rows[0]["scenario"] == "sweep"
+    x = np.arange(len(rows)) if sweep else [100 * r["dropout"] for r in rows]
+    xlabel = rows[0]["option"] if sweep else "dropout per round (%)"
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
-    ax1.plot(rates, [r["test_mse"] for r in rows], marker="o")
-    ax1.set(xlabel="dropout per round (%)", ylabel="test MSE", title="utility")
-    ax1.grid(alpha=0.3)
-    ax2.bar(
-        rates, [r["skipped"] for r in rows], width=6, color="tab:red", label="skipped iterations"
-    )
-    ax2.set(
-        xlabel="dropout per round (%)",
-        ylabel="iterations skipped (below threshold)",
-        title=f"aborts; ε spent = {rows[0]['epsilon']:.3g} at every rate",
-    )
-    ax2.grid(alpha=0.3)
+    ylabel = "test MSE" if key == "test_mse" else rows[0]["error_metric"]
+    ax1.errorbar(x, [r[key] for r in rows], yerr=[r.get(f"{key}_sd", 0) for r in rows], marker="o")
+    ax1.set(xlabel=xlabel, ylabel=ylabel, title="utility")
+    eps = ax1.twinx()
+    eps.plot(x, [r["epsilon"] for r in rows], color="tab:gray", ls="--", marker=".")
+    eps.set_ylabel("ε spent", color="tab:gray")
+    if protocol == "federated-mf":
+        ax2.bar(x, [r["skipped"] for r in rows], width=0.6 if sweep else 6, color="tab:red")
+        ax2.set(ylabel="iterations skipped (below threshold)", title="aborts")
+    else:
+        ax2.plot(x, [100 * r["observed_dropout"] for r in rows], marker="o")
+        ax2.set(ylabel="users whose report did not arrive (%)", title="dropouts")
+    ax2.set_xlabel(xlabel)
+    for ax in (ax1, ax2):
+        if sweep:
+            ax.set_xticks(x, [str(r["value"]) for r in rows])
+        ax.grid(alpha=0.3)
     fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=120, bbox_inches="tight")
@@ -355,14 +430,16 @@ def stress(
     """Run the sweep; write stress.json, stress.parquet and stress.png under a new directory."""
     if protocol not in SUPPORTED:
         raise ConfigError("protocol", f"no stress test for {protocol!r}", SUPPORTED)
-    if sweep is not None and protocol != "secure-sum":
-        raise ConfigError("--sweep", f"an option sweep is built for secure-sum, not {protocol}")
-    if sweep is not None:
+    if reps < 1:
+        raise ConfigError("--reps", f"must be at least 1, got {reps}")
+    if sweep is not None and protocol == "secure-sum":
         rows = sweep_rows(options, sets, *sweep, reps)
-    elif protocol == "federated-mf":
-        rows = federated_mf_rows(options, sets, rates)
-    else:
+    elif sweep is not None:
+        rows = point_rows(protocol, options, sets, *sweep, reps)
+    elif protocol == "secure-sum":
         rows = secure_sum_scenarios(options, sets, rates)
+    else:
+        rows = rate_rows(protocol, options, sets, rates)
     path = Path(out_dir) / f"stress-{protocol}-{time.strftime('%Y%m%d-%H%M%S')}"
     path.mkdir(parents=True, exist_ok=False)
     pq.write_table(pa.Table.from_pylist(rows), path / "stress.parquet")
@@ -374,6 +451,9 @@ def stress(
         )
         + "\n"
     )
-    draw = plot_sweep if sweep else plot_federated_mf if protocol == "federated-mf" else plot
-    draw(rows, path / "stress.png", f"{protocol} ({rows[0]['mode']} mode): dropout tolerance")
+    title = f"{protocol} ({rows[0]['mode']} mode): dropout tolerance"
+    if protocol != "secure-sum":
+        plot_utility(rows, path / "stress.png", title, protocol)
+    else:
+        (plot_sweep if sweep else plot)(rows, path / "stress.png", title)
     return path

@@ -187,6 +187,27 @@ def test_stress_sweep_reports_mse_epsilon_and_aborts(tmp_path, capsys):
     assert (path / "stress.png").stat().st_size > 10_000 and "test MSE" in capsys.readouterr().out
 
 
+def test_stress_sweeps_an_option_with_the_epsilon_of_each_point(tmp_path, capsys):
+    """--sweep for LFL: every point runs --reps seeds and reports the mean and spread of the test
+    MSE and the ε that point spent (here the swept ε itself: every iteration is charged)."""
+    from rayfed.cli import main
+
+    args = ["stress", "federated-mf", "--backend", "local", "--out", str(tmp_path)]
+    for option in ("users=300", "items=40", "iterations=2", "secagg_mode=dealer"):
+        args += ["--set", option]
+    assert main([*args, "--sweep", "epsilon=1,4", "--reps", "2"]) == 0
+    (path,) = tmp_path.iterdir()
+    import json
+
+    low, high = json.loads((path / "stress.json").read_text())["rows"]
+    assert (low["value"], low["reps"], high["value"]) == ("1", 2, "4")
+    # dp-accounting's RDP -> (ε, δ) conversion lands just below the requested ε
+    assert 0.99 <= low["epsilon"] <= 1 and 3.96 <= high["epsilon"] <= 4
+    assert low["test_mse_sd"] > 0  # two seeds, two different runs
+    assert low["skipped"] == high["skipped"] == 0
+    assert "epsilon=4" in capsys.readouterr().out
+
+
 VFL = dict(setting="vfl", iterations=100, backend="local", out_dir=None)
 
 

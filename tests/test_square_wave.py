@@ -9,10 +9,14 @@ W1 in continuous units, x 1e-3).
 
 from __future__ import annotations
 
+import json
+import math
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pacsv
 import pytest
+from scipy.stats import norm
 
 import rayfed
 from rayfed.errors import ConfigError, DataError
@@ -201,3 +205,71 @@ def test_reproduction_job_small(run_small_job):
     haar = next(r for r in record["rows"] if r["method"] == "HaarHRR")
     assert "range_error_0.1" in haar and "wasserstein" not in haar
     assert (tmp_path / record["plots"][0].split("/")[-1]).stat().st_size > 20_000
+
+
+# --- who reports: dropouts, population models, stress ----------------------------------------------
+def binomial_ok(observed: float, p: float, n: int) -> bool:
+    """Within 4 binomial standard deviations (fixed seeds)."""
+    return abs(observed - p) <= 4 * math.sqrt(p * (1 - p) / n)
+
+
+def test_a_dropout_rate_thins_the_reports_binomially():
+    n = 20_000
+    m = run(users=n, dropout=0.3).metrics
+    assert m["reports"][0] == n - round(m["dropout"] * n)  # the aggregator's own count
+    assert binomial_ok(m["dropout"], 0.3, n)
+    assert m["simulated_round_seconds"] == [0.0]  # no latency model: the clock does not move
+
+
+def test_stragglers_miss_the_deadline_at_the_log_normal_tail_rate():
+    """A report slower than the deadline is lost: P = 1 - Φ(ln(deadline / median) / σ); a round
+    with a late report waits for the whole deadline on the simulated clock."""
+    n, median, sigma, deadline = 20_000, 1.0, 0.5, 1.5
+    population = {
+        "latency": "lognormal",
+        "latency_median_s": median,
+        "latency_sigma": sigma,
+        "latency_deadline_s": deadline,
+    }
+    m = run(users=n, population=population).metrics
+    assert binomial_ok(m["dropout"], 1 - norm.cdf(math.log(deadline / median) / sigma), n)
+    assert m["simulated_round_seconds"] == [deadline]
+
+
+def test_an_outage_by_data_column_silences_that_region(tmp_path):
+    """population.outage_column / outage_value: every user of the region (counted here from the
+    file) is offline together; the others all report."""
+    gen = np.random.default_rng(5)
+    region = gen.choice(["north", "south", "east"], 9_000)
+    path = tmp_path / "users.csv"
+    pacsv.write_csv(pa.table({"x": gen.random(9_000), "region": region}), path)
+    options = dict(data={"path": str(path)}, column="x", bounds=[0, 1], buckets=32)
+    outage = {"outage_column": "region", "outage_value": "north"}
+    m = run(population=outage, **options).metrics
+    assert m["reports"] == [int(np.sum(region != "north"))]
+    with pytest.raises(DataError, match="population.outage_value"):
+        run(population={**outage, "outage_value": "west"}, **options)
+    with pytest.raises(ConfigError, match="population.outage_column"):
+        run(population=outage)  # synthetic users have no columns
+
+
+def test_stress_small(tmp_path, capsys):
+    """--small form of ``rayfed stress square-wave``: at 0 and 50 % dropout the reports lost
+    match the rate, the ε spent is the same (LDP: a dropout spends nothing more) and the error
+    grows as fewer users report."""
+    from rayfed.cli import main
+
+    args = ["stress", "square-wave", "--backend", "local", "--out", str(tmp_path)]
+    assert main([*args, "--set", "users=4000", "--rates", "0,0.5"]) == 0
+    (path,) = tmp_path.iterdir()
+    full, half = json.loads((path / "stress.json").read_text())["rows"]
+    assert full["observed_dropout"] == 0 and full["reports"] == 4000
+    assert binomial_ok(half["observed_dropout"], 0.5, 4000)
+    assert full["epsilon"] == half["epsilon"] == 1.0
+    assert (path / "stress.png").stat().st_size > 10_000
+    assert "reports lost" in capsys.readouterr().out
+    assert main(["report", str(path)]) == 0  # a stress directory's page: the plot and every row
+    page = (path / "report.html").read_text()
+    assert (
+        "<img src='stress.png'" in page and page.count("<tr>") == 1 + 2 + 2
+    )  # head, rows, settings

@@ -131,7 +131,9 @@ HOSTS_MODELS = [
 
 
 def test_the_population_checks_cover_the_protocols_with_models():
-    assert {"secure-sum", "federated-mf"} <= set(HOSTS_MODELS)  # an empty list would skip them
+    assert {"secure-sum", "federated-mf", "square-wave"} <= set(
+        HOSTS_MODELS
+    )  # an empty list would skip them
 
 
 @pytest.mark.parametrize("name", HOSTS_MODELS)

@@ -96,15 +96,15 @@ class SecureSumConfig:
                     "phases " + ", ".join(KILL_PHASES),
                 )
 
-    def schedule(self, cohorts: dict[str, np.ndarray] | None = None) -> DropoutSchedule:
+    def schedule(self, cohorts: dict[str, np.ndarray] | None = None, users=None) -> DropoutSchedule:
         """The run's dropout schedule; ``cohorts`` (name -> user ids) resolves the population's
-        ``outage_cohort``."""
+        ``outage_cohort``, ``users`` (ids, data rows) its ``outage_column``."""
         rates = (
             dict(self.dropout_rates)
             if self.dropout_rates is not None
             else ({self.dropout_phase: self.dropout} if self.dropout else {})
         )
-        return self.population.schedule(rates, dict(self.dropout_users or {}), cohorts)
+        return self.population.schedule(rates, dict(self.dropout_users or {}), cohorts, users)
 
     def kill_point(self) -> tuple[str, str] | None:
         """(cohort, phase) of the injected kill, if any."""

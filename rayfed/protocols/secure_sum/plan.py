@@ -36,11 +36,11 @@ def plan(cfg: SecureSumConfig, seed: int) -> Plan:
     kill = cfg.kill_point()
     if kill is not None and kill[0] not in cohorts:
         raise ConfigError("kill", f"no cohort {kill[0]!r}", sorted(cohorts))
-    outage = cfg.population.outage_cohort
-    if outage is not None and outage not in cohorts:
-        raise ConfigError("population.outage_cohort", f"no cohort {outage!r}", sorted(cohorts))
     key = cfg.data.key or "user_id"
-    schedule = cfg.schedule({name: t.column("user_id").to_numpy() for name, t in cohorts.items()})
+    schedule = cfg.schedule(
+        {name: t.column("user_id").to_numpy() for name, t in cohorts.items()},
+        (table.column(key).to_numpy(), table) if cfg.data.path is not None else None,
+    )
     secagg = secagg_params(cfg, n)
     encoding = FixedPoint.choose(n, cfg.clip, cfg.frac_bits, cfg.modulus_bits)
     _check_params(cfg, secagg, n, n_cohorts)

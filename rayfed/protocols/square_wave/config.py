@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from rayfed.config import DataConfig, option
+from rayfed.dropout import PopulationConfig
 from rayfed.errors import ConfigError
 from rayfed.ldp import square_wave as sw
 from rayfed.privacy import check_budget
@@ -91,6 +92,18 @@ class SquareWaveConfig:
     )
     cohorts: int | None = option(
         None, "user-cohort actors (default: this machine's CPUs)", at_least=1
+    )
+    dropout: float = option(
+        0.0, "fraction of users whose report does not arrive, per round", at_least=0, below=1
+    )
+    population: PopulationConfig = field(
+        default_factory=PopulationConfig,
+        metadata={"help": "who is online to report each round and how fast they answer"},
+    )
+    lost_users: Literal["resume", "dropouts"] = option(
+        "resume",
+        "when a cohort actor dies, restart it and ask its users again (nothing of theirs was "
+        "released), or carry its users as permanent dropouts",
     )
     range_queries: int = option(
         1000, "random range queries per width for the range-query error", at_least=1

@@ -24,6 +24,7 @@ def drive(fed, cfg: SquareWaveConfig, plan: Plan) -> Outcome:
     if params.estimator is None:
         return _drive_moments(fed, cfg, plan)
     estimator = params.estimator
+    lost: set[str] = set()
     with fed.round(0):
         fed.charge(
             [
@@ -31,37 +32,43 @@ def drive(fed, cfg: SquareWaveConfig, plan: Plan) -> Outcome:
                 for c in fed.cohorts.names
             ]
         )
-        reports = _perturb(fed, estimator)
+        reports = _perturb(fed, cfg, lost, estimator, params.schedule)
         out = fed.coordinator.call(estimate_step, reports, estimator=estimator, phase="estimate")
-    for note in report.notes(cfg):
+    for note in report.notes(cfg, lost):
         fed.note(note)
-    return report.histogram_outcome(cfg, params, out, plan.evaluation)
+    outcome = report.histogram_outcome(cfg, params, out, plan.evaluation)
+    outcome.metrics.update(report.population(params, fed.seed, [out["reports"]], lost))
+    return outcome
 
 
-def _perturb(fed, estimator: Estimator):
+def _perturb(fed, cfg: SquareWaveConfig, lost: set[str], estimator: Estimator, schedule):
     """Every cohort's users report by the method's randomizer."""
     method, eps, d = estimator.method, estimator.epsilon, estimator.buckets
+    common = dict(eps=eps, round=0, schedule=schedule, phase="perturb")
     if method in ("sw-ems", "sw-em"):
-        return fed.cohorts.run(
-            sw_step,
-            eps=eps,
-            b=estimator.b,
-            discrete=estimator.discrete,
-            d=d,
-            round=0,
-            phase="perturb",
-        )
-    if method == "cfo":
-        return fed.cohorts.run(cfo_step, eps=eps, bins=estimator.bins, round=0, phase="perturb")
-    if method in ("hh", "hh-admm"):
-        return fed.cohorts.run(
-            hh_step, eps=eps, d=d, branching=estimator.branching, round=0, phase="perturb"
-        )
-    return fed.cohorts.run(haar_step, eps=eps, d=d, round=0, phase="perturb")
+        step, kw = sw_step, dict(b=estimator.b, discrete=estimator.discrete, d=d)
+    elif method == "cfo":
+        step, kw = cfo_step, dict(bins=estimator.bins)
+    elif method in ("hh", "hh-admm"):
+        step, kw = hh_step, dict(d=d, branching=estimator.branching)
+    else:
+        step, kw = haar_step, dict(d=d)
+    return _reports(fed, cfg, lost, step, **common, **kw)
+
+
+def _reports(fed, cfg: SquareWaveConfig, lost: set[str], step, **kwargs):
+    """The cohorts' reports. A cohort that dies is restarted and asked again (lost_users=resume:
+    its users' reports of the lost attempt never left it) or its users are dropouts from then
+    on (lost_users=dropouts)."""
+    on_failure = "retry" if cfg.lost_users == "resume" else "drop"
+    replies = fed.cohorts.run(step, on_failure=on_failure, **kwargs)
+    lost.update(replies.failed)
+    return replies
 
 
 def _drive_moments(fed, cfg: SquareWaveConfig, plan: Plan) -> Outcome:
     eps = cfg.epsilon
+    lost: set[str] = set()
     results: dict[str, float] = {}
     mu = 0.0
     for r, part in enumerate(plan.params.moment_parts):
@@ -77,13 +84,17 @@ def _drive_moments(fed, cfg: SquareWaveConfig, plan: Plan) -> Outcome:
                     for c in fed.cohorts.names
                 ]
             )
-            reports = fed.cohorts.run(
+            reports = _reports(
+                fed,
+                cfg,
+                lost,
                 moment_step,
                 mechanism=cfg.method,
                 eps=eps,
                 part=part,
                 mu=mu,
                 round=r,
+                schedule=plan.params.schedule,
                 phase=f"perturb-{name}",
             )
             out = fed.coordinator.call(
@@ -92,6 +103,9 @@ def _drive_moments(fed, cfg: SquareWaveConfig, plan: Plan) -> Outcome:
             results.update(out)
             if "mean" in out:
                 mu = min(1.0, max(0.0, out["mean"]))
-    for note in report.notes(cfg):
+    for note in report.notes(cfg, lost):
         fed.note(note)
-    return report.moments_outcome(cfg, plan.params, results, plan.evaluation)
+    outcome = report.moments_outcome(cfg, plan.params, results, plan.evaluation)
+    counts = [results[f"reports_{part or 'mean'}"] for part in plan.params.moment_parts]
+    outcome.metrics.update(report.population(plan.params, fed.seed, counts, lost))
+    return outcome

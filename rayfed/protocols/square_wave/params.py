@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from rayfed.dropout import DropoutSchedule
 
 
 @dataclass(frozen=True)
@@ -25,9 +27,11 @@ class Estimator:
 
 @dataclass(frozen=True)
 class Params:
-    """How many users report; the aggregator's settings (histogram methods), or the parts of SR/PM
-    in round order (``"mean"`` and ``"variance"`` halves, or ``None``: every user for the mean)."""
+    """How many users there are; the aggregator's settings (histogram methods), or the parts of
+    SR/PM in round order (``"mean"`` and ``"variance"`` halves, or ``None``: every user for the
+    mean); whose report arrives in which round (the dropout rate and the population models)."""
 
     users: int
     estimator: Estimator | None
     moment_parts: tuple[str | None, ...]
+    schedule: DropoutSchedule = field(default_factory=DropoutSchedule)

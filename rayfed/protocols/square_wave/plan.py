@@ -30,11 +30,18 @@ def data_bytes(cfg: SquareWaveConfig) -> int:
 
 
 def plan(cfg: SquareWaveConfig, seed: int) -> Plan:
-    values = _load_values(cfg, seed)
+    values, rows = _load_values(cfg, seed)
     n = values.size
     n_cohorts = default_cohorts(n, cfg.cohorts)
     table = pa.table({"user_id": np.arange(n, dtype=np.int64), "value": values})
-    cohorts = {name: (t, {}) for name, t in per_user(table, "user_id", n_cohorts).items()}
+    dealt = per_user(table, "user_id", n_cohorts)
+    cohorts = {name: (t, {}) for name, t in dealt.items()}
+    schedule = cfg.population.schedule(
+        {"before_advertise": cfg.dropout} if cfg.dropout else {},
+        {},
+        {name: t.column("user_id").to_numpy() for name, t in dealt.items()},
+        (np.arange(n), rows) if rows is not None else None,
+    )
     evaluation = None
     if cfg.evaluate:
         evaluation = {
@@ -44,15 +51,23 @@ def plan(cfg: SquareWaveConfig, seed: int) -> Plan:
         }
     moments = cfg.method in MOMENT_METHODS
     parts = (("mean", "variance") if cfg.moments == "both" else (None,)) if moments else ()
+    rounds = max(1, len(parts))
     return Plan(
         budget=Budget(cfg.epsilon, 0.0),
         ledger=dict(
             accountant="pure", relation="replace_one", composition="parallel", statement=STATEMENT
         ),
         cohorts=cohorts,
-        rounds=max(1, len(parts)),
+        rounds=rounds,
+        # a lost cohort is asked again in the same round: nothing of its users was released
+        cohort_restarts=rounds if cfg.lost_users == "resume" else 0,
         evaluation=evaluation,
-        params=Params(users=n, estimator=None if moments else _estimator(cfg), moment_parts=parts),
+        params=Params(
+            users=n,
+            estimator=None if moments else _estimator(cfg),
+            moment_parts=parts,
+            schedule=schedule,
+        ),
     )
 
 
@@ -77,17 +92,18 @@ def _estimator(cfg: SquareWaveConfig) -> Estimator:
     )
 
 
-def _load_values(cfg: SquareWaveConfig, seed: int) -> np.ndarray:
-    """The users' values in [0, 1]."""
+def _load_values(cfg: SquareWaveConfig, seed: int) -> tuple[np.ndarray, pa.Table | None]:
+    """The users' values in [0, 1], and a data file's rows aligned with them (the population's
+    ``outage_column`` reads them)."""
     if cfg.data.path is None:
-        return synthetic_values(cfg.users, cfg.beta_a, cfg.beta_b, seed)
+        return synthetic_values(cfg.users, cfg.beta_a, cfg.beta_b, seed), None
     if cfg.column is None or cfg.bounds is None:
         raise ConfigError(
             "column" if cfg.column is None else "bounds",
             "a data file needs the column to estimate and its declared bounds",
             "e.g. --set column=air_time --set bounds=[0,700]",
         )
-    values = _file_column(cfg)
+    values, rows = _file_column(cfg)
     lo, hi = cfg.bounds
     outside = int(np.count_nonzero((values < lo) | (values > hi)))
     if outside:
@@ -98,11 +114,12 @@ def _load_values(cfg: SquareWaveConfig, seed: int) -> np.ndarray:
         )
     if values.size < 2:
         raise DataError("column", f"{values.size} usable value(s)", "2 or more users")
-    return (values - lo) / (hi - lo)
+    return (values - lo) / (hi - lo), rows
 
 
-def _file_column(cfg: SquareWaveConfig) -> np.ndarray:
-    """The numerical column of the data file as floats, its missing values dropped or refused."""
+def _file_column(cfg: SquareWaveConfig) -> tuple[np.ndarray, pa.Table]:
+    """The numerical column of the data file as floats, its missing values dropped or refused,
+    and the rows kept."""
     table = load_table(cfg.data.path, cfg.data.format)
     if cfg.column not in table.column_names:
         raise DataError("column", f"column {cfg.column!r} is not in the data", table.column_names)
@@ -112,8 +129,8 @@ def _file_column(cfg: SquareWaveConfig) -> np.ndarray:
             "column", f"column {cfg.column!r} is not numeric ({col.type})", "a numerical column"
         )
     if cfg.missing == "drop":
-        col = pc.drop_null(col)
-        values = col.to_numpy(zero_copy_only=False).astype(np.float64)
-        return values[np.isfinite(values)]
+        values = pc.fill_null(pc.cast(col, pa.float64()), np.nan).to_numpy(zero_copy_only=False)
+        keep = np.isfinite(values)
+        return values[keep], table.filter(pa.array(keep))
     require_clean(table.select([cfg.column]), [cfg.column], "column")
-    return col.to_numpy(zero_copy_only=False).astype(np.float64)
+    return col.to_numpy(zero_copy_only=False).astype(np.float64), table

@@ -21,13 +21,18 @@ STATEMENT = (
 )
 
 
-def notes(cfg: SquareWaveConfig) -> list[str]:
+def notes(cfg: SquareWaveConfig, lost: set[str] = frozenset()) -> list[str]:
     out = [
         "each simulated user's coins are its own (keyed by its id); in a real deployment the "
         "LDP guarantee assumes they stay on the user's device"
     ]
     if cfg.evaluate:
         out.append("the error metrics compare with the raw values: they are not private")
+    if lost:
+        out.append(
+            f"cohort(s) {', '.join(sorted(lost))} lost for good (lost_users=dropouts): their "
+            "users' reports are missing from the estimate, which describes the users who reported"
+        )
     if cfg.method in RANGE_ONLY:
         out.append(
             f"{cfg.method}'s estimate can be negative: only its range-query errors are meaningful (spec Table 3.2)"
@@ -84,6 +89,21 @@ def _scores(cfg: SquareWaveConfig, truth: np.ndarray, est: np.ndarray) -> dict[s
     if cfg.method in RANGE_ONLY:
         scores = {k: v for k, v in scores.items() if k.startswith("range_error")}
     return scores
+
+
+def population(params: Params, seed: int, reports: list[int], lost: set[str]) -> dict[str, Any]:
+    """Who reported: the reports per round (counted by the aggregator), the share of users whose
+    report did not arrive (dropouts, stragglers, lost cohorts: every user reports at most once,
+    the two halves of SR/PM being disjoint), and each round's simulated time."""
+    ids = np.arange(params.users)
+    return {
+        "reports": reports,
+        "dropout": 1 - sum(reports) / params.users,
+        "simulated_round_seconds": [
+            params.schedule.one_message(seed, r, ids)[1] for r in range(len(reports))
+        ],
+        "lost_cohorts": sorted(lost),
+    }
 
 
 def moments_outcome(

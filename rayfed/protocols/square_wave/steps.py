@@ -9,6 +9,7 @@ import numpy as np
 
 from rayfed import rng
 from rayfed.actors.base import Message, StepContext
+from rayfed.dropout import DropoutSchedule
 from rayfed.ldp import distribution, hierarchy, oracles
 from rayfed.ldp import square_wave as sw
 from rayfed.privacy import local_randomizer
@@ -17,10 +18,17 @@ from rayfed.protocols.square_wave.params import Estimator
 
 # --- cohorts (users) -------------------------------------------------------------------------------
 def sw_step(
-    ctx: StepContext, *, eps: float, b: float, discrete: bool, d: int, round: int
+    ctx: StepContext,
+    *,
+    eps: float,
+    b: float,
+    discrete: bool,
+    d: int,
+    round: int,
+    schedule: DropoutSchedule,
 ) -> Message:
     """Users: one Square Wave report each (a float in [-b, 1+b], or discrete SW's integer)."""
-    ids, v = _users(ctx, None)
+    ids, v = _users(ctx, None, schedule, round)
     if discrete:
         values = distribution.bucket_index(v, d)
         return _report(
@@ -37,9 +45,11 @@ def sw_step(
     return _report(ctx, "sw_reports", sw.perturb, v, eps=eps, ids=ids, width=1, round=round, b=b)
 
 
-def cfo_step(ctx: StepContext, *, eps: float, bins: int, round: int) -> Message:
+def cfo_step(
+    ctx: StepContext, *, eps: float, bins: int, round: int, schedule: DropoutSchedule
+) -> Message:
     """Users: the bin of the value through GRR or OLH."""
-    ids, v = _users(ctx, None)
+    ids, v = _users(ctx, None, schedule, round)
     binned = distribution.bucket_index(v, bins)
     hashes = _olh_hashes(ctx, ids, bins, eps, round)
     return _report(
@@ -56,9 +66,11 @@ def cfo_step(ctx: StepContext, *, eps: float, bins: int, round: int) -> Message:
     )
 
 
-def hh_step(ctx: StepContext, *, eps: float, d: int, branching: int, round: int) -> Message:
+def hh_step(
+    ctx: StepContext, *, eps: float, d: int, branching: int, round: int, schedule: DropoutSchedule
+) -> Message:
     """Users: a uniformly chosen layer ℓ and the FO report of the value's ancestor there."""
-    ids, v = _users(ctx, None)
+    ids, v = _users(ctx, None, schedule, round)
     leaf = distribution.bucket_index(v, d)
     hashes = [
         _olh_hashes(ctx, ids, size, eps, round) for size in hierarchy.layer_sizes(d, branching)
@@ -78,9 +90,11 @@ def hh_step(ctx: StepContext, *, eps: float, d: int, branching: int, round: int)
     )
 
 
-def haar_step(ctx: StepContext, *, eps: float, d: int, round: int) -> Message:
+def haar_step(
+    ctx: StepContext, *, eps: float, d: int, round: int, schedule: DropoutSchedule
+) -> Message:
     """Users: a uniformly chosen height and an HRR report of that level's signed coefficient."""
-    ids, v = _users(ctx, None)
+    ids, v = _users(ctx, None, schedule, round)
     leaf = distribution.bucket_index(v, d)
     return _report(
         ctx,
@@ -96,10 +110,17 @@ def haar_step(ctx: StepContext, *, eps: float, d: int, round: int) -> Message:
 
 
 def moment_step(
-    ctx: StepContext, *, mechanism: str, eps: float, part: str | None, mu: float, round: int
+    ctx: StepContext,
+    *,
+    mechanism: str,
+    eps: float,
+    part: str | None,
+    mu: float,
+    round: int,
+    schedule: DropoutSchedule,
 ) -> Message:
     """Users (SR/PM): report v mapped to [-1, 1], or — the variance half — (v - μ̃)² mapped so."""
-    ids, v = _users(ctx, part)
+    ids, v = _users(ctx, part, schedule, round)
     x = 2 * v - 1 if part != "variance" else 2 * (v - mu) ** 2 - 1
     perturb = oracles.sr_perturb if mechanism == "sr" else oracles.pm_perturb
     scope = f"{ctx.name}/{part or 'mean'}"
@@ -108,15 +129,20 @@ def moment_step(
     )
 
 
-def _users(ctx: StepContext, part: str | None) -> tuple[np.ndarray, np.ndarray]:
-    """(ids, values in [0, 1]) of this cohort's users, or of its half ``part`` (mean/variance)."""
+def _users(
+    ctx: StepContext, part: str | None, schedule: DropoutSchedule, round: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """(ids, values in [0, 1]) of this cohort's users, or of its half ``part`` (mean/variance),
+    whose report arrives in ``round``. Reports are keyed by user id, so who drops out does not
+    change anyone else's report."""
     ids = ctx.table.column("user_id").to_numpy().astype(np.uint64)
     values = ctx.table.column("value").to_numpy()
-    if part is None:
-        return ids, values
-    in_mean = rng.keyed_uniform(ctx.seed, "sample", 0, ids, 1)[:, 0] < 0.5
-    keep = in_mean if part == "mean" else ~in_mean
-    return ids[keep], values[keep]
+    if part is not None:
+        in_mean = rng.keyed_uniform(ctx.seed, "sample", 0, ids, 1)[:, 0] < 0.5
+        keep = in_mean if part == "mean" else ~in_mean
+        ids, values = ids[keep], values[keep]
+    arrived, _ = schedule.one_message(ctx.seed, round, ids.astype(np.int64))
+    return ids[arrived], values[arrived]
 
 
 def _report(
@@ -155,12 +181,15 @@ def estimate_step(ctx: StepContext, reports: dict[str, Any], *, estimator: Estim
             tolerance=estimator.tolerance,
             max_iterations=estimator.max_iterations,
         )
-        return {"estimate": est, "iterations": iterations}
+        return {"estimate": est, "iterations": iterations, "reports": _count(reports)}
     if method == "cfo":
         hashes = None if oracles.use_grr(estimator.bins, eps) else _gather(reports, "hash")
         report = _gather(reports, "report")
         return {
-            "estimate": distribution.cfo_estimate(report, hashes, bins=estimator.bins, d=d, eps=eps)
+            "estimate": distribution.cfo_estimate(
+                report, hashes, bins=estimator.bins, d=d, eps=eps
+            ),
+            "reports": report.size,
         }
     if method in ("hh", "hh-admm"):
         branching = estimator.branching
@@ -173,11 +202,16 @@ def estimate_step(ctx: StepContext, reports: dict[str, Any], *, estimator: Estim
             eps=eps,
         )
         if method == "hh":
-            return {"estimate": hierarchy.constrained_inference(layers, branching)[0]}
-        return {"estimate": hierarchy.admm_leaves(layers, branching)}
+            est = hierarchy.constrained_inference(layers, branching)[0]
+        else:
+            est = hierarchy.admm_leaves(layers, branching)
+        return {"estimate": est, "reports": _count(reports, "layer")}
     if method == "haar-hrr":
         height, rows, bits = (_gather(reports, k) for k in ("height", "row", "bit"))
-        return {"estimate": distribution.haar_estimate(height, rows, bits, d=d, eps=eps)}
+        return {
+            "estimate": distribution.haar_estimate(height, rows, bits, d=d, eps=eps),
+            "reports": height.size,
+        }
     raise ValueError(f"unknown histogram method {method!r}")
 
 
@@ -185,9 +219,12 @@ def moment_estimate_step(ctx: StepContext, reports: dict[str, Any], *, part: str
     """Aggregator (SR/PM): the average of the unbiased reports, mapped back to [0, 1] units."""
     values = _gather(reports)
     mean = math.fsum(values) / values.size if values.size else 0.0
-    if part == "variance":
-        return {"variance": (mean + 1) / 2}
-    return {"mean": (mean + 1) / 2}
+    return {part: (mean + 1) / 2, f"reports_{part}": values.size}
+
+
+def _count(reports: dict[str, Any], key: str | None = None) -> int:
+    """How many users reported (one report each)."""
+    return sum(len(r if key is None else r[key]) for r in reports.values())
 
 
 def _gather(reports: dict[str, Any], key: str | None = None) -> np.ndarray:

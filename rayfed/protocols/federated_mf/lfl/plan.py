@@ -9,7 +9,6 @@ import numpy as np
 
 from rayfed import mf, rng
 from rayfed.data import per_user
-from rayfed.errors import ConfigError
 from rayfed.mf.lfl import noise_shares, round1_event, round1_noise, threshold
 from rayfed.privacy import Budget, check_budget, gaussian_noise_multiplier
 from rayfed.privacy.calibration import gaussian_steps_event
@@ -76,9 +75,6 @@ def plan(cfg: FederatedMFConfig, seed: int) -> Plan:
 
 def _schedule(cfg: FederatedMFConfig, cohorts: dict[str, np.ndarray]):
     """Round 1's dropouts: the rate before advertising, and the population models."""
-    outage = cfg.population.outage_cohort
-    if outage is not None and outage not in cohorts:
-        raise ConfigError("population.outage_cohort", f"no cohort {outage!r}", sorted(cohorts))
     rates = {"before_advertise": cfg.dropout} if cfg.dropout else {}
     return cfg.population.schedule(rates, {}, cohorts)
 
