@@ -9,7 +9,7 @@ import numpy as np
 from dp_accounting import dp_event
 
 from rayfed import rng
-from rayfed.mf import Ratings, gradient_sums, project
+from rayfed.mf import Ratings, gradient_sums, project, row_sums
 from rayfed.privacy import NoiseSource, gaussian
 from rayfed.privacy.calibration import gaussian_steps_event
 
@@ -30,8 +30,7 @@ def descend_users(
     counts = np.maximum(np.bincount(rows, minlength=len(u)), 1)[:, None]
     for _ in range(steps):
         resid = ratings - np.einsum("ij,ij->i", u[rows], v[items])
-        grad = np.zeros_like(u)
-        np.add.at(grad, rows, -2.0 * resid[:, None] * v[items])
+        grad = row_sums(rows, -2.0 * resid[:, None] * v[items], len(u))
         u = project(u - lr * grad / counts, bound)
     return u
 

@@ -295,25 +295,21 @@ _ENCODE_CHUNK_ROWS = 1 << 12  # rows a dealer or plain cohort encodes and masks 
 def add_dealer_masks(
     key: bytes, spec: RoundSpec, codes: np.ndarray, signs: np.ndarray, into: np.ndarray
 ) -> None:
-    """Add Σ_j signs[r, j]·mask(codes[r, j]) to ``into[r]`` (or, if ``into`` has one row, all of it
-    to that row); a sign of 0 skips the pair. Masks come from the dealer's PRF in chunks of rows,
-    reduced over the k pairs of each row with one contiguous sum."""
+    """Add Σ_{r,j} signs[r, j]·mask(codes[r, j]) to the one row ``into`` (1 x dim); a pair with a
+    sign of 0 is skipped (no mask is drawn). Masks come from the dealer's PRF in chunks, each
+    reduced with one contiguous sum per sign."""
     rows, k = codes.shape
     dtype = spec.word_dtype
     blocks = mask_blocks(spec)
     per_chunk = max(1, _DEALER_CHUNK_BYTES // (16 * blocks * max(k, 1)))
     prf = _crypto.Prf(key, blocks, min(per_chunk, max(rows, 1)) * max(k, 1))
     for a in range(0, rows, per_chunk):
-        c, s = codes[a : a + per_chunk], signs[a : a + per_chunk]
-        masks = prf(c.reshape(-1)).view(dtype)[:, : spec.dim]
-        flat = s.reshape(-1)
-        masks[flat == 0] = 0
-        np.negative(masks, out=masks, where=(flat < 0)[:, None])
-        sums = masks.reshape(c.shape[0], k, spec.dim).sum(axis=1, dtype=dtype)
-        if into.shape[0] == 1:
-            into[0] += sums.sum(axis=0, dtype=dtype)
-        else:
-            into[a : a + c.shape[0]] += sums
+        s = signs[a : a + per_chunk].reshape(-1)
+        c = codes[a : a + per_chunk].reshape(-1)
+        for side, add in ((s > 0, np.add), (s < 0, np.subtract)):
+            if side.any():
+                masks = prf(c[side]).view(dtype)[:, : spec.dim]
+                add(into[0], masks.sum(axis=0, dtype=dtype), out=into[0])
 
 
 def masked_input(
@@ -365,17 +361,25 @@ def _masked_sum(
     and a sum of masked inputs tells it no more than the inputs one by one, while the message
     shrinks from (users x dim) to one row. Dealer and plain rounds encode and mask in chunks of
     rows, so a cohort of 10^5 users never holds all their words at once.
+
+    In a dealer round the pair masks of two users who both mask here are left out: one adds
+    what the other subtracts, so the sum is the same word for word (the words wrap) and the
+    server sees exactly what it would. A dealer round simulates what the server sees, not the
+    users' work; secure and simulation rounds still expand every pair's mask (once per pair).
     """
     dtype = spec.word_dtype
     if spec.mode in ("dealer", "plain"):
+        peers = u2_member & ~_member(spec.n, st.pos[rows])  # pairs inside this sum cancel
         total = np.zeros(spec.dim, np.uint64)
+        masks = np.zeros((1, spec.dim), dtype)
         for a in range(0, len(rows), _ENCODE_CHUNK_ROWS):
             part = rows[a : a + _ENCODE_CHUNK_ROWS]
-            y = spec.encoding.encode(x[a : a + _ENCODE_CHUNK_ROWS])
+            total += spec.encoding.encode(x[a : a + _ENCODE_CHUNK_ROWS]).sum(
+                axis=0, dtype=np.uint64
+            )
             if spec.mode == "dealer":
-                _add_dealer_round_masks(ctx, spec, st.pos[part], u2_member, y)
-            total += y.sum(axis=0, dtype=np.uint64)
-        return spec.encoding.reduce(total)
+                _add_dealer_round_masks(ctx, spec, st.pos[part], peers, masks)
+        return spec.encoding.reduce(total + masks[0].astype(np.uint64))
     y = spec.encoding.encode(x)
     if len(rows):
         for i, row in enumerate(rows):
@@ -385,13 +389,14 @@ def _masked_sum(
 
 
 def _add_dealer_round_masks(
-    ctx: StepContext, spec: RoundSpec, pos: np.ndarray, u2_member, y: np.ndarray
+    ctx: StepContext, spec: RoundSpec, pos: np.ndarray, peers: np.ndarray, y: np.ndarray
 ) -> None:
-    """The self mask and the signed pair masks (with peers in U2) of the users at ``pos``."""
+    """Add to the one row ``y`` the self masks and the signed pair masks (with the neighbours
+    ``peers`` marks, a boolean per position) of the users at ``pos``."""
     key = dealer_key(ctx.seed, spec.round)
     add_dealer_masks(key, spec, self_codes(pos)[:, None], np.ones((len(pos), 1), np.int8), y)
     nb = _graph(ctx, spec).neighbours(pos)
-    signs = np.where(u2_member[nb], sign(pos[:, None], nb), 0).astype(np.int8)
+    signs = np.where(peers[nb], sign(pos[:, None], nb), 0).astype(np.int8)
     add_dealer_masks(key, spec, pair_codes(pos[:, None], nb, spec.n), signs, y)
 
 
