@@ -142,6 +142,20 @@ def _stress_line(row: dict) -> str:
     sweep = row["scenario"] == "sweep"
     label = f"{row['option']}={row['value']:<8}" if sweep else f"dropout {dropout:>8}"
     sd = (lambda key: f" ± {row[key + '_sd']:.2g}") if sweep else (lambda key: "")
+    if "test_mse" in row:
+        return (
+            f"{label}  test MSE {row['test_mse']:.4f}{sd('test_mse')}  epsilon "
+            f"{row['epsilon']:.4g}  skipped {row['skipped']:g}/{row['iterations']:g} (95 % "
+            f"{row['abort_ci_low']:.2f}-{row['abort_ci_high']:.2f}; finder's bound "
+            f"{row['predicted_abort_bound']:.1e})  alive {row['alive_round1']:.0f} / "
+            f"{row['alive_round2']:.0f} (rounds 1 / 2)"
+        )
+    if "error" in row:
+        return (
+            f"{label}  {row['error_metric']} {row['error']:.3e}{sd('error')}  epsilon "
+            f"{row['epsilon']:.4g}  reports lost {100 * row['observed_dropout']:.1f} %  "
+            f"simulated {row['simulated_round_seconds']:.1f} s per round"
+        )
     if "aborts" in row:  # a secure-sum sweep
         simulated = row["simulated_round_seconds"]
         return (
@@ -150,17 +164,6 @@ def _stress_line(row: dict) -> str:
             f"{row['predicted_abort_bound']:.1e})  wrong sums {row['wrong_sums']}  simulated "
             + ("-" if simulated is None else f"{simulated:.1f} s")
             + " per round"
-        )
-    if "test_mse" in row:
-        return (
-            f"{label}  test MSE {row['test_mse']:.4f}{sd('test_mse')}  epsilon "
-            f"{row['epsilon']:.4g}  skipped {row['skipped']:g}/{row['iterations']:g}"
-        )
-    if "error" in row:
-        return (
-            f"{label}  {row['error_metric']} {row['error']:.3e}{sd('error')}  epsilon "
-            f"{row['epsilon']:.4g}  reports lost {100 * row['observed_dropout']:.1f} %  "
-            f"simulated {row['simulated_round_seconds']:.1f} s per round"
         )
     return (
         f"{row['scenario']:<30} {dropout:>8}  {row['outcome']:<9} (expected {row['expected']}) "

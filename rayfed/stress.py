@@ -266,11 +266,17 @@ def measure(protocol: str, result) -> dict[str, Any]:
     """What a stress row records of one run: the utility, the ε spent and who took part."""
     m = result.metrics
     if protocol == "federated-mf":
+        done = [row for row in m["iterations"] if not row["skipped"]]
         return {
             "test_mse": m["test_mse"],
             "epsilon": result.privacy.epsilon,
             "skipped": len(m["skipped_iterations"]),
             "iterations": len(m["iterations"]),
+            # survivors of each secure-aggregation round, over the iterations that completed
+            "alive_round1": float(np.mean([r["u1"] for r in done])) if done else 0.0,
+            "alive_round2": float(np.mean([r["u2"] for r in done])) if done else 0.0,
+            "predicted_abort_bound": 2.0 ** m["secagg_log2_abort_bound"],
+            "tolerated_dropout": m["tolerated_dropout"],
         }
     error = "wasserstein" if "wasserstein" in m else "mean_error"
     return {
@@ -287,6 +293,23 @@ def measure(protocol: str, result) -> dict[str, Any]:
 UTILITY = {"federated-mf": "test_mse", "square-wave": "error"}
 
 
+def abort_stats(measured: list[dict]) -> dict[str, Any]:
+    """LFL: iterations skipped below the threshold (an aborted secure aggregation) over every
+    iteration of every seed, with the 95 % Wilson interval; nothing for a protocol without
+    aborts (square-wave's LDP reports)."""
+    if "skipped" not in measured[0]:
+        return {}
+    aborts = int(sum(m["skipped"] for m in measured))
+    trials = int(sum(m["iterations"] for m in measured))
+    low, high = wilson(aborts, trials)
+    return {
+        "aborts": aborts,
+        "abort_rate": aborts / trials if trials else 0.0,
+        "abort_ci_low": low,
+        "abort_ci_high": high,
+    }
+
+
 def rate_rows(protocol: str, options: dict[str, Any], sets: list[str], rates) -> list[dict]:
     """``protocol`` at each dropout rate (for LFL in both rounds): utility, ε and who took part."""
     from rayfed.api import run
@@ -295,11 +318,13 @@ def rate_rows(protocol: str, options: dict[str, Any], sets: list[str], rates) ->
     for rate in rates:
         started = time.perf_counter()
         result = run(protocol, {**options, "out_dir": None, "dropout": float(rate)}, sets=sets)
+        measured = measure(protocol, result)
         rows.append(
             {
                 "scenario": "rate",
                 "dropout": float(rate),
-                **measure(protocol, result),
+                **measured,
+                **abort_stats([measured]),
                 "mode": result.metrics.get("mode", "ldp"),
                 "outcome": "complete",
                 "expected": "complete",
@@ -339,6 +364,7 @@ def point_rows(
             column = np.array([m[key] for m in measured], dtype=float)
             row[key] = float(column.mean())
             row[f"{key}_sd"] = float(column.std(ddof=1)) if reps > 1 else 0.0
+        row.update(abort_stats(measured))
         row.update(
             mode=runs[0].metrics.get("mode", "ldp"),
             outcome="complete",

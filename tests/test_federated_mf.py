@@ -183,6 +183,8 @@ def test_stress_sweep_reports_mse_epsilon_and_aborts(tmp_path, capsys):
 
     rows = json.loads((path / "stress.json").read_text())["rows"]
     assert [r["skipped"] for r in rows] == [0, 3]  # at 50 % dropout every iteration falls below t
+    assert rows[0]["alive_round1"] == 300 and rows[0]["abort_ci_high"] < 0.6  # Wilson, 0 of 3
+    assert rows[1]["abort_rate"] == 1 and rows[0]["predicted_abort_bound"] < 2**-29  # eta = 30
     assert rows[0]["epsilon"] == rows[1]["epsilon"]  # skipped iterations are charged (conservative)
     assert (path / "stress.png").stat().st_size > 10_000 and "test MSE" in capsys.readouterr().out
 
@@ -204,7 +206,8 @@ def test_stress_sweeps_an_option_with_the_epsilon_of_each_point(tmp_path, capsys
     # dp-accounting's RDP -> (ε, δ) conversion lands just below the requested ε
     assert 0.99 <= low["epsilon"] <= 1 and 3.96 <= high["epsilon"] <= 4
     assert low["test_mse_sd"] > 0  # two seeds, two different runs
-    assert low["skipped"] == high["skipped"] == 0
+    assert low["skipped"] == high["skipped"] == 0 and low["aborts"] == 0
+    assert low["alive_round1"] == 300  # no dropout: every user in every round
     assert "epsilon=4" in capsys.readouterr().out
 
 
