@@ -186,9 +186,8 @@ class Group:
             on_failure="drop",
             **kwargs,
         )
+        again = [n for n in first.died if self._restarted(n)]
         self.fed._await_restarts()
-        restarts = self.fed.faults.restarts.get(MEMBER_ROLE[self.role], 0)
-        again = [n for n in first.died if restarts and not isinstance(self.handles[n], Dead)]
         if not again:
             return first
         second = self.run(
@@ -203,9 +202,21 @@ class Group:
         return Replies(
             {**first.payloads, **second.payloads},
             {**first.metas, **second.metas},
-            failed=[n for n in first.failed if n not in second.payloads] + second.failed,
+            failed=[n for n in first.failed if n not in again] + second.failed,
             died=first.died + second.died,
         )
+
+    def _restarted(self, name: str) -> bool:
+        """Whether a member that just died is back: rebuilt by the federation (else it is Dead),
+        or restarted by a backend that restarts its members while this one's restarts last."""
+        if isinstance(self.handles[name], Dead):
+            return False
+        if not self.fed.backend.restarts_itself:
+            return True
+        if self.fed.faults.may_restart(self.role, name):
+            return True
+        self.fed.faults.restarting.discard((self.role, name))  # out of restarts: not waited for
+        return False
 
     def call(self, step, *args, phase: str, deadline_s: float | None = None, **kwargs) -> Any:
         """Run a step on one member (the group's only one, or ``members=[name]``) and return its

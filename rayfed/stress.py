@@ -279,6 +279,10 @@ def measure(protocol: str, result) -> dict[str, Any]:
             "tolerated_dropout": m["tolerated_dropout"],
         }
     error = "wasserstein" if "wasserstein" in m else "mean_error"
+    if error not in m and "range_error_0.1" not in m:
+        raise ConfigError(
+            "evaluate", "a square-wave stress measures the error against the raw values", "true"
+        )
     return {
         "error": m.get(error, m.get("range_error_0.1")),
         "error_metric": error if error in m else "range_error_0.1",

@@ -181,6 +181,31 @@ def test_a_lost_square_wave_cohort_can_be_carried_as_dropouts(backend, request):
     assert any("lost for good" in note for note in killed.privacy.notes)
 
 
+def test_a_square_wave_cohort_that_dies_again_after_its_restart_is_left_out():
+    """Its one restart spent, the cohort is a dropout of the round (listed once) and the note says
+    why, not that it was lost for good."""
+    result = rayfed.run(
+        "square-wave",
+        backend="local",
+        fail=["cohort=c1@phase=perturb", "cohort=c1@phase=perturb"],
+        **SW,
+    )
+    assert result.metrics["reports"] == [3_000] and result.metrics["lost_cohorts"] == ["c1"]
+    assert any("died again after a restart" in note for note in result.privacy.notes)
+
+
+def test_a_moments_cohort_lost_in_the_variance_half_is_asked_again():
+    """SR/PM, lost_users=resume: a cohort killed in round 1 (the variance half) is restarted and
+    reports in that round; the moments equal the run without the fault."""
+    killed = rayfed.run(
+        "square-wave", backend="local", method="sr", fail=["cohort=c2@round=1"], **SW
+    )
+    clean = rayfed.run("square-wave", backend="local", method="sr", **SW)
+    assert killed.metrics["reports"] == clean.metrics["reports"]
+    assert sum(clean.metrics["reports"]) == 4_000
+    assert killed.tables["moments"].equals(clean.tables["moments"])
+
+
 def test_a_cohort_lost_in_the_first_half_of_the_moments_stays_lost():
     """SR/PM report in two rounds (mean half, then variance half): a cohort carried as dropouts
     after round 0 is missing from round 1 too."""

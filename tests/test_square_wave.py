@@ -19,7 +19,7 @@ import pytest
 from scipy.stats import norm
 
 import rayfed
-from rayfed.errors import ConfigError, DataError
+from rayfed.errors import BelowThreshold, ConfigError, DataError
 
 REFERENCE_W1 = {  # spec §5.3, x 1e-3
     0.5: {"sw-ems": 9.5, "cfo": 16.3, "hh-admm": 23.4},
@@ -216,8 +216,7 @@ def binomial_ok(observed: float, p: float, n: int) -> bool:
 def test_a_dropout_rate_thins_the_reports_binomially():
     n = 20_000
     m = run(users=n, dropout=0.3).metrics
-    assert m["reports"][0] == n - round(m["dropout"] * n)  # the aggregator's own count
-    assert binomial_ok(m["dropout"], 0.3, n)
+    assert binomial_ok(1 - m["reports"][0] / n, 0.3, n)  # the aggregator's own count
     assert m["simulated_round_seconds"] == [0.0]  # no latency model: the clock does not move
 
 
@@ -251,6 +250,15 @@ def test_an_outage_by_data_column_silences_that_region(tmp_path):
         run(population={**outage, "outage_value": "west"}, **options)
     with pytest.raises(ConfigError, match="population.outage_column"):
         run(population=outage)  # synthetic users have no columns
+
+
+@pytest.mark.parametrize("method", ["sw-ems", "pm"])
+def test_no_report_is_an_abort_not_the_estimators_prior(method):
+    """Every user offline: an estimator would return its prior (a uniform histogram, a mean of
+    1/2) as if it were an estimate; the run aborts instead."""
+    everyone = {"outage": list(range(300)), "outage_rounds": 2}
+    with pytest.raises(BelowThreshold, match="0 participants"):
+        run(method, users=300, population=everyone)
 
 
 def test_stress_small(tmp_path, capsys):

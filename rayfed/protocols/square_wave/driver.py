@@ -3,6 +3,8 @@ SR/PM one round per part (the mean half, then the variance half around the estim
 
 from __future__ import annotations
 
+import numpy as np
+
 from rayfed.privacy import EpsilonDeltaDpEvent
 from rayfed.protocols.base import Outcome, Plan
 from rayfed.protocols.square_wave import report
@@ -13,6 +15,7 @@ from rayfed.protocols.square_wave.steps import (
     estimate_step,
     haar_step,
     hh_step,
+    in_part,
     moment_estimate_step,
     moment_step,
     sw_step,
@@ -37,7 +40,8 @@ def drive(fed, cfg: SquareWaveConfig, plan: Plan) -> Outcome:
     for note in report.notes(cfg, lost):
         fed.note(note)
     outcome = report.histogram_outcome(cfg, params, out, plan.evaluation)
-    outcome.metrics.update(report.population(params, fed.seed, [out["reports"]], lost))
+    everyone = np.arange(params.users)
+    outcome.metrics.update(report.population(params, fed.seed, [out["reports"]], lost, [everyone]))
     return outcome
 
 
@@ -106,6 +110,9 @@ def _drive_moments(fed, cfg: SquareWaveConfig, plan: Plan) -> Outcome:
     for note in report.notes(cfg, lost):
         fed.note(note)
     outcome = report.moments_outcome(cfg, plan.params, results, plan.evaluation)
-    counts = [results[f"reports_{part or 'mean'}"] for part in plan.params.moment_parts]
-    outcome.metrics.update(report.population(plan.params, fed.seed, counts, lost))
+    parts = plan.params.moment_parts
+    counts = [results[f"reports_{part or 'mean'}"] for part in parts]
+    everyone = np.arange(plan.params.users)
+    asked = [everyone if p is None else everyone[in_part(fed.seed, everyone, p)] for p in parts]
+    outcome.metrics.update(report.population(plan.params, fed.seed, counts, lost, asked))
     return outcome

@@ -129,7 +129,8 @@ def _file_column(cfg: SquareWaveConfig) -> tuple[np.ndarray, pa.Table]:
             "column", f"column {cfg.column!r} is not numeric ({col.type})", "a numerical column"
         )
     if cfg.missing == "drop":
-        values = pc.fill_null(pc.cast(col, pa.float64()), np.nan).to_numpy(zero_copy_only=False)
+        as_float = pc.cast(col, pa.float64(), safe=False)  # as numpy's astype: large ints round
+        values = pc.fill_null(as_float, np.nan).to_numpy(zero_copy_only=False)
         keep = np.isfinite(values)
         return values[keep], table.filter(pa.array(keep))
     require_clean(table.select([cfg.column]), [cfg.column], "column")

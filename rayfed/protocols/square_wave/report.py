@@ -29,9 +29,14 @@ def notes(cfg: SquareWaveConfig, lost: set[str] = frozenset()) -> list[str]:
     if cfg.evaluate:
         out.append("the error metrics compare with the raw values: they are not private")
     if lost:
+        how = (
+            "lost for good (lost_users=dropouts)"
+            if cfg.lost_users == "dropouts"
+            else "did not report (missed the deadline, or died again after a restart)"
+        )
         out.append(
-            f"cohort(s) {', '.join(sorted(lost))} lost for good (lost_users=dropouts): their "
-            "users' reports are missing from the estimate, which describes the users who reported"
+            f"cohort(s) {', '.join(sorted(lost))} {how}: their users' reports are missing from "
+            "the estimate, which describes the users who reported"
         )
     if cfg.method in RANGE_ONLY:
         out.append(
@@ -91,17 +96,21 @@ def _scores(cfg: SquareWaveConfig, truth: np.ndarray, est: np.ndarray) -> dict[s
     return scores
 
 
-def population(params: Params, seed: int, reports: list[int], lost: set[str]) -> dict[str, Any]:
+def population(
+    params: Params, seed: int, reports: list[int], lost: set[str], asked: list[np.ndarray]
+) -> dict[str, Any]:
     """Who reported: the reports per round (counted by the aggregator), the share of users whose
     report did not arrive (dropouts, stragglers, lost cohorts: every user reports at most once,
-    the two halves of SR/PM being disjoint), and each round's simulated time."""
-    ids = np.arange(params.users)
+    the two halves of SR/PM being disjoint), and each round's simulated time over the users
+    ``asked`` that round (a lost cohort keeps the server waiting until the deadline)."""
+    clock = [params.schedule.one_message(seed, r, ids)[1] for r, ids in enumerate(asked)]
+    stragglers = params.schedule.stragglers
+    if lost and stragglers is not None:
+        clock = [stragglers.deadline_s] * len(clock)
     return {
         "reports": reports,
         "dropout": 1 - sum(reports) / params.users,
-        "simulated_round_seconds": [
-            params.schedule.one_message(seed, r, ids)[1] for r in range(len(reports))
-        ],
+        "simulated_round_seconds": clock,
         "lost_cohorts": sorted(lost),
     }
 

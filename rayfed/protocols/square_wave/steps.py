@@ -10,6 +10,7 @@ import numpy as np
 from rayfed import rng
 from rayfed.actors.base import Message, StepContext
 from rayfed.dropout import DropoutSchedule
+from rayfed.errors import BelowThreshold
 from rayfed.ldp import distribution, hierarchy, oracles
 from rayfed.ldp import square_wave as sw
 from rayfed.privacy import local_randomizer
@@ -129,6 +130,12 @@ def moment_step(
     )
 
 
+def in_part(seed: int, ids: np.ndarray, part: str) -> np.ndarray:
+    """Which of the users ``ids`` report in SR/PM's ``part`` ("mean" or "variance" half)."""
+    in_mean = rng.keyed_uniform(seed, "sample", 0, np.asarray(ids, np.uint64), 1)[:, 0] < 0.5
+    return in_mean if part == "mean" else ~in_mean
+
+
 def _users(
     ctx: StepContext, part: str | None, schedule: DropoutSchedule, round: int
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -138,8 +145,7 @@ def _users(
     ids = ctx.table.column("user_id").to_numpy().astype(np.uint64)
     values = ctx.table.column("value").to_numpy()
     if part is not None:
-        in_mean = rng.keyed_uniform(ctx.seed, "sample", 0, ids, 1)[:, 0] < 0.5
-        keep = in_mean if part == "mean" else ~in_mean
+        keep = in_part(ctx.seed, ids, part)
         ids, values = ids[keep], values[keep]
     arrived, _ = schedule.one_message(ctx.seed, round, ids.astype(np.int64))
     return ids[arrived], values[arrived]
@@ -169,6 +175,7 @@ def _olh_hashes(ctx: StepContext, ids: np.ndarray, domain: int, eps: float, roun
 def estimate_step(ctx: StepContext, reports: dict[str, Any], *, estimator: Estimator) -> dict:
     """Aggregator: the d-bucket estimate of the value distribution from every received report."""
     method, d, eps = estimator.method, estimator.buckets, estimator.epsilon
+    _require_reports(reports, "estimate", 0)
     if method in ("sw-ems", "sw-em"):
         est, iterations = distribution.sw_estimate(
             _gather(reports),
@@ -189,7 +196,7 @@ def estimate_step(ctx: StepContext, reports: dict[str, Any], *, estimator: Estim
             "estimate": distribution.cfo_estimate(
                 report, hashes, bins=estimator.bins, d=d, eps=eps
             ),
-            "reports": report.size,
+            "reports": _count(reports),
         }
     if method in ("hh", "hh-admm"):
         branching = estimator.branching
@@ -205,26 +212,36 @@ def estimate_step(ctx: StepContext, reports: dict[str, Any], *, estimator: Estim
             est = hierarchy.constrained_inference(layers, branching)[0]
         else:
             est = hierarchy.admm_leaves(layers, branching)
-        return {"estimate": est, "reports": _count(reports, "layer")}
+        return {"estimate": est, "reports": _count(reports)}
     if method == "haar-hrr":
         height, rows, bits = (_gather(reports, k) for k in ("height", "row", "bit"))
         return {
             "estimate": distribution.haar_estimate(height, rows, bits, d=d, eps=eps),
-            "reports": height.size,
+            "reports": _count(reports),
         }
     raise ValueError(f"unknown histogram method {method!r}")
 
 
 def moment_estimate_step(ctx: StepContext, reports: dict[str, Any], *, part: str) -> dict:
     """Aggregator (SR/PM): the average of the unbiased reports, mapped back to [0, 1] units."""
+    _require_reports(reports, f"estimate-{part}", 1 if part == "variance" else 0)
     values = _gather(reports)
     mean = math.fsum(values) / values.size if values.size else 0.0
     return {part: (mean + 1) / 2, f"reports_{part}": values.size}
 
 
-def _count(reports: dict[str, Any], key: str | None = None) -> int:
-    """How many users reported (one report each)."""
-    return sum(len(r if key is None else r[key]) for r in reports.values())
+def _require_reports(reports: dict[str, Any], phase: str, round: int) -> None:
+    """No report arrived (every user offline, late or lost): there is nothing to estimate from,
+    and an estimator would return its prior (a uniform histogram, a mean of 1/2) as if it were
+    one."""
+    if not _count(reports):
+        raise BelowThreshold(phase, 0, 1, round)
+
+
+def _count(reports: dict[str, Any]) -> int:
+    """How many users reported: one report each, an array per cohort or a dict of arrays whose
+    first field has one entry per user."""
+    return sum(len(next(iter(r.values())) if isinstance(r, dict) else r) for r in reports.values())
 
 
 def _gather(reports: dict[str, Any], key: str | None = None) -> np.ndarray:
