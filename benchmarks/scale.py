@@ -14,7 +14,9 @@ Rows merge into ``benchmarks/results/scale.json`` by name, so the targets can be
 * ``main-job``    — the README's ``rayfed run federated-mf`` in a fresh process: ≤ 60 s.
 * ``overhead``    — secure-sum, secure mode, n = 1,000, d = 1,000, k = 10, t = 7, repeated in one
   process: the run's time outside its phases, the round against the 2-core primitive bound, and
-  the advertise time per key (n = 1,000 and n = 10,000).
+  the advertise time per key (n = 1,000 and n = 10,000). The bound is the per-user protocol's
+  work (two X25519 agreements and two mask expansions per pair); the simulator does a same-cohort
+  pair once, so it can come closer to the bound than real users could.
 
 Memory is the peak of the summed proportional set size of the driver and every process it
 started (``_memory.PeakMemory``); the secure-aggregation rows also hold the per-phase peaks the
