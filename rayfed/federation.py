@@ -177,28 +177,24 @@ class Group:
     def _run_retrying(self, step, args, kwargs, phase, members, deadline_s) -> Replies:
         """``run`` with on_failure="retry": the members that died and were restarted (their
         restart awaited) run the step again; the rest of the failed stay dropouts."""
-        first = self.run(
-            step,
-            *args,
-            phase=phase,
-            members=members,
-            deadline_s=deadline_s,
-            on_failure="drop",
-            **kwargs,
-        )
+
+        def attempt(names):
+            return self.run(
+                step,
+                *args,
+                phase=phase,
+                members=names,
+                deadline_s=deadline_s,
+                on_failure="drop",
+                **kwargs,
+            )
+
+        first = attempt(members)
         again = [n for n in first.died if self._restarted(n)]
         self.fed._await_restarts()
         if not again:
             return first
-        second = self.run(
-            step,
-            *args,
-            phase=phase,
-            members=again,
-            deadline_s=deadline_s,
-            on_failure="drop",
-            **kwargs,
-        )
+        second = attempt(again)
         return Replies(
             {**first.payloads, **second.payloads},
             {**first.metas, **second.metas},
