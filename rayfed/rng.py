@@ -52,6 +52,7 @@ PURPOSES: dict[str, int] = {
     "ldp-report": 27,
     "availability": 28,
     "latency": 29,
+    "secagg-sign": 30,
     "test": 99,
 }
 

@@ -4,6 +4,7 @@ test_secure_sum.py)."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import numpy as np
@@ -23,6 +24,7 @@ from rayfed.secagg import (
     ProtocolViolation,
     _crypto,
     check_params,
+    client,
     find_params,
     make_spec,
     secure_sum,
@@ -195,6 +197,7 @@ def _run(
     dropout=0.4,
     seed=3,
     backend="local",
+    consistency=False,
 ):
     ids = np.arange(n, dtype=np.int64) * 7 + 1
     cohorts = {k: (t, {}) for k, t in per_user(pa.table({"uid": ids}), "uid", n_cohorts).items()}
@@ -208,6 +211,7 @@ def _run(
         encoding=enc,
         dim=dim,
         dropout=schedule or DropoutSchedule(),
+        consistency=consistency,
     )
     with Federation(
         run_id="t",
@@ -347,6 +351,68 @@ def test_a_request_for_both_shares_of_a_user_is_refused(monkeypatch):
     monkeypatch.setattr(server, "collect_masked", greedy)
     with pytest.raises(ProtocolViolation, match="both shares"):
         _run()
+
+
+@pytest.mark.parametrize("mode", ["simulation", "secure"])
+def test_the_consistency_round_keeps_the_exact_sum(mode):
+    """consistency=true adds a round (users sign U3, the unmask request carries the signatures)
+    and changes nothing else: the sum and survivors still match the independent reference."""
+    schedule = DropoutSchedule(rates={"after_masked_input": 0.2, "during_unmask": 0.1})
+    result, exact, params, transcript = _run(mode=mode, schedule=schedule, consistency=True)
+    assert exact
+    phases = [row["phase"] for row in transcript]
+    assert phases.index("consistency") < phases.index("collect_signatures") < phases.index("unmask")
+
+
+def _survivor_moved_to_dropped(request: dict) -> int:
+    """A malicious server's request: one survivor u (its masked input is in the sum) is listed
+    as dropped, so u's neighbours reveal u's mask key — with u's self-mask shares from other
+    users, u's input would be exposed. Returns u's position."""
+    u = int(request["survivors"][0])
+    request["survivors"] = request["survivors"][1:]
+    request["dropped"] = np.union1d(request["dropped"], [u])
+    return u
+
+
+def test_without_the_consistency_round_a_forged_survivors_list_is_answered(monkeypatch):
+    """The attack the consistency round stops: shown U3 minus u, u's neighbours reveal their
+    shares of u's mask key although u's masked input is in the sum."""
+    original_request, original_finish = server.collect_masked, server.finish
+    forged, answers = [], {}
+
+    def forging(ctx, spec, replies):
+        msg = original_request(ctx, spec, replies)
+        forged.append(_survivor_moved_to_dropped(msg.payload))
+        return msg
+
+    def capture(ctx, spec, replies):
+        answers.update(replies)
+        return original_finish(ctx, spec, replies)
+
+    monkeypatch.setattr(server, "collect_masked", forging)
+    monkeypatch.setattr(server, "finish", capture)
+    with contextlib.suppress(BelowThreshold):  # the sum is wrong; the shares are out already
+        _run(schedule=DropoutSchedule(explicit={"after_masked_input": [1]}))
+    (u,) = forged
+    key_shares_of_u = sum(
+        int(np.sum((a["owner"] == u) & (a["kind"] == client.KIND_KEY))) for a in answers.values()
+    )
+    assert key_shares_of_u > 0
+
+
+def test_the_consistency_round_refuses_a_forged_survivors_list(monkeypatch):
+    """With consistency=true the users signed the true U3; the forged list carries signatures
+    that do not verify on it, so no user reveals a share."""
+    original = server.collect_signatures
+
+    def forging(ctx, spec, replies):
+        msg = original(ctx, spec, replies)
+        _survivor_moved_to_dropped(msg.payload)
+        return msg
+
+    monkeypatch.setattr(server, "collect_signatures", forging)
+    with pytest.raises(ProtocolViolation, match="signed the survivors list"):
+        _run(schedule=DropoutSchedule(explicit={"after_masked_input": [1]}), consistency=True)
 
 
 def test_out_of_order_messages_are_refused_by_client_and_server():

@@ -76,6 +76,7 @@ def make_spec(
     tag: bytes = b"rayfed",
     kill: tuple[str, str] | None = None,
     min_survivors: int | None = None,
+    consistency: bool = False,
 ) -> RoundSpec:
     """A round's public parameters; ``min_survivors`` can raise (never lower) the finder's quorum,
     e.g. to a protocol's own threshold such as LFL's ⌈(1-ω)n⌉."""
@@ -95,6 +96,7 @@ def make_spec(
         dropout=dropout or DropoutSchedule(),
         tag=tag,
         kill=kill,
+        consistency=consistency,
     )
 
 
@@ -138,6 +140,11 @@ def secure_sum(
         client.masked_input, PerMember(routed), input_fn, tuple(input_args), phase="masked_input"
     )
     request = fed.coordinator.run(server.collect_masked, spec, masked, phase="collect_masked")
+    if spec.consistency and spec.mode in ("secure", "simulation"):
+        signed = client_phase(client.consistency, request.single(), phase="consistency")
+        request = fed.coordinator.run(
+            server.collect_signatures, spec, signed, phase="collect_signatures"
+        )
     answers = client_phase(client.unmask, request.single(), phase="unmask")
     out = fed.coordinator.call(server.finish, spec, answers, phase="reconstruct")
     return AggregationResult(failed_cohorts=sorted(failed), mode=spec.mode, **out)

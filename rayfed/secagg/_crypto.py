@@ -16,8 +16,9 @@ AES-256-CTR keystream as PRG. Rules this module relies on:
 from __future__ import annotations
 
 import numpy as np
-from cryptography.exceptions import InvalidTag
+from cryptography.exceptions import InvalidSignature, InvalidTag
 from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
@@ -40,6 +41,8 @@ __all__ = [
     "prf_blocks",
     "public_keys",
     "shared_secret",
+    "signing_keypair",
+    "verify",
 ]
 
 
@@ -47,6 +50,21 @@ def keypair(private_bytes: bytes) -> tuple[X25519PrivateKey, bytes]:
     """An X25519 private key from 32 bytes (OS or seeded) and its raw public key."""
     sk = X25519PrivateKey.from_private_bytes(private_bytes)
     return sk, sk.public_key().public_bytes_raw()
+
+
+def signing_keypair(private_bytes: bytes) -> tuple[Ed25519PrivateKey, bytes]:
+    """An Ed25519 signing key from 32 bytes (OS or seeded) and its raw public key."""
+    sk = Ed25519PrivateKey.from_private_bytes(private_bytes)
+    return sk, sk.public_key().public_bytes_raw()
+
+
+def verify(public_raw: bytes, signature: bytes, message: bytes) -> bool:
+    """Whether ``signature`` is a valid Ed25519 signature of ``message`` under ``public_raw``."""
+    try:
+        Ed25519PublicKey.from_public_bytes(public_raw).verify(signature, message)
+    except (InvalidSignature, ValueError):
+        return False
+    return True
 
 
 def public_keys(raw: np.ndarray) -> list[X25519PublicKey]:

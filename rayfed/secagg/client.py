@@ -55,6 +55,9 @@ class ClientRound:
     table_pos: np.ndarray | None = None
     table_c_pk: list | None = None  # X25519PublicKey objects of U1, by table row
     table_s_pk: list | None = None
+    sign_sk: list = field(default_factory=list)  # Ed25519 keys (consistency round only)
+    sign_pk: np.ndarray | None = None
+    table_sign_pk: np.ndarray | None = None  # raw Ed25519 keys of U1, by table row
     pair_code: np.ndarray | None = None  # (holder, peer) codes of the encryption keys, sorted
     pair_key: np.ndarray | None = None
     received: dict | None = None
@@ -69,13 +72,14 @@ def _maybe_die(ctx: StepContext, spec: RoundSpec, phase: str) -> None:
         raise Crash(f"fault injection: {ctx.name} at {phase}")
 
 
-STAGES = ("advertise", "share_keys", "masked_input", "unmask")
+STAGES = ("advertise", "share_keys", "masked_input", "consistency", "unmask")
 
 
 def _state(ctx: StepContext, spec: RoundSpec, stage: str) -> ClientRound:
     """The round's state, checked to be one stage before ``stage`` (out-of-order input is refused)."""
     st = ctx.state.get("secagg", {}).get(spec.round)
-    previous = STAGES[STAGES.index(stage) - 1]
+    stages = STAGES if spec.consistency else tuple(s for s in STAGES if s != "consistency")
+    previous = stages[stages.index(stage) - 1]
     if st is None or st.stage != previous:
         have = "no round" if st is None else f"stage {st.stage}"
         raise ProtocolViolation(
@@ -134,7 +138,21 @@ def advertise(ctx: StepContext, spec: RoundSpec) -> Message:
         st.s_sk_bytes = np.ascontiguousarray(raw[:, 32:])
         st.c_pk, st.s_pk = c_pk, s_pk
         payload.update(c_pk=c_pk, s_pk=s_pk)
+        if spec.consistency:
+            payload["sign_pk"] = _signing_keys(ctx, spec, st, ids[active])
     return Message("public_keys", payload, to="coordinator")
+
+
+def _signing_keys(ctx: StepContext, spec: RoundSpec, st: ClientRound, ids) -> np.ndarray:
+    """Each user's Ed25519 key pair for the consistency round; the raw public keys. (In a
+    deployment a PKI certifies them, so the server cannot sign for a user.)"""
+    raw = ctx.noise.user_bytes("secagg-sign", spec.round, ids, 32)
+    st.sign_pk = np.empty((raw.shape[0], 32), dtype=np.uint8)
+    for i in range(raw.shape[0]):
+        sk, pk = _crypto.signing_keypair(raw[i].tobytes())
+        st.sign_sk.append(sk)
+        st.sign_pk[i] = np.frombuffer(pk, np.uint8)
+    return st.sign_pk
 
 
 # --- phase 2: share keys -------------------------------------------------------------------------
@@ -151,6 +169,7 @@ def _check_key_table(st: ClientRound, table: dict, rows: np.ndarray) -> None:
     if not ok.all() or not (
         np.array_equal(table["c_pk"][where], st.c_pk[rows])
         and np.array_equal(table["s_pk"][where], st.s_pk[rows])
+        and (st.sign_pk is None or np.array_equal(table["sign_pk"][where], st.sign_pk[rows]))
     ):
         raise ProtocolViolation("the key table does not hold this cohort's users' own public keys")
 
@@ -182,6 +201,8 @@ def share_keys(ctx: StepContext, spec: RoundSpec, table: dict) -> Message:
     st.table_pos = u1
     st.table_c_pk = _crypto.public_keys(np.asarray(table["c_pk"]))
     st.table_s_pk = _crypto.public_keys(np.asarray(table["s_pk"]))
+    if spec.consistency:
+        st.table_sign_pk = np.asarray(table["sign_pk"])
     rows, key_rows, nb, alive_nb = rows[enough], key_rows[enough], nb[enough], alive_nb[enough]
 
     st.b_seed = np.zeros((len(st.ids), 32), dtype=np.uint8)
@@ -400,6 +421,48 @@ def _add_dealer_round_masks(
     add_dealer_masks(key, spec, pair_codes(pos[:, None], nb, spec.n), signs, y)
 
 
+# --- consistency round (active security) ---------------------------------------------------------
+def consistency(ctx: StepContext, spec: RoundSpec, request: dict) -> Message:
+    """Each user still online whose masked input is in U3 signs U3 (Bonawitz et al.'s
+    ConsistencyCheck): a server that shows different users different survivor lists cannot then
+    gather t signatures on any one of them but the true one."""
+    _maybe_die(ctx, spec, "consistency")
+    st = _state(ctx, spec, "consistency")
+    survivors = np.asarray(request["survivors"])
+    if not _member(spec.n, st.u2)[survivors].all():
+        raise ProtocolViolation("the server's survivors list names users outside U2: refused")
+    signing = np.flatnonzero(st.active & _member(spec.n, survivors)[st.pos] & (st.drop == NEVER))
+    message = spec.survivors_message(survivors)
+    key_at = np.searchsorted(np.flatnonzero(st.drop > BEFORE_ADVERTISE), signing)
+    sig = np.empty((len(signing), 64), dtype=np.uint8)
+    for i, k in enumerate(key_at.tolist()):
+        sig[i] = np.frombuffer(st.sign_sk[k].sign(message), np.uint8)
+    return Message("signatures", {"pos": st.pos[signing], "sig": sig}, to="coordinator")
+
+
+def _check_signatures(st: ClientRound, spec: RoundSpec, request: dict) -> None:
+    """A user reveals shares only if t users of U3 signed the very survivors list it is shown:
+    signatures are checked in order until t are valid (each once per cohort: every user of the
+    cohort is shown the same list and would reach the same verdict)."""
+    survivors = np.asarray(request["survivors"])
+    message = spec.survivors_message(survivors)
+    signers, sigs = np.asarray(request["signers"]), np.asarray(request["signatures"])
+    in_u3 = _member(spec.n, survivors)
+    valid = set()
+    for pos, sig in zip(signers.tolist(), sigs, strict=True):
+        row = np.searchsorted(st.table_pos, pos)
+        known = in_u3[pos] and row < len(st.table_pos) and st.table_pos[row] == pos
+        if known and pos not in valid:
+            if _crypto.verify(st.table_sign_pk[row].tobytes(), sig.tobytes(), message):
+                valid.add(pos)
+        if len(valid) >= spec.threshold:
+            return
+    raise ProtocolViolation(
+        f"only {len(valid)} users of U3 signed the survivors list this request shows, "
+        f"{spec.threshold} are needed: refused"
+    )
+
+
 # --- phase 4: unmask -----------------------------------------------------------------------------
 def unmask(ctx: StepContext, spec: RoundSpec, request: dict) -> Message:
     """Each user still online reveals, for every peer whose shares it holds, the self-mask share if
@@ -408,6 +471,8 @@ def unmask(ctx: StepContext, spec: RoundSpec, request: dict) -> Message:
     _maybe_die(ctx, spec, "unmask")
     st = _state(ctx, spec, "unmask")
     survivors, dropped = np.asarray(request["survivors"]), np.asarray(request["dropped"])
+    if spec.consistency and spec.mode in ("secure", "simulation"):
+        _check_signatures(st, spec, request)
     if np.intersect1d(survivors, dropped).size:
         raise ProtocolViolation("the server asked for both shares of the same users: refused")
     u2 = _member(spec.n, st.u2)

@@ -39,6 +39,7 @@ class Phase(enum.Enum):
     ADVERTISE = "advertise"
     SHARE_KEYS = "share_keys"
     MASKED_INPUT = "masked_input"
+    CONSISTENCY = "consistency"
     UNMASK = "unmask"
     DONE = "done"
 
@@ -95,6 +96,8 @@ def collect_keys(ctx: StepContext, spec: RoundSpec, replies: dict) -> Message:
         st.c_pk = _concat(replies, "c_pk", np.uint8, 32)[order]
         st.s_pk = _concat(replies, "s_pk", np.uint8, 32)[order]
         table.update(c_pk=st.c_pk, s_pk=st.s_pk)
+        if spec.consistency:
+            table["sign_pk"] = _concat(replies, "sign_pk", np.uint8, 32)[order]
     st.phase = Phase.SHARE_KEYS
     return Message("key_table", table, to="cohorts")
 
@@ -141,9 +144,27 @@ def collect_masked(ctx: StepContext, spec: RoundSpec, replies: dict) -> Message:
         if y.size:
             total += y.sum(axis=0, dtype=np.uint64)
     st.y_sum = total
+    if spec.consistency and spec.mode in ("secure", "simulation"):
+        st.phase = Phase.CONSISTENCY
+        return Message("sign_request", {"survivors": st.u3}, to="cohorts")
     st.phase = Phase.UNMASK
-    dropped = np.setdiff1d(st.u2, st.u3)
-    return Message("unmask_request", {"survivors": st.u3, "dropped": dropped}, to="cohorts")
+    return Message("unmask_request", _unmask_request(st), to="cohorts")
+
+
+def _unmask_request(st: ServerRound) -> dict:
+    return {"survivors": st.u3, "dropped": np.setdiff1d(st.u2, st.u3)}
+
+
+def collect_signatures(ctx: StepContext, spec: RoundSpec, replies: dict) -> Message:
+    """The consistency round: the survivors' signatures on U3 go out with the unmask request,
+    so every user can check that t users were shown the same U3."""
+    st = _state(ctx, spec, Phase.CONSISTENCY)
+    signers = _concat(replies, "pos", np.int64)
+    _quorum(st, "consistency", signers.size)
+    signatures = _concat(replies, "sig", np.uint8, 64)
+    st.phase = Phase.UNMASK
+    payload = {**_unmask_request(st), "signers": signers, "signatures": signatures}
+    return Message("unmask_request", payload, to="cohorts")
 
 
 def _pick_shares(

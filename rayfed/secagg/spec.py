@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import dataclass, field
 
@@ -41,6 +42,9 @@ class RoundSpec:
     dropout: DropoutSchedule = field(default_factory=DropoutSchedule)
     tag: bytes = b"rayfed"
     kill: tuple[str, str] | None = None  # fault injection: (cohort name, phase) exits that actor
+    #: SecAgg's consistency round (active security): users sign U3 and reveal no share unless t
+    #: of them signed the list they are shown
+    consistency: bool = False
 
     @property
     def n(self) -> int:
@@ -59,6 +63,11 @@ class RoundSpec:
         if ids.size and (pos.max() >= self.n or not np.array_equal(self.registry[pos], ids)):
             raise ProtocolViolation("a cohort holds users that are not in the round's registry")
         return pos
+
+    def survivors_message(self, survivors: np.ndarray) -> bytes:
+        """What a user signs in the consistency round: this round's salt and a digest of U3."""
+        digest = hashlib.sha256(np.asarray(survivors, dtype="<i8").tobytes()).digest()
+        return self.salt + b"|u3|" + digest
 
     def graph(self, seed: int) -> NeighbourGraph:
         return NeighbourGraph.build(self.n, self.degree, self.complete, seed, self.round)

@@ -83,6 +83,12 @@ class SecureSumConfig:
     allow_weak_params: bool = option(
         False, "accept a degree/threshold override that misses the sigma/eta bounds"
     )
+    consistency: bool = option(
+        False,
+        "SecAgg's consistency round (active security): users sign the survivors list U3 and "
+        "reveal no share unless t users signed the list they are shown",
+        when={"mode": ("secure", "simulation")},
+    )
     data: DataConfig = field(default_factory=DataConfig, metadata={"help": "data source"})
 
     def validate(self) -> None:

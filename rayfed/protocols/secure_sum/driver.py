@@ -26,6 +26,7 @@ def drive(fed, cfg: SecureSumConfig, plan: Plan) -> Outcome:
                 dropout=params.schedule,
                 tag=fed.run_id.encode(),
                 kill=kill if r == 0 else None,
+                consistency=cfg.consistency,
             )
             if params.columns:
                 result = secure_sum(fed, spec, table_inputs, (params.columns,))
