@@ -143,7 +143,7 @@ def run_one(name: str, users: int, dim: int, variant: str, dropout: float, seed:
     survivors = expected_survivors(
         ids,
         schedule.drop_phase(seed, 0, ids),
-        NeighbourGraph.build(users, params.degree, params.complete, seed, 0),
+        NeighbourGraph.build(users, params.degree, params.complete, result.graph_seed, 0),
         params.threshold,
     )
     x = synthetic_inputs(

@@ -19,7 +19,8 @@ time:
 * ``t / t-1 / no neighbour of one user`` — all but t (then t-1, then 0) of user 0's neighbours drop
   after the masked input: with t its self-mask is still rebuilt from t shares; with fewer it is
   not, the sparse graph's known failure mode, which the parameter finder makes unlikely for random
-  dropouts but an adversary can force: aborts.
+  dropouts but an adversary who knows the graph can force: aborts. (Not in secure mode, whose
+  graph the server draws from the OS during the round.)
 
 With ``sweep=(option, values)`` it instead runs ``secure-sum`` at every value of one option (a
 population model's parameter, say ``markov_off``), ``reps`` seeds each, and records per point the
@@ -85,16 +86,20 @@ def secure_sum_scenarios(options: dict[str, Any], sets: list[str], rates) -> lis
         )
         for rate in rates
     ]
-    rows += _adversarial_rows(options, sets, plan, run_opts.seed)
+    rows += _adversarial_rows(options, sets, plan, run_opts.seed, cfg.mode)
     for row in rows:
         row["mode"] = cfg.mode
         row["security"] = note
     return rows
 
 
-def _adversarial_rows(options: dict[str, Any], sets: list[str], plan, seed: int) -> list[dict]:
+def _adversarial_rows(
+    options: dict[str, Any], sets: list[str], plan, seed: int, mode: str
+) -> list[dict]:
     """Dropouts placed at the edge of what the parameters tolerate: exactly the minimum number of
-    survivors and one fewer, a whole cohort, and one user's neighbourhood."""
+    survivors and one fewer, a whole cohort, and one user's neighbourhood — except in secure
+    mode, where the server draws the graph from the OS during the round: nobody can aim at a
+    neighbourhood in advance, which is the point."""
     from rayfed.secagg.graph import NeighbourGraph
 
     params, registry = plan.params.secagg, plan.params.registry
@@ -126,6 +131,8 @@ def _adversarial_rows(options: dict[str, Any], sets: list[str], plan, seed: int)
             sets,
         )
     )
+    if mode == "secure":
+        return rows
     # one user's neighbourhood: keep exactly t of its neighbours (its self-mask is still
     # recoverable), then t - 1 (it is not), then none
     graph = NeighbourGraph.build(n, params.degree, params.complete, seed, 0)

@@ -223,17 +223,20 @@ def _run(
     ) as fed:
         result = secure_sum(fed, spec, _inputs, (dim,))
         transcript = list(fed.transcript.rows)
-    return result, _exact(result, spec, _reference(spec, seed, params)), params, transcript
+    reference = _reference(spec, seed, params, graph_seed=result.graph_seed)
+    return result, _exact(result, spec, reference), params, transcript
 
 
-def _reference(spec, seed, params, lost_at=None):
+def _reference(spec, seed, params, lost_at=None, graph_seed=None):
     """The independent reference (rayfed.secagg.reference): survivors from the schedule and the
-    public graph, never from the result; their inputs summed in exact integers."""
+    round's graph (the run's seed, or the server's published draw in secure mode), never from the
+    result; their inputs summed in exact integers."""
     ids = spec.registry
+    graph_seed = seed if graph_seed is None else graph_seed
     survivors = expected_survivors(
         ids,
         spec.dropout.drop_phase(seed, spec.round, ids),
-        NeighbourGraph.build(ids.size, params.degree, params.complete, seed, spec.round),
+        NeighbourGraph.build(ids.size, params.degree, params.complete, graph_seed, spec.round),
         params.threshold,
         lost_at,
     )
@@ -311,11 +314,13 @@ def test_dealer_and_plain_modes_give_bit_identical_sums_to_simulation(graph, pat
         assert not np.isin(
             1, sim.survivors
         )  # user 0 (id 1) could not protect its secrets: dropped out
-    for mode in ("dealer", "plain", "secure"):
+    for mode in ("dealer", "plain"):
         other = _run(n=n, mode=mode, schedule=schedule, graph=graph)[0]
         assert np.array_equal(other.words, sim.words) and np.array_equal(
             other.survivors, sim.survivors
         )
+    # secure mode draws its graph from the OS: exact against the reference on that graph
+    assert _run(n=n, mode="secure", schedule=schedule, graph=graph)[1]
 
 
 def test_driver_calls_per_phase_follow_cohorts_not_users():
@@ -413,6 +418,15 @@ def test_the_consistency_round_refuses_a_forged_survivors_list(monkeypatch):
     monkeypatch.setattr(server, "collect_signatures", forging)
     with pytest.raises(ProtocolViolation, match="signed the survivors list"):
         _run(schedule=DropoutSchedule(explicit={"after_masked_input": [1]}), consistency=True)
+
+
+def test_a_secure_round_draws_its_graph_from_the_os_after_the_keys():
+    """SecAgg+'s bounds assume users are corrupted independently of the graph: in secure mode the
+    server draws the permutation's seed from the OS once everyone advertised (fresh every run,
+    not the run seed); simulation keeps the seed (reproducible)."""
+    secure = [_run(mode="secure")[0].graph_seed for _ in range(2)]
+    assert secure[0] != secure[1] and 3 not in secure
+    assert _run(mode="simulation", seed=3)[0].graph_seed == 3
 
 
 def test_out_of_order_messages_are_refused_by_client_and_server():
@@ -550,7 +564,7 @@ def test_a_cohort_killed_in_process_becomes_dropouts(phase):
     c2 = cohorts["c2"][0]["user_id"].to_numpy()
     lost = np.full(ids.size, NEVER)
     lost[np.searchsorted(ids, c2)] = PHASE_INDEX[phase]  # the planned death, not the result
-    assert _exact(result, spec, _reference(spec, 3, params, lost))
+    assert _exact(result, spec, _reference(spec, 3, params, lost, result.graph_seed))
     in_sum = np.isin(c2, result.survivors).any()
     assert in_sum == (phase == "unmask")  # dead before its masked input: not in the sum
 

@@ -57,6 +57,8 @@ class AggregationResult:
     counts: dict[str, int]
     failed_cohorts: list[str]
     mode: str
+    #: the neighbour graph's seed (the run's, or in secure mode the server's OS draw)
+    graph_seed: int
 
     @property
     def secure(self) -> bool:

@@ -63,6 +63,7 @@ class ClientRound:
     received: dict | None = None
     revealed: dict = field(default_factory=dict)
     u2: np.ndarray | None = None
+    graph_seed: int | None = None  # the server's, with the key table
     stage: str = "advertise"
 
 
@@ -90,11 +91,13 @@ def _state(ctx: StepContext, spec: RoundSpec, stage: str) -> ClientRound:
 
 
 def _graph(ctx: StepContext, spec: RoundSpec):
+    """The round's neighbour graph, from the seed the server sent with the key table."""
+    seed = ctx.state["secagg"][spec.round].graph_seed
     cache = ctx.state.setdefault("secagg_graphs", {})
-    key = (spec.round, spec.n, spec.degree, spec.complete)
+    key = (spec.round, spec.n, spec.degree, spec.complete, seed)
     if key not in cache:
         cache.clear()
-        cache[key] = spec.graph(ctx.seed)
+        cache[key] = spec.graph(seed)
     return cache[key]
 
 
@@ -182,6 +185,7 @@ def share_keys(ctx: StepContext, spec: RoundSpec, table: dict) -> Message:
     _maybe_die(ctx, spec, "share_keys")
     st = _state(ctx, spec, "share_keys")
     u1 = np.asarray(table["pos"])
+    st.graph_seed = int(table["graph_seed"])
     in_u1 = _member(spec.n, u1)
     if spec.mode in ("secure", "simulation"):
         _check_key_table(st, table, np.arange(len(st.c_sk)))

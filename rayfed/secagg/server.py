@@ -54,6 +54,7 @@ class ServerRound:
     s_pk: np.ndarray | None = None
     u2: np.ndarray | None = None
     u3: np.ndarray | None = None
+    graph_seed: int | None = None
     y_sum: np.ndarray | None = None
     counts: dict[str, int] = field(default_factory=dict)
 
@@ -91,7 +92,8 @@ def collect_keys(ctx: StepContext, spec: RoundSpec, replies: dict) -> Message:
     order = np.argsort(pos)
     st.u1 = pos[order]
     _quorum(st, "advertise", st.u1.size)
-    table: dict = {"pos": st.u1}
+    st.graph_seed = _graph_seed(ctx, spec)
+    table: dict = {"pos": st.u1, "graph_seed": st.graph_seed}
     if spec.mode in ("secure", "simulation"):
         st.c_pk = _concat(replies, "c_pk", np.uint8, 32)[order]
         st.s_pk = _concat(replies, "s_pk", np.uint8, 32)[order]
@@ -100,6 +102,16 @@ def collect_keys(ctx: StepContext, spec: RoundSpec, replies: dict) -> Message:
             table["sign_pk"] = _concat(replies, "sign_pk", np.uint8, 32)[order]
     st.phase = Phase.SHARE_KEYS
     return Message("key_table", table, to="cohorts")
+
+
+def _graph_seed(ctx: StepContext, spec: RoundSpec) -> int:
+    """The seed of the neighbour graph's permutation. In a secure round the server draws it from
+    the OS once every user has advertised, so nobody could have chosen whom to corrupt by it (the
+    parameter finder's bounds assume exactly that); otherwise it is the run's seed (reproducible,
+    and known in advance to anyone who has it)."""
+    if spec.mode != "secure":
+        return int(ctx.seed)
+    return int.from_bytes(ctx.noise.secret_bytes("secagg-graph", 8, spec.round), "little")
 
 
 def route_shares(ctx: StepContext, spec: RoundSpec, replies: dict) -> dict[str, Message]:
@@ -235,10 +247,10 @@ def finish(ctx: StepContext, spec: RoundSpec, replies: dict) -> dict:
     if spec.mode in ("dealer", "plain"):
         # no shares to collect, but the same abort rule as the real protocol: every secret the
         # server would need must be held by at least t responding neighbours
-        _check_recoverable(spec, ctx.seed, np.union1d(st.u3, dropped), responders)
+        _check_recoverable(spec, st.graph_seed, np.union1d(st.u3, dropped), responders)
     if spec.mode == "dealer":
         key = dealer_key(ctx.seed, spec.round)
-        _remove_dealer_masks(key, spec, st, dropped, total, ctx.seed)
+        _remove_dealer_masks(key, spec, st, dropped, total, st.graph_seed)
     elif spec.mode != "plain":
         owner = _concat(replies, "owner", np.int64)
         holder = _concat(replies, "holder", np.int64)
@@ -263,6 +275,7 @@ def finish(ctx: StepContext, spec: RoundSpec, replies: dict) -> dict:
         "survivors": spec.registry[st.u3],
         "dropped_after_sharing": spec.registry[dropped],
         "counts": dict(st.counts),
+        "graph_seed": st.graph_seed,
     }
 
 
@@ -293,7 +306,7 @@ def _check_recoverable(
 def _remove_dropped_pair_masks(ctx, spec: RoundSpec, st: ServerRound, dropped, keys, total) -> None:
     """For each dropped u and each survivor neighbour v, v's input carried sign(v, u)·PRG(s_vu):
     the server recomputes s_vu = X25519(s_u, s_v) from u's reconstructed key and removes it."""
-    graph = spec.graph(ctx.seed)
+    graph = spec.graph(st.graph_seed)
     in_u3 = np.zeros(spec.n, dtype=bool)
     in_u3[st.u3] = True
     nb = graph.neighbours(dropped) if dropped.size else np.zeros((0, 0), np.int64)

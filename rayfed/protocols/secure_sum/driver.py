@@ -37,7 +37,13 @@ def drive(fed, cfg: SecureSumConfig, plan: Plan) -> Outcome:
                 dropouts=int(params.registry.size - result.survivors.size),
             )
         survivors, reference = report.reference(
-            cfg, plan, spec, kill=kill, seed=fed.seed, faults=fed.injected_faults
+            cfg,
+            plan,
+            spec,
+            kill=kill,
+            seed=fed.seed,
+            graph_seed=result.graph_seed,
+            faults=fed.injected_faults,
         )
         rows.append(report.round_row(r, result, params, survivors, reference))
         clock.append(params.schedule.simulated_seconds(fed.seed, r, params.registry))

@@ -39,10 +39,12 @@ def reference(
     *,
     kill: tuple[str, str] | None,
     seed: int,
+    graph_seed: int,
     faults: tuple,
 ) -> tuple[np.ndarray, np.ndarray]:
     """With :mod:`rayfed.secagg.reference`: the users whose input must be in round ``spec.round``'s
-    sum — from the dropout schedule, the public graph and the cohorts planned to die — and the
+    sum — from the dropout schedule, the round's graph (``graph_seed``: the server's draw in
+    secure mode, published with the key table) and the cohorts planned to die — and the
     exact integer sum of their raw inputs. A cohort that died unplanned makes the round
     unverifiable (not exact)."""
     params: Params = plan.params
@@ -50,7 +52,7 @@ def reference(
     survivors = expected_survivors(
         registry,
         spec.dropout.drop_phase(seed, spec.round, registry),
-        NeighbourGraph.build(registry.size, spec.degree, spec.complete, seed, spec.round),
+        NeighbourGraph.build(registry.size, spec.degree, spec.complete, graph_seed, spec.round),
         spec.threshold,
         _lost_at(cfg, plan, spec, kill, faults),
     )
