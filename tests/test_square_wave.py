@@ -113,6 +113,13 @@ def test_moments_do_not_depend_on_the_cohorts():
     assert a.equals(b)
 
 
+def test_sw_runs_beyond_epsilon_20_and_keeps_improving():
+    """The transition matrix is exact at any ε up to 100 (tests/test_square_wave_units.py): SW-EMS
+    at ε = 40 and 100 estimates better than at ε = 4 on the same users, and its columns hold."""
+    w = {eps: run(users=20_000, epsilon=eps).metrics["wasserstein"] for eps in (4.0, 40.0, 100.0)}
+    assert w[40.0] < w[4.0] and w[100.0] < w[4.0]
+
+
 def test_range_only_methods_report_range_errors_only():
     for method in ("hh", "haar-hrr"):
         m = run(method, users=20_000).metrics
@@ -167,7 +174,8 @@ def test_ray_equals_local(ray_cluster):
         ({"method": "hh-admm", "buckets": 200}, "buckets"),
         ({"method": "haar-hrr", "buckets": 100}, "buckets"),
         ({"column": "x"}, "column"),
-        ({"epsilon": 25.0}, "epsilon"),
+        ({"epsilon": 101.0}, "epsilon"),
+        ({"method": "cfo", "epsilon": 25.0}, "epsilon"),
         ({"buckets": 8192}, "buckets"),
         ({"beta_b": 0.0}, "beta_b"),
         ({"bins": 32}, "bins"),  # sw-ems has no bins

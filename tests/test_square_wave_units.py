@@ -8,7 +8,10 @@ from the estimator's variance in a comment next to the assertion: 4 standard err
 Bonferroni level (family-wise false-alarm rate 1e-3) where many entries are compared at once.
 """
 
+import itertools
 import math
+from decimal import Decimal, getcontext
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -183,6 +186,61 @@ def test_transition_matrix_columns_sum_to_one(eps, d, d_out):
     assert m.shape == (d_out, d)
     assert (m >= 0).all()
     np.testing.assert_allclose(m.sum(axis=0), 1.0, atol=1e-10)
+
+
+def _exact_entry(p, q, b, a, w_in, c, w_out) -> Fraction:
+    """M[j, i] from its definition, in exact rationals: (1/w_in)·∫ over input bucket [a, a+w_in]
+    of q·w_out + (p - q)·|[c, c+w_out] ∩ [v-b, v+b]| dv. The overlap is piecewise linear in v,
+    so the trapezoid rule between its breakpoints is exact."""
+
+    def overlap(v):
+        return max(Fraction(0), min(c + w_out, v + b) - max(c, v - b))
+
+    inner = {x for x in (c - b, c + b, c + w_out - b, c + w_out + b) if a < x < a + w_in}
+    points = sorted({a, a + w_in} | inner)
+    integral = sum(
+        (overlap(x0) + overlap(x1)) / 2 * (x1 - x0) for x0, x1 in itertools.pairwise(points)
+    )
+    return q * w_out + (p - q) * integral / w_in
+
+
+@pytest.mark.parametrize("eps", [1.0, 20.0, 30.0, 50.0, 100.0])
+def test_transition_matrix_matches_exact_rationals_at_any_epsilon(eps):
+    """Against the definition in exact arithmetic, for the same b, p, q: every entry within
+    1e-9 of its column's largest, columns summing to 1. (The plain difference of ramp areas
+    failed from ε ≈ 25: at ε = 30 columns summed to 1.07 with negative entries.)"""
+    d, d_out = 8, 12
+    b = sw.band_half_width(eps)
+    p, q = sw.densities(eps, b)
+    m = sw.transition_matrix(eps, b, d, d_out)
+    fb, fp, fq = Fraction(b), Fraction(p), Fraction(q)
+    w_in, w_out = Fraction(1, d), (1 + 2 * fb) / d_out
+    exact = np.array(
+        [
+            [
+                float(_exact_entry(fp, fq, fb, i * w_in, w_in, -fb + j * w_out, w_out))
+                for i in range(d)
+            ]
+            for j in range(d_out)
+        ]
+    )
+    assert (m >= 0).all()
+    assert np.abs(m - exact).max() <= 1e-9 * exact.max(axis=0).min()
+    np.testing.assert_allclose(m.sum(axis=0), 1.0, atol=1e-12)
+
+
+@pytest.mark.parametrize("eps", [1.0, 20.0, 30.0, 50.0, 100.0, 300.0])
+def test_band_half_width_and_densities_at_high_precision(eps):
+    """b_SW and (p, q) against 50-digit decimal arithmetic of the closed forms (e^ε and e^2ε
+    overflow floats near ε = 355; the large-ε branch works from e^-ε)."""
+    getcontext().prec = 50
+    e = Decimal(eps).exp()
+    b = (Decimal(eps) * e - e + 1) / (2 * e * (e - 1 - Decimal(eps)))
+    p = e / (2 * b * e + 1)
+    assert sw.band_half_width(eps) == pytest.approx(float(b), rel=1e-12)
+    got_p, got_q = sw.densities(eps, float(b))
+    assert got_p == pytest.approx(float(p), rel=1e-12)
+    assert got_q == pytest.approx(float(p / e), rel=1e-12)
 
 
 @pytest.mark.parametrize(("d", "d_out"), [(64, 64), (64, 100)])

@@ -17,16 +17,27 @@ import numpy as np
 MAX_ITERATIONS = 10_000
 
 
+#: beyond this ε, b and (p, q) are computed from e^-ε (e^ε, e^2ε overflow near ε = 355)
+LARGE_EPSILON = 30.0
+
+
 def band_half_width(eps: float) -> float:
-    """b_SW(ε) = (εe^ε - e^ε + 1) / (2e^ε(e^ε - 1 - ε)); → 1/2 as ε → 0."""
+    """b_SW(ε) = (εe^ε - e^ε + 1) / (2e^ε(e^ε - 1 - ε)); → 1/2 as ε → 0, ≈ (ε - 1)e^-ε / 2 for
+    large ε (then computed from e^-ε, divided through by e^2ε)."""
     if eps < 1e-4:  # the closed form cancels catastrophically; its series is 1/2 - ε/3 + ε²/9 …
         return 0.5 - eps / 3 + eps**2 / 9
+    if eps > LARGE_EPSILON:
+        r = math.exp(-eps)
+        return (eps * r - r + r * r) / (2 * (1 - (1 + eps) * r))
     e = math.exp(eps)
     return (eps * e - e + 1) / (2 * e * (e - 1 - eps))
 
 
 def densities(eps: float, b: float) -> tuple[float, float]:
-    """(p, q) = (e^ε, 1) / (2be^ε + 1): 2b·p + 1·q = 1."""
+    """(p, q) = (e^ε, 1) / (2be^ε + 1): 2b·p + 1·q = 1 (from e^-ε for large ε)."""
+    if eps > LARGE_EPSILON:
+        r = math.exp(-eps)
+        return 1 / (2 * b + r), r / (2 * b + r)
     e = math.exp(eps)
     return e / (2 * b * e + 1), 1 / (2 * b * e + 1)
 
@@ -47,8 +58,8 @@ def perturb(values: np.ndarray, eps: float, b: float, u: np.ndarray) -> np.ndarr
 def discrete_parameters(eps: float, d: int) -> tuple[int, float, float]:
     """Discrete SW over {0..d-1} (B-R): (b, p, q) with b = ⌊b_SW·d⌋, (2b+1)p + (d-1)q = 1."""
     b = int(math.floor(band_half_width(eps) * d))
-    e = math.exp(eps)
-    return b, e / ((2 * b + 1) * e + d - 1), 1 / ((2 * b + 1) * e + d - 1)
+    r = math.exp(-eps)  # (e^ε, 1) / ((2b+1)e^ε + d - 1), divided through by e^ε: no overflow
+    return b, 1 / ((2 * b + 1) + (d - 1) * r), r / ((2 * b + 1) + (d - 1) * r)
 
 
 def perturb_discrete(values: np.ndarray, eps: float, d: int, u: np.ndarray) -> np.ndarray:
@@ -62,26 +73,29 @@ def perturb_discrete(values: np.ndarray, eps: float, d: int, u: np.ndarray) -> n
     return np.where(high, near, far)
 
 
-def _ramp_area(x: np.ndarray) -> np.ndarray:
-    return np.maximum(x, 0.0) ** 2 / 2
+def _ramp_band(x: np.ndarray, h: float) -> np.ndarray:
+    """R(x + h) - R(x - h) for the ramp area R(x) = max(x, 0)²/2, without subtracting two nearly
+    equal squares: 2xh where both are positive, (x + h)²/2 where only x + h is. (The plain
+    difference loses everything when h = b is tiny: at ε = 30 the columns of M summed to 1.07.)"""
+    return np.where(x - h >= 0, 2 * x * h, np.where(x + h <= 0, 0.0, (x + h) ** 2 / 2))
 
 
 def transition_matrix(eps: float, b: float, d: int, d_out: int) -> np.ndarray:
-    """M[j, i] = Pr[ṽ in output bucket j | v uniform in input bucket i] (spec §2.11, exact)."""
+    """M[j, i] = Pr[ṽ in output bucket j | v uniform in input bucket i] (spec §2.11, exact).
+
+    The band's share is the measure of {(v, t) in the two buckets : |t - v| <= b}, a signed sum
+    of ramp areas R at the four corner offsets z, each taken as R(z + b) - R(z - b) at once."""
     p, q = densities(eps, b)
     width_in, width_out = 1.0 / d, (1 + 2 * b) / d_out
     a = (np.arange(d) * width_in)[None, :]
     c = (-b + np.arange(d_out) * width_out)[:, None]
-
-    def area(s: float) -> np.ndarray:  # measure of {(v, t) in the two buckets : t - v <= s}
-        return (
-            _ramp_area(a + width_in + s - c)
-            - _ramp_area(a + s - c)
-            - _ramp_area(a + width_in + s - c - width_out)
-            + _ramp_area(a + s - c - width_out)
-        )
-
-    return q * width_out + (p - q) * (area(b) - area(-b)) / width_in
+    band = (
+        _ramp_band(a + width_in - c, b)
+        - _ramp_band(a - c, b)
+        - _ramp_band(a + width_in - c - width_out, b)
+        + _ramp_band(a - c - width_out, b)
+    )
+    return q * width_out + (p - q) * band / width_in
 
 
 def discrete_transition_matrix(eps: float, d: int) -> np.ndarray:
