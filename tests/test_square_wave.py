@@ -61,14 +61,16 @@ def test_beta_wasserstein_ordering_and_magnitudes(eps):
 @pytest.mark.slow
 def test_ems_beats_em_run_to_convergence():
     """EM run to convergence over-fits the noise (spec §5.3 ablation: W1 9.7 vs EMS 4.7 at ε = 1,
-    2.81 vs 0.94 at ε = 4); EMS is insensitive to its tolerance."""
+    2.81 vs 0.94 at ε = 4); EMS does not: run to convergence it is at most 15 % worse than at its
+    tolerance on every seed (with the edge buckets unsmoothed it is often better: they keep
+    converging, while the smoothed interior cannot over-fit)."""
     for eps in (1.0, 4.0):
         ems = w1("sw-ems", eps, range(3))
         em_converged = w1("sw-em", eps, range(3), tolerance=0.0)
         # paired by seed (same reports): EM loses on every one, by 20 % or more on average
         assert (em_converged > ems).all() and em_converged.mean() > 1.2 * ems.mean()
         ems_long = w1("sw-ems", eps, range(3), tolerance=0.0)
-        assert np.allclose(ems_long, ems, rtol=0.15)
+        assert (ems_long <= 1.15 * ems).all()
 
 
 def test_default_run_reports_every_metric_and_the_privacy_spent():
