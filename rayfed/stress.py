@@ -19,8 +19,8 @@ time:
 * ``t / t-1 / no neighbour of one user`` — all but t (then t-1, then 0) of user 0's neighbours drop
   after the masked input: with t its self-mask is still rebuilt from t shares; with fewer it is
   not, the sparse graph's known failure mode, which the parameter finder makes unlikely for random
-  dropouts but an adversary who knows the graph can force: aborts. (Not in secure mode, whose
-  graph the server draws from the OS during the round.)
+  dropouts but an adversary who knows the graph can force: aborts. (Not in secure mode on a
+  sparse graph, which the server draws from the OS during the round.)
 
 With ``sweep=(option, values)`` it instead runs ``secure-sum`` at every value of one option (a
 population model's parameter, say ``markov_off``), ``reps`` seeds each, and records per point the
@@ -98,8 +98,8 @@ def _adversarial_rows(
 ) -> list[dict]:
     """Dropouts placed at the edge of what the parameters tolerate: exactly the minimum number of
     survivors and one fewer, a whole cohort, and one user's neighbourhood — except in secure
-    mode, where the server draws the graph from the OS during the round: nobody can aim at a
-    neighbourhood in advance, which is the point."""
+    mode on a sparse graph, which the server draws from the OS during the round: nobody can aim
+    at a neighbourhood in advance, which is the point."""
     from rayfed.secagg.graph import NeighbourGraph
 
     params, registry = plan.params.secagg, plan.params.registry
@@ -131,7 +131,7 @@ def _adversarial_rows(
             sets,
         )
     )
-    if mode == "secure":
+    if mode == "secure" and not params.complete:  # the graph is drawn during the round
         return rows
     # one user's neighbourhood: keep exactly t of its neighbours (its self-mask is still
     # recoverable), then t - 1 (it is not), then none

@@ -416,8 +416,41 @@ def test_the_consistency_round_refuses_a_forged_survivors_list(monkeypatch):
         return msg
 
     monkeypatch.setattr(server, "collect_signatures", forging)
-    with pytest.raises(ProtocolViolation, match="signed the survivors list"):
+    with pytest.raises(ProtocolViolation, match="another survivors list than was signed"):
         _run(schedule=DropoutSchedule(explicit={"after_masked_input": [1]}), consistency=True)
+
+
+def test_the_consistency_round_refuses_lists_that_differ_by_cohort(monkeypatch):
+    """The equivocating server: cohort c0 is shown the true U3 (its users reveal u's self-mask
+    shares), c1 is shown U3 without u (its users would reveal u's key shares). Each cohort signs
+    its own list, and each list carries only its cohort's signatures: neither reaches more than
+    (n + c)/2, so nobody reveals anything. (With a threshold of t signatures, t = 4 here, both
+    halves would have answered and u's input been exposed.)"""
+    original_consistency, original_unmask = client.consistency, client.unmask
+    signed = {}
+
+    def equivocating_list(ctx, spec, request):
+        u3 = np.asarray(request["survivors"])
+        shown = u3 if ctx.name == "c0" else u3[1:]
+        msg = original_consistency(ctx, spec, {"survivors": shown})
+        signed[ctx.name] = (shown, msg.payload["pos"], msg.payload["sig"])
+        return msg
+
+    def unmask_with_own_list(ctx, spec, request):
+        shown, signers, sigs = signed[ctx.name]
+        u2 = ctx.state["secagg"][spec.round].u2
+        forged = {
+            "survivors": shown,
+            "dropped": np.setdiff1d(u2, shown),
+            "signers": signers,
+            "signatures": sigs,
+        }
+        return original_unmask(ctx, spec, forged)
+
+    monkeypatch.setattr(client, "consistency", equivocating_list)
+    monkeypatch.setattr(client, "unmask", unmask_with_own_list)
+    with pytest.raises(ProtocolViolation, match="only 20 users signed"):
+        _run(mode="secure", consistency=True)
 
 
 def test_a_secure_round_draws_its_graph_from_the_os_after_the_keys():

@@ -10,7 +10,7 @@ Bonferroni level (family-wise false-alarm rate 1e-3) where many entries are comp
 
 import itertools
 import math
-from decimal import Decimal, getcontext
+from decimal import Decimal, localcontext
 from fractions import Fraction
 
 import numpy as np
@@ -233,10 +233,11 @@ def test_transition_matrix_matches_exact_rationals_at_any_epsilon(eps):
 def test_band_half_width_and_densities_at_high_precision(eps):
     """b_SW and (p, q) against 50-digit decimal arithmetic of the closed forms (e^ε and e^2ε
     overflow floats near ε = 355; the large-ε branch works from e^-ε)."""
-    getcontext().prec = 50
-    e = Decimal(eps).exp()
-    b = (Decimal(eps) * e - e + 1) / (2 * e * (e - 1 - Decimal(eps)))
-    p = e / (2 * b * e + 1)
+    with localcontext() as context:
+        context.prec = 50
+        e = Decimal(eps).exp()
+        b = (Decimal(eps) * e - e + 1) / (2 * e * (e - 1 - Decimal(eps)))
+        p = e / (2 * b * e + 1)
     assert sw.band_half_width(eps) == pytest.approx(float(b), rel=1e-12)
     got_p, got_q = sw.densities(eps, float(b))
     assert got_p == pytest.approx(float(p), rel=1e-12)

@@ -58,8 +58,11 @@ def perturb(values: np.ndarray, eps: float, b: float, u: np.ndarray) -> np.ndarr
 def discrete_parameters(eps: float, d: int) -> tuple[int, float, float]:
     """Discrete SW over {0..d-1} (B-R): (b, p, q) with b = ⌊b_SW·d⌋, (2b+1)p + (d-1)q = 1."""
     b = int(math.floor(band_half_width(eps) * d))
-    r = math.exp(-eps)  # (e^ε, 1) / ((2b+1)e^ε + d - 1), divided through by e^ε: no overflow
-    return b, 1 / ((2 * b + 1) + (d - 1) * r), r / ((2 * b + 1) + (d - 1) * r)
+    if eps > LARGE_EPSILON:  # divided through by e^ε: no overflow
+        r = math.exp(-eps)
+        return b, 1 / ((2 * b + 1) + (d - 1) * r), r / ((2 * b + 1) + (d - 1) * r)
+    e = math.exp(eps)
+    return b, e / ((2 * b + 1) * e + d - 1), 1 / ((2 * b + 1) * e + d - 1)
 
 
 def perturb_discrete(values: np.ndarray, eps: float, d: int, u: np.ndarray) -> np.ndarray:

@@ -19,6 +19,7 @@ Modes (same code path for the first two):
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -79,6 +80,7 @@ def make_spec(
     kill: tuple[str, str] | None = None,
     min_survivors: int | None = None,
     consistency: bool = False,
+    corrupt: float = 0.05,
 ) -> RoundSpec:
     """A round's public parameters; ``min_survivors`` can raise (never lower) the finder's quorum,
     e.g. to a protocol's own threshold such as LFL's ⌈(1-ω)n⌉."""
@@ -99,6 +101,7 @@ def make_spec(
         tag=tag,
         kill=kill,
         consistency=consistency,
+        corrupt_users=math.ceil(corrupt * len(registry)),
     )
 
 

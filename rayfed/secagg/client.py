@@ -64,6 +64,7 @@ class ClientRound:
     revealed: dict = field(default_factory=dict)
     u2: np.ndarray | None = None
     graph_seed: int | None = None  # the server's, with the key table
+    signed: bytes | None = None  # the survivors list its users signed (consistency round)
     stage: str = "advertise"
 
 
@@ -437,6 +438,7 @@ def consistency(ctx: StepContext, spec: RoundSpec, request: dict) -> Message:
         raise ProtocolViolation("the server's survivors list names users outside U2: refused")
     signing = np.flatnonzero(st.active & _member(spec.n, survivors)[st.pos] & (st.drop == NEVER))
     message = spec.survivors_message(survivors)
+    st.signed = message  # its users sign one list per round, and unmask for that list only
     key_at = np.searchsorted(np.flatnonzero(st.drop > BEFORE_ADVERTISE), signing)
     sig = np.empty((len(signing), 64), dtype=np.uint8)
     for i, k in enumerate(key_at.tolist()):
@@ -445,25 +447,33 @@ def consistency(ctx: StepContext, spec: RoundSpec, request: dict) -> Message:
 
 
 def _check_signatures(st: ClientRound, spec: RoundSpec, request: dict) -> None:
-    """A user reveals shares only if t users of U3 signed the very survivors list it is shown:
-    signatures are checked in order until t are valid (each once per cohort: every user of the
-    cohort is shown the same list and would reach the same verdict)."""
+    """A user reveals shares only for the survivors list it signed itself, and only if more than
+    (n + c)/2 users of that list signed it too (``RoundSpec.signatures_needed``): a server
+    that shows different users different lists cannot gather that many for two of them.
+    Signatures are checked in order until enough are valid (once per cohort: every user of the
+    cohort signed the same list and would reach the same verdict); at most one per U1 member."""
     survivors = np.asarray(request["survivors"])
     message = spec.survivors_message(survivors)
+    if message != st.signed:
+        raise ProtocolViolation("the unmask request shows another survivors list than was signed")
     signers, sigs = np.asarray(request["signers"]), np.asarray(request["signatures"])
+    needed = spec.signatures_needed()
+    if len(signers) != len(sigs) or len(signers) > len(st.table_pos):
+        raise ProtocolViolation("the request's signatures do not match its signers: refused")
     in_u3 = _member(spec.n, survivors)
     valid = set()
     for pos, sig in zip(signers.tolist(), sigs, strict=True):
-        row = np.searchsorted(st.table_pos, pos)
-        known = in_u3[pos] and row < len(st.table_pos) and st.table_pos[row] == pos
-        if known and pos not in valid:
+        row = int(np.searchsorted(st.table_pos, pos))
+        known = 0 <= pos < spec.n and row < len(st.table_pos) and st.table_pos[row] == pos
+        if known and in_u3[pos] and pos not in valid:
             if _crypto.verify(st.table_sign_pk[row].tobytes(), sig.tobytes(), message):
                 valid.add(pos)
-        if len(valid) >= spec.threshold:
+        if len(valid) >= needed:
             return
     raise ProtocolViolation(
-        f"only {len(valid)} users of U3 signed the survivors list this request shows, "
-        f"{spec.threshold} are needed: refused"
+        f"only {len(valid)} users signed the survivors list this request shows, {needed} "
+        f"(more than half of the {spec.n} users and {spec.corrupt_users} corrupt) are needed: "
+        "refused"
     )
 
 

@@ -2,7 +2,8 @@
 
 Users are addressed by their position in the round's sorted registry of user ids (0..n-1). The
 random Harary graph is the ring power C_n^(k/2) with positions relabelled by a public uniformly
-random permutation drawn from the run's seed and the round: neighbours of u are the users at ring
+random permutation drawn from a seed and the round — the run's seed, or in secure mode the one
+the server draws from the OS and sends with the key table: neighbours of u are the users at ring
 slots π(u) ± 1, …, ± k/2. Every party computes the same graph from (seed, round), vectorised.
 """
 

@@ -173,6 +173,9 @@ def collect_signatures(ctx: StepContext, spec: RoundSpec, replies: dict) -> Mess
     st = _state(ctx, spec, Phase.CONSISTENCY)
     signers = _concat(replies, "pos", np.int64)
     _quorum(st, "consistency", signers.size)
+    needed = spec.signatures_needed()
+    if signers.size < needed:  # the users would refuse to unmask: abort now, revealing nothing
+        raise BelowThreshold("consistency", int(signers.size), needed, spec.round)
     signatures = _concat(replies, "sig", np.uint8, 64)
     st.phase = Phase.UNMASK
     payload = {**_unmask_request(st), "signers": signers, "signatures": signatures}

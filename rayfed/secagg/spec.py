@@ -42,9 +42,11 @@ class RoundSpec:
     dropout: DropoutSchedule = field(default_factory=DropoutSchedule)
     tag: bytes = b"rayfed"
     kill: tuple[str, str] | None = None  # fault injection: (cohort name, phase) exits that actor
-    #: SecAgg's consistency round (active security): users sign U3 and reveal no share unless t
-    #: of them signed the list they are shown
+    #: SecAgg's consistency round: users sign U3 and reveal no share unless more than (n + c)/2
+    #: users signed the very list they signed themselves
     consistency: bool = False
+    #: users the parameters assume corrupt (⌈γn⌉): they may sign two lists
+    corrupt_users: int = 0
 
     @property
     def n(self) -> int:
@@ -63,6 +65,14 @@ class RoundSpec:
         if ids.size and (pos.max() >= self.n or not np.array_equal(self.registry[pos], ids)):
             raise ProtocolViolation("a cohort holds users that are not in the round's registry")
         return pos
+
+    def signatures_needed(self) -> int:
+        """Valid signatures a user needs on the survivors list before it unmasks: more than
+        (n + c)/2 for the n registered users and c corrupt ones. Honest users sign one list
+        each and the corrupt at most every list, so two different lists cannot both gather
+        that many, whatever the server shows to whom (n, not the U1 the server reports, which
+        it could shrink per user)."""
+        return (self.n + self.corrupt_users) // 2 + 1
 
     def survivors_message(self, survivors: np.ndarray) -> bytes:
         """What a user signs in the consistency round: this round's salt and a digest of U3."""

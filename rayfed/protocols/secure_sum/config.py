@@ -85,8 +85,9 @@ class SecureSumConfig:
     )
     consistency: bool = option(
         False,
-        "SecAgg's consistency round (active security): users sign the survivors list U3 and "
-        "reveal no share unless t users signed the list they are shown",
+        "SecAgg's consistency round: users sign the survivors list U3 and reveal no share unless "
+        "more than (n + corrupt)/2 users signed the list they signed (catches a server that "
+        "shows users different lists; keys are not authenticated: not full active security)",
         when={"mode": ("secure", "simulation")},
     )
     data: DataConfig = field(default_factory=DataConfig, metadata={"help": "data source"})

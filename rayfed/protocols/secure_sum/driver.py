@@ -27,6 +27,7 @@ def drive(fed, cfg: SecureSumConfig, plan: Plan) -> Outcome:
                 tag=fed.run_id.encode(),
                 kill=kill if r == 0 else None,
                 consistency=cfg.consistency,
+                corrupt=cfg.corrupt_fraction,
             )
             if params.columns:
                 result = secure_sum(fed, spec, table_inputs, (params.columns,))
