@@ -211,6 +211,21 @@ def test_stress_sweeps_an_option_with_the_epsilon_of_each_point(tmp_path, capsys
     assert "epsilon=4" in capsys.readouterr().out
 
 
+def test_the_consistency_round_changes_nothing_for_an_honest_server():
+    """LFL with consistency=true: every iteration's Round 1 adds the signing round, and with an
+    honest server the result is bit-identical to the run without it."""
+    options = dict(users=300, items=40, iterations=2, backend="local", out_dir=None)
+    plain = rayfed.run("federated-mf", **options)
+    signed = rayfed.run("federated-mf", consistency=True, **options)
+    assert signed.metrics["test_mse"] == plain.metrics["test_mse"]
+    assert signed.tables.keys() == plain.tables.keys()
+    for name in plain.tables:
+        assert signed.tables[name].equals(plain.tables[name])
+    phases = {r["phase"] for r in signed.transcript.to_pylist()}
+    assert {"consistency", "collect_signatures"} <= phases
+    assert "consistency" not in {r["phase"] for r in plain.transcript.to_pylist()}
+
+
 VFL = dict(setting="vfl", iterations=100, backend="local", out_dir=None)
 
 

@@ -102,6 +102,13 @@ class FederatedMFConfig:
         "makes the run randomness=secure, and a secure run makes simulation secure)",
         when=LFL,
     )
+    consistency: bool = option(
+        False,
+        "LFL: SecAgg's consistency round in Round 1 (users sign U3 and unmask only for that list, "
+        "signed by more than half of the users: catches a server that shows users different "
+        "lists)",
+        when={**LFL, "secagg_mode": ("secure", "simulation")},
+    )
     cohorts: int | None = option(
         None, "LFL: user-cohort actors (default: this machine's CPUs)", at_least=1, when=LFL
     )

@@ -17,6 +17,7 @@ from rayfed.protocols.base import Outcome, Plan
 from rayfed.protocols.federated_mf.config import FederatedMFConfig
 from rayfed.protocols.federated_mf.lfl import report
 from rayfed.protocols.federated_mf.lfl.params import LflParams
+from rayfed.protocols.federated_mf.lfl.plan import CORRUPT_FRACTION
 from rayfed.protocols.federated_mf.lfl.steps import (
     checkpoint_step,
     current_v_step,
@@ -131,6 +132,8 @@ def _iteration(fed, cfg: FederatedMFConfig, params: LflParams, t: int, v_msg, no
         tag=fed.run_id.encode(),
         dropout=params.schedule,
         min_survivors=params.threshold,  # secure aggregation itself aborts below t
+        consistency=cfg.consistency,
+        corrupt=CORRUPT_FRACTION,
     )
     v = fed.get(v_msg.single())
     row: dict[str, Any] = {"iteration": t, "skipped": False}

@@ -20,6 +20,9 @@ from rayfed.protocols.federated_mf.lfl.params import LflParams
 from rayfed.secagg import FixedPoint, find_params
 from rayfed.sizing import default_cohorts
 
+#: the share of users the secure aggregation's parameters assume corrupt (γ)
+CORRUPT_FRACTION = 0.05
+
 STATEMENT = (
     "per-user DP of the published item embeddings V against the server, which sees "
     "every Round-1 secure-aggregation sum and every Round-2 message (dummy-row adjacency)"
@@ -63,7 +66,7 @@ def plan(cfg: FederatedMFConfig, seed: int) -> Plan:
             delta=delta,
             z=z,
             sensitivity=sensitivity,
-            secagg=find_params(n, dropout=cfg.omega, corrupt=0.05),
+            secagg=find_params(n, dropout=cfg.omega, corrupt=CORRUPT_FRACTION),
             encoding=FixedPoint.choose(n, _clip(cfg, method, n, z, sensitivity), 16),
             mean=float(train.rating.mean()),
             threshold=threshold(n, cfg.omega),
