@@ -122,6 +122,15 @@ def test_sw_runs_beyond_epsilon_20_and_keeps_improving():
     assert w[40.0] < w[4.0] and w[100.0] < w[4.0]
 
 
+def test_band_overrides_b_sw_and_a_tiny_band_is_worse():
+    """band sets SW's b (spec Q9, the b sweep); b = 0.01 is far worse than b_SW (the thesis's
+    Fig. 3.6 and benchmarks/results/sw_band.json: 57 against 4.2 x 1e-3 at ε = 1)."""
+    tiny = run(users=20_000, band=0.01).metrics
+    closed_form = run(users=20_000).metrics
+    assert tiny["b"] == 0.01 and closed_form["b"] == pytest.approx(0.2561, abs=1e-4)
+    assert tiny["wasserstein"] > 3 * closed_form["wasserstein"]
+
+
 def test_range_only_methods_report_range_errors_only():
     for method in ("hh", "haar-hrr"):
         m = run(method, users=20_000).metrics
@@ -177,6 +186,8 @@ def test_ray_equals_local(ray_cluster):
         ({"method": "haar-hrr", "buckets": 100}, "buckets"),
         ({"column": "x"}, "column"),
         ({"epsilon": 101.0}, "epsilon"),
+        ({"method": "cfo", "band": 0.1}, "band"),
+        ({"band": 0.0}, "band"),
         ({"method": "cfo", "epsilon": 25.0}, "epsilon"),
         ({"buckets": 8192}, "buckets"),
         ({"beta_b": 0.0}, "beta_b"),

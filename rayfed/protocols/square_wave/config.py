@@ -49,6 +49,14 @@ class SquareWaveConfig:
         at_most=MAX_BUCKETS,
         when={"method": SW_METHODS, "bucketize": ("rb",)},
     )
+    band: float | None = option(
+        None,
+        "SW: b, the half-width of the band around v reported with density p (default b_SW(ε), "
+        "the closed form maximising the mutual-information bound; the b sweep varies it)",
+        above=0,
+        at_most=1,
+        when={"method": SW_METHODS, "bucketize": ("rb",)},
+    )
     bucketize: Literal["rb", "br"] = option(
         "rb",
         "SW: rb = continuous SW, then bucketize (the paper's experiments); br = discrete SW",

@@ -82,7 +82,7 @@ def _estimator(cfg: SquareWaveConfig) -> Estimator:
         method=cfg.method,
         epsilon=cfg.epsilon,
         buckets=d,
-        b=sw.band_half_width(cfg.epsilon),
+        b=cfg.band if cfg.band is not None else sw.band_half_width(cfg.epsilon),
         output_buckets=cfg.output_buckets or d,
         discrete=cfg.bucketize == "br",
         tolerance=cfg.em_tolerance(),
