@@ -416,7 +416,7 @@ class RayBackend(Backend):
             ready, _ = ray.wait(list(pings), num_returns=len(pings), timeout=REUSE_PING_S)
             for ref in ready:
                 with contextlib.suppress(ray.exceptions.RayError):
-                    ray.get(ref)
+                    ray.get(ref, timeout=REUSE_PING_S)  # ready already: returns at once
                     healthy.add(id(pings[ref]))
         self.kill([h for h in handles if id(h) not in healthy])
         for handle in handles:

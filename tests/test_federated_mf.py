@@ -354,6 +354,10 @@ def test_option_checks_and_defaults(tmp_path):
     with pytest.raises(rayfed.ConfigError, match="does not apply to setting=vfl") as err:
         rayfed.run("federated-mf", setting="vfl", omega=0.5, backend="local", out_dir=None)
     assert err.value.field == "omega"
+    for wrong in ({"setting": "vfl"}, {"secagg_mode": "dealer"}):  # no Round 1 keys to sign with
+        with pytest.raises(rayfed.ConfigError) as err:
+            rayfed.run("federated-mf", consistency=True, backend="local", out_dir=None, **wrong)
+        assert err.value.field == "consistency"
     with pytest.raises(rayfed.ConfigError, match="does not apply to setting=lfl") as err:
         rayfed.run("federated-mf", local_steps=5, backend="local", out_dir=None)
     assert err.value.field == "local_steps"

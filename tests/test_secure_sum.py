@@ -291,10 +291,39 @@ def test_a_replayed_trace_decides_who_is_online(tmp_path):
         ({"outage_start": 2}, "population.outage_start"),
         ({"outage_cohort": "c9"}, "population.outage_cohort"),
         ({"outage": [1], "outage_cohort": "c0"}, "population.outage_cohort"),
+        ({"outage_column": "region"}, "population.outage_value"),
+        ({"outage_value": "north"}, "population.outage_column"),
+        (
+            {"outage_column": "region", "outage_value": "n", "outage": [1]},
+            "population.outage_cohort",
+        ),
+        ({"outage_column": "region", "outage_value": "n"}, "population.outage_column"),  # no file
         ({"availability": "markov", "markov_off": 2.0}, "population.markov_off"),
     ],
 )
 def test_population_options_are_checked(options, field):
+    """Each model option's bad input names its field (the last case: synthetic users have no
+    data column to take an outage from)."""
     with pytest.raises(ConfigError) as err:
         rayfed.run("secure-sum", backend="local", out_dir=None, users=20, dim=2, population=options)
     assert err.value.field == field
+
+
+@pytest.mark.parametrize("mode", ["dealer", "plain"])
+def test_the_consistency_round_needs_the_users_keys(mode):
+    """No keys, nothing to sign with: refused by the option and by make_spec itself."""
+    with pytest.raises(ConfigError) as err:
+        rayfed.run("secure-sum", backend="local", out_dir=None, mode=mode, consistency=True)
+    assert err.value.field == "consistency"
+    from rayfed.secagg import FixedPoint, find_params, make_spec
+
+    with pytest.raises(ConfigError, match="needs the users' keys"):
+        make_spec(
+            round=0,
+            mode=mode,
+            registry=np.arange(20),
+            params=find_params(20, dropout=0.3),
+            encoding=FixedPoint.choose(20, 1.0, 8),
+            dim=2,
+            consistency=True,
+        )

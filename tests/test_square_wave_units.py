@@ -229,6 +229,15 @@ def test_transition_matrix_matches_exact_rationals_at_any_epsilon(eps):
     np.testing.assert_allclose(m.sum(axis=0), 1.0, atol=1e-12)
 
 
+@pytest.mark.parametrize("eps", [1.0, 30.0, 100.0])
+def test_transition_matrix_columns_hold_at_the_largest_d(eps):
+    """At d = d̃ = 4,096 (the cap) the columns still sum to 1 within 1e-11 (the error grows as
+    d·ulp), and nothing is negative."""
+    m = sw.transition_matrix(eps, sw.band_half_width(eps), 4096, 4096)
+    assert (m >= 0).all()
+    np.testing.assert_allclose(m.sum(axis=0), 1.0, atol=1e-11)
+
+
 @pytest.mark.parametrize("eps", [1.0, 20.0, 30.0, 50.0, 100.0, 300.0])
 def test_band_half_width_and_densities_at_high_precision(eps):
     """b_SW and (p, q) against 50-digit decimal arithmetic of the closed forms (e^ε and e^2ε

@@ -173,8 +173,8 @@ class NoiseSource:
 
     def _keyed_floats(self, purpose: str, round: int, ids: np.ndarray, n: int, finish):
         """``(len(ids), n)`` floats: ``finish(u, out)`` maps each chunk's 53-bit integers ``u``
-        (as floats) into its rows of the output. Chunks of ids keep the temporaries in cache
-        (2.8x faster for 20,000 x 2,000 normals); a user's draws do not depend on the chunk."""
+        (as floats) into its rows of the output. Chunks of ids keep the temporaries in cache;
+        a user's draws do not depend on the chunk (the golden runs hold bit for bit)."""
         ids = np.asarray(ids, dtype=np.uint64)
         out = np.empty((ids.size, max(n, 0)), dtype=np.float64)
         per_chunk = max(1, _CHUNK_WORDS // max(n, 1))

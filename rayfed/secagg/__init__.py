@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from rayfed.dropout import DropoutSchedule
+from rayfed.errors import ConfigError
 from rayfed.secagg import client, server
 from rayfed.secagg.encoding import FixedPoint
 from rayfed.secagg.params import SecAggParams, check_params, find_params
@@ -83,7 +84,14 @@ def make_spec(
     corrupt: float = 0.05,
 ) -> RoundSpec:
     """A round's public parameters; ``min_survivors`` can raise (never lower) the finder's quorum,
-    e.g. to a protocol's own threshold such as LFL's ⌈(1-ω)n⌉."""
+    e.g. to a protocol's own threshold such as LFL's ⌈(1-ω)n⌉. ``consistency`` adds the signing
+    round, which needs the users' own keys: secure and simulation modes only."""
+    if consistency and mode not in ("secure", "simulation"):
+        raise ConfigError(
+            "consistency",
+            f"the consistency round needs the users' keys, which mode {mode!r} has none of",
+            "mode=secure or mode=simulation",
+        )
     quorum = (
         params.min_survivors if min_survivors is None else max(params.min_survivors, min_survivors)
     )
@@ -145,7 +153,7 @@ def secure_sum(
         client.masked_input, PerMember(routed), input_fn, tuple(input_args), phase="masked_input"
     )
     request = fed.coordinator.run(server.collect_masked, spec, masked, phase="collect_masked")
-    if spec.consistency and spec.mode in ("secure", "simulation"):
+    if spec.consistency:
         signed = client_phase(client.consistency, request.single(), phase="consistency")
         request = fed.coordinator.run(
             server.collect_signatures, spec, signed, phase="collect_signatures"

@@ -395,7 +395,8 @@ def _masked_sum(
     """
     dtype = spec.word_dtype
     if spec.mode in ("dealer", "plain"):
-        peers = u2_member & ~_member(spec.n, st.pos[rows])  # pairs inside this sum cancel
+        if spec.mode == "dealer":  # pairs inside this sum cancel: leave them out
+            peers = u2_member & ~_member(spec.n, st.pos[rows])
         total = np.zeros(spec.dim, np.uint64)
         masks = np.zeros((1, spec.dim), dtype)
         for a in range(0, len(rows), _ENCODE_CHUNK_ROWS):
@@ -426,11 +427,11 @@ def _add_dealer_round_masks(
     add_dealer_masks(key, spec, pair_codes(pos[:, None], nb, spec.n), signs, y)
 
 
-# --- consistency round (active security) ---------------------------------------------------------
+# --- consistency round ---------------------------------------------------------------------------
 def consistency(ctx: StepContext, spec: RoundSpec, request: dict) -> Message:
     """Each user still online whose masked input is in U3 signs U3 (Bonawitz et al.'s
-    ConsistencyCheck): a server that shows different users different survivor lists cannot then
-    gather t signatures on any one of them but the true one."""
+    ConsistencyCheck), once per round: a server that shows different users different survivor
+    lists cannot gather enough signatures for two of them (``_check_signatures``)."""
     _maybe_die(ctx, spec, "consistency")
     st = _state(ctx, spec, "consistency")
     survivors = np.asarray(request["survivors"])
@@ -485,7 +486,7 @@ def unmask(ctx: StepContext, spec: RoundSpec, request: dict) -> Message:
     _maybe_die(ctx, spec, "unmask")
     st = _state(ctx, spec, "unmask")
     survivors, dropped = np.asarray(request["survivors"]), np.asarray(request["dropped"])
-    if spec.consistency and spec.mode in ("secure", "simulation"):
+    if spec.consistency:
         _check_signatures(st, spec, request)
     if np.intersect1d(survivors, dropped).size:
         raise ProtocolViolation("the server asked for both shares of the same users: refused")

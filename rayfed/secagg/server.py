@@ -156,7 +156,7 @@ def collect_masked(ctx: StepContext, spec: RoundSpec, replies: dict) -> Message:
         if y.size:
             total += y.sum(axis=0, dtype=np.uint64)
     st.y_sum = total
-    if spec.consistency and spec.mode in ("secure", "simulation"):
+    if spec.consistency:
         st.phase = Phase.CONSISTENCY
         return Message("sign_request", {"survivors": st.u3}, to="cohorts")
     st.phase = Phase.UNMASK
@@ -169,7 +169,7 @@ def _unmask_request(st: ServerRound) -> dict:
 
 def collect_signatures(ctx: StepContext, spec: RoundSpec, replies: dict) -> Message:
     """The consistency round: the survivors' signatures on U3 go out with the unmask request,
-    so every user can check that t users were shown the same U3."""
+    so every user can check that more than (n + c)/2 users signed the list it signed."""
     st = _state(ctx, spec, Phase.CONSISTENCY)
     signers = _concat(replies, "pos", np.int64)
     _quorum(st, "consistency", signers.size)
