@@ -246,6 +246,36 @@ def section_init(args, data) -> list[dict]:
     return rows
 
 
+#: the serverless ring's noise (thesis §7.3, F1 and F3) against the server's, M = 5 clients;
+#: the release carries "variances" times the central noise variance
+SERVERLESS_CLIENTS = 5
+SERVERLESS = {
+    "server": ({}, 1.0),
+    "ring local (F1)": ({"topology": "ring"}, 5.0),
+    "ring split h=1": ({"topology": "ring", "ring_noise": "split", "honest_clients": 1}, 5.0),
+    "ring split h=3": ({"topology": "ring", "ring_noise": "split"}, 5 / 3),  # the majority
+    "ring split h=5": ({"topology": "ring", "ring_noise": "split", "honest_clients": 5}, 1.0),
+}
+
+
+def section_serverless(args, data) -> list[dict]:
+    rows = []
+    for name, base in data.items():
+        if name in ("adult", "birch2"):  # M = 5 clients split Adult's and Birch2's sizes too thin
+            continue
+        for eps in (1.0, 4.0):
+            for agg in ("nma", "amn"):
+                for variant, (opts, variances) in SERVERLESS.items():
+                    row = repeat(
+                        args, name, base, aggregation=agg, epsilon=eps,
+                        clients=SERVERLESS_CLIENTS, **opts,
+                    )  # fmt: skip
+                    row.update(variant=variant, aggregation=agg, epsilon=eps, variances=variances)
+                    rows.append(row)
+                    show(row, f"x{variances:.2f} central variance")
+    return rows
+
+
 def _points(base: dict) -> int:
     return len(pd.read_csv(base["data"]["path"], usecols=list(base["bounds"])[:1]))
 
@@ -369,6 +399,8 @@ def body(args) -> dict:
         sections["post"] = section_post(args, data)
     if "init" in wanted:
         sections["init"] = section_init(args, data)
+    if "serverless" in wanted:
+        sections["serverless"] = section_serverless(args, data)
     checks = {} if args.data else checks_of(sections, epsilons)
     record = {
         "datasets": list(data),
@@ -399,7 +431,7 @@ def main(argv: list[str] | None = None) -> int:
     here = Path(__file__).resolve().parents[1]
     p.add_argument("--data-dir", default=str(here.parent / "shared" / "data"))
     p.add_argument("--datasets", default="s1,iris,adult,birch2")
-    p.add_argument("--sections", default="table,curves,empty,post,init")
+    p.add_argument("--sections", default="table,curves,empty,post,init,serverless")
     p.add_argument("--epsilons", default="0.25,0.5,1,2,4")
     p.add_argument("--reps", type=int, default=20, help="repetitions on S1 and Iris")
     p.add_argument("--table-reps", type=int, default=100, help="S1/Iris repetitions at ε = 4")

@@ -53,6 +53,7 @@ PURPOSES: dict[str, int] = {
     "availability": 28,
     "latency": 29,
     "secagg-sign": 30,
+    "split-discrete-laplace": 31,
     "test": 99,
 }
 

@@ -185,18 +185,22 @@ def test_run_reports_the_derived_parameters_on_s1():
 
 # --- 2. ledger ----------------------------------------------------------------------------------
 @pytest.mark.parametrize("aggregation", ["nma", "amn"])
-@pytest.mark.parametrize("topology", ["server", "ring"])
+@pytest.mark.parametrize("topology", ["server", "ring", "ring-split"])
 def test_ledger_spends_exactly_the_declared_budget(aggregation, topology):
-    """The ledger's total is the declared ε (pure DP, add/remove one): t_max server charges in
-    sequence, or on the ring one charge per client per iteration composed in parallel (each
-    client's scope spends ε)."""
+    """The ledger's total is the declared ε (pure DP, add/remove one): t_max charges in sequence
+    (the server's noise, or the ring's split noise: one release per iteration whose event the
+    last client carries), or on the ring with local noise one charge per client per iteration
+    composed in parallel (each client's scope spends ε)."""
     eps = 2.5
-    result = run(seed=4, **s1(aggregation=aggregation, topology=topology, epsilon=eps))
+    options = {"ring-split": dict(topology="ring", ring_noise="split")}.get(
+        topology, dict(topology=topology)
+    )
+    result = run(seed=4, **s1(aggregation=aggregation, epsilon=eps, **options))
     p, t_max = result.privacy, result.metrics["t_max"]
     assert p.epsilon == pytest.approx(eps, rel=1e-9)
     assert p.budget_epsilon == eps and p.delta == 0.0
     assert p.accountant == "pure" and p.neighboring_relation == "add_or_remove_one"
-    if topology == "server":
+    if topology != "ring":
         assert p.composition == "sequential"
         assert [e["round"] for e in p.entries] == list(range(1, t_max + 1))
         assert p.per_scope == {"clients": pytest.approx(eps, rel=1e-9)}
@@ -384,6 +388,18 @@ def test_ring_topology_never_involves_the_server():
         (t, a, b) for t in range(1, t_max + 1) for a, b in (("p0", "p1"), ("p1", "p0"))
     ]
     assert all(r["bytes"] == 4 * 15 * 3 and r["dp_event"] for r in partials)
+
+
+def test_ring_pairwise_masks_cancel():
+    """topology=ring with masking=pairwise (3 clients, no noise): every client's pairwise masks
+    cancel in the complete sum, so the centroids equal those of the ring padded by the first
+    client, after three ring_partial hops per iteration."""
+    options = file_options(IRIS, IRIS_COLUMNS, 3) | dict(noise="none", topology="ring", clients=3)
+    padded = run(seed=2, **options)
+    pairwise = run(seed=2, masking="pairwise", **options)
+    assert padded.tables["centroids"].equals(pairwise.tables["centroids"])
+    payloads = [r for r in pairwise.transcript.to_pylist() if r["name"] == "ring_partial"]
+    assert len(payloads) == 3 * pairwise.metrics["t_max"]
 
 
 GROUP_KEY = bytes(range(32))
@@ -610,7 +626,13 @@ BAD_INPUT = {
         "contribution",
     ),
     "sensitivity-nma": (dict(sensitivity="thesis"), "sensitivity"),
-    "ring-pairwise": (dict(topology="ring", masking="pairwise"), "masking"),
+    "ring-noise-server": (dict(ring_noise="split"), "ring_noise"),
+    "honest-local-ring": (dict(topology="ring", honest_clients=1), "honest_clients"),
+    "honest-above-clients": (
+        dict(topology="ring", ring_noise="split", honest_clients=3),
+        "honest_clients",
+    ),
+    "honest-zero": (dict(topology="ring", ring_noise="split", honest_clients=0), "honest_clients"),
     "min-size": (dict(min_size=400), "min_size"),  # 15 x 200 > 2,500 rows per client
     "ring-bits-48": (dict(ring_bits=48), "ring_bits"),
     "min-above-max": (dict(min_size=300, max_size=200), "min_size"),

@@ -19,6 +19,7 @@ from rayfed.privacy import (
     local_randomizer,
     randomized,
     share_noise,
+    split_discrete_laplace,
 )
 
 N = 200_000
@@ -52,6 +53,36 @@ def test_discrete_laplace_distribution():
     assert abs(np.mean(out == 0) - p0) < 4 * math.sqrt(p0 * (1 - p0) / N)
 
 
+@pytest.mark.parametrize("parts,added", [(3, 3), (2, 5)])
+def test_split_discrete_laplace_shares_sum_to_the_central_noise(parts, added):
+    """``parts`` shares sum to exactly DLap(a): the pmf at -3..3 matches (1-r)/(1+r)·r^|z|,
+    r = e^-a, within 4 binomial sd; ``added`` > parts shares carry added/parts times its
+    variance 2r/(1-r)² (4 sd of the sample variance, from the empirical fourth moment)."""
+    eps, n = 0.7, 100_000
+    zeros = np.zeros(n, dtype=np.int64)
+    shares = []
+    for i in range(added):
+        out, event = split_discrete_laplace(
+            gen(i), zeros, l1_sensitivity=1, epsilon=eps, parts=parts
+        )
+        assert event == dp_event.DiscreteLaplaceDpEvent(noise_parameter=eps, sensitivity=1)
+        shares.append(out)
+    r = math.exp(-eps)
+    total = np.sum(shares[:parts], axis=0)
+    for z in range(-3, 4):
+        pmf = (1 - r) / (1 + r) * r ** abs(z)
+        assert abs(np.mean(total == z) - pmf) < 4 * math.sqrt(pmf * (1 - pmf) / n)
+    everything = np.sum(shares, axis=0).astype(np.float64)
+    var = added / parts * 2 * r / (1 - r) ** 2
+    sd = math.sqrt((np.mean(everything**4) - var**2) / n)
+    assert abs(np.mean(everything**2) - var) < 4 * sd
+
+
+def test_split_discrete_laplace_refuses_bad_parts():
+    with pytest.raises(ConfigError, match="parts"):
+        split_discrete_laplace(gen(), np.zeros(2, np.int64), l1_sensitivity=1, epsilon=1.0, parts=0)
+
+
 def test_binary_rr_flip_rate_and_event():
     q = 0.7
     bits = np.ones(N, dtype=bool)
@@ -78,6 +109,9 @@ def test_every_mechanism_registers_the_event_it_returns():
         laplace(noise, np.zeros(3), l1_sensitivity=1.0, epsilon=1.0)[1],
         gaussian(noise, np.zeros(3), l2_sensitivity=1.0, noise_multiplier=2.0)[1],
         discrete_laplace(noise, np.zeros(3, np.int64), l1_sensitivity=1, epsilon=1.0)[1],
+        split_discrete_laplace(
+            noise, np.zeros(3, np.int64), l1_sensitivity=1, epsilon=1.0, parts=2
+        )[1],
         binary_randomized_response(noise, np.ones(3, bool), keep_probability=0.7)[1],
         kary_randomized_response(noise, np.zeros(3, np.int64), k=3, epsilon=1.0)[1],
         local_randomizer(

@@ -28,6 +28,7 @@ from rayfed.privacy.mechanisms import (
     randomized,
     rr_keep_probability,
     share_noise,
+    split_discrete_laplace,
 )
 from rayfed.privacy.source import RANDOMNESS, NoiseSource
 
@@ -60,4 +61,5 @@ __all__ = [
     "randomized",
     "rr_keep_probability",
     "share_noise",
+    "split_discrete_laplace",
 ]

@@ -200,6 +200,41 @@ def discrete_laplace(
     return _drawn(noise, values.astype(np.int64) + draw, event)
 
 
+def split_discrete_laplace(
+    noise: NoiseSource,
+    values,
+    *,
+    l1_sensitivity: int,
+    epsilon: float,
+    parts: int,
+    round: int = 0,
+    ident=None,
+    part_of: str | None = None,
+):
+    """One party's share of DLap(a), a = ε/Δ₁, split over ``parts`` parties (the discrete form
+    of Goryczka & Xiong's split noise, thesis §7.3.3): it adds NB(1/parts, p) − NB(1/parts, p),
+    p = 1 − e^{-a}.
+
+    A geometric variable is NB(1, p) and negative binomials add in their shape, so any ``parts``
+    shares sum to exactly DLap(a): the release is ε-DP as long as at least ``parts`` of the parties
+    that add a share keep it secret; more shares only add noise. The event is the release's; a
+    share that another party's message carries the event for names it in ``part_of``.
+    """
+    event = discrete_laplace_event(l1_sensitivity, epsilon)
+    if not (isinstance(parts, (int, np.integer)) and parts >= 1):
+        raise ConfigError("parts", f"must be an integer >= 1, got {parts!r}")
+    values = np.asarray(values)
+    if not np.issubdtype(values.dtype, np.integer):
+        raise ConfigError("values", "the discrete Laplace mechanism needs integer values")
+    p = -math.expm1(-event.noise_parameter)
+    gen = noise.generator("split-discrete-laplace", round, ident)
+    shape = 1.0 / int(parts)
+    draw = gen.negative_binomial(shape, p, size=values.shape) - gen.negative_binomial(
+        shape, p, size=values.shape
+    )
+    return _drawn(noise, values.astype(np.int64) + draw, event, part_of)
+
+
 def rr_keep_probability(epsilon: float) -> float:
     """Probability that binary randomized response reports the true bit, for ε-DP per bit."""
     e = math.exp(_positive("epsilon", epsilon))

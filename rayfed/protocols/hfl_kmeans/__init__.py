@@ -17,11 +17,12 @@ parameters (§3.5.5, §3.6.4); every client derives the same initial centroids f
 
 ``masking``: ``shared-seed`` (the thesis: all clients derive all pads), ``pairwise`` (pairwise
 X25519 masks on top, so a server colluding with one client learns no other client's upload) or
-``none`` (a labelled baseline). ``topology=ring`` is the serverless sketch of §7.3.1: a ring
-secure sum in which every client adds its own full Laplace noise.
+``none`` (a labelled baseline). ``topology=ring`` is the serverless sketch of §7.3: a ring
+secure sum in which every client adds its own full Laplace noise (``ring_noise=local``, F1) or a
+1/h share of one central noise (``ring_noise=split``, F3: DP while h clients keep their shares).
 
-Privacy: add/remove one point, pure ε, composed over the t_max iterations (the server's noise) or
-in parallel over the clients (the ring's local noise). ``sensitivity`` chooses the AMN centroid
+Privacy: add/remove one point, pure ε, composed over the t_max iterations (the server's or the
+split noise) or in parallel over the clients (the ring's local noise). ``sensitivity`` chooses the AMN centroid
 sensitivity: ``corrected`` (2B/(M(⌈c_min/M⌉+1)), tight for a local mean) or ``thesis`` (B·E/c_min,
 about half of it: the ledger then records the larger ε that noise actually buys).
 
@@ -47,6 +48,13 @@ class HflKmeans(Protocol):
         {"users": 2000},
         {"users": 2000, "aggregation": "amn", "sensitivity": "thesis"},
         {"users": 2000, "topology": "ring"},
+        {
+            "users": 2000,
+            "topology": "ring",
+            "ring_noise": "split",
+            "clients": 3,
+            "masking": "pairwise",
+        },
     )
     data_bytes = staticmethod(data_bytes)
     resolve_randomness = staticmethod(resolve_randomness)

@@ -84,12 +84,27 @@ class HflKmeansConfig:
         "shared-seed",
         "shared-seed: the thesis's pads from a seed all clients share; pairwise: plus pairwise "
         "X25519 masks (a server colluding with one client sees no other client's upload, M >= 3); "
-        "none: plaintext uploads (an insecure baseline)",
+        "none: plaintext uploads (an insecure baseline); on the ring, shared-seed is the first "
+        "client's random pad and pairwise the pairwise masks alone",
     )
     topology: Literal["server", "ring"] = option(
         "server",
         "server: the server adds central noise to the padded sum; ring: serverless ring secure "
-        "sum, every client adds its own full noise (the thesis's §7.3.1 sketch)",
+        "sum, the clients add the noise (ring_noise)",
+    )
+    ring_noise: Literal["local", "split"] = option(
+        "local",
+        "ring noise: local (§7.3.1: every client adds full noise for its own rows) or split "
+        "(§7.3.3: the clients add shares of one central noise, DP while honest_clients of them "
+        "keep their shares secret)",
+        when={"topology": ("ring",), "noise": ("laplace",)},
+    )
+    honest_clients: int | Literal["majority"] = option(
+        "majority",
+        "ring_noise=split: h, the clients assumed honest; each adds a 1/h share of the noise "
+        "(the release carries M/h times the central noise variance); majority: ⌊M/2⌋ + 1",
+        at_least=1,
+        when={"ring_noise": ("split",)},
     )
     ring_bits: Literal[32, 64] = option(32, "the ring Z_2^b of the uploads: 32 (the thesis) or 64")
     frac_bits: int = option(16, "fixed-point precision 2^-f", at_least=0, at_most=30)
@@ -140,9 +155,9 @@ class HflKmeansConfig:
                 f"{self.init} picks centroids from a client's rows: not differentially private",
                 "sphere-packing or random, or noise=none",
             )
-        if self.topology == "ring" and self.masking == "pairwise":
+        if self.honest_clients != "majority" and self.honest_clients > self.clients:
             raise ConfigError(
-                "masking", "the ring masks with the first client's random pad", "shared-seed"
+                "honest_clients", f"h = {self.honest_clients} > M = {self.clients} clients", "1..M"
             )
 
 

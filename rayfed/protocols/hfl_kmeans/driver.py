@@ -94,8 +94,11 @@ def _aggregate(fed, setup: Setup, uploads, t: int):
 
 def _ring(fed, setup: Setup, order: list[str], t: int):
     running = None
+    if setup.noise and setup.honest is not None:
+        label = f"split discrete-Laplace noise (ring, {setup.honest} honest clients)"
+        fed.charge([("clients", label, setup.event())])
     for p in order:
-        if setup.noise:
+        if setup.noise and setup.honest is None:
             fed.charge([(p, "local discrete-Laplace noise (ring)", setup.event())])
         running = fed.parties.run(ring_step, running, t=t, members=[p], phase="ring").single()
     return fed.parties.run(ring_close_step, running, members=[order[0]], phase="ring-close")

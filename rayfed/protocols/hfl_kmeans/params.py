@@ -63,6 +63,7 @@ class Setup:
     epsilon_m: float | None = None
     split: dict[str, float] = field(default_factory=dict)  # eps_sum/eps_count or eps_mu
     noise: tuple[Noise, ...] = ()  # per iteration (per client on the ring); () if non-private
+    honest: int | None = None  # ring_noise=split: h, each client adds a 1/h share of the noise
     sensitivity: dict[str, float] = field(default_factory=dict)  # AMN: thesis and true Δ^μ
     claimed_epsilon: float | None = None  # the thesis's ε where the mode's true ε differs
 
@@ -152,7 +153,14 @@ def derive_setup(cfg: HflKmeansConfig, n: int, d: int) -> Setup:
         eps_m = dplloyd.amn_epsilon_m(bounds.c_min if constrained else 0, k, d, e)
     t_max = fixed or dplloyd.iterations(cfg.epsilon, eps_m)
     noise = _nma_noise(cfg, d, e, t_max) if nma else _amn_noise(cfg, d, e, t_max, bounds)
-    return Setup(**common, t_max=t_max, epsilon_m=eps_m, **noise)
+    return Setup(**common, t_max=t_max, epsilon_m=eps_m, honest=_honest(cfg), **noise)
+
+
+def _honest(cfg: HflKmeansConfig) -> int | None:
+    """h of the split ring noise (None: each client's noise is its own)."""
+    if cfg.topology != "ring" or cfg.ring_noise != "split":
+        return None
+    return cfg.clients // 2 + 1 if cfg.honest_clients == "majority" else cfg.honest_clients
 
 
 def _nma_noise(cfg: HflKmeansConfig, d: int, e: int, t_max: int) -> dict[str, Any]:

@@ -61,7 +61,7 @@ def plan(cfg: HflKmeansConfig, seed: int) -> Plan:
         ledger=dict(
             accountant="pure",
             relation="add_or_remove_one",
-            composition="parallel" if cfg.topology == "ring" else "sequential",
+            composition="parallel" if _local_ring(cfg) else "sequential",
             statement=_statement(cfg),
         ),
         parties={p: (block, meta) for p, block in blocks.items()},
@@ -136,12 +136,22 @@ def _check_feasible(setup: Setup, sizes: list[int], assignment: str) -> None:
 def _statement(cfg: HflKmeansConfig) -> str:
     if cfg.noise == "none":
         return "not private: a non-private baseline (masked, but the clients see exact sums)"
-    if cfg.topology == "ring":
+    if _local_ring(cfg):
         return (
             "ε-DP per client by its own local noise (add/remove one point); parallel over the "
             "clients' disjoint rows"
+        )
+    if cfg.topology == "ring":
+        return (
+            "ε-DP towards every client (add/remove one point), sequential over the iterations; "
+            "assumes at least honest_clients clients keep their noise shares secret"
         )
     return (
         "ε-DP towards every client (add/remove one point), sequential over the iterations; "
         "assumes the server draws its noise honestly and colludes with no client"
     )
+
+
+def _local_ring(cfg: HflKmeansConfig) -> bool:
+    """The ring with every client's own full noise: its ledger scopes are the clients."""
+    return cfg.topology == "ring" and cfg.ring_noise == "local"

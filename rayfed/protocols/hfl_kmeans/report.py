@@ -24,14 +24,19 @@ MASKING = {
     "none": "masking=none: NOT secure, the server sees every client's upload and the "
     "aggregate (an insecure baseline)",
 }
-RING = (
-    "ring: the first client pads the running sum with a random mask; each client sees "
-    "only a padded partial sum, and the release is the noisy total"
-)
+RING = {
+    "shared-seed": "ring: the first client pads the running sum with a random mask; each client "
+    "sees only a padded partial sum, and the release is the noisy total — but the first client "
+    "and the successor of a client together learn that client's upload (values plus noise)",
+    "pairwise": "ring with pairwise X25519 masks: every partial sum is hidden by masks that "
+    "cancel only in the complete sum; one client's upload is exposed only if all the others "
+    "collude",
+    "none": "ring with masking=none: NOT secure, every client sees the running sum",
+}
 
 
 def notes(cfg: HflKmeansConfig, setup: Setup) -> list[str]:
-    masking = RING if cfg.topology == "ring" else MASKING[cfg.masking]
+    masking = (RING if cfg.topology == "ring" else MASKING)[cfg.masking]
     out = [
         masking.replace("{b}", str(setup.ring_bits)),
         f"N = {setup.n} and the clients' row counts are sent in the clear and treated as "
@@ -58,10 +63,24 @@ def notes(cfg: HflKmeansConfig, setup: Setup) -> list[str]:
             f"centroid by up to {setup.sensitivity['true']:.4g}: the thesis claims "
             f"ε = {setup.claimed_epsilon:g}, the noise buys ε = {true_eps:.4g} (ledger)"
         )
-    if cfg.topology == "ring":
+    if cfg.topology == "ring" and setup.honest is None:
         out.append(
             f"ring: each of the {setup.clients} clients adds full noise for its own rows, so "
             "the released sum carries M times the central noise variance"
+        )
+    elif cfg.topology == "ring":
+        out.append(
+            f"ring, split noise (thesis §7.3.3): each of the {setup.clients} clients adds a "
+            f"1/{setup.honest} share of one discrete Laplace noise, so the release carries "
+            f"{setup.clients}/{setup.honest} times the central noise variance and is ε-DP as "
+            f"long as no more than M − h = {setup.clients - setup.honest} clients reveal their "
+            "shares"
+            + (
+                "; with the first client's pad a coalition of two clients sees a neighbour's "
+                "upload with only its share of the noise: use masking=pairwise"
+                if cfg.masking != "pairwise"
+                else ""
+            )
         )
     return out
 

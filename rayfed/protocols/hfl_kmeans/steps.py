@@ -20,7 +20,7 @@ from rayfed.clustering.constrained import (
     sphere_packing,
 )
 from rayfed.data.scaling import features_of, to_unit
-from rayfed.privacy import discrete_laplace
+from rayfed.privacy import discrete_laplace, split_discrete_laplace
 from rayfed.protocols.hfl_kmeans.config import HflKmeansConfig
 from rayfed.protocols.hfl_kmeans.params import Noise, Settings, Setup, derive_setup, noise_event
 from rayfed.secagg import pads
@@ -153,11 +153,16 @@ def iterate_step(ctx: StepContext, aggregate: Any = None, *, t: int) -> Message 
 
 
 def ring_step(ctx: StepContext, running: np.ndarray | None = None, *, t: int) -> Message:
-    """Client on the serverless ring (§1.8 F1): add its values and its own full Laplace noise to
-    the running sum and pass it on; the first client opens the ring with a random mask."""
+    """Client on the serverless ring: add its values and its noise to the running sum and pass
+    it on; the first client opens the ring with a random mask. The noise is its own full
+    Laplace noise (§1.8 F1), or its share of one central noise (F3, ``ring_noise=split``), whose
+    event the last client's message carries for the whole release."""
     st, p = ctx.state, ctx.state["setup"]
-    noisy, event = _local_noise(ctx, st["values"], t)
+    last = st["me"] == len(st["order"]) - 1
+    noisy, event = _ring_noise(ctx, st["values"], t, carries=last)
     words = pads.to_ring(noisy, p.ring_bits)
+    if st["settings"].masking == "pairwise":  # masks that cancel only in the complete sum
+        words = words + pads.pairwise_mask(st["pair_keys"], st["me"], t, p.length, p.ring_bits)
     if running is None:
         st["ring_mask"] = _ring_mask(ctx, t)
         total = st["ring_mask"] + words
@@ -165,15 +170,16 @@ def ring_step(ctx: StepContext, running: np.ndarray | None = None, *, t: int) ->
         total = np.asarray(running, dtype=words.dtype) + words
     order = st["order"]
     after = order[(st["me"] + 1) % len(order)]
-    return Message("ring_partial", total, to=after, dp_event=event, scope=ctx.name)
+    scope = ctx.name if p.honest is None else "clients"
+    return Message("ring_partial", total, to=after, dp_event=event, scope=scope)
 
 
 def _ring_mask(ctx: StepContext, t: int) -> np.ndarray:
-    """The first client's one-time pad of the running sum (zero with masking=none), from its
-    noise source (the OS in a secure run)."""
+    """The first client's one-time pad of the running sum (zero with masking=none, and with
+    pairwise masks, which hide every partial sum), from its noise source (the OS in a secure run)."""
     p = ctx.state["setup"]
     dtype = pads.ring_dtype(p.ring_bits)
-    if ctx.state["settings"].masking == "none":
+    if ctx.state["settings"].masking in ("none", "pairwise"):
         return np.zeros(p.length, dtype)
     size = p.length * dtype.itemsize
     raw = ctx.noise.secret_bytes("secagg-masks", size, t)
@@ -186,11 +192,14 @@ def ring_close_step(ctx: StepContext, running: np.ndarray) -> Message:
     return Message("ring_release", total - ctx.state.pop("ring_mask"), to="parties")
 
 
-def _local_noise(ctx: StepContext, values: np.ndarray, t: int):
-    blocks = ctx.state["setup"].noise
-    if not blocks:
+def _ring_noise(ctx: StepContext, values: np.ndarray, t: int, *, carries: bool):
+    setup = ctx.state["setup"]
+    if not setup.noise:
         return values, None
-    return _add_noise(ctx, values, blocks, t)
+    if setup.honest is None:
+        return _add_noise(ctx, values, setup.noise, t)
+    noisy, event = _add_noise(ctx, values, setup.noise, t, parts=setup.honest, carried=carries)
+    return noisy, event if carries else None
 
 
 # --- the coordinator (the server; on the ring, its setup runs on the first client) -----------------
@@ -214,19 +223,32 @@ def aggregate_step(ctx: StepContext, uploads: dict[str, np.ndarray], *, setup: S
     return Message("masked_aggregate", total, to="parties", dp_event=event, scope="clients")
 
 
-def _add_noise(ctx: StepContext, values: np.ndarray, blocks: tuple[Noise, ...], t: int):
-    """Discrete Laplace per block from the actor's noise source; the event is the block's, or
-    their composition."""
+def _add_noise(
+    ctx: StepContext,
+    values: np.ndarray,
+    blocks: tuple[Noise, ...],
+    t: int,
+    *,
+    parts: int | None = None,
+    carried: bool = True,
+):
+    """Discrete Laplace per block from the actor's noise source — or, with ``parts``, this
+    client's 1/parts share of it (a release another client's message may carry: ``carried``);
+    the event is the block's, or their composition."""
     out, events, start = values.copy(), [], 0
     for block in blocks:
         part = slice(start, start + block.length)
-        out[part], event = discrete_laplace(
-            ctx.noise,
-            values[part],
-            l1_sensitivity=block.l1_sensitivity,
-            epsilon=block.epsilon,
-            round=t,
-        )
+        common = dict(l1_sensitivity=block.l1_sensitivity, epsilon=block.epsilon, round=t)
+        if parts is None:
+            out[part], event = discrete_laplace(ctx.noise, values[part], **common)
+        else:
+            out[part], event = split_discrete_laplace(
+                ctx.noise,
+                values[part],
+                parts=parts,
+                part_of=None if carried else "the ring's release",
+                **common,
+            )
         events.append(event)
         start += block.length
     return out, noise_event(events)
