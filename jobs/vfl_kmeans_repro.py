@@ -117,6 +117,9 @@ def sweep(args, epsilons, parties_list) -> list[dict]:
                     continue  # identical to 2PEst at S = 2 (R5, tested)
                 runs.append((method, eps, {}))
             runs.append(("dpfmps-2pest", eps, {"projection": "clip"}))
+            for method in PRIVATE:  # DPLSF's θ measured in radii, as Google's library (issue 18)
+                if method != "dpfmps-basic" or parties > 2:
+                    runs.append((method, eps, {"leaf_threshold": "radius", "tag": "θ-radius"}))
             if not args.data:
                 for method in ("dpfmps-2pest", "dpfmps-basic", "ind-lap", "ldp-agg-2pest"):
                     runs.append((method, eps, {"k_prime": 5, "tag": "k'=5"}))
@@ -136,7 +139,7 @@ def sweep(args, epsilons, parties_list) -> list[dict]:
                 row["paper_loss"], row["paper_v"] = PAPER[(parties, eps, method)]
             rows.append(row)
             print(
-                f"S={parties} ε={eps:<4g} {method:<15} {tag:<7} loss {row['loss']:.4f}±{row['loss_se']:.4f}"
+                f"S={parties} ε={eps:<4g} {method:<15} {tag:<9} loss {row['loss']:.4f}±{row['loss_se']:.4f}"
                 f" V {row['v_measure']:.3f}"
                 + (f" I {row['intersection_error']:.3f}" if "intersection_error" in row else ""),
                 file=sys.stderr,

@@ -267,6 +267,19 @@ def test_vfl_kmeans_nonpositive_sizes(out_dir, name, value):
     assert err.field == name
 
 
+def test_vfl_kmeans_leaf_threshold_without_dplsf(out_dir):
+    """vfl-nonprivate runs no DPLSF, so it refuses DPLSF's leaf_threshold (unknown values too)."""
+    expect(
+        ConfigError,
+        "leaf_threshold",
+        out_dir,
+        "vfl-kmeans",
+        method="vfl-nonprivate",
+        leaf_threshold="radius",
+    )
+    expect(ConfigError, "leaf_threshold", out_dir, "vfl-kmeans", leaf_threshold="google")
+
+
 def test_vfl_kmeans_party_without_columns(out_dir, csv_file):
     path = csv_file({"a": [0.1, 0.2], "b": [0.3, 0.4]})
     err = expect(

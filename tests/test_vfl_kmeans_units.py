@@ -18,7 +18,7 @@ from sklearn.cluster import KMeans
 
 from rayfed import rng
 from rayfed.clustering import fm, normalised_loss, product_grid, seed_of
-from rayfed.clustering.dplsf import dplsf, dplsf_event
+from rayfed.clustering.dplsf import dplsf, dplsf_event, threshold
 from rayfed.data.scaling import features_of
 from rayfed.privacy import NoiseSource, PureDpAccountant, kary_randomized_response
 from rayfed.protocols.vfl_kmeans.config import VflKmeansConfig
@@ -437,6 +437,26 @@ def test_dplsf_with_a_large_budget_matches_kmeans():
     assert info["levels_used"] <= 21
     again, _, _ = dplsf(_noise("dplsf"), x, 5, eps)
     assert np.array_equal(centers, again)
+
+
+def test_dplsf_leaf_threshold_in_radius_units():
+    """θ = ⌊10·√d·σ⌋ with σ = √2·d/ε_sum per coordinate, or σ/√d in radius units (Google's):
+    at d = 4, ε_sum = 2, σ = 2√2, θ = ⌊56.57⌋ = 56 or ⌊28.28⌋ = 28, both capped at ⌊ĉ/2k⌋. The
+    lower θ keeps more leaves at the same budget: the event is the same."""
+    assert threshold(4, 2.0, 10**6, 5) == 56
+    assert threshold(4, 2.0, 10**6, 5, "radius") == 28
+    assert threshold(4, 2.0, 200, 5, "radius") == threshold(4, 2.0, 200, 5) == 20
+    table = synthetic_table(20000, 8, 5, 0.1, seed=13)
+    x = features_of(table, [f"x{j}" for j in range(8)])
+    _, event, coordinate = dplsf(_noise("dplsf"), x, 5, 1.0)
+    _, radius_event, radius = dplsf(_noise("dplsf"), x, 5, 1.0, leaf_threshold="radius")
+    assert radius_event == event == dplsf_event(1.0, 8)
+    sigma = math.sqrt(2) * 8 / 0.8
+    assert (coordinate["theta"], radius["theta"]) == (
+        math.floor(10 * math.sqrt(8) * sigma),
+        math.floor(10 * sigma),
+    )
+    assert radius["leaves"] > coordinate["leaves"]
 
 
 # --- 14. group key and keyed hash -----------------------------------------------------------------

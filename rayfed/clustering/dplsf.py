@@ -54,9 +54,17 @@ def dplsf_event(
     return dp_event.ComposedDpEvent([dp_event.SelfComposedDpEvent(counts, depth + 1), sums])
 
 
-def threshold(d: int, eps_sum: float, root_count: int, k: int) -> int:
-    """θ = max(1, min(⌊10·√d·σ_sum⌋, ⌊ĉ_root / 2k⌋)), σ_sum = √2·d/ε_sum (the noise's std)."""
+LEAF_THRESHOLDS = ("coordinate", "radius")
+
+
+def threshold(d: int, eps_sum: float, root_count: int, k: int, rule: str = "coordinate") -> int:
+    """θ = max(1, min(⌊10·√d·σ⌋, ⌊ĉ_root / 2k⌋)) with σ the sum noise's std √2·d/ε_sum in
+    coordinate units (``rule="coordinate"``: the spec's reading, for data in [-1, 1]^d) or in
+    units of the data's radius √d, as Google's library measures it (``rule="radius"``: σ/√d, so θ
+    is √d times lower — more, noisier leaves)."""
     sigma_sum = math.sqrt(2.0) * d / eps_sum
+    if rule == "radius":
+        sigma_sum /= math.sqrt(d)
     return max(1, min(math.floor(10 * math.sqrt(d) * sigma_sum), math.floor(root_count / (2 * k))))
 
 
@@ -95,6 +103,7 @@ def dplsf(
     replace_one: bool = False,
     depth: int = DEPTH,
     count_share: float = COUNT_SHARE,
+    leaf_threshold: str = "coordinate",
 ) -> tuple[np.ndarray, dp_event.DpEvent, dict]:
     """(k centers, the DP event, facts about the tree) for points ``x`` in [-1, 1]^d; ε-DP under
     add/remove one point, or under replace-one with ``replace_one`` (then run at ε/2).
@@ -106,7 +115,14 @@ def dplsf(
     """
     if replace_one:
         centers, event, info = dplsf(
-            noise, x, k, epsilon / 2, round=round, depth=depth, count_share=count_share
+            noise,
+            x,
+            k,
+            epsilon / 2,
+            round=round,
+            depth=depth,
+            count_share=count_share,
+            leaf_threshold=leaf_threshold,
         )
         return centers, dp_event.SelfComposedDpEvent(event, 2), info
     n, d = x.shape
@@ -116,7 +132,7 @@ def dplsf(
     root, count_event = discrete_laplace(
         noise, np.array([n]), l1_sensitivity=1, epsilon=eps_level, round=round
     )
-    theta = threshold(d, eps_sum, int(root[0]), k)
+    theta = threshold(d, eps_sum, int(root[0]), k, leaf_threshold)
     tree = _Tree(n)
     levels = _grow(noise, tree, bits, root, theta, eps_level, round=round)
     weights = np.concatenate(tree.leaf_counts) if tree.leaf_counts else np.zeros(0)

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from rayfed.clustering import fm
+from rayfed.clustering.dplsf import LEAF_THRESHOLDS
 from rayfed.config import DataConfig, option
 from rayfed.errors import ConfigError
 from rayfed.privacy import check_budget
@@ -29,6 +30,8 @@ ENCODING = {
     "vfl-nonprivate": "labels",
 }
 FM_METHODS = tuple(m for m, e in ENCODING.items() if e == "fm")
+#: the methods that run DPLSF (the parties' local clustering, or the curator's)
+DPLSF_METHODS = (*(m for m in ENCODING if m != "vfl-nonprivate"), "central-dplsf")
 
 
 @dataclass(frozen=True)
@@ -73,6 +76,13 @@ class VflKmeansConfig:
         "simplex",
         "make the grid weights >= 0 and sum to n̂ (Alg. 4 line 13): simplex (Euclidean projection: "
         "removes the noise of empty cells) or clip (clip at 0 and rescale: the spec's suggestion)",
+    )
+    leaf_threshold: Literal[LEAF_THRESHOLDS] = option(
+        "coordinate",
+        "DPLSF's leaf size θ = 10·√m·σ: σ, the sum noise's std, per coordinate (the spec's "
+        "reading; fewer, less noisy leaves: lower loss) or per radius √m as Google's library "
+        "(√m times lower θ: closer to the paper's central DPLSF numbers)",
+        when={"method": DPLSF_METHODS},
     )
     iterations: int = option(3000, "2PEst: at most this many pair updates", at_least=1)
     tolerance: float = option(

@@ -103,6 +103,7 @@ def _local_clustering(fed, cfg: VflKmeansConfig, params: Params, k_prime: int):
         epsilon=eps1 if private else None,
         replace_one=replace_one,
         round=2,
+        leaf_threshold=cfg.leaf_threshold,
         phase="local-clustering",
     )
 
@@ -151,7 +152,11 @@ def _drive_central(fed, cfg: VflKmeansConfig, plan: Plan) -> Outcome:
             fed.charge([(CURATOR, "DPLSF", dplsf_event(cfg.epsilon, len(params.features)))])
         centers = np.asarray(
             fed.parties.call(
-                curator_step, k=cfg.k, epsilon=cfg.epsilon if private else None, phase="central"
+                curator_step,
+                k=cfg.k,
+                epsilon=cfg.epsilon if private else None,
+                leaf_threshold=cfg.leaf_threshold,
+                phase="central",
             )
         )
     if private:

@@ -37,12 +37,26 @@ def count_step(ctx: StepContext, *, epsilon0: float | None) -> Message:
 
 
 def local_cluster_step(
-    ctx: StepContext, *, k: int, epsilon: float | None, replace_one: bool, round: int
+    ctx: StepContext,
+    *,
+    k: int,
+    epsilon: float | None,
+    replace_one: bool,
+    round: int,
+    leaf_threshold: str = "coordinate",
 ) -> Message:
     """Party: DPLSF at ε (None: non-private k-means) on its columns; label users by nearest center."""
     x = unit_features(ctx)
     if epsilon is not None:
-        centers, event, _ = dplsf(ctx.noise, x, k, epsilon, round=round, replace_one=replace_one)
+        centers, event, _ = dplsf(
+            ctx.noise,
+            x,
+            k,
+            epsilon,
+            round=round,
+            replace_one=replace_one,
+            leaf_threshold=leaf_threshold,
+        )
     else:
         centers, event = weighted_kmeans(x, np.ones(len(x)), k, ctx.rng("clustering", round)), None
     ctx.state["labels"] = nearest(x, centers)
@@ -118,9 +132,13 @@ def labels_step(ctx: StepContext) -> Message:
     return Message("labels", ctx.state["labels"])
 
 
-def curator_step(ctx: StepContext, *, k: int, epsilon: float | None) -> Message:
+def curator_step(
+    ctx: StepContext, *, k: int, epsilon: float | None, leaf_threshold: str = "coordinate"
+) -> Message:
     """The central baselines: one curator with every column clusters directly."""
-    return local_cluster_step(ctx, k=k, epsilon=epsilon, replace_one=False, round=0)
+    return local_cluster_step(
+        ctx, k=k, epsilon=epsilon, replace_one=False, round=0, leaf_threshold=leaf_threshold
+    )
 
 
 # --- the coordinator -------------------------------------------------------------------------------
