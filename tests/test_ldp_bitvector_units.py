@@ -480,13 +480,15 @@ def _consistence_case(gen: np.random.Generator, kind: str, n: int) -> np.ndarray
     "kind", ["noisy", "ties", "non-finite", "two-groups", "integers", "asymmetric"]
 )
 def test_block_search_equals_the_rowwise_algorithm_bit_for_bit(kind, monkeypatch):
-    # tiny row blocks and chunks so that every case crosses several of each (the defaults would
-    # search these n <= 60 in one block and a couple of chunks)
+    # tiny row blocks, chunks and hit batches so that every case crosses several of each (the
+    # defaults would search these n <= 60 in one block and a couple of chunks)
     gen = _gen("alg1-blocks", kind)
     for case in range(12):
         monkeypatch.setattr(bv, "CONSISTENCE_ROWS", int(gen.integers(1, 9)))
         monkeypatch.setattr(bv, "FIRST_CHUNK", int(gen.integers(1, 5)))
         monkeypatch.setattr(bv, "LAST_CHUNK", bv.FIRST_CHUNK + int(gen.integers(0, 13)))
+        monkeypatch.setattr(bv, "HIT_ROWS", int(gen.integers(1, 5)))
+        monkeypatch.setattr(bv, "HIT_BATCH", int(gen.integers(1, 40)))
         n = int(gen.integers(1, 61))
         d = _consistence_case(gen, kind, n)
         radius = float(gen.choice([0.5, 2.0, 3.0, 5.0]))

@@ -26,6 +26,8 @@ ROW_BLOCK = 2048  # rows of the distance matrix estimated at a time
 PAIR_BLOCK = 16384  # record pairs encoded or decoded at a time (vertical decomposition)
 CONSISTENCE_ROWS = 1024  # Algorithm 1: rows of the matrix searched at a time
 FIRST_CHUNK, LAST_CHUNK = 32, 1024  # Algorithm 1: candidate j scanned in chunks of growing size
+HIT_ROWS = 64  # Algorithm 1: rows whose resolved pairs are indexed at a time
+HIT_BATCH = 1 << 24  # Algorithm 1: (pair, candidate j) booleans compared at a time (16 MiB)
 # Algorithm 1's memory on the collector, in bytes per record pair: the combined float32 matrix (4),
 # one attribute's float32 matrix, chained in place (4), its set-flags (1) and the flags a pass adds,
 # bit-packed (1/8); the row-block buffers (a few x CONSISTENCE_ROWS x n) are rounded into the 10
@@ -175,23 +177,36 @@ def _chain_rows(d: np.ndarray, known: np.ndarray, rows: np.ndarray) -> np.ndarra
         stop = min(n, start + size)
         right = known[start:stop][:, live_cols]  # second hops (j, k)
         count = left[:, start:stop].astype(np.float32) @ right.astype(np.float32)
-        hit = (count > 0.5) & todo
-        ii, kk = np.nonzero(hit)
-        if ii.size:
-            # the first j of the chunk with both hops known, pair by pair
-            j = start + (left[ii, start:stop] & right[:, kk].T).argmax(axis=1)
+        hit = count > 0.5
+        del count
+        hit &= todo
+        for r0 in range(0, hit.shape[0], HIT_ROWS):  # a few rows at a time: small index arrays
+            ii, kk = np.nonzero(hit[r0 : r0 + HIT_ROWS])
+            ii += r0
+            j = _first_j(left[:, start:stop], right, ii, kk) + start
             i, k = rows[live_rows[ii]], live_cols[kk]
             total = d[i, j] + d[j, k]
             ok = np.isfinite(total)  # an overflowing sum leaves the pair unset, as a raw ∞ would
             d[i[ok], k[ok]] = total[ok]
             new[live_rows[ii[ok]], k[ok]] = True
-            todo[ii, kk] = False
-            keep_r, keep_c = todo.any(axis=1), todo.any(axis=0)
-            if keep_r.mean() < 0.9 or keep_c.mean() < 0.9:  # shrink the search to what is left
-                todo = todo[np.ix_(keep_r, keep_c)]
-                live_rows, live_cols, left = live_rows[keep_r], live_cols[keep_c], left[keep_r]
+        todo ^= hit  # hit is a subset of todo
+        keep_r, keep_c = todo.any(axis=1), todo.any(axis=0)
+        if keep_r.mean() < 0.9 or keep_c.mean() < 0.9:  # shrink the search to what is left
+            todo = todo[np.ix_(keep_r, keep_c)]
+            live_rows, live_cols, left = live_rows[keep_r], live_cols[keep_c], left[keep_r]
         start, size = stop, min(2 * size, LAST_CHUNK)
     return new
+
+
+def _first_j(left: np.ndarray, right: np.ndarray, ii: np.ndarray, kk: np.ndarray) -> np.ndarray:
+    """For each hit pair (ii, kk), the first j of the chunk with both hops known — compared in
+    batches of at most HIT_BATCH booleans, so a chunk with millions of hits stays small."""
+    step = max(1, HIT_BATCH // left.shape[1])
+    j = np.empty(ii.size, dtype=np.intp)
+    for a in range(0, ii.size, step):
+        batch = slice(a, a + step)
+        j[batch] = (left[ii[batch]] & right[:, kk[batch]].T).argmax(axis=1)
+    return j
 
 
 def exact_distances(x: np.ndarray) -> np.ndarray:
