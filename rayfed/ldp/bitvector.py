@@ -29,8 +29,9 @@ FIRST_CHUNK, LAST_CHUNK = 32, 1024  # Algorithm 1: candidate j scanned in chunks
 HIT_ROWS = 64  # Algorithm 1: rows whose resolved pairs are indexed at a time
 HIT_BATCH = 1 << 24  # Algorithm 1: (pair, candidate j) booleans compared at a time (16 MiB)
 # Algorithm 1's memory on the collector, in bytes per record pair: the combined float32 matrix (4),
-# one attribute's float32 matrix, chained in place (4), its set-flags (1) and the flags a pass adds,
-# bit-packed (1/8); the row-block buffers (a few x CONSISTENCE_ROWS x n) are rounded into the 10
+# one attribute's float32 matrix, chained in place (4), its set-flags (1), the flags a pass adds
+# (1/8, packed) and the row-block buffers (O(CONSISTENCE_ROWS x n)): measured at n = 20,000, 2
+# bytes a pair above the attribute's matrix (benchmarks/results/ldp_bitvector_consistence.json)
 CONSISTENCE_BYTES_PER_PAIR = 10
 
 
@@ -89,13 +90,13 @@ def distance_consistence(d: np.ndarray, radius: float, max_iter: int = 50) -> np
     iteration — not the minimum, which noise biases downward (spec §2.4); repeat until nothing
     changes; pairs never reached keep their raw estimate. Returns a new matrix (see
     ``consistence_in_place``)."""
-    d = d.astype(np.result_type(d.dtype, np.inf), copy=True)  # the dtype ∞ padding gave
+    d = d.astype(np.result_type(d.dtype, np.inf), copy=True)  # as ∞-padding it would: ints -> float
     consistence_in_place(d, radius, max_iter)
     return d
 
 
 def consistence_in_place(d: np.ndarray, radius: float, max_iter: int = 50) -> int:
-    """Algorithm 1 on ``d`` itself (a float n x n matrix); returns the passes that set a pair.
+    """Algorithm 1 on ``d`` itself (a floating n x n matrix); returns the passes that set a pair.
 
     One boolean matrix ``known`` marks the pairs set before the current pass; a pass writes its
     chained sums only where ``known`` is False and reads only where it is True, so ``d`` can hold
@@ -105,11 +106,13 @@ def consistence_in_place(d: np.ndarray, radius: float, max_iter: int = 50) -> in
     exact), the first such j is taken within the chunk, and resolved pairs leave the search. On
     1-D data most pairs find their first j in the first chunks; a pair no chain reaches in this
     pass costs a scan over all j, so a pass is at most one n x n x n product."""
+    if not np.issubdtype(d.dtype, np.floating):
+        raise TypeError(f"Algorithm 1 chains in place: d must be floating, got {d.dtype}")
     n = d.shape[0]
     with np.errstate(invalid="ignore"):
         known = d <= radius
     np.fill_diagonal(known, True)
-    known &= np.isfinite(d)  # as a NaN or -inf estimate would: not a usable hop
+    known &= np.isfinite(d)  # a NaN or -∞ estimate is never a hop (∞-padding leaves it unset)
     order = _row_order(known)
     passes = 0
     for _ in range(max_iter):
