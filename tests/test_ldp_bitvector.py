@@ -4,6 +4,7 @@ statement, horizontal == vertical, Ray == in-process and bad input."""
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 
 import numpy as np
@@ -121,12 +122,25 @@ def test_bad_input(tmp_path):
         run(data={"path": str(path), "columns": {"p0": ["a"]}}, k=2)
     with pytest.raises(ConfigError, match="max_points"):
         run(max_points=1000)
-    with pytest.raises(ConfigError, match="consistence"):
-        run(consistence=True)
     for field, value in (("epsilon", 0.0), ("bits", 0), ("half_width", -1.0), ("k", 0)):
         with pytest.raises(ConfigError) as info:
             run(**{field: value})
         assert info.value.field == field
+
+
+def test_consistence_beyond_this_machines_memory_is_refused(monkeypatch):
+    """Algorithm 1 needs CONSISTENCE_BYTES_PER_PAIR x n² bytes on the collector: on a machine
+    (here pretended) with less, the run is refused before any record is encoded, naming the
+    option and the memory it would need."""
+    plan = importlib.import_module("rayfed.protocols.ldp_bitvector.plan")  # the module
+    n = 60
+    need = plan.bv.CONSISTENCE_BYTES_PER_PAIR * n * n  # 35 KiB
+    monkeypatch.setattr(plan, "machine_memory", lambda: need - 1)
+    with pytest.raises(ConfigError, match=f"{n} records needs about .* GiB") as info:
+        run(records=n, bits=16, consistence=True)
+    assert info.value.field == "consistence"
+    monkeypatch.setattr(plan, "machine_memory", lambda: need)
+    assert run(records=n, bits=16, consistence=True, k=3).metrics["nmi"] > 0
 
 
 @pytest.mark.parametrize(

@@ -428,6 +428,113 @@ def test_distance_consistence_telescopes_for_noise_free_bv():
     assert np.allclose(got, mu * count / (2 * s), rtol=0, atol=1e-4)
 
 
+def _consistence_rowwise_reference(d: np.ndarray, radius: float, max_iter: int = 50) -> np.ndarray:
+    """The row-by-row implementation Algorithm 1 had before the block search (kept as an
+    independent reference): per row i, an (n x unset) mask of the usable j, first j by argmax."""
+    known = d <= radius
+    np.fill_diagonal(known, True)
+    out = np.where(known, d, np.inf)
+    for _ in range(max_iter):
+        unset = ~np.isfinite(out)
+        if not unset.any():
+            break
+        finite = np.isfinite(out)
+        new = out.copy()
+        for i in np.flatnonzero(unset.any(axis=1)):
+            targets = np.flatnonzero(unset[i])
+            via = finite[i][:, None] & finite[:, targets]
+            via[i] = False
+            via[targets, np.arange(targets.size)] = False
+            has = via.any(axis=0)
+            k, j = targets[has], via.argmax(axis=0)[has]
+            new[i, k] = out[i, j] + out[j, k]
+        if np.array_equal(np.isfinite(new), finite):
+            break
+        out = new
+    return np.where(np.isfinite(out), out, d)
+
+
+def _consistence_case(gen: np.random.Generator, kind: str, n: int) -> np.ndarray:
+    """A distance matrix of one kind: 1-D with noise, integer ties, NaN/±inf entries, two groups
+    no chain joins, an integer matrix, or an arbitrary asymmetric one."""
+    x = gen.uniform(0, 25, n)
+    if kind == "noisy":
+        d = np.abs(x[:, None] - x[None, :]) + gen.normal(0, 0.5, (n, n))
+        return ((d + d.T) / 2).astype(np.float32)
+    if kind == "ties":
+        return np.abs(np.round(x)[:, None] - np.round(x)[None, :])
+    if kind == "non-finite":
+        d = np.abs(x[:, None] - x[None, :]) + gen.normal(0, 1, (n, n))
+        for value, share in ((np.nan, 0.05), (np.inf, 0.02), (-np.inf, 0.02)):
+            d[gen.random((n, n)) < share] = value
+        return d
+    if kind == "two-groups":
+        x = np.concatenate([gen.uniform(0, 4, n // 2), gen.uniform(18, 25, n - n // 2)])
+        return np.abs(x[:, None] - x[None, :]).astype(np.float32)
+    if kind == "integers":
+        return gen.integers(0, 10, (n, n))
+    return gen.uniform(0, 10, (n, n))
+
+
+@pytest.mark.parametrize(
+    "kind", ["noisy", "ties", "non-finite", "two-groups", "integers", "asymmetric"]
+)
+def test_block_search_equals_the_rowwise_algorithm_bit_for_bit(kind, monkeypatch):
+    # tiny row blocks, chunks and hit batches so that every case crosses several of each (the
+    # defaults would search these n <= 60 in one block and a couple of chunks)
+    gen = _gen("alg1-blocks", kind)
+    for case in range(12):
+        monkeypatch.setattr(bv, "CONSISTENCE_ROWS", int(gen.integers(1, 9)))
+        monkeypatch.setattr(bv, "FIRST_CHUNK", int(gen.integers(1, 5)))
+        monkeypatch.setattr(bv, "LAST_CHUNK", bv.FIRST_CHUNK + int(gen.integers(0, 13)))
+        monkeypatch.setattr(bv, "HIT_ROWS", int(gen.integers(1, 5)))
+        monkeypatch.setattr(bv, "HIT_BATCH", int(gen.integers(1, 40)))
+        n = int(gen.integers(1, 61))
+        d = _consistence_case(gen, kind, n)
+        radius = float(gen.choice([0.5, 2.0, 3.0, 5.0]))
+        max_iter = (0, 1, 2, 50)[case % 4]
+        with np.errstate(invalid="ignore"):
+            want = _consistence_rowwise_reference(d, radius, max_iter)
+            got = bv.distance_consistence(d, radius, max_iter)
+        assert got.dtype == want.dtype, (case, n)
+        assert np.array_equal(got, want, equal_nan=True), (case, n, radius, max_iter)
+
+
+def test_consistence_in_place_counts_its_passes_and_leaves_the_input_alone():
+    # a path 0 - 1 - ... - 9 with unit hops and radius 1: pass m joins pairs up to 2^m apart, so
+    # three passes reach every pair (9 hops) and a fourth finds nothing left
+    x = np.arange(10.0)
+    d = np.abs(x[:, None] - x[None, :])
+    before = d.copy()
+    chained = bv.distance_consistence(d, 1.0)
+    assert np.array_equal(d, before)
+    assert np.array_equal(chained, d)  # unit hops add up exactly
+    work = np.where(d <= 1.0, d, 99.0)
+    assert bv.consistence_in_place(work, 1.0) == 4
+    assert np.array_equal(work, d)
+    assert bv.consistence_in_place(np.where(d <= 1.0, d, 99.0), 1.0, max_iter=2) == 2
+
+
+def test_distance_matrix_with_consistence_equals_the_whole_matrix_formula(monkeypatch):
+    # the attribute's matrix is built in row blocks: the same numbers as building it whole
+    monkeypatch.setattr(bv, "ROW_BLOCK", 7)
+    gen = _gen("alg1-matrix")
+    t, low, high, s, n = 3.0, 0.0, 25.0, 200, 40
+    mu = bv.anchor_range(low, high, t)
+    r = bv.anchors(gen, 2, s, low, high, t)
+    x = gen.uniform(low, high, (n, 2))
+    blocks = [_rr(bv.encode(x[:, a], r[a], t), 2.0, gen) for a in range(2)]
+    got = bv.distance_matrix(blocks, s, mu, 2.0, t)
+    total = sum(
+        _consistence_rowwise_reference(bv.debias(bv.hamming(b, b), s, mu, 2.0), t) ** 2
+        for b in blocks
+    )
+    want = np.sqrt(total.astype(np.float32))
+    np.fill_diagonal(want, 0.0)
+    assert got.dtype == np.float32
+    assert np.array_equal(got, want)
+
+
 # --- RC8: Fig. 5 analogue ----------------------------------------------------------------------------
 def test_fig5_consistence_error_is_low_and_decreases_with_s():
     t, low, high, n = 3.0, 0.0, 25.0, 200

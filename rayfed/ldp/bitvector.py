@@ -24,6 +24,15 @@ from rayfed.privacy.mechanisms import rr_keep_probability
 
 ROW_BLOCK = 2048  # rows of the distance matrix estimated at a time
 PAIR_BLOCK = 16384  # record pairs encoded or decoded at a time (vertical decomposition)
+CONSISTENCE_ROWS = 1024  # Algorithm 1: rows of the matrix searched at a time
+FIRST_CHUNK, LAST_CHUNK = 32, 1024  # Algorithm 1: candidate j scanned in chunks of growing size
+HIT_ROWS = 64  # Algorithm 1: rows whose resolved pairs are indexed at a time
+HIT_BATCH = 1 << 24  # Algorithm 1: (pair, candidate j) booleans compared at a time (16 MiB)
+# Algorithm 1's memory on the collector, in bytes per record pair: the combined float32 matrix (4),
+# one attribute's float32 matrix, chained in place (4), its set-flags (1), the flags a pass adds
+# (1/8, packed) and the row-block buffers (O(CONSISTENCE_ROWS x n)): measured at n = 20,000, 2
+# bytes a pair above the attribute's matrix (benchmarks/results/ldp_bitvector_consistence.json)
+CONSISTENCE_BYTES_PER_PAIR = 10
 
 
 # --- encoding -------------------------------------------------------------------------------------
@@ -79,31 +88,128 @@ def distance_consistence(d: np.ndarray, radius: float, max_iter: int = 50) -> np
     """Algorithm 1 per attribute: keep distances <= radius; fill each unset pair (i, k) with
     d(i, j) + d(j, k) for the first j (lowest index) whose two hops were set in an earlier
     iteration — not the minimum, which noise biases downward (spec §2.4); repeat until nothing
-    changes; pairs never reached keep their raw estimate. Vectorised: the first j is found with a
-    boolean mask per row."""
-    known = d <= radius
+    changes; pairs never reached keep their raw estimate. Returns a new matrix (see
+    ``consistence_in_place``)."""
+    d = d.astype(np.result_type(d.dtype, np.inf), copy=True)  # as ∞-padding it would: ints -> float
+    consistence_in_place(d, radius, max_iter)
+    return d
+
+
+def consistence_in_place(d: np.ndarray, radius: float, max_iter: int = 50) -> int:
+    """Algorithm 1 on ``d`` itself (a floating n x n matrix); returns the passes that set a pair.
+
+    One boolean matrix ``known`` marks the pairs set before the current pass; a pass writes its
+    chained sums only where ``known`` is False and reads only where it is True, so ``d`` can hold
+    both the raw estimates of the unset pairs and the values set so far. Each pass searches a block
+    of rows at a time, the candidates j in ascending chunks: one 0/1 matrix product per chunk says
+    which unset (i, k) have a j in it with both hops known (float32 counts <= the chunk size are
+    exact), the first such j is taken within the chunk, and resolved pairs leave the search. On
+    1-D data most pairs find their first j in the first chunks; a pair no chain reaches in this
+    pass costs a scan over all j, so a pass is at most one n x n x n product."""
+    if not np.issubdtype(d.dtype, np.floating):
+        raise TypeError(f"Algorithm 1 chains in place: d must be floating, got {d.dtype}")
+    n = d.shape[0]
+    with np.errstate(invalid="ignore"):
+        known = d <= radius
     np.fill_diagonal(known, True)
-    out = np.where(known, d, np.inf)
+    known &= np.isfinite(d)  # a NaN or -∞ estimate is never a hop (∞-padding leaves it unset)
+    order = _row_order(known)
+    passes = 0
     for _ in range(max_iter):
-        unset = ~np.isfinite(out)
-        if not unset.any():
+        if known.all():
             break
-        finite = np.isfinite(out)
-        new = out.copy()
-        for i in np.flatnonzero(unset.any(axis=1)):
-            targets = np.flatnonzero(unset[i])
-            via = finite[i][:, None] & finite[:, targets]  # (n, |targets|): j usable for (i, k)
-            via[i] = False
-            via[targets, np.arange(targets.size)] = False
-            has = via.any(axis=0)
-            first = via.argmax(axis=0)
-            k = targets[has]
-            j = first[has]
-            new[i, k] = out[i, j] + out[j, k]
-        if np.array_equal(np.isfinite(new), finite):
+        added = np.zeros((n, (n + 7) // 8), dtype=np.uint8)  # this pass's new pairs, packed
+        grown = 0
+        for a in range(0, n, CONSISTENCE_ROWS):
+            rows = order[a : a + CONSISTENCE_ROWS]
+            new = _chain_rows(d, known, rows)
+            grown += int(np.count_nonzero(new))
+            added[rows] = np.packbits(new, axis=1)
+        if not grown:
             break
-        out = new
-    return np.where(np.isfinite(out), out, d)
+        passes += 1
+        for a in range(0, n, CONSISTENCE_ROWS):
+            rows = slice(a, min(n, a + CONSISTENCE_ROWS))
+            known[rows] |= np.unpackbits(added[rows], axis=1, count=n).view(bool)
+    return passes
+
+
+def _row_order(known: np.ndarray) -> np.ndarray:
+    """Rows by breadth-first layer of the local graph, from a far end of each component (the
+    last layer of a first sweep). On 1-D data the layers are slices of the line, so a block of
+    consecutive rows has its unset pairs in a few columns; the order changes no result (j is
+    still searched by index), only how many columns a block must scan."""
+    n = len(known)
+    layer = np.full(n, -1)
+    while (layer < 0).any():
+        free = layer < 0
+        far = _layers(known, int(np.argmax(free)), free).argmax()
+        reached = _layers(known, int(far), free)
+        placed = reached >= 0
+        layer[placed] = layer.max() + 1 + reached[placed]
+    return np.argsort(layer, kind="stable")
+
+
+def _layers(known: np.ndarray, start: int, free: np.ndarray) -> np.ndarray:
+    """Breadth-first layer of every free record reached from ``start`` (-1: not reached)."""
+    layer = np.full(len(known), -1)
+    seen = ~free
+    frontier, depth = np.array([start]), 0
+    while frontier.size:
+        layer[frontier] = depth
+        seen[frontier] = True
+        reach = np.zeros(len(known), dtype=bool)
+        for a in range(0, frontier.size, CONSISTENCE_ROWS):
+            reach |= known[frontier[a : a + CONSISTENCE_ROWS]].any(axis=0)
+        frontier, depth = np.flatnonzero(reach & ~seen), depth + 1
+    return layer
+
+
+def _chain_rows(d: np.ndarray, known: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """One pass of Algorithm 1 over a block of rows: writes d[i, k] = d[i, j] + d[j, k] for every
+    unset (i, k) of the block with a first j; returns the block's newly set pairs (booleans)."""
+    n = d.shape[0]
+    new = np.zeros((rows.size, n), dtype=bool)
+    todo = ~known[rows]  # unset pairs of the block not yet given a j in this pass
+    live_rows = np.flatnonzero(todo.any(axis=1))
+    live_cols = np.flatnonzero(todo.any(axis=0))
+    todo = todo[np.ix_(live_rows, live_cols)]
+    left = known[rows][live_rows]  # first hops (i, j) of the live rows
+    start, size = 0, FIRST_CHUNK
+    while start < n and todo.size:
+        stop = min(n, start + size)
+        right = known[start:stop][:, live_cols]  # second hops (j, k)
+        count = left[:, start:stop].astype(np.float32) @ right.astype(np.float32)
+        hit = count > 0.5
+        del count
+        hit &= todo
+        for r0 in range(0, hit.shape[0], HIT_ROWS):  # a few rows at a time: small index arrays
+            ii, kk = np.nonzero(hit[r0 : r0 + HIT_ROWS])
+            ii += r0
+            j = _first_j(left[:, start:stop], right, ii, kk) + start
+            i, k = rows[live_rows[ii]], live_cols[kk]
+            total = d[i, j] + d[j, k]
+            ok = np.isfinite(total)  # an overflowing sum leaves the pair unset, as a raw ∞ would
+            d[i[ok], k[ok]] = total[ok]
+            new[live_rows[ii[ok]], k[ok]] = True
+        todo ^= hit  # hit is a subset of todo
+        keep_r, keep_c = todo.any(axis=1), todo.any(axis=0)
+        if keep_r.mean() < 0.9 or keep_c.mean() < 0.9:  # shrink the search to what is left
+            todo = todo[np.ix_(keep_r, keep_c)]
+            live_rows, live_cols, left = live_rows[keep_r], live_cols[keep_c], left[keep_r]
+        start, size = stop, min(2 * size, LAST_CHUNK)
+    return new
+
+
+def _first_j(left: np.ndarray, right: np.ndarray, ii: np.ndarray, kk: np.ndarray) -> np.ndarray:
+    """For each hit pair (ii, kk), the first j of the chunk with both hops known — compared in
+    batches of at most HIT_BATCH booleans, so a chunk with millions of hits stays small."""
+    step = max(1, HIT_BATCH // left.shape[1])
+    j = np.empty(ii.size, dtype=np.intp)
+    for a in range(0, ii.size, step):
+        batch = slice(a, a + step)
+        j[batch] = (left[ii[batch]] & right[:, kk[batch]].T).argmax(axis=1)
+    return j
 
 
 def exact_distances(x: np.ndarray) -> np.ndarray:
@@ -115,17 +221,25 @@ def distance_matrix(
     blocks: list[np.ndarray], s: int, mu: float, eps: float | None, consistence: float | None
 ) -> np.ndarray:
     """n x n combined distance (Eq. 19): sqrt(Σ_attributes d̂²) from per-attribute bit matrices,
-    built in row blocks (float32) so only the matrix itself is n² sized."""
+    built in row blocks (float32) so only the matrix itself is n² sized — with ``consistence``,
+    also one attribute's matrix and its flags (``CONSISTENCE_BYTES_PER_PAIR`` bytes a pair in
+    all), since Algorithm 1 needs the whole per-attribute matrix."""
     n = blocks[0].shape[0]
     out = np.zeros((n, n), dtype=np.float32)
     for bits in blocks:
-        if consistence is not None:  # Algorithm 1 needs the whole per-attribute matrix
-            d = distance_consistence(debias(hamming(bits, bits), s, mu, eps), consistence)
-            out += (d**2).astype(np.float32)
-            continue
+        one = None  # the attribute's whole matrix, for Algorithm 1 (freed before the next one)
         for a in range(0, n, ROW_BLOCK):
             d = debias(hamming(bits[a : a + ROW_BLOCK], bits), s, mu, eps)
-            out[a : a + ROW_BLOCK] += (d**2).astype(np.float32)
+            if consistence is None:
+                out[a : a + ROW_BLOCK] += (d**2).astype(np.float32)
+                continue
+            if one is None:
+                one = np.empty((n, n), dtype=d.dtype)
+            one[a : a + ROW_BLOCK] = d
+        if one is not None:
+            consistence_in_place(one, consistence)
+            for a in range(0, n, ROW_BLOCK):
+                out[a : a + ROW_BLOCK] += (one[a : a + ROW_BLOCK] ** 2).astype(np.float32)
     np.sqrt(out, out=out)
     np.fill_diagonal(out, 0.0)
     return out

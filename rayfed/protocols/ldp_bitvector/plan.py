@@ -16,23 +16,29 @@ from rayfed.protocols.base import Plan
 from rayfed.protocols.ldp_bitvector.config import BASELINES, LdpBitvectorConfig
 from rayfed.protocols.ldp_bitvector.params import Clustering, Params
 from rayfed.protocols.ldp_bitvector.steps import MAX_ATTRIBUTES
+from rayfed.sizing import machine_memory
 
 TRUSTED = "trusted"
 DECOMPOSITION_LIMIT = 1000
 DIGITS_SHAPE = (1797, 64)  # scikit-learn's bundled digits
-CONSISTENCE_LIMIT = 1000
 
 Parties = dict[str, tuple[pa.Table, dict]]
 
 
 def data_bytes(cfg: LdpBitvectorConfig) -> int:
     """The bundled digits (1,797 x 64): one attribute's s bits per record at a time, every
-    packed code, and the n x n float32 distance matrix (a file's n is checked in plan)."""
+    packed code, and the n x n float32 distance matrix — with Algorithm 1 also one attribute's
+    matrix and its flags (a file's n is checked in plan)."""
     if cfg.data.path is not None:
         return 0
     n, d = DIGITS_SHAPE
     n = min(n, cfg.records or n)
-    return n * cfg.bits * 2 + n * d * cfg.bits // 8 + 4 * n * n
+    return n * cfg.bits * 2 + n * d * cfg.bits // 8 + _matrix_bytes(cfg, n)
+
+
+def _matrix_bytes(cfg: LdpBitvectorConfig, n: int) -> int:
+    """The collector's n²-sized memory: the float32 distance matrix, or Algorithm 1's working set."""
+    return (bv.CONSISTENCE_BYTES_PER_PAIR if cfg.consistence else 4) * n * n
 
 
 def plan(cfg: LdpBitvectorConfig, seed: int) -> Plan:
@@ -114,7 +120,7 @@ def _statement(
 
 
 def _check_size(cfg: LdpBitvectorConfig, n: int, d: int) -> None:
-    """Refuse what the coin keys, the n x n matrix, Algorithm 1's O(n³) or k cannot take."""
+    """Refuse what the coin keys, the n x n matrix, Algorithm 1's memory or k cannot take."""
     if d >= MAX_ATTRIBUTES:
         raise DataError(
             "data.columns", f"{d} attributes, at most {MAX_ATTRIBUTES - 1}", "fewer columns"
@@ -126,12 +132,15 @@ def _check_size(cfg: LdpBitvectorConfig, n: int, d: int) -> None:
             f"{cfg.max_points:,} records ({cfg.max_points**2 * 4 / 2**30:.1f} GiB)",
             "a sample of the records, or raise max_points",
         )
-    if cfg.consistence and n > CONSISTENCE_LIMIT:
+    have = machine_memory()
+    if cfg.consistence and have and _matrix_bytes(cfg, n) > have:
         raise ConfigError(
             "consistence",
-            f"Algorithm 1 is O(n³) per pass and attribute: {n:,} records is above "
-            f"{CONSISTENCE_LIMIT:,}",
-            "a sample, or consistence=false",
+            f"Algorithm 1 on {n:,} records needs about {_matrix_bytes(cfg, n) / 2**30:.1f} GiB "
+            f"on the collector ({bv.CONSISTENCE_BYTES_PER_PAIR} bytes a record pair: the distance "
+            f"matrix, one attribute's matrix and its flags) but this machine has "
+            f"{have / 2**30:.1f} GiB",
+            "a sample of the records, a larger machine, or consistence=false",
         )
     if cfg.k > n:
         raise ConfigError("k", f"{cfg.k} clusters for {n} records")
