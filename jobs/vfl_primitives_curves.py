@@ -18,7 +18,7 @@ Three comparisons (record["comparisons"], second plot), each beside the theorem'
   grid-weight RMSE beside the predicted sd √(mean Σ_i [(1/p)Π(c + a) - Πa]) ≈ √(m/p)(4/ε_pc)^v,
   and the bits per server ≈ p·m·k;
 * interaction — ℓp (Alg. 2) interactive vs the non-interactive variant (spec §2.5): RMSE of the
-  light part beside its predicted sd;
+  light part beside its exact predicted sd (the variance law of §2.1 on the data), 60 seeds;
 * baselines (spec §4.4) vs m — k-means: pattern counting, central DP with a trusted curator
   (Laplace histogram), exact counts of the same DP labels, the non-private VFL pipeline; low rank:
   the noisy sketch, input perturbation (same (ε, δ) calibration), the noiseless sketch.
@@ -127,22 +127,25 @@ def interaction_rows(args) -> list[dict]:
         for mode in ("interactive", "non-interactive"):
             ms = metrics_of(
                 "lp-moment",
-                args.compare_reps,
+                args.interaction_reps,
                 args.backend,
                 epsilon=eps,
                 users=args.fixed_users,
                 interaction=mode,
                 **TASKS["lp-moment"][0],
             )
+            gaps = [m["light_part"] - m["light_part_true"] for m in ms]
             rows.append(
                 {
                     "comparison": "interaction",
+                    "repetitions": len(ms),
                     "task": "lp-moment",
                     "variant": mode,
                     "epsilon": eps,
                     "users": args.fixed_users,
-                    "light_part_rmse": rms([m["light_part"] - m["light_part_true"] for m in ms]),
-                    "light_part_predicted_sd": rms([m["light_part_predicted_sd"] for m in ms]),
+                    "light_part_rmse": rms(gaps),
+                    "light_part_predicted_sd": rms([m["light_part_sd"] for m in ms]),
+                    "bias_z": float(np.mean(gaps) / (np.std(gaps, ddof=1) / np.sqrt(len(gaps)))),
                     "relative_error": summary([abs(m["relative_error"]) for m in ms]),
                 }
             )
@@ -170,6 +173,7 @@ def baseline_rows(args) -> list[dict]:
                 row["weights_rmse"] = rms([x["weights_rmse"] for x in ms])
                 row["weights_predicted_sd"] = rms([x["weights_predicted_sd"] for x in ms])
             rows.append(row)
+    for m in jobs.numbers(args.lowrank_users, int):
         options = {**TASKS["lowrank"][0], "epsilon": 4.0, "users": m}
         sketch = metrics_of("lowrank", args.compare_reps, args.backend, **options)
         perturbed = metrics_of(
@@ -313,12 +317,19 @@ def main(argv: list[str] | None = None) -> int:
         "--compare-reps", type=int, default=None, help="repetitions of the comparisons (--reps)"
     )
     p.add_argument(
+        "--interaction-reps", type=int, default=60, help="repetitions of the ℓp comparison (cheap)"
+    )
+    p.add_argument(
+        "--lowrank-users", default="5000,20000,80000,320000", help="m of the low-rank baselines"
+    )
+    p.add_argument(
         "--comparisons-only", action="store_true", help="skip the error-vs-ε and -m curves"
     )
     args = p.parse_args(argv)
     if args.small:
         args.epsilons, args.users, args.reps, args.fixed_users = "1,4", "2000,8000", 2, 4000
-        args.sample_rates, args.compare_reps = "1,0.25", 1
+        args.sample_rates, args.compare_reps, args.interaction_reps = "1,0.25", 1, 2
+        args.lowrank_users = args.users
     if args.compare_reps is None:
         args.compare_reps = args.reps
     return jobs.run("vfl_primitives_curves", body, args)

@@ -340,6 +340,7 @@ def test_ray_equals_local(ray_cluster):
         ({"task": "kmeans", "baseline": "input-perturbation"}, "baseline"),
         ({"task": "kmeans", "baseline": "central", "sample_rate": 0.5}, "sample_rate"),
         ({"task": "kmeans", "sample_rate": 0.0}, "sample_rate"),
+        ({"task": "kmeans", "baseline": "central", "calibration": "exact"}, "calibration"),
         ({"task": "lp-moment", "sample_rate": 0.5}, "sample_rate"),
         ({"task": "kmeans", "interaction": "non-interactive"}, "interaction"),
     ],

@@ -141,6 +141,12 @@ class VflPrimitivesConfig:
                 f"baseline={self.baseline} has no {self.task} version",
                 f"task in {BASELINES[self.baseline]}, or baseline=none",
             )
+        if self.baseline == "central" and self.calibration != "paper":
+            raise ConfigError(
+                "calibration",
+                "the central baseline runs no randomized response to calibrate",
+                "calibration=paper (the default), or baseline=none",
+            )
         if self.baseline == "central" and self.sample_rate != 1.0:
             raise ConfigError(
                 "sample_rate",

@@ -11,7 +11,7 @@ import numpy as np
 import pyarrow as pa
 
 from rayfed.clustering.kmedian import cost
-from rayfed.ldp.patterns import exact_loss, predicted_variance
+from rayfed.ldp.patterns import exact_loss, one_hot, predicted_variance
 from rayfed.protocols.base import Outcome
 from rayfed.protocols.vfl_primitives.config import VflPrimitivesConfig
 from rayfed.protocols.vfl_primitives.params import (
@@ -19,6 +19,7 @@ from rayfed.protocols.vfl_primitives.params import (
     PerturbationParams,
     SketchParams,
     Truth,
+    pattern_weights,
 )
 
 L2_BIAS_NOTE = (
@@ -99,11 +100,35 @@ def lp_outcome(cfg: VflPrimitivesConfig, est: LpEstimate, truth: Truth | None) -
         metrics.update(
             true=true, relative_error=(est.estimate - true) / true, light_part_true=light_true
         )
+        sd = _light_part_sd(cfg, est, truth.a)
+        if sd is not None:
+            metrics["light_part_sd"] = sd
     return Outcome(
         tables={"result": pa.table({"estimate": [est.estimate]})},
         metrics=metrics,
         headline=f"ℓ{cfg.p:g} moment ≈ {est.estimate:.4g}",
     )
+
+
+MAX_EXACT_SD_PATTERNS = 20_000  # (M+1)^v above this: only the approximate predicted sd
+
+
+def _light_part_sd(cfg: VflPrimitivesConfig, est: LpEstimate, a: np.ndarray) -> float | None:
+    """The light part's exact sd from the raw data (not private; spec §2.1's variance law, the
+    patterns being uncorrelated): √(Σ_ρ (Σρ)^{2p} Σ_i [Π_j (c + a_ijρ) - Π_j a_ijρ]) over the
+    users the counts sum over — every user with L's values zeroed (interactive), or the users
+    outside L (non-interactive); values > M encode as all-zero. None for a large pattern space."""
+    size, v = est.big_m + 1, a.shape[1]
+    if size**v > MAX_EXACT_SD_PATTERNS:
+        return None
+    values = a.astype(np.int64)
+    if cfg.interaction == "interactive":
+        values[est.heavy_set] = 0
+    else:
+        values = np.delete(values, est.heavy_set, axis=0)
+    onehots = [one_hot(np.where(values[:, j] < size, values[:, j], -1), size) for j in range(v)]
+    var = predicted_variance(onehots, est.eps_prime, None, 1.0)
+    return float(np.sqrt((pattern_weights(size, v, cfg.p) ** 2 * var).sum()))
 
 
 def l2_outcome(
