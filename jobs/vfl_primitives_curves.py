@@ -224,7 +224,8 @@ def body(args) -> dict:
         "comparisons": comparisons,
         "seconds": time.perf_counter() - started,
     }
-    jobs.write_json(out / "vfl_primitives_curves.json", record)
+    name = "vfl_primitives_comparisons" if args.comparisons_only else "vfl_primitives_curves"
+    jobs.write_json(out / f"{name}.json", record)
     if rows:
         plot(rows, out / "vfl_primitives_curves.png")
     plot_comparisons(comparisons, out / "vfl_primitives_comparisons.png")
@@ -269,6 +270,8 @@ def plot_comparisons(rows, path) -> None:
     ax.plot(rates, [r["weights_rmse"] for r in sampled], "o-", label="measured RMSE")
     ax.plot(rates, [r["weights_predicted_sd"] for r in sampled], "k--", label="predicted sd")
     ax.set(xscale="log", yscale="log", xlabel="sample rate p", ylabel="grid-weight error")
+    ax.set_xticks(rates, [f"{x:g}" for x in rates])
+    ax.xaxis.set_minor_locator(plt.NullLocator())
     ax.set_title("k-means: sampled pattern counting (Thm B.2)", fontsize=9)
     for col, (comparison, task, x_key, y_key, title) in enumerate(
         (
@@ -280,9 +283,10 @@ def plot_comparisons(rows, path) -> None:
     ):
         ax = axes[col]
         chosen = [r for r in rows if r["comparison"] == comparison and r["task"] == task]
-        for variant in dict.fromkeys(r["variant"] for r in chosen):
+        variants = dict.fromkeys(r["variant"] for r in chosen)
+        for style, variant in zip(("o-", "s--", "^:", "v-."), variants, strict=False):
             pts = sorted((r[x_key], r[y_key]) for r in chosen if r["variant"] == variant)
-            ax.plot(*zip(*pts, strict=True), "o-", label=variant)
+            ax.plot(*zip(*pts, strict=True), style, label=variant, alpha=0.8)
         if comparison == "interaction":
             pts = sorted(
                 (r[x_key], r["light_part_predicted_sd"])
@@ -291,6 +295,9 @@ def plot_comparisons(rows, path) -> None:
             )
             ax.plot(*zip(*pts, strict=True), "k--", label="predicted sd")
         ax.set(xscale="log", yscale="log", xlabel="ε" if x_key == "epsilon" else "m (users)")
+        xs = sorted({r[x_key] for r in chosen})
+        ax.set_xticks(xs, [f"{x:g}" for x in xs], fontsize=7)
+        ax.xaxis.set_minor_locator(plt.NullLocator())
         ax.set_ylabel({"light_part_rmse": "RMSE", "mean": "cost or error ratio"}[y_key], fontsize=8)
         ax.set_title(title, fontsize=9)
     for ax in axes:
