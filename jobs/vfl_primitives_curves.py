@@ -156,7 +156,7 @@ def baseline_rows(args) -> list[dict]:
     """Spec §4.4's baselines vs m at ε = 4: k-means (pattern counting, central DP, exact counts,
     non-private VFL) and low rank (noisy sketch, input perturbation, noiseless sketch)."""
     rows = []
-    for m in jobs.numbers(args.users, int):
+    for m in jobs.numbers(args.kmeans_users, int):
         vfl = metrics_of("kmeans", args.compare_reps, args.backend, epsilon=4.0, users=m)
         central = metrics_of(
             "kmeans", args.compare_reps, args.backend, epsilon=4.0, users=m, baseline="central"
@@ -329,6 +329,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--lowrank-users", default="5000,20000,80000,320000", help="m of the low-rank baselines"
     )
+    p.add_argument("--kmeans-users", default=None, help="m of the k-means baselines (--users)")
     p.add_argument(
         "--comparisons-only", action="store_true", help="skip the error-vs-ε and -m curves"
     )
@@ -336,9 +337,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.small:
         args.epsilons, args.users, args.reps, args.fixed_users = "1,4", "2000,8000", 2, 4000
         args.sample_rates, args.compare_reps, args.interaction_reps = "1,0.25", 1, 2
-        args.lowrank_users = args.users
+        args.lowrank_users = args.kmeans_users = "2000"
     if args.compare_reps is None:
         args.compare_reps = args.reps
+    if args.kmeans_users is None:
+        args.kmeans_users = args.users
     return jobs.run("vfl_primitives_curves", body, args)
 
 

@@ -264,7 +264,7 @@ def test_central_baseline_is_a_trusted_curator_and_says_so():
     Laplace histogram (ℓ₁ sensitivity 2, ε/2) is charged run-wide, so each server spends ε/2
     (DPLSF) + ε/2; the statement says it is not DP in VFL. Its grid weights err by the Laplace sd
     √2·4/ε (pooled χ² over 2 runs x 16 cells), far below pattern counting's √m (4/ε_pc)^v."""
-    results = [run("kmeans", baseline="central", epsilon=2.0, users=5000, seed=s) for s in (0, 1)]
+    results = [run("kmeans", baseline="central", epsilon=2.0, users=2000, seed=s) for s in (0, 1)]
     p = results[0].privacy
     assert p.per_scope == pytest.approx({"p0": 2.0, "p1": 2.0, "run": 1.0}, rel=1e-9)
     assert "TRUSTED CURATOR" in p.statement and "not DP in VFL" in p.statement
@@ -276,7 +276,7 @@ def test_central_baseline_is_a_trusted_curator_and_says_so():
     squared = np.mean([r.metrics["weights_rmse"] ** 2 for r in results])
     assert abs(squared / laplace_sd**2 - 1) < 4 * math.sqrt(2 / 32)
     assert results[0].metrics["weights_predicted_sd"] == pytest.approx(laplace_sd)
-    vfl = run("kmeans", epsilon=2.0, users=5000, seed=0).metrics
+    vfl = run("kmeans", epsilon=2.0, users=2000, seed=0).metrics
     assert vfl["weights_rmse"] > 50 * results[0].metrics["weights_rmse"]  # check 8
 
 

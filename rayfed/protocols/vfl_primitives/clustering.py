@@ -7,6 +7,7 @@ curator's Laplace histogram of the labels."""
 from __future__ import annotations
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 
 from rayfed import rng
 from rayfed.actors.base import Message, StepContext
@@ -146,14 +147,19 @@ def _evaluate(
     spec §4.4's first baseline)."""
     reference = cluster(cfg, a, np.ones(len(a)), rng.stream(seed, "clustering", 2, "reference"))
     true_counts, onehots = label_counts(a, params.positions, local, cfg.k, cfg.radius)
-    exact = cluster(cfg, grid, true_counts, rng.stream(seed, "clustering", 3, "exact-counts"))
-    gen = rng.stream(seed, "clustering", 4, "nonprivate-vfl")
-    # the servers' non-private local clusterings: k-means++ / Lloyd (one start, to keep every
-    # evaluated run cheap; the DP runs' local DPLSF is a k-means heuristic for kmedian too)
-    plain = [weighted_kmeans(a[:, pos], np.ones(len(a)), cfg.k, gen, 1) for pos in params.positions]
-    plain_counts, _ = label_counts(a, params.positions, plain, cfg.k, cfg.radius)
-    plain_grid = product_grid(plain, params.positions, params.dims)
-    nonprivate_vfl = cluster(cfg, plain_grid, plain_counts, gen)
+    # one BLAS/OpenMP thread: on a busy machine scikit-learn's threaded Lloyd costs ~50 ms a start
+    # even on the 16-point grids; these baselines are evaluation only
+    with threadpool_limits(1):
+        exact = cluster(cfg, grid, true_counts, rng.stream(seed, "clustering", 3, "exact-counts"))
+        gen = rng.stream(seed, "clustering", 4, "nonprivate-vfl")
+        # the servers' non-private local clusterings: k-means++ / Lloyd (one start, to keep every
+        # evaluated run cheap; the DP runs' local DPLSF is a k-means heuristic for kmedian too)
+        plain = [
+            weighted_kmeans(a[:, pos], np.ones(len(a)), cfg.k, gen, 1) for pos in params.positions
+        ]
+        plain_counts, _ = label_counts(a, params.positions, plain, cfg.k, cfg.radius)
+        plain_grid = product_grid(plain, params.positions, params.dims)
+        nonprivate_vfl = cluster(cfg, plain_grid, plain_counts, gen)
     return report.ClusteringTruth(
         a=a,
         reference=reference,
