@@ -13,12 +13,18 @@ one server's data changes, in one user, so the servers' scopes compose in parall
   paper calls all its algorithms non-interactive); round 2, pattern counting (ε/2) on x^(j) with L
   zeroed. Estimate Σ_{i∈L} y_i^p + Σ_ρ count_ρ (Σρ)^p over patterns with Σρ <= M. At the
   theorem's M the light part's noise is astronomically large (spec §2.5): the result states its
-  predicted sd; ``bound`` overrides M to exercise the mechanics.
+  predicted sd; ``bound`` overrides M to exercise the mechanics. ``interaction=non-interactive``
+  (spec §2.5, not in the paper): M is public, so both messages go in one round and the CC leaves
+  L out of the counts itself; the same ε/2 + ε/2.
 * ``l2-moment`` — sketch-and-perturb (E.3): G x^(j) + N(0, σ_j²); the CC returns ‖Σ o^(j)‖²/s and the
   estimate debiased by Σσ_j² (the paper's raw estimator carries that bias).
 * ``kmeans`` / ``kmedian`` — Alg. 3: each server's (ε/2)-DP clustering (DPLSF) labels its users;
   pattern counting (ε/2) on the labels weighs the k^v product grid; weighted k-means / k-median.
+  ``sample_rate`` p < 1 counts only a public sample of users (Thm B.2): p·m·k bits per server,
+  the same ε, variance ≈ 1/p times larger. ``baseline=central`` (spec §4.4) replaces the pattern
+  counting by a trusted curator's Laplace histogram of the labels (central DP, not DP in VFL).
 * ``lowrank`` — Alg. 4: the CC takes the top-k right singular vectors of [G A^(1) + N^(1) | …].
+  ``baseline=input-perturbation`` (spec §4.4): [A^(1) + N^(1) | …] instead, σ calibrated alike.
 * ``regression`` — E.2: a label server adds G b + n; least squares on the noisy sketch, which is a
   sketched ridge regression with λ_j = σ_j² (reported).
 

@@ -16,6 +16,10 @@ MOMENT_TASKS = ("l1-moment", "lp-moment", "l2-moment")
 CLUSTER_TASKS = ("kmeans", "kmedian")
 SKETCH_TASKS = ("l2-moment", "lowrank", "regression")  # release a noisy Gaussian sketch (E.3)
 PATTERN_TASKS = ("lp-moment", *CLUSTER_TASKS)  # count patterns (Alg. 1)
+BASELINES = {  # spec §4.4: baseline -> the tasks it replaces the VFL algorithm of
+    "central": CLUSTER_TASKS,
+    "input-perturbation": ("lowrank",),
+}
 
 
 @dataclass(frozen=True)
@@ -90,6 +94,26 @@ class VflPrimitivesConfig:
         "lp-moment: pattern counts max(0, ·) as Alg. 2 (clipped) or unbiased (raw)",
         when={"task": ("lp-moment",)},
     )
+    interaction: Literal["interactive", "non-interactive"] = option(
+        "interactive",
+        "lp-moment: Alg. 2 as written (the CC sends L back before the pattern counting), or the "
+        "non-interactive variant (spec §2.5; not in the paper): one round, the CC drops L itself",
+        when={"task": ("lp-moment",)},
+    )
+    sample_rate: float = option(
+        1.0,
+        "kmeans/kmedian: rate p of the public sample whose labels are counted (Thm B.2); 1: all",
+        above=0,
+        at_most=1,
+        when={"task": CLUSTER_TASKS},
+    )
+    baseline: Literal["none", "central", "input-perturbation"] = option(
+        "none",
+        "a §4.4 baseline instead of the VFL algorithm: central (kmeans/kmedian: a trusted curator "
+        "releases a Laplace histogram of the labels; not DP in VFL), input-perturbation (lowrank: "
+        "each server releases A^(j) + N(0, σ²))",
+        when={"task": (*CLUSTER_TASKS, "lowrank")},
+    )
     calibration: Literal["paper", "exact"] = option(
         "paper",
         "pattern counting: ε'=ε/16 (paper; true loss ≈ ε/2) or ε'=tanh(ε/4)/2 (exact)",
@@ -111,6 +135,24 @@ class VflPrimitivesConfig:
         if self.task in PATTERN_TASKS and self.epsilon >= 8:
             raise ConfigError("epsilon", "pattern counting needs ε' = ε/16 < 1/2", "ε < 8")
         check_party_split(self)
+        if self.baseline != "none" and self.task not in BASELINES[self.baseline]:
+            raise ConfigError(
+                "baseline",
+                f"baseline={self.baseline} has no {self.task} version",
+                f"task in {BASELINES[self.baseline]}, or baseline=none",
+            )
+        if self.baseline == "central" and self.calibration != "paper":
+            raise ConfigError(
+                "calibration",
+                "the central baseline runs no randomized response to calibrate",
+                "calibration=paper (the default), or baseline=none",
+            )
+        if self.baseline == "central" and self.sample_rate != 1.0:
+            raise ConfigError(
+                "sample_rate",
+                "the central baseline counts every user's labels (no randomized response)",
+                "sample_rate=1, or baseline=none",
+            )
 
     def eps_prime(self, epsilon: float) -> float:
         """The randomized-response bias ε' of pattern counting at budget ``epsilon``."""

@@ -1,5 +1,6 @@
-"""The moment family of ``vfl-primitives``: ℓ1 (App. C), ℓp (Alg. 2, two rounds) and ℓ2
-(sketch-and-perturb, E.3) of the users' summed values x_i = Σ_j x^(j)_i."""
+"""The moment family of ``vfl-primitives``: ℓ1 (App. C), ℓp (Alg. 2: two rounds, or the
+non-interactive variant of spec §2.5 in one) and ℓ2 (sketch-and-perturb, E.3) of the users'
+summed values x_i = Σ_j x^(j)_i."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import numpy as np
 
 from rayfed.actors.base import Message, StepContext
 from rayfed.data.scaling import features_of
-from rayfed.ldp.patterns import per_user_variance_constant
+from rayfed.ldp.patterns import per_user_variance_constant, raw_counts, rr_event
 from rayfed.privacy import laplace, laplace_event
 from rayfed.protocols.base import Outcome, Plan
 from rayfed.protocols.vfl_primitives import report
@@ -20,7 +21,7 @@ from rayfed.protocols.vfl_primitives.params import (
     lp_constants,
     pattern_weights,
 )
-from rayfed.protocols.vfl_primitives.patterns import count_patterns
+from rayfed.protocols.vfl_primitives.patterns import count_patterns, pattern_bits_step
 from rayfed.protocols.vfl_primitives.sketches import sketch_round
 
 
@@ -52,16 +53,51 @@ def heavy_step(
     p: float,
 ) -> Message:
     """CC (Alg. 2): y = Σ y^(j); L = {i : y_i >= τ}; M; the heavy part Σ_{i∈L} y_i^p. Sends L, M."""
+    payload = heavy_coordinates(ys, v=v, m=m, eps=eps, alpha=alpha, bound=bound, p=p)
+    return Message("heavy_coordinates", payload, to="parties")
+
+
+def heavy_coordinates(
+    ys: dict[str, np.ndarray],
+    *,
+    v: int,
+    m: int,
+    eps: float,
+    alpha: float,
+    bound: int | None,
+    p: float,
+) -> dict:
+    """y = Σ y^(j); L = {i : y_i >= τ}; the bound M (given, or the theorem's); Σ_{i∈L} y_i^p."""
     y = np.sum([ys[name] for name in sorted(ys)], axis=0)
     _, tau, big_m = lp_constants(v, m, eps, alpha)
     heavy = np.flatnonzero(y >= tau)
-    payload = {
+    return {
         "L": heavy,
         "M": bound or big_m,
         "theorem_M": big_m,
         "heavy_part": float(np.sum(y[heavy] ** p)),
     }
-    return Message("heavy_coordinates", payload, to="parties")
+
+
+def light_counts_step(
+    ctx: StepContext,
+    ys: dict[str, np.ndarray],
+    bits: dict[str, dict],
+    *,
+    order: list[str],
+    eps_prime: float,
+    **heavy_args,
+) -> dict:
+    """CC (non-interactive Alg. 2, spec §2.5): the heavy set L from the noisy vectors, and the raw
+    pattern counts of the servers' RR bits summed over the users outside L only — it sends
+    nothing back. Returns the heavy-set facts with the counts under "counts"."""
+    heavy = heavy_coordinates(ys, **heavy_args)
+    light = np.ones(heavy_args["m"], dtype=bool)
+    light[heavy["L"]] = False
+    unpacked = [
+        np.unpackbits(bits[q]["bits"], axis=1, count=bits[q]["users"])[:, light] for q in order
+    ]
+    return {**heavy, "counts": raw_counts(unpacked, eps_prime, None, 1.0)}
 
 
 def l2_step(
@@ -95,6 +131,8 @@ def _l1(fed, cfg: VflPrimitivesConfig, plan: Plan) -> Outcome:
 
 def _lp(fed, cfg: VflPrimitivesConfig, plan: Plan) -> Outcome:
     """Round 0: noisy vectors, the CC's heavy set; round 1: pattern counting with L zeroed."""
+    if cfg.interaction == "non-interactive":
+        return _lp_non_interactive(fed, cfg, plan)
     params: Params = plan.params
     order, v, m = params.order, len(params.order), params.users
     with fed.round(0):
@@ -124,11 +162,57 @@ def _lp(fed, cfg: VflPrimitivesConfig, plan: Plan) -> Outcome:
     return report.lp_outcome(cfg, estimate, plan.evaluation)
 
 
+def _lp_non_interactive(fed, cfg: VflPrimitivesConfig, plan: Plan) -> Outcome:
+    """Spec §2.5's non-interactive variant (not in the paper): M depends only on public values
+    (m, v, ε, α, or the given bound), so every server sends its noisy vector (ε/2) and the pattern
+    bits of its raw x^(j) (ε/2; values > M as all-zero) at once, and the CC drops the users of L
+    from the counts itself. One round, nothing sent back; the same ε/2 + ε/2 per server (basic
+    composition of two releases of the same data)."""
+    params: Params = plan.params
+    order, v, m = params.order, len(params.order), params.users
+    size = (cfg.bound or lp_constants(v, m, cfg.epsilon, cfg.alpha)[2]) + 1
+    eps_prime = cfg.eps_prime(cfg.epsilon / 2)
+    with fed.round(0):
+        fed.charge(
+            [(p, "per-entry Laplace (ε/2)", laplace_event(1, cfg.epsilon / 2)) for p in order]
+            + [(p, "pattern counting (randomized response)", rr_event(eps_prime)) for p in order]
+        )
+        ys = fed.parties.run(noisy_vector_step, eps=cfg.epsilon, phase="noisy-vectors")
+        bits = fed.parties.run(
+            pattern_bits_step,
+            None,
+            size=size,
+            eps_prime=eps_prime,
+            round=0,
+            source="column",
+            phase="pattern-counting",
+        )
+        reply = fed.coordinator.call(
+            light_counts_step,
+            ys,
+            bits,
+            order=order,
+            eps_prime=eps_prime,
+            v=v,
+            m=m,
+            eps=cfg.epsilon,
+            alpha=cfg.alpha,
+            bound=cfg.bound,
+            p=cfg.p,
+            phase="counts",
+        )
+    counts = np.asarray(reply.pop("counts"))
+    estimate = lp_estimate(cfg, reply, counts, eps_prime, v, m - len(reply["L"]))
+    for note in report.lp_notes(cfg, estimate):
+        fed.note(note)
+    return report.lp_outcome(cfg, estimate, plan.evaluation)
+
+
 def lp_estimate(
     cfg: VflPrimitivesConfig, heavy: dict, counts: np.ndarray, eps_prime: float, v: int, m: int
 ) -> report.LpEstimate:
     """Σ_{i∈L} y_i^p + Σ_ρ count_ρ (Σρ)^p over the patterns ρ in {0..M}^v, and the light part's
-    predicted sd."""
+    predicted sd (``m``: the users the counts sum over)."""
     weights = pattern_weights(heavy["M"] + 1, v, cfg.p)
     used = np.maximum(counts, 0.0) if cfg.counts == "clipped" else counts
     light = float((used * weights).sum())

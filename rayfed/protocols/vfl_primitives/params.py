@@ -41,6 +41,19 @@ class SketchParams(Params):
 
 
 @dataclass(frozen=True)
+class PerturbationParams(Params):
+    """lowrank with baseline=input-perturbation (spec §4.4): a server's ℓ₂ sensitivity (ν: one
+    row of A^(j) moves by at most ν), the noise multiplier z and σ = z · ν per entry — the same
+    RDP calibration for one Gaussian release at (ε, δ) as the sketch's — and each server's
+    number of columns d^(j) (it sends m x d^(j) reals)."""
+
+    widths: list[int]
+    sensitivity: float
+    z: float
+    sigma: float
+
+
+@dataclass(frozen=True)
 class Truth:
     """The non-private answer's inputs (never given to an actor): the full matrix A, and the labels
     b of regression."""

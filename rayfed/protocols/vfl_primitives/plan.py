@@ -22,6 +22,7 @@ from rayfed.protocols.vfl_primitives.config import (
 from rayfed.protocols.vfl_primitives.params import (
     ClusteringParams,
     Params,
+    PerturbationParams,
     SketchParams,
     Truth,
     column_norm_bound,
@@ -35,6 +36,12 @@ DEFAULT_DIMS = {"kmeans": 6, "kmedian": 6, "lowrank": 20, "regression": 10}
 STATEMENT = (
     "DP in VFL (Def. 1.2): one server's data changes, in one user; each server's messages depend "
     "only on its own data (and public values), so the servers' scopes compose in parallel"
+)
+CENTRAL_STATEMENT = (
+    "central DP with a TRUSTED CURATOR (baseline=central, spec §4.4): one server's data changes, "
+    "in one user; the servers' local centers are DP, but they send their labels in the clear to "
+    "the CC, whose Laplace histogram (run-wide scope) is DP — the servers' messages are not, so "
+    "this is not DP in VFL"
 )
 
 
@@ -65,16 +72,18 @@ def plan(cfg: VflPrimitivesConfig, seed: int) -> Plan:
             b=table.column(label).to_numpy().astype(np.float64) if label else None,
         )
     gaussian = cfg.task in SKETCH_TASKS
+    # a pattern task's counting is a second round, except in non-interactive lp-moment
+    two_rounds = cfg.task in PATTERN_TASKS and cfg.interaction == "interactive"
     return Plan(
         budget=Budget(cfg.epsilon, cfg.delta if gaussian else 0.0),
         ledger=dict(
             accountant="rdp" if gaussian else "pure",
             relation="replace_one",
             composition="parallel",
-            statement=STATEMENT,
+            statement=CENTRAL_STATEMENT if cfg.baseline == "central" else STATEMENT,
         ),
         parties=parties,
-        rounds=2 if cfg.task in PATTERN_TASKS else 1,
+        rounds=2 if two_rounds else 1,
         evaluation=truth,
         params=params,
     )
@@ -90,9 +99,18 @@ def _params(cfg: VflPrimitivesConfig, seed: int, groups: dict[str, list[str]], m
         return ClusteringParams(order=order, users=m, dims=d, positions=positions)
     if cfg.task not in SKETCH_TASKS:
         return Params(order=order, users=m)
+    z = gaussian_noise_multiplier(cfg.epsilon, cfg.delta, steps=1, relation="replace_one")
+    if cfg.baseline == "input-perturbation":  # no sketch: the rows themselves, sensitivity ν
+        return PerturbationParams(
+            order=order,
+            users=m,
+            widths=[len(groups[p]) for p in order],
+            sensitivity=cfg.nu,
+            z=z,
+            sigma=z * cfg.nu,
+        )
     s = sketch_size(cfg, d)
     attempt, _ = passing_sketch(seed, s, m)
-    z = gaussian_noise_multiplier(cfg.epsilon, cfg.delta, steps=1, relation="replace_one")
     sensitivity = cfg.nu * column_norm_bound(s, m)
     return SketchParams(
         order=order,

@@ -11,10 +11,16 @@ import numpy as np
 import pyarrow as pa
 
 from rayfed.clustering.kmedian import cost
-from rayfed.ldp.patterns import exact_loss
+from rayfed.ldp.patterns import exact_loss, one_hot, predicted_variance
 from rayfed.protocols.base import Outcome
 from rayfed.protocols.vfl_primitives.config import VflPrimitivesConfig
-from rayfed.protocols.vfl_primitives.params import Params, SketchParams, Truth
+from rayfed.protocols.vfl_primitives.params import (
+    Params,
+    PerturbationParams,
+    SketchParams,
+    Truth,
+    pattern_weights,
+)
 
 L2_BIAS_NOTE = (
     "the paper's estimator ‖Σo‖²/s is biased by +Σσ_j²; `estimate` removes it (not in the paper)"
@@ -56,9 +62,17 @@ class LpEstimate:
 
 
 def lp_notes(cfg: VflPrimitivesConfig, est: LpEstimate) -> list[str]:
-    return [
+    interaction = (
         "Alg. 2 is interactive: the CC sends the heavy set L back before round 2 (the paper calls "
-        "its algorithms non-interactive); privacy holds by adaptive composition (ε/2 + ε/2)",
+        "its algorithms non-interactive); privacy holds by adaptive composition (ε/2 + ε/2)"
+        if cfg.interaction == "interactive"
+        else "non-interactive variant of Alg. 2 (spec §2.5; a deviation from the paper): M is "
+        "public, each server sends its noisy vector (ε/2) and the pattern bits of its raw values "
+        "(ε/2; values > M as all-zero) in one round, and the CC leaves the users of L out of the "
+        "counts; nothing is sent back; ε/2 + ε/2 by basic composition"
+    )
+    return [
+        interaction,
         f"pattern bound M = {est.big_m} ({'given' if cfg.bound else 'the theorem'}: theorem's M = "
         f"{est.theorem_m}); predicted sd of the light part {est.predicted_sd:.3g}",
         "Thm C.2's explicit bound omits a factor of about the number of patterns (spec §2.5)",
@@ -86,11 +100,35 @@ def lp_outcome(cfg: VflPrimitivesConfig, est: LpEstimate, truth: Truth | None) -
         metrics.update(
             true=true, relative_error=(est.estimate - true) / true, light_part_true=light_true
         )
+        sd = _light_part_sd(cfg, est, truth.a)
+        if sd is not None:
+            metrics["light_part_sd"] = sd
     return Outcome(
         tables={"result": pa.table({"estimate": [est.estimate]})},
         metrics=metrics,
         headline=f"ℓ{cfg.p:g} moment ≈ {est.estimate:.4g}",
     )
+
+
+MAX_EXACT_SD_PATTERNS = 20_000  # (M+1)^v above this: only the approximate predicted sd
+
+
+def _light_part_sd(cfg: VflPrimitivesConfig, est: LpEstimate, a: np.ndarray) -> float | None:
+    """The light part's exact sd from the raw data (not private; spec §2.1's variance law, the
+    patterns being uncorrelated): √(Σ_ρ (Σρ)^{2p} Σ_i [Π_j (c + a_ijρ) - Π_j a_ijρ]) over the
+    users the counts sum over — every user with L's values zeroed (interactive), or the users
+    outside L (non-interactive); values > M encode as all-zero. None for a large pattern space."""
+    size, v = est.big_m + 1, a.shape[1]
+    if size**v > MAX_EXACT_SD_PATTERNS:
+        return None
+    values = a.astype(np.int64)
+    if cfg.interaction == "interactive":
+        values[est.heavy_set] = 0
+    else:
+        values = np.delete(values, est.heavy_set, axis=0)
+    onehots = [one_hot(np.where(values[:, j] < size, values[:, j], -1), size) for j in range(v)]
+    var = predicted_variance(onehots, est.eps_prime, None, 1.0)
+    return float(np.sqrt((pattern_weights(size, v, cfg.p) ** 2 * var).sum()))
 
 
 def l2_outcome(
@@ -115,34 +153,85 @@ def l2_outcome(
 
 
 # --- clustering ------------------------------------------------------------------------------------
+CENTRAL_NOTE = (
+    "baseline=central (spec §4.4): a TRUSTED CURATOR — the servers send their local labels in the "
+    "clear to the CC, which releases a Laplace histogram of them (ε/2, charged run-wide). The "
+    "guarantee above is central DP of the CC's output only; the servers' messages are not private, "
+    "so this is NOT DP in VFL. A baseline, to show the √m price of VFL"
+)
+
+
+@dataclass(frozen=True)
+class Communication:
+    """What a server sends in the pattern counting of the labels: users of the public sample,
+    and their randomized-response bits (k per user)."""
+
+    users_sent: int
+    bits_per_server: int
+
+
+@dataclass(frozen=True)
+class ClusteringTruth:
+    """Non-private answers for a clustering run (from the raw data A, outside the protocol): the
+    clustering of A, the true counts of the grid's cells and the servers' one-hot labels, the
+    grid clustered with the true counts, and the non-private VFL pipeline's centers."""
+
+    a: np.ndarray
+    reference: np.ndarray
+    true_counts: np.ndarray
+    onehots: list[np.ndarray]
+    exact_counts: np.ndarray
+    nonprivate_vfl: np.ndarray
+
+
 def clustering_outcome(
     cfg: VflPrimitivesConfig,
     grid: np.ndarray,
     final: np.ndarray,
-    eps_prime: float,
-    truth: Truth | None,
-    reference: np.ndarray | None,
+    raw: np.ndarray,
+    eps_prime: float | None,
+    sent: Communication,
+    truth: ClusteringTruth | None,
 ) -> Outcome:
-    """``reference``: the non-private clustering of A (with ``truth``)."""
+    """``raw``: the grid weights before max(0, ·); ``eps_prime``: the RR bias (None: the central
+    baseline, which runs no randomized response)."""
     p = 2.0 if cfg.task == "kmeans" else 1.0
-    metrics: dict[str, Any] = {
-        "task": cfg.task,
-        "k": cfg.k,
-        "grid_cells": int(grid.shape[0]),
-        "exact_epsilon_pattern_counting": exact_loss(eps_prime),
-    }
+    metrics: dict[str, Any] = {"task": cfg.task, "k": cfg.k, "grid_cells": int(grid.shape[0])}
+    if cfg.baseline == "central":
+        metrics.update(baseline="central", trusted_curator=True)
+    else:
+        metrics.update(
+            exact_epsilon_pattern_counting=exact_loss(eps_prime),
+            sample_rate=cfg.sample_rate,
+            users_sent=sent.users_sent,
+            pattern_bits_per_server=sent.bits_per_server,
+        )
     headline = f"{cfg.task}: {cfg.k} centers from a {grid.shape[0]}-cell product grid"
     if truth is not None:
         a = truth.a
+        base = cost(a, truth.reference, p)
         metrics.update(
             cost=cost(a, final, p),
-            cost_nonprivate=cost(a, reference, p),
-            cost_ratio=cost(a, final, p) / cost(a, reference, p),
+            cost_nonprivate=base,
+            cost_ratio=cost(a, final, p) / base,
             cost_product_grid=cost(a, grid, p),
+            cost_ratio_exact_counts=cost(a, truth.exact_counts, p) / base,
+            cost_ratio_nonprivate_vfl=cost(a, truth.nonprivate_vfl, p) / base,
+            weights_rmse=float(np.sqrt(np.mean((raw - truth.true_counts) ** 2))),
+            weights_predicted_sd=_weights_sd(cfg, truth, eps_prime),
         )
         headline += f"; cost / non-private {metrics['cost_ratio']:.3f}"
     table = pa.table({f"c{i}": final[:, i] for i in range(final.shape[1])})
     return Outcome(tables={"centers": table}, metrics=metrics, headline=headline)
+
+
+def _weights_sd(cfg: VflPrimitivesConfig, truth: ClusteringTruth, eps_prime: float | None) -> float:
+    """Root mean (over cells) of the predicted variance of a raw grid weight: pattern counting's
+    Σ_i [(1/p) Π_j (c + a_ij) - Π_j a_ij] (spec §2.2), or the central Laplace's 2·(2/(ε/2))²."""
+    if eps_prime is None:
+        return math.sqrt(2) * 2 / (cfg.epsilon / 2)
+    var = predicted_variance(truth.onehots, eps_prime, None, cfg.sample_rate)
+    return float(np.sqrt(np.mean(var)))
 
 
 # --- sketches --------------------------------------------------------------------------------------
@@ -171,26 +260,65 @@ def _sketch_metrics(cfg: VflPrimitivesConfig, params: SketchParams) -> dict[str,
     }
 
 
+def _lowrank_errors(k: int, a: np.ndarray, v_mat: np.ndarray) -> dict[str, float]:
+    """‖A - AVVᵀ‖_F, ‖A - A_k‖_F, their ratio and the excess."""
+    err = float(np.linalg.norm(a - a @ v_mat @ v_mat.T))
+    sv = np.linalg.svd(a, compute_uv=False)
+    best = float(np.sqrt((sv[k:] ** 2).sum()))
+    return {"error": err, "best_rank_k_error": best, "ratio": err / best, "excess": err - best}
+
+
 def lowrank_outcome(
-    cfg: VflPrimitivesConfig, params: SketchParams, v_mat: np.ndarray, truth: Truth | None
+    cfg: VflPrimitivesConfig,
+    params: SketchParams,
+    v_mat: np.ndarray,
+    truth: Truth | None,
+    noiseless: np.ndarray | None = None,
 ) -> Outcome:
+    """``noiseless``: the top-k right singular vectors of the same sketch without noise (the
+    non-private VFL baseline, from the raw data; with ``truth``)."""
     metrics = _sketch_metrics(cfg, params)
     headline = f"top-{cfg.k} right singular vectors from an s={params.s} sketch"
     if truth is not None:
         a = truth.a
-        err = float(np.linalg.norm(a - a @ v_mat @ v_mat.T))
-        sv = np.linalg.svd(a, compute_uv=False)
-        best = float(np.sqrt((sv[cfg.k :] ** 2).sum()))
         metrics.update(
-            error=err,
-            best_rank_k_error=best,
-            ratio=err / best,
-            excess=err - best,
+            **_lowrank_errors(cfg.k, a, v_mat),
             excess_bound=2
             * params.sigma
             * math.sqrt(2 * a.shape[1])
             / math.sqrt(1 - min(cfg.alpha, 0.99)),
         )
+        if noiseless is not None:
+            metrics["ratio_noiseless_sketch"] = _lowrank_errors(cfg.k, a, noiseless)["ratio"]
+        headline += f"; ‖A - AVVᵀ‖ / ‖A - A_k‖ = {metrics['ratio']:.3f}"
+    table = pa.table({f"v{i}": v_mat[:, i] for i in range(v_mat.shape[1])})
+    return Outcome(tables={"result": table}, metrics=metrics, headline=headline)
+
+
+def perturbation_note(cfg: VflPrimitivesConfig, params: PerturbationParams) -> str:
+    return (
+        "baseline=input-perturbation (spec §4.4, not the paper's algorithm): each server releases "
+        f"A^(j) + N(0, σ²), σ = {params.sigma:.4g} per entry (the same dp-accounting RDP "
+        f"calibration at (ε, δ) as the sketch's, with sensitivity ν = {cfg.nu:g}); the CC takes the "
+        "top-k right singular vectors of the noisy rows. m x d^(j) reals per server"
+    )
+
+
+def perturbation_outcome(
+    cfg: VflPrimitivesConfig, params: PerturbationParams, v_mat: np.ndarray, truth: Truth | None
+) -> Outcome:
+    metrics: dict[str, Any] = {
+        "task": cfg.task,
+        "baseline": "input-perturbation",
+        "sigma": params.sigma,
+        "sensitivity": params.sensitivity,
+        "reals_per_server": {
+            p: params.users * d for p, d in zip(params.order, params.widths, strict=True)
+        },
+    }
+    headline = f"top-{cfg.k} right singular vectors of the input-perturbed rows (baseline)"
+    if truth is not None:
+        metrics.update(_lowrank_errors(cfg.k, truth.a, v_mat))
         headline += f"; ‖A - AVVᵀ‖ / ‖A - A_k‖ = {metrics['ratio']:.3f}"
     table = pa.table({f"v{i}": v_mat[:, i] for i in range(v_mat.shape[1])})
     return Outcome(tables={"result": table}, metrics=metrics, headline=headline)

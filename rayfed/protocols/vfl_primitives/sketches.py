@@ -1,6 +1,7 @@
 """The sketch family of ``vfl-primitives``: the shared Gaussian sketch G, the round in which every
 server releases G A^(j) + N(0, σ²) (l2-moment, lowrank, regression), and the tasks lowrank
-(Alg. 4) and regression (E.2)."""
+(Alg. 4) and regression (E.2). lowrank's input-perturbation baseline (spec §4.4) releases
+A^(j) + N(0, σ²) instead, without a sketch."""
 
 from __future__ import annotations
 
@@ -14,7 +15,11 @@ from rayfed.privacy import gaussian, gaussian_event
 from rayfed.protocols.base import Outcome, Plan
 from rayfed.protocols.vfl_primitives import report
 from rayfed.protocols.vfl_primitives.config import VflPrimitivesConfig
-from rayfed.protocols.vfl_primitives.params import SketchParams, column_norm_bound
+from rayfed.protocols.vfl_primitives.params import (
+    PerturbationParams,
+    SketchParams,
+    column_norm_bound,
+)
 
 LABEL_SERVER = "labels"
 SKETCH_CHUNK = 8192
@@ -65,6 +70,14 @@ def sketch_step(ctx: StepContext, *, s: int, attempt: int, z: float, sensitivity
     return Message("noisy_sketch", noisy, dp_event=event)
 
 
+def perturbed_rows_step(ctx: StepContext, *, z: float, sensitivity: float) -> Message:
+    """Server (input-perturbation baseline): A^(j) + N(0, σ²) per entry, σ = z·ν — every row,
+    m x d^(j) reals."""
+    rows = features_of(ctx.table, ctx.meta["columns"])
+    noisy, event = gaussian(ctx.noise, rows, l2_sensitivity=sensitivity, noise_multiplier=z)
+    return Message("noisy_rows", noisy, dp_event=event)
+
+
 # --- the coordinator -------------------------------------------------------------------------------
 def lowrank_step(
     ctx: StepContext, sketches: dict[str, np.ndarray], *, order: list[str], k: int
@@ -104,13 +117,34 @@ def sketch_round(fed, params: SketchParams, senders: list[str], combine, **kwarg
         )
 
 
+def perturbation_round(fed, params: PerturbationParams, k: int) -> np.ndarray:
+    """Input perturbation (spec §4.4): every server's noisy rows; the CC's top-k right singular
+    vectors of [A^(1) + N^(1) | …] (the same combination as Alg. 4's, without the sketch)."""
+    with fed.round(0):
+        fed.charge(
+            [(q, "input perturbation (Gaussian)", gaussian_event(params.z)) for q in params.order]
+        )
+        rows = fed.parties.run(
+            perturbed_rows_step, z=params.z, sensitivity=params.sensitivity, phase="noisy-rows"
+        )
+        return fed.coordinator.call(lowrank_step, rows, order=params.order, k=k, phase="combine")
+
+
 def drive(fed, cfg: VflPrimitivesConfig, plan: Plan) -> Outcome:
     """lowrank or regression: one sketch round (regression adds the label server's sketch)."""
     params: SketchParams = plan.params
+    if cfg.baseline == "input-perturbation":
+        v_mat = perturbation_round(fed, plan.params, cfg.k)
+        fed.note(report.perturbation_note(cfg, plan.params))
+        return report.perturbation_outcome(cfg, plan.params, v_mat, plan.evaluation)
     if cfg.task == "lowrank":
         v_mat = sketch_round(fed, params, params.order, lowrank_step, k=cfg.k)
         fed.note(report.sigma_note(cfg, params))
-        return report.lowrank_outcome(cfg, params, v_mat, plan.evaluation)
+        noiseless = None
+        if plan.evaluation is not None:  # spec §4.4's non-private baseline: the same G, no noise
+            sketch = sketch_multiply(fed.seed, params.attempt, params.s, plan.evaluation.a)
+            noiseless = np.linalg.svd(sketch, full_matrices=False)[2][: cfg.k].T
+        return report.lowrank_outcome(cfg, params, v_mat, plan.evaluation, noiseless)
     x = sketch_round(fed, params, [*params.order, LABEL_SERVER], regression_step)
     fed.note(report.sigma_note(cfg, params))
     fed.note(report.ridge_note(params))
