@@ -289,6 +289,18 @@ def checks_of(rows, ablations, thm6) -> dict:
             checks[f"R3 S=2 ε=4: DPFMPS ({name}) = {ratio:.2f} x central DPLSF <= 1.3"] = (
                 ratio <= 1.3
             )
+    radius = "θ-radius"  # DPLSF's θ in radius units, as Google's library (issue 18)
+    for eps in (1.0, 4.0):
+        ours, theirs = loss(2, eps, "central-dplsf", radius), PAPER.get((2, eps, "central-dplsf"))
+        if ours is not None:
+            checks[f"central DPLSF (θ radius) ε={eps:g}: {ours:.3f} within ±30% of {theirs[0]}"] = (
+                abs(ours / theirs[0] - 1) <= 0.3
+            )
+    if loss(2, 4.0, "dpfmps-2pest", radius) is not None:
+        d = loss(2, 1.0, "dpfmps-2pest", radius)
+        checks[f"R2 S=2 ε=1: DPFMPS (θ radius) {d:.3f} within ±50% of 0.72"] = 0.36 < d < 1.08
+        ratio = loss(2, 4.0, "dpfmps-2pest", radius) / loss(2, 4.0, "central-dplsf", radius)
+        checks[f"R3 S=2 ε=4: DPFMPS (θ radius) = {ratio:.2f} x central DPLSF <= 1.3"] = ratio <= 1.3
     for eps, order in (
         (1.0, ("dpfmps-2pest", "ind-lap", "ldp-agg-2pest")),
         (4.0, ("dpfmps-2pest", "ldp-agg-2pest", "ind-lap")),
