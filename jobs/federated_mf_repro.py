@@ -207,7 +207,12 @@ def plot(rows, central, lines, curve, epsilons, settings, path) -> None:
                 label="federated non-private (noise=none)",
             )
         ax.axhline(central, color="grey", linestyle=":", label="central non-private")
-        ax.set(xscale="log", xlabel="ε (per user)", ylabel="test MSE", title=setting.upper())
+        ax.set(
+            xscale="log",
+            xlabel="ε (per user; the tuned curve per rating)",
+            ylabel="test MSE",
+            title=setting.upper(),
+        )
         ax.set_xticks(epsilons, [f"{e:g}" for e in epsilons])
         ax.minorticks_off()
         ax.grid(alpha=0.3)
