@@ -1,5 +1,6 @@
 """LFL-SGDMF (spec federated-mf.md §2.7-2.9): noise algebra, the aggregate noise law, thresholds,
-the honest ε of both modes, and the orderings against the baselines."""
+the honest ε of both modes, and the orderings against the baselines; VFL/HFL orderings, and the
+non-private federated reference and learning-rate schedule of spec check C3."""
 
 import math
 
@@ -407,6 +408,7 @@ def test_lfl_users_follow_the_population_models():
 
 # --- spec C3: the non-private federated reference and the learning rate (issue 18) ---------------
 C3 = dict(iterations=100, backend="local", out_dir=None)
+SMALL_PARTS = dict(users=200, items=30, backend="local", out_dir=None)
 
 
 @pytest.mark.parametrize("setting", ["vfl", "hfl"])
@@ -443,9 +445,6 @@ def test_noise_none_applies_to_the_noisy_partitioned_methods_only():
         "federated-mf", setting="vfl", method="local", noise="none", iterations=2, **SMALL_PARTS
     )
     assert local.privacy.entries == []
-
-
-SMALL_PARTS = dict(users=200, items=30, backend="local", out_dir=None)
 
 
 def test_step_rates_follow_the_schedule_and_constant_stays_a_number():

@@ -21,6 +21,11 @@ from rayfed.protocols.federated_mf import ratings as ratings_data
 from rayfed.protocols.federated_mf.config import FederatedMFConfig
 from rayfed.protocols.federated_mf.partitioned.params import PartitionedParams
 
+NOT_PRIVATE = (
+    "not private (noise=none): the federated rounds without noise, a reference; every upload "
+    "and the published embeddings reveal the ratings"
+)
+
 
 def plan(cfg: FederatedMFConfig, seed: int) -> Plan:
     vfl = cfg.setting == "vfl"
@@ -70,12 +75,6 @@ def plan(cfg: FederatedMFConfig, seed: int) -> Plan:
             shares={name: meta["m_share"] for name, (_, meta) in parties.items()},
         ),
     )
-
-
-NOT_PRIVATE = (
-    "not private (noise=none): the federated rounds without noise, a reference; every upload "
-    "and the published embeddings reveal the ratings"
-)
 
 
 def _check_parties(cfg: FederatedMFConfig, axis: int, vfl: bool) -> None:
