@@ -159,7 +159,8 @@ class FederatedMFConfig:
     )
     vfl_lr: float = option(
         0.05,
-        "VFL/HFL: learning rate of the local DP-SGD steps (constant)",
+        "VFL/HFL: learning rate of the local DP-SGD steps (constant; with vfl_lr_end, the start "
+        "of its decay). ML-100K wants more: see docs/protocols/federated-mf.md",
         above=0,
         when=PARTITIONED,
     )
