@@ -9,7 +9,7 @@ import numpy as np
 from dp_accounting import dp_event
 
 from rayfed import rng
-from rayfed.mf import Ratings, gradient_sums, project, row_sums
+from rayfed.mf import Ratings, gradient_sums, learning_rate, project, row_sums
 from rayfed.privacy import NoiseSource, gaussian
 from rayfed.privacy.calibration import gaussian_steps_event
 
@@ -66,6 +66,15 @@ def trim_mask(
     return keep
 
 
+def step_rates(lr: float, lr_end: float | None, first: int, steps: int, total: int):
+    """The learning rates of steps ``first`` .. ``first + steps - 1`` of ``total``: ``lr`` itself
+    when ``lr_end`` is None (constant), else the linear decay from lr to lr_end over the first
+    80 % of the ``total`` steps, then lr_end (spec §5.3, §7.9)."""
+    if lr_end is None:
+        return lr
+    return np.array([learning_rate(first + s, total, lr, lr_end) for s in range(steps)])
+
+
 def dp_sgd(
     noise: NoiseSource,
     u: np.ndarray,
@@ -75,32 +84,40 @@ def dp_sgd(
     *,
     steps: int,
     round: int,
-    lr: float,
+    lr: float | np.ndarray,
     rate: float,
-    z: float,
+    z: float | None,
     sensitivity: float,
     bound: float,
     m_share: float,
     update_u: bool,
-) -> tuple[np.ndarray, np.ndarray, dp_event.DpEvent]:
+) -> tuple[np.ndarray, np.ndarray, dp_event.DpEvent | None]:
     """``steps`` DP-SGD steps (spec §2.5) on the (users, items, ratings) ``train`` of ``n`` users:
     Poisson user sampling, the released gradient sums plus N(0, (zΔ)²) through
     :func:`rayfed.privacy.gaussian` (on (g_U, g_V) jointly when U is updated, Δ their joint
     sensitivity), divided by the public B = η|Ω|, projected. Returns (U, V, the event of the
-    ``steps`` releases)."""
+    ``steps`` releases). ``lr``: one rate, or one per step (:func:`step_rates`). ``z=None``: the
+    same steps without noise (the non-private federated reference, spec §6 C3), and no event:
+    nothing is DP."""
     users, items, ratings = train
     b = max(rate * users.size, 1.0)
+    rates = np.broadcast_to(lr, (steps,))
     event = None
-    for _ in range(steps):
+    for gamma in rates:
         sampled = noise.generator("sample", round).random(n) < rate
         rows = np.flatnonzero(sampled[users])
         batch = Ratings(users[rows], items[rows], ratings[rows], n, v.shape[0], 0, bound)
         g_u, g_v = gradient_sums(u, v, batch)
         released = np.concatenate([g_u.ravel(), g_v.ravel()]) if update_u else g_v.ravel()
-        noisy, event = gaussian(
-            noise, released, l2_sensitivity=sensitivity, noise_multiplier=z, round=round
-        )
+        if z is None:
+            noisy = released
+        else:
+            noisy, event = gaussian(
+                noise, released, l2_sensitivity=sensitivity, noise_multiplier=z, round=round
+            )
         if update_u:
-            u = project(u - lr * noisy[: u.size].reshape(u.shape) / b, bound)
-        v = project(v - lr * m_share * noisy[-v.size :].reshape(v.shape) / b, bound)
+            u = project(u - gamma * noisy[: u.size].reshape(u.shape) / b, bound)
+        v = project(v - gamma * m_share * noisy[-v.size :].reshape(v.shape) / b, bound)
+    if z is None:
+        return u, v, None
     return u, v, gaussian_steps_event(event.noise_multiplier, steps, rate)

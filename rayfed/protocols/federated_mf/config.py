@@ -14,6 +14,7 @@ from rayfed.protocols.base import reconcile_randomness
 
 LFL = {"setting": ("lfl",)}
 PARTITIONED = {"setting": ("vfl", "hfl")}
+PRIVATE = {"noise": ("gaussian",)}
 #: the methods each setting runs: its own algorithm first (the default), then its baselines
 METHODS = {
     "lfl": ("lfl", "ldp", "stage1", "central"),
@@ -42,9 +43,14 @@ class FederatedMFConfig:
         when=LFL,
     )
     epsilon: float = option(
-        1.0, "target ε (per user, or per rating in VFL/HFL with privacy_unit=rating)", above=0
+        1.0,
+        "target ε (per user, or per rating in VFL/HFL with privacy_unit=rating)",
+        above=0,
+        when=PRIVATE,
     )
-    delta: float | None = option(None, "δ (default 1/number of ratings)", above=0, below=1)
+    delta: float | None = option(
+        None, "δ (default 1/number of ratings)", above=0, below=1, when=PRIVATE
+    )
     iterations: int = option(
         5,
         "T, server iterations (the spec's runs use 10 for LFL, 100 for VFL/HFL; 5 keeps the "
@@ -131,13 +137,13 @@ class FederatedMFConfig:
     privacy_unit: Literal["rating", "user"] | None = option(
         None,
         "VFL/HFL: per-rating or per-user privacy (default: VFL rating, HFL user; spec §7.8)",
-        when=PARTITIONED,
+        when={**PARTITIONED, **PRIVATE},
     )
     trim: int | None = option(
         None,
         "VFL/HFL per-user: ratings kept per user and party (default VFL 5, HFL 10)",
         at_least=1,
-        when=PARTITIONED,
+        when={**PARTITIONED, **PRIVATE},
     )
     split_column: str | None = option(
         None,
@@ -145,9 +151,23 @@ class FederatedMFConfig:
         when={"setting": ("vfl",)},
         source="file",
     )
+    noise: Literal["gaussian", "none"] = option(
+        "gaussian",
+        "VFL/HFL: gaussian (DP-SGD) or none: the same federated rounds, sampling and averages "
+        "without noise, the non-private federated reference (spec §6 C3); nothing is DP",
+        when=PARTITIONED,
+    )
     vfl_lr: float = option(
         0.05,
-        "VFL/HFL: learning rate of the local DP-SGD steps (constant)",
+        "VFL/HFL: learning rate of the local DP-SGD steps (constant; with vfl_lr_end, the start "
+        "of its decay). ML-100K wants more: see docs/protocols/federated-mf.md",
+        above=0,
+        when=PARTITIONED,
+    )
+    vfl_lr_end: float | None = option(
+        None,
+        "VFL/HFL: decay vfl_lr linearly to this over the first 80 % of the T·T' DP-SGD steps, "
+        "then hold it (spec §5.3; VFL's fine-tuning runs at it); default: constant vfl_lr",
         above=0,
         when=PARTITIONED,
     )
@@ -174,9 +194,26 @@ class FederatedMFConfig:
             raise ConfigError(
                 "method", f"{self.method!r} does not apply to setting={self.setting}", allowed
             )
+        if self.noise == "none" and not self.noisy_method():
+            raise ConfigError(
+                "noise",
+                f"method={self.resolved_method()} in {self.setting} adds no noise anyway",
+                "drop noise, or method in (vfl, hfl, local with setting=vfl)",
+            )
 
     def resolved_method(self) -> str:
         return self.method or self.setting
+
+    def noisy_method(self) -> bool:
+        """Whether the method adds DP noise when ``noise=gaussian`` (central and HFL's local
+        baseline never do)."""
+        method = self.resolved_method()
+        return method != "central" and not (self.setting == "hfl" and method == "local")
+
+    def private(self) -> bool:
+        """Whether the run releases anything under DP: ``noise=none`` makes VFL/HFL a
+        non-private reference."""
+        return self.noise == "gaussian"
 
     def resolved_unit(self) -> str:
         return self.privacy_unit or ("user" if self.setting in ("hfl", "lfl") else "rating")

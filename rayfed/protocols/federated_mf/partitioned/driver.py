@@ -4,6 +4,7 @@ every party and the server's average (of U in VFL, of V in HFL), then fine-tunin
 from __future__ import annotations
 
 from rayfed.federation import PerMember
+from rayfed.mf.training import step_rates
 from rayfed.privacy.calibration import gaussian_steps_event
 from rayfed.protocols.base import Outcome, Plan
 from rayfed.protocols.federated_mf.config import FederatedMFConfig
@@ -28,6 +29,21 @@ def drive(fed, cfg: FederatedMFConfig, plan: Plan) -> Outcome:
     if cfg.setting == "vfl":
         return _drive_vfl(fed, cfg, plan.params)
     return _drive_hfl(fed, cfg, plan.params)
+
+
+def _rates(cfg: FederatedMFConfig, t: int):
+    """Round t's learning rates: ``vfl_lr``, or its decay to ``vfl_lr_end`` over all T·T' steps."""
+    total = cfg.iterations * cfg.local_steps
+    return step_rates(cfg.vfl_lr, cfg.vfl_lr_end, t * cfg.local_steps, cfg.local_steps, total)
+
+
+def _charge(fed, params: PartitionedParams, steps: int, rate: float, what: str) -> None:
+    """Every party's ``steps`` sampled Gaussian releases, before they are drawn; nothing with
+    ``noise=none`` (z None: no noise is drawn and nothing is DP)."""
+    if params.z is None:
+        return
+    event = gaussian_steps_event(params.z, steps, rate)
+    fed.charge([(k, what.format(n=steps), event) for k in fed.parties.names])
 
 
 # --- VFL -------------------------------------------------------------------------------------------
@@ -56,18 +72,17 @@ def _vfl_rounds(fed, cfg: FederatedMFConfig, params: PartitionedParams, u_arg):
     (the local-only baseline)."""
     names = fed.parties.names
     shares = PerMember({k: params.shares[k] for k in names})
-    round_event = gaussian_steps_event(params.z, cfg.local_steps, cfg.sampling_rate)
     for t in range(cfg.iterations):
         with fed.round(t):
-            fed.charge(
-                [(k, f"round {t}: {cfg.local_steps} DP-SGD steps", round_event) for k in names]
+            _charge(
+                fed, params, cfg.local_steps, cfg.sampling_rate, f"round {t}: {{n}} DP-SGD steps"
             )
             uploads = fed.parties.run(
                 vfl_local_step,
                 u_arg,
                 round=t,
                 steps=cfg.local_steps,
-                lr=cfg.vfl_lr,
+                lr=_rates(cfg, t),
                 rate=cfg.sampling_rate,
                 z=params.z,
                 delta_joint=params.delta_joint,
@@ -92,13 +107,12 @@ def _vfl_rounds(fed, cfg: FederatedMFConfig, params: PartitionedParams, u_arg):
 def _vfl_finetune(fed, cfg: FederatedMFConfig, params: PartitionedParams, u_arg) -> None:
     """κ noisy steps on each V_Fk with U frozen: published, so charged."""
     names = fed.parties.names
-    tune_event = gaussian_steps_event(params.z, cfg.finetune_steps, cfg.sampling_rate)
-    fed.charge([(k, "fine-tuning V_Fk", tune_event) for k in names])
+    _charge(fed, params, cfg.finetune_steps, cfg.sampling_rate, "fine-tuning V_Fk")
     fed.parties.run(
         vfl_finetune_step,
         u_arg,
         steps=cfg.finetune_steps,
-        lr=cfg.vfl_lr,
+        lr=cfg.vfl_lr if cfg.vfl_lr_end is None else cfg.vfl_lr_end,
         rate=cfg.sampling_rate,
         z=params.z,
         delta_v=params.delta_v,
@@ -139,25 +153,30 @@ def _drive_hfl(fed, cfg: FederatedMFConfig, params: PartitionedParams) -> Outcom
     parts = fed.get(fed.parties.run(hfl_evaluate_step, phase="evaluate"))
     if params.privacy_unit == "rating":
         fed.note(report.RATING_GAP_NOTE)
+    if params.z is None:
+        fed.note(report.NOT_PRIVATE_NOTE)
     return report.outcome(cfg, params, parts)
 
 
 def _hfl_rounds(fed, cfg: FederatedMFConfig, params: PartitionedParams, v_msg):
     """T rounds of DP-SGD on every party's copy of V and the server's weighted average."""
     names = fed.parties.names
-    round_event = gaussian_steps_event(params.z, cfg.local_steps, cfg.sampling_rate)
     weights = {k: params.shares[k] for k in names}
     for t in range(cfg.iterations):
         with fed.round(t):
-            fed.charge(
-                [(k, f"round {t}: {cfg.local_steps} DP-SGD steps on V", round_event) for k in names]
+            _charge(
+                fed,
+                params,
+                cfg.local_steps,
+                cfg.sampling_rate,
+                f"round {t}: {{n}} DP-SGD steps on V",
             )
             uploads = fed.parties.run(
                 hfl_local_step,
                 v_msg.single(),
                 round=t,
                 steps=cfg.local_steps,
-                lr=cfg.vfl_lr,
+                lr=_rates(cfg, t),
                 rate=cfg.sampling_rate,
                 z=params.z,
                 delta_v=params.delta_v,

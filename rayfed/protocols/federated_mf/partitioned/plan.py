@@ -21,6 +21,11 @@ from rayfed.protocols.federated_mf import ratings as ratings_data
 from rayfed.protocols.federated_mf.config import FederatedMFConfig
 from rayfed.protocols.federated_mf.partitioned.params import PartitionedParams
 
+NOT_PRIVATE = (
+    "not private (noise=none): the federated rounds without noise, a reference; every upload "
+    "and the published embeddings reveal the ratings"
+)
+
 
 def plan(cfg: FederatedMFConfig, seed: int) -> Plan:
     vfl = cfg.setting == "vfl"
@@ -36,19 +41,20 @@ def plan(cfg: FederatedMFConfig, seed: int) -> Plan:
     else:
         owner, n_parties = gen.integers(0, cfg.parties, axis), cfg.parties
     parties = _deal(ratings, train, test, owner, n_parties, vfl)
-    unit = cfg.resolved_unit()
+    private = cfg.private()
+    unit = cfg.resolved_unit() if private else None
     per_user = unit == "user"
     # per-user VFL: a user's ratings span every party, so every party's releases compose (the
     # local-only baseline too: each party releases its own V_Fk and U^(k) about the same users)
     compose_all = per_user and vfl
     theta = cfg.resolved_trim() if per_user else 1
     return Plan(
-        budget=Budget(cfg.epsilon, delta),
+        budget=Budget(cfg.epsilon, delta) if private else Budget.none(),
         ledger=dict(
             accountant="rdp",
             relation="add_or_remove_one",
             composition="sequential" if compose_all else "parallel",
-            statement=_statement(unit, vfl),
+            statement=_statement(unit, vfl) if private else NOT_PRIVATE,
         ),
         parties=parties,
         rounds=cfg.iterations,
@@ -60,7 +66,9 @@ def plan(cfg: FederatedMFConfig, seed: int) -> Plan:
             n=ratings.n,
             m=ratings.m,
             delta=delta,
-            z=_noise_multiplier(cfg, delta, n_parties if compose_all else 1, vfl),
+            z=_noise_multiplier(cfg, delta, n_parties if compose_all else 1, vfl)
+            if private
+            else None,
             delta_joint=theta * 2 * math.sqrt(2) * cfg.bound**1.5,
             delta_v=theta * 2 * cfg.bound**1.5,
             mean=float(train.rating.mean()),

@@ -18,7 +18,15 @@ RATING_GAP_NOTE = (
 )
 
 
+NOT_PRIVATE_NOTE = (
+    "noise=none: the federated algorithm without noise, a non-private reference — no DP "
+    "guarantee holds and the ledger is empty"
+)
+
+
 def vfl_noise_note(cfg: FederatedMFConfig, params: PartitionedParams) -> str:
+    if params.z is None:
+        return NOT_PRIVATE_NOTE
     return (
         f"noise multiplier z = {params.z:.4g} (σ = z·Δ, Δ = {params.delta_joint:.4g} joint, "
         f"{params.delta_v:.4g} fine-tuning) for "
@@ -28,24 +36,31 @@ def vfl_noise_note(cfg: FederatedMFConfig, params: PartitionedParams) -> str:
 
 
 def outcome(
-    cfg: FederatedMFConfig, params: PartitionedParams, parts: dict[str, tuple[float, int]]
+    cfg: FederatedMFConfig,
+    params: PartitionedParams,
+    parts: dict[str, tuple[float, int, float, int]],
 ) -> Outcome:
-    """Pooled test MSE over the parties' evaluation replies (sse, count)."""
+    """Pooled test and training MSE over the parties' evaluation replies (test sse, count, train
+    sse, count)."""
     test_mse = sum(v[0] for v in parts.values()) / max(1, sum(v[1] for v in parts.values()))
+    train_mse = sum(v[2] for v in parts.values()) / max(1, sum(v[3] for v in parts.values()))
     metrics = {
         "test_mse": test_mse,
+        "train_mse": train_mse,
         "setting": cfg.setting,
         "method": params.method,
         "parties": len(parts),
         "privacy_unit": params.privacy_unit,
+        "noise": cfg.noise,
         "noise_multiplier": params.z,
         "delta": params.delta,
         "users": params.n,
         "items": params.m,
     }
+    guarantee = "not private" if params.z is None else f"per-{params.privacy_unit} DP"
     headline = (
         f"{cfg.setting.upper()} {params.method} test MSE {test_mse:.4f} ({len(parts)} parties, "
-        f"per-{params.privacy_unit} DP)"
+        f"{guarantee})"
     )
     table = pa.table(
         {

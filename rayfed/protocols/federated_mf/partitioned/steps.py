@@ -37,9 +37,9 @@ def vfl_local_step(
     *,
     round: int,
     steps: int,
-    lr: float,
+    lr: float | np.ndarray,
     rate: float,
-    z: float,
+    z: float | None,
     delta_joint: float,
     bound: float,
     m_share: float,
@@ -72,7 +72,7 @@ def vfl_finetune_step(
     steps: int,
     lr: float,
     rate: float,
-    z: float,
+    z: float | None,
     delta_v: float,
     bound: float,
     m_share: float,
@@ -98,12 +98,16 @@ def vfl_finetune_step(
     return Message("item_embeddings", ctx.state["v"], to="coordinator", dp_event=event)
 
 
-def vfl_evaluate_step(ctx: StepContext) -> tuple[float, int]:
-    """Evaluation only: squared error on the party's test ratings with the final U and V_Fk."""
-    users, items, ratings = user_ratings(ctx, "test")
-    local = np.searchsorted(ctx.meta["items"], items)
-    pred = np.einsum("ij,ij->i", ctx.state["u"][users], ctx.state["v"][local])
-    return float(np.sum((pred - ratings) ** 2)), int(ratings.size)
+def vfl_evaluate_step(ctx: StepContext) -> tuple[float, int, float, int]:
+    """Evaluation only: squared error and count on the party's test ratings, then on its training
+    ratings (untrimmed; the thesis tunes the learning rate on this loss), with the final U, V_Fk."""
+    out = ()
+    for split in ("test", "train"):
+        users, items, ratings = user_ratings(ctx, split)
+        local = np.searchsorted(ctx.meta["items"], items)
+        pred = np.einsum("ij,ij->i", ctx.state["u"][users], ctx.state["v"][local])
+        out += (float(np.sum((pred - ratings) ** 2)), int(ratings.size))
+    return out
 
 
 # --- parties, HFL-SGDMF (spec §2.6): disjoint user sets ---------------------------------------------
@@ -139,9 +143,9 @@ def hfl_local_step(
     *,
     round: int,
     steps: int,
-    lr: float,
+    lr: float | np.ndarray,
     rate: float,
-    z: float,
+    z: float | None,
     delta_v: float,
     bound: float,
 ) -> Message:
@@ -177,11 +181,15 @@ def hfl_finetune_step(
     ctx.state["u"], ctx.state["v"] = u[ctx.state["ids"]], v
 
 
-def hfl_evaluate_step(ctx: StepContext) -> tuple[float, int]:
-    """Evaluation only: squared error on the party's test ratings with its U and final V^(k)."""
-    users, items, ratings = user_ratings(ctx, "test")
-    pred = np.einsum("ij,ij->i", _full_u(ctx)[users], ctx.state["v"][items])
-    return float(np.sum((pred - ratings) ** 2)), int(ratings.size)
+def hfl_evaluate_step(ctx: StepContext) -> tuple[float, int, float, int]:
+    """Evaluation only: squared error and count on the party's test ratings, then on its training
+    ratings, with its U and final V^(k)."""
+    out = ()
+    for split in ("test", "train"):
+        users, items, ratings = user_ratings(ctx, split)
+        pred = np.einsum("ij,ij->i", _full_u(ctx)[users], ctx.state["v"][items])
+        out += (float(np.sum((pred - ratings) ** 2)), int(ratings.size))
+    return out
 
 
 # --- the coordinator -------------------------------------------------------------------------------
