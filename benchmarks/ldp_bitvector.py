@@ -33,6 +33,9 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 from _memory import PeakMemory
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from reference_consistence import consistence_rowwise  # noqa: E402 (the old loop, timed)
+
 import rayfed
 from rayfed.ldp import bitvector as bv
 from rayfed.privacy import NoiseSource, binary_randomized_response
@@ -135,7 +138,7 @@ def _consistence_point(n: int) -> dict:
     rowwise = None
     if n <= ROWWISE_MAX:
         started = time.perf_counter()
-        rowwise = _rowwise_consistence(d, FIG5["radius"])
+        rowwise = consistence_rowwise(d, FIG5["radius"])
         rowwise_seconds = time.perf_counter() - started
     with PeakMemory() as memory:
         time.sleep(0.2)  # a baseline sample with the input matrix in memory
@@ -169,32 +172,6 @@ def _err_avg(d: np.ndarray, x: np.ndarray) -> float:
         err[rows - a, rows] = 0.0  # the diagonal is not a pair
         total += float(err.sum(dtype=np.float64))
     return total / (n * (n - 1))
-
-
-def _rowwise_consistence(d: np.ndarray, radius: float, max_iter: int = 50) -> np.ndarray:
-    """The implementation Algorithm 1 had before the block search (issue 18): per row, an
-    (n x unset) boolean mask of the usable j. The baseline of the timing."""
-    known = d <= radius
-    np.fill_diagonal(known, True)
-    out = np.where(known, d, np.inf)
-    for _ in range(max_iter):
-        unset = ~np.isfinite(out)
-        if not unset.any():
-            break
-        finite = np.isfinite(out)
-        new = out.copy()
-        for i in np.flatnonzero(unset.any(axis=1)):
-            targets = np.flatnonzero(unset[i])
-            via = finite[i][:, None] & finite[:, targets]
-            via[i] = False
-            via[targets, np.arange(targets.size)] = False
-            has = via.any(axis=0)
-            k, j = targets[has], via.argmax(axis=0)[has]
-            new[i, k] = out[i, j] + out[j, k]
-        if np.array_equal(np.isfinite(new), finite):
-            break
-        out = new
-    return np.where(np.isfinite(out), out, d)
 
 
 if __name__ == "__main__":

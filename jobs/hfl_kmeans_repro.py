@@ -252,10 +252,11 @@ SERVERLESS_CLIENTS = 5
 SERVERLESS = {
     "server": ({}, 1.0),
     "ring local (F1)": ({"topology": "ring"}, 5.0),
-    "ring split h=1": ({"topology": "ring", "ring_noise": "split", "honest_clients": 1}, 5.0),
-    "ring split h=3": ({"topology": "ring", "ring_noise": "split"}, 5 / 3),  # the majority
-    "ring split h=5": ({"topology": "ring", "ring_noise": "split", "honest_clients": 5}, 1.0),
+    "ring split h=1": ({"honest_clients": 1}, 5.0),
+    "ring split h=3": ({}, 5 / 3),  # the majority
+    "ring split h=4": ({"honest_clients": 4}, 5 / 4),  # the most a client's own share allows
 }
+SPLIT = {"topology": "ring", "ring_noise": "split", "masking": "pairwise"}
 
 
 def section_serverless(args, data) -> list[dict]:
@@ -266,6 +267,8 @@ def section_serverless(args, data) -> list[dict]:
         for eps in (1.0, 4.0):
             for agg in ("nma", "amn"):
                 for variant, (opts, variances) in SERVERLESS.items():
+                    if variant.startswith("ring split"):
+                        opts = {**SPLIT, **opts}
                     row = repeat(
                         args, name, base, aggregation=agg, epsilon=eps,
                         clients=SERVERLESS_CLIENTS, **opts,

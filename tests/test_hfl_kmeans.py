@@ -30,7 +30,13 @@ from rayfed.clustering.constrained import assign, cluster_sums, data_random, fol
 from rayfed.errors import ConfigError, DataError
 from rayfed.protocols.hfl_kmeans.config import HflKmeansConfig
 from rayfed.protocols.hfl_kmeans.params import Settings, derive_setup
-from rayfed.protocols.hfl_kmeans.steps import aggregate_step, iterate_step, prepare_step
+from rayfed.protocols.hfl_kmeans.steps import (
+    aggregate_step,
+    iterate_step,
+    prepare_step,
+    ring_close_step,
+    ring_step,
+)
 from rayfed.secagg import pads
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
@@ -192,7 +198,7 @@ def test_ledger_spends_exactly_the_declared_budget(aggregation, topology):
     last client carries), or on the ring with local noise one charge per client per iteration
     composed in parallel (each client's scope spends ε)."""
     eps = 2.5
-    options = {"ring-split": dict(topology="ring", ring_noise="split")}.get(
+    options = {"ring-split": dict(topology="ring", ring_noise="split", masking="pairwise")}.get(
         topology, dict(topology=topology)
     )
     result = run(seed=4, **s1(aggregation=aggregation, epsilon=eps, **options))
@@ -436,6 +442,46 @@ def _one_iteration(contexts, params):
     return uploads, reply, decoded
 
 
+def test_split_ring_noise_is_m_over_h_central_noises():
+    """ring_noise=split, M = 3, h = 2 (the majority), pairwise masks: around the ring the release
+    minus the clients' values is, per block, M/h = 1.5 times the variance of DLap(a), 2r/(1-r)²
+    with r = e^(-ε/Δ) (4 sd of the sample variance, from the fourth moment); 400 rounds of
+    fresh shares on fixed values."""
+    cfg = HflKmeansConfig(
+        topology="ring",
+        ring_noise="split",
+        masking="pairwise",
+        clients=3,
+        k=3,
+        epsilon=1.0,
+        assignment="unconstrained",
+    )
+    contexts, params = _client_contexts(_blocks(3, (200, 200, 200)), cfg)
+    assert params.honest == 2
+    for i, ctx in enumerate(contexts):
+        ctx.state["pair_keys"] = {
+            j: bytes([min(i, j), max(i, j)]) * 16 for j in range(len(contexts)) if j != i
+        }
+        assert iterate_step(ctx, None, t=1) is None  # the ring holds this iteration's values
+    values = sum(ctx.state["values"] for ctx in contexts)
+    noise = []
+    for t in range(1, 401):
+        running = None
+        for ctx in contexts:
+            running = ring_step(ctx, running, t=t).payload
+        release = ring_close_step(contexts[0], running).payload
+        noise.append(pads.from_ring(release, params.ring_bits) - values)
+    noise = np.asarray(noise, dtype=np.float64)
+    start = 0
+    for block in params.noise:
+        z = noise[:, start : start + block.length].ravel()
+        r = math.exp(-block.epsilon / block.l1_sensitivity)
+        var = 3 / 2 * 2 * r / (1 - r) ** 2
+        sd = math.sqrt((np.mean(z**4) - var**2) / z.size)
+        assert abs(np.mean(z**2) - var) < 4 * sd, (block.label, np.mean(z**2) / var)
+        start += block.length
+
+
 def _blocks(seed: int, sizes: tuple[int, ...], d: int = 2) -> list[np.ndarray]:
     gen = np.random.default_rng(seed)
     centers = gen.uniform(-0.7, 0.7, (3, d))
@@ -632,6 +678,11 @@ BAD_INPUT = {
         dict(topology="ring", ring_noise="split", honest_clients=3),
         "honest_clients",
     ),
+    "honest-all-clients": (  # a client knows its own share: h = M leaves it (M-1)/M of the noise
+        dict(topology="ring", ring_noise="split", masking="pairwise", honest_clients=2),
+        "honest_clients",
+    ),
+    "split-first-client-pad": (dict(topology="ring", ring_noise="split"), "masking"),
     "honest-zero": (dict(topology="ring", ring_noise="split", honest_clients=0), "honest_clients"),
     "min-size": (dict(min_size=400), "min_size"),  # 15 x 200 > 2,500 rows per client
     "ring-bits-48": (dict(ring_bits=48), "ring_bits"),

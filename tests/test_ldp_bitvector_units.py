@@ -15,6 +15,7 @@ import math
 
 import numpy as np
 import pytest
+from reference_consistence import consistence_rowwise
 from scipy.spatial.distance import cdist
 from scipy.stats import norm
 from sklearn.metrics import normalized_mutual_info_score
@@ -428,32 +429,6 @@ def test_distance_consistence_telescopes_for_noise_free_bv():
     assert np.allclose(got, mu * count / (2 * s), rtol=0, atol=1e-4)
 
 
-def _consistence_rowwise_reference(d: np.ndarray, radius: float, max_iter: int = 50) -> np.ndarray:
-    """The row-by-row implementation Algorithm 1 had before the block search (kept as an
-    independent reference): per row i, an (n x unset) mask of the usable j, first j by argmax."""
-    known = d <= radius
-    np.fill_diagonal(known, True)
-    out = np.where(known, d, np.inf)
-    for _ in range(max_iter):
-        unset = ~np.isfinite(out)
-        if not unset.any():
-            break
-        finite = np.isfinite(out)
-        new = out.copy()
-        for i in np.flatnonzero(unset.any(axis=1)):
-            targets = np.flatnonzero(unset[i])
-            via = finite[i][:, None] & finite[:, targets]
-            via[i] = False
-            via[targets, np.arange(targets.size)] = False
-            has = via.any(axis=0)
-            k, j = targets[has], via.argmax(axis=0)[has]
-            new[i, k] = out[i, j] + out[j, k]
-        if np.array_equal(np.isfinite(new), finite):
-            break
-        out = new
-    return np.where(np.isfinite(out), out, d)
-
-
 def _consistence_case(gen: np.random.Generator, kind: str, n: int) -> np.ndarray:
     """A distance matrix of one kind: 1-D with noise, integer ties, NaN/±inf entries, two groups
     no chain joins, an integer matrix, or an arbitrary asymmetric one."""
@@ -494,7 +469,7 @@ def test_block_search_equals_the_rowwise_algorithm_bit_for_bit(kind, monkeypatch
         radius = float(gen.choice([0.5, 2.0, 3.0, 5.0]))
         max_iter = (0, 1, 2, 50)[case % 4]
         with np.errstate(invalid="ignore"):
-            want = _consistence_rowwise_reference(d, radius, max_iter)
+            want = consistence_rowwise(d, radius, max_iter)
             got = bv.distance_consistence(d, radius, max_iter)
         assert got.dtype == want.dtype, (case, n)
         assert np.array_equal(got, want, equal_nan=True), (case, n, radius, max_iter)
@@ -526,8 +501,7 @@ def test_distance_matrix_with_consistence_equals_the_whole_matrix_formula(monkey
     blocks = [_rr(bv.encode(x[:, a], r[a], t), 2.0, gen) for a in range(2)]
     got = bv.distance_matrix(blocks, s, mu, 2.0, t)
     total = sum(
-        _consistence_rowwise_reference(bv.debias(bv.hamming(b, b), s, mu, 2.0), t) ** 2
-        for b in blocks
+        consistence_rowwise(bv.debias(bv.hamming(b, b), s, mu, 2.0), t) ** 2 for b in blocks
     )
     want = np.sqrt(total.astype(np.float32))
     np.fill_diagonal(want, 0.0)

@@ -19,7 +19,8 @@ parameters (§3.5.5, §3.6.4); every client derives the same initial centroids f
 X25519 masks on top, so a server colluding with one client learns no other client's upload) or
 ``none`` (a labelled baseline). ``topology=ring`` is the serverless sketch of §7.3: a ring
 secure sum in which every client adds its own full Laplace noise (``ring_noise=local``, F1) or a
-1/h share of one central noise (``ring_noise=split``, F3: DP while h clients keep their shares).
+1/h share of one central noise (``ring_noise=split`` with pairwise masks, F3: DP against any
+coalition of up to M - h clients).
 
 Privacy: add/remove one point, pure ε, composed over the t_max iterations (the server's or the
 split noise) or in parallel over the clients (the ring's local noise). ``sensitivity`` chooses the AMN centroid

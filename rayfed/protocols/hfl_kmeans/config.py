@@ -95,14 +95,15 @@ class HflKmeansConfig:
     ring_noise: Literal["local", "split"] = option(
         "local",
         "ring noise: local (§7.3.1: every client adds full noise for its own rows) or split "
-        "(§7.3.3: the clients add shares of one central noise, DP while honest_clients of them "
-        "keep their shares secret)",
+        "(§7.3.3, with masking=pairwise: the clients add shares of one central noise, DP against "
+        "any M - honest_clients of them)",
         when={"topology": ("ring",), "noise": ("laplace",)},
     )
     honest_clients: int | Literal["majority"] = option(
         "majority",
-        "ring_noise=split: h, the clients assumed honest; each adds a 1/h share of the noise "
-        "(the release carries M/h times the central noise variance); majority: ⌊M/2⌋ + 1",
+        "ring_noise=split: h < M, the clients assumed honest; each adds a 1/h share of the "
+        "noise (the release carries M/h times the central noise variance); majority: "
+        "min(⌊M/2⌋ + 1, M - 1)",
         at_least=1,
         when={"ring_noise": ("split",)},
     )
@@ -155,9 +156,20 @@ class HflKmeansConfig:
                 f"{self.init} picks centroids from a client's rows: not differentially private",
                 "sphere-packing or random, or noise=none",
             )
-        if self.honest_clients != "majority" and self.honest_clients > self.clients:
+        if self.honest_clients != "majority" and self.honest_clients >= self.clients:
+            # every client knows its own share: the others' data must be covered by M - 1 shares
             raise ConfigError(
-                "honest_clients", f"h = {self.honest_clients} > M = {self.clients} clients", "1..M"
+                "honest_clients",
+                f"h = {self.honest_clients} of M = {self.clients} clients: a client that removes "
+                "its own share leaves fewer than h shares on the others' data",
+                f"1..{self.clients - 1}",
+            )
+        if self.ring_noise == "split" and self.masking != "pairwise":
+            raise ConfigError(
+                "masking",
+                "split noise needs every partial sum hidden: with the first client's pad a "
+                "client's two ring neighbours see its upload with only its share of the noise",
+                "pairwise",
             )
 
 

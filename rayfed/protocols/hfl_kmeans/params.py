@@ -160,7 +160,9 @@ def _honest(cfg: HflKmeansConfig) -> int | None:
     """h of the split ring noise (None: each client's noise is its own)."""
     if cfg.topology != "ring" or cfg.ring_noise != "split":
         return None
-    return cfg.clients // 2 + 1 if cfg.honest_clients == "majority" else cfg.honest_clients
+    if cfg.honest_clients == "majority":
+        return min(cfg.clients // 2 + 1, cfg.clients - 1)
+    return cfg.honest_clients
 
 
 def _nma_noise(cfg: HflKmeansConfig, d: int, e: int, t_max: int) -> dict[str, Any]:

@@ -143,8 +143,9 @@ def _statement(cfg: HflKmeansConfig) -> str:
         )
     if cfg.topology == "ring":
         return (
-            "ε-DP towards every client (add/remove one point), sequential over the iterations; "
-            "assumes at least honest_clients clients keep their noise shares secret"
+            "ε-DP (add/remove one point) against any coalition of up to M - honest_clients "
+            "clients, sequential over the iterations; assumes the others keep their noise shares "
+            "and pairwise secrets"
         )
     return (
         "ε-DP towards every client (add/remove one point), sequential over the iterations; "

@@ -26,8 +26,8 @@ MASKING = {
 }
 RING = {
     "shared-seed": "ring: the first client pads the running sum with a random mask; each client "
-    "sees only a padded partial sum, and the release is the noisy total — but the first client "
-    "and the successor of a client together learn that client's upload (values plus noise)",
+    "sees only a padded partial sum, and the release is the noisy total — but a client's two "
+    "ring neighbours together learn its upload (values plus noise)",
     "pairwise": "ring with pairwise X25519 masks: every partial sum is hidden by masks that "
     "cancel only in the complete sum; one client's upload is exposed only if all the others "
     "collude",
@@ -72,15 +72,9 @@ def notes(cfg: HflKmeansConfig, setup: Setup) -> list[str]:
         out.append(
             f"ring, split noise (thesis §7.3.3): each of the {setup.clients} clients adds a "
             f"1/{setup.honest} share of one discrete Laplace noise, so the release carries "
-            f"{setup.clients}/{setup.honest} times the central noise variance and is ε-DP as "
-            f"long as no more than M − h = {setup.clients - setup.honest} clients reveal their "
-            "shares"
-            + (
-                "; with the first client's pad a coalition of two clients sees a neighbour's "
-                "upload with only its share of the noise: use masking=pairwise"
-                if cfg.masking != "pairwise"
-                else ""
-            )
+            f"{setup.clients}/{setup.honest} times the central noise variance and is ε-DP "
+            f"against any coalition of up to M − h = {setup.clients - setup.honest} clients "
+            "(they know their own shares; the others' add up to at least the full noise)"
         )
     return out
 

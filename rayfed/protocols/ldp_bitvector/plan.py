@@ -20,6 +20,8 @@ from rayfed.sizing import machine_memory
 
 TRUSTED = "trusted"
 DECOMPOSITION_LIMIT = 1000
+#: the share of a machine's memory left to actors: Ray's object store takes 30 % by default
+ACTOR_MEMORY_SHARE = 0.7
 DIGITS_SHAPE = (1797, 64)  # scikit-learn's bundled digits
 
 Parties = dict[str, tuple[pa.Table, dict]]
@@ -132,14 +134,15 @@ def _check_size(cfg: LdpBitvectorConfig, n: int, d: int) -> None:
             f"{cfg.max_points:,} records ({cfg.max_points**2 * 4 / 2**30:.1f} GiB)",
             "a sample of the records, or raise max_points",
         )
-    have = machine_memory()
+    have = int(machine_memory() * ACTOR_MEMORY_SHARE)
     if cfg.consistence and have and _matrix_bytes(cfg, n) > have:
         raise ConfigError(
             "consistence",
             f"Algorithm 1 on {n:,} records needs about {_matrix_bytes(cfg, n) / 2**30:.1f} GiB "
             f"on the collector ({bv.CONSISTENCE_BYTES_PER_PAIR} bytes a record pair: the distance "
-            f"matrix, one attribute's matrix and its flags) but this machine has "
-            f"{have / 2**30:.1f} GiB",
+            f"matrix, one attribute's matrix and its flags) but actors on this machine (the one "
+            f"planning the run) get about {have / 2**30:.1f} GiB ({ACTOR_MEMORY_SHARE:.0%} of its "
+            "memory; Ray keeps the rest for its object store)",
             "a sample of the records, a larger machine, or consistence=false",
         )
     if cfg.k > n:
