@@ -144,7 +144,9 @@ def expectation_maximisation(
     tolerance: float,
     max_iterations: int = MAX_ITERATIONS,
 ) -> tuple[np.ndarray, int]:
-    """EM (smoothing False) or EMS (True) from a uniform start (spec §2.12, Algorithm 1).
+    """EM (smoothing False) or EMS (True) from a uniform start (spec §2.12, Algorithm 1). ``m`` is
+    the dense transition matrix or a structured one (:mod:`rayfed.ldp.wave`): only ``m @ x``,
+    ``m.T @ y`` and ``m.shape`` are used.
 
     Stops when the count log-likelihood improves by less than ``tolerance`` (checked from the
     third iteration), when an iteration moves the estimate by at most 1/n in L1, or after

@@ -23,10 +23,11 @@ from rayfed.sizing import default_cohorts
 
 def data_bytes(cfg: SquareWaveConfig) -> int:
     """Every user's value, its uniforms (up to 3) and its report, plus the aggregator's
-    d̃ x d transition matrix."""
+    d̃ x d transition matrix (dense), or its structured product's few O(d) vectors."""
     users = 0 if cfg.data.path is not None else cfg.users
     d = cfg.buckets
-    return users * 8 * 6 + (cfg.output_buckets or d) * d * 8 * 3
+    matrix = 64 * (d + cfg.output_width()) if cfg.structured() else cfg.output_width() * d * 24
+    return users * 8 * 6 + matrix
 
 
 def plan(cfg: SquareWaveConfig, seed: int) -> Plan:
@@ -89,6 +90,8 @@ def _estimator(cfg: SquareWaveConfig) -> Estimator:
         max_iterations=cfg.max_iterations,
         bins=cfg.bins,
         branching=cfg.branching,
+        wave_ratio=cfg.wave_ratio(),
+        structured=cfg.structured(),
     )
 
 
