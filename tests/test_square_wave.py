@@ -194,7 +194,7 @@ def test_ray_equals_local(ray_cluster):
         ({"population": {"outage_cohort": "c9"}}, "population.outage_cohort"),
         ({"band": 0.0}, "band"),
         ({"method": "cfo", "epsilon": 25.0}, "epsilon"),
-        ({"buckets": 8192}, "buckets"),
+        ({"buckets": 131_072}, "buckets"),
         ({"beta_b": 0.0}, "beta_b"),
         ({"bins": 32}, "bins"),  # sw-ems has no bins
         ({"method": "cfo", "tolerance": 1e-4}, "tolerance"),
