@@ -1,14 +1,25 @@
 """SW-EMS at large d: the dense d̃ x d transition matrix against its structured O(d) product
-(rayfed.ldp.wave.WaveOperator), at d = d̃ = 4,096 (the old cap; both) and 2^16 (structured only:
-dense it would take 32 GiB). Writes JSON: time to build M, one M·x plus one Mᵀ·y, the whole run
-(plan, reports, EMS), EMS's iterations and W1.
+(rayfed.ldp.wave.WaveOperator), at d = d̃ = 4,096 (the old cap; both, and the code before the
+change) and 2^16 (structured only: dense it would take 32 GiB). Writes JSON: time to build M, one
+M·x plus one Mᵀ·y (one EMS iteration's products), the whole run (plan, reports, EMS), EMS's
+iterations and W1.
 
-    python benchmarks/sw_large_d.py          # Beta(5,2), n = 10^6, ε = 1; ~2 minutes
+    python benchmarks/sw_large_d.py                    # Beta(5,2), n = 10^6, ε = 1; ~6 minutes
+    python benchmarks/sw_large_d.py --before DIR       # also d = 4,096 with the code in DIR
+
+(The recorded run: ``git archive fe3af1f | tar -x -C DIR``, ``--before-label 'main at
+fe3af1f'``.)
+
+At d = 2^16 EMS is capped at 1,000 iterations (its likelihood is still creeping up there; the
+10,000 of the default cap would take ~25 minutes): the row reports the time per iteration.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
+import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -21,7 +32,14 @@ from rayfed.ldp import wave
 
 EPSILON = 1.0
 USERS = 1_000_000
-CASES = ((4096, "dense"), (4096, "structured"), (65_536, "structured"))
+CASES = ((4096, "dense", None), (4096, "structured", None), (65_536, "structured", 1000))
+RUN = (
+    "import json, time, rayfed; t = time.perf_counter(); "
+    "r = rayfed.run('square-wave', backend='local', out_dir=None, users={users}, "
+    "epsilon={eps}, buckets=4096, seed=0); "
+    "print(json.dumps([time.perf_counter() - t, r.metrics['iterations'], "
+    "r.metrics['wasserstein']]))"
+)
 
 
 def product_seconds(d: int, transition: str) -> tuple[float, float, int]:
@@ -42,9 +60,34 @@ def product_seconds(d: int, transition: str) -> tuple[float, float, int]:
     return built, (time.perf_counter() - started) / 5, held
 
 
-def main(out: str = "benchmarks/results/sw_large_d.json") -> int:
-    rows = []
-    for d, transition in CASES:
+def before(checkout: str, label: str) -> dict:
+    """d = 4,096 with another checkout's code (its default: the dense matrix), in a fresh
+    process."""
+    env = dict(os.environ, PYTHONPATH=str(Path(checkout).resolve()))
+    code = RUN.format(users=USERS, eps=EPSILON)
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    )
+    seconds, iterations, w1 = json.loads(done.stdout.strip().splitlines()[-1])
+    return {
+        "d": 4096,
+        "transition": f"before ({label}: dense, three products per EMS iteration)",
+        "run_seconds": seconds,
+        "iterations": iterations,
+        "wasserstein": w1,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--before", help="a checkout of the code before the change")
+    p.add_argument("--before-label", default="the --before checkout", help="what it is")
+    p.add_argument("--out", default="benchmarks/results/sw_large_d.json")
+    args = p.parse_args(argv)
+    rows = [before(args.before, args.before_label)] if args.before else []
+    if rows:
+        print(json.dumps(rows[0]), flush=True)
+    for d, transition, cap in CASES:
         built, product, held = product_seconds(d, transition)
         started = time.perf_counter()
         result = rayfed.run(
@@ -56,6 +99,7 @@ def main(out: str = "benchmarks/results/sw_large_d.json") -> int:
             buckets=d,
             transition=transition,
             seed=0,
+            **({} if cap is None else {"max_iterations": cap}),
         )
         seconds = time.perf_counter() - started
         row = {
@@ -66,12 +110,13 @@ def main(out: str = "benchmarks/results/sw_large_d.json") -> int:
             "matrix_bytes": held,
             "run_seconds": seconds,
             "iterations": result.metrics["iterations"],
+            "max_iterations": cap or sw.MAX_ITERATIONS,
             "wasserstein": result.metrics["wasserstein"],
         }
         rows.append(row)
         print(json.dumps(row), flush=True)
-    Path(out).parent.mkdir(parents=True, exist_ok=True)
-    Path(out).write_text(
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(
         json.dumps({"epsilon": EPSILON, "n": USERS, "rows": rows}, indent=1) + "\n"
     )
     return 0

@@ -128,9 +128,15 @@ def _kernel_pairs(b: float, ratio: float) -> tuple[int, list[tuple[float, float,
     return 1, [(1 / s, -b, -ratio * b), (-1 / s, ratio * b, b)]
 
 
-def _power_difference(a, c, delta, power: int):
-    """a^l - c^l for l = power as delta·Σ_{i<l} a^i c^(l-1-i) (delta = a - c, given exactly)."""
-    return delta * sum(a**i * c ** (power - 1 - i) for i in range(power))
+def _power_differences(a, c, delta, top: int) -> list:
+    """[a^l - c^l for l = 1..top], each as delta·Σ_{i<l} a^i c^(l-1-i) (delta = a - c, given
+    exactly): S_1 = 1, S_(l+1) = c·S_l + a^l, by running products (no pow)."""
+    out, partial, a_power = [], 1, 1
+    for _ in range(top):
+        out.append(delta * partial)
+        a_power = a_power * a
+        partial = c * partial + a_power
+    return out
 
 
 class _Antiderivatives:
@@ -160,10 +166,12 @@ class _Antiderivatives:
         cells = self.prefix[0].size - 1
         return np.clip(np.floor(y / self.width), 0, cells).astype(np.int64)
 
-    def _taylor_from_edge(self, k, s):
-        """F_n(e_k + s) - F_n(e_k)."""
+    def _taylor(self, k, powers) -> np.ndarray:
+        """Σ_{l=1..n} F_{n-l}(e_k)·powers[l-1]/l! (powers[l-1]: s^l, or a difference of them)."""
         n = self.order
-        return sum(self.prefix[n - j][k] * s**j / math.factorial(j) for j in range(1, n + 1))
+        return sum(
+            self.prefix[n - j][k] * powers[j - 1] / math.factorial(j) for j in range(1, n + 1)
+        )
 
     def difference(self, base: np.ndarray, hi: float, lo: float) -> np.ndarray:
         n, w = self.order, np.longdouble(self.width)
@@ -177,19 +185,13 @@ class _Antiderivatives:
         s2 = np.where(clamped, np.longdouble(0), s2)
         s1 = np.where(y1 <= 0, np.longdouble(0), s1)
         delta = np.where(clamped, s1, np.longdouble(hi) - np.longdouble(lo))
-        same = sum(
-            self.prefix[n - j][k1] * _power_difference(s1, s2, delta, j) / math.factorial(j)
-            for j in range(1, n + 1)
-        )
+        same = self._taylor(k1, _power_differences(s1, s2, delta, n))
         rest = ((k2 + 1) * w - base_ld) - np.longdouble(lo)  # e_{k2+1} - y2
         rest = np.where(clamped, w, rest)
         apart = (
-            self._taylor_from_edge(k1, s1)
+            self._taylor(k1, _power_differences(s1, np.longdouble(0), s1, n))  # F(y1) - F(e_k1)
             + (self.prefix[n][k1] - self.prefix[n][np.minimum(k2 + 1, k1)])
-            + sum(
-                self.prefix[n - j][k2] * _power_difference(w, s2, rest, j) / math.factorial(j)
-                for j in range(1, n + 1)
-            )
+            + self._taylor(k2, _power_differences(w, s2, rest, n))  # F(e_{k2+1}) - F(y2)
         )
         return np.where(k1 == k2, same, apart)
 

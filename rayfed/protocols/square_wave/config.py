@@ -15,14 +15,19 @@ from rayfed.privacy import check_budget
 #: SW: its transition matrix holds to here (columns sum to 1 within 1e-11 at d = 4,096)
 MAX_EPSILON = 100.0
 MAX_EPSILON_OTHERS = 20.0  # the frequency oracles' e^ε-sized ranges (OLH's hash range) beyond
-#: d and d̃: EM/EMS multiply by M through its structured O(d) product beyond DENSE_BUCKETS
+#: d and d̃: EM/EMS multiply by M through its structured O(d) product above AUTO_DENSE_BUCKETS
 #: (rayfed.ldp.wave), so memory is O(n + d); 2^16 is tested end to end (benchmarks/sw_large_d.py:
 #: an EMS iteration takes milliseconds there, and n must be far above d for the reports'
 #: histogram to say anything)
 MAX_BUCKETS = 65_536
-#: up to d·d̃ = 4,096², the dense matrix (as before: the same results bit for bit); the hierarchy
-#: methods stay there (HH's OLH layers count support in O(d·n), HH-ADMM's NNLS is dense)
+#: the largest dense transition matrix (d·d̃ <= 4,096², the old cap: transition=dense gives the
+#: old results bit for bit); the hierarchy methods stay there too (HH's OLH layers count support
+#: in O(d·n), HH-ADMM's NNLS is dense)
 DENSE_BUCKETS = 4096
+#: transition=auto: dense up to d·d̃ = 1,024² (the same results bit for bit as before, and faster
+#: there), the structured product above (3-5x faster at d = 2,048-4,096, equal to rounding:
+#: benchmarks/results/sw_large_d.json)
+AUTO_DENSE_BUCKETS = 1024
 #: trapezoid and triangle waves: their structured product loses ~1e-19·d/(b²(1 - ratio)) of
 #: a column's sum (b = b_SW(ε) shrinks as e^-ε): 1e-10 at d = 2^16 and ε = 5
 MAX_EPSILON_WAVES = 5.0
@@ -84,7 +89,8 @@ class SquareWaveConfig:
     transition: Literal["auto", "dense", "structured"] = option(
         "auto",
         "EM/EMS: the transition matrix M as a dense d̃ x d array or as its structured O(d) "
-        f"product (equal to rounding); auto = dense while d·d̃ <= {DENSE_BUCKETS:,}²",
+        f"product (equal to rounding); auto = dense while d·d̃ <= {AUTO_DENSE_BUCKETS:,}², "
+        f"dense at most {DENSE_BUCKETS:,}²",
         when={"method": SW_METHODS},
     )
     bucketize: Literal["rb", "br"] = option(
@@ -209,7 +215,7 @@ class SquareWaveConfig:
     def structured(self) -> bool:
         """Whether EM/EMS multiplies by M through its structured product."""
         if self.transition == "auto":
-            return self.buckets * self.output_width() > DENSE_BUCKETS**2
+            return self.buckets * self.output_width() > AUTO_DENSE_BUCKETS**2
         return self.transition == "structured"
 
     def em_tolerance(self) -> float:
