@@ -64,11 +64,19 @@ def before(checkout: str, label: str) -> dict:
     """d = 4,096 with another checkout's code (its default: the dense matrix), in a fresh
     process."""
     env = dict(os.environ, PYTHONPATH=str(Path(checkout).resolve()))
-    code = RUN.format(users=USERS, eps=EPSILON)
-    done = subprocess.run(
-        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    code = RUN.format(users=USERS, eps=EPSILON) + "; import rayfed as r; print(r.__file__)"
+    done = subprocess.run(  # from inside the checkout: `python -c` puts the cwd first on the path
+        [sys.executable, "-c", code],
+        env=env,
+        cwd=checkout,
+        capture_output=True,
+        text=True,
+        check=True,
     )
-    seconds, iterations, w1 = json.loads(done.stdout.strip().splitlines()[-1])
+    *_, line, where = done.stdout.strip().splitlines()
+    if not where.startswith(str(Path(checkout).resolve())):
+        raise RuntimeError(f"the --before run imported rayfed from {where}, not {checkout}")
+    seconds, iterations, w1 = json.loads(line)
     return {
         "d": 4096,
         "transition": f"before ({label}: dense, three products per EMS iteration)",

@@ -76,7 +76,7 @@ class SquareWaveConfig:
     wave: Literal[WAVES] = option(
         "square",
         "SW: the General Wave's shape (spec §2.7): square (SW), trapezoid (top = trapezoid_ratio "
-        "x base 2b) or triangle; the band's density e^ε q, q elsewhere, so each is ε-LDP",
+        "x base 2b) or triangle; densities between q and e^ε q, so each is ε-LDP",
         when={"method": SW_METHODS, "bucketize": ("rb",)},
     )
     trapezoid_ratio: float = option(
