@@ -199,7 +199,9 @@ class _Antiderivatives:
 class WaveOperator:
     """M of the wave (ε, b, ratio) from d input to d̃ output buckets, without storing it:
     ``M @ x`` and ``M.T @ y`` in O(d + d̃) time and memory, equal to the dense
-    :func:`transition_matrix` products up to rounding (tested to 1e-12 relative at d = 4,096).
+    :func:`transition_matrix` products up to rounding: within 1e-12 relative at d = 256, 2e-11
+    at 4,096 (the dense matrix's own rounding there); its columns sum to 1 within 1e-10 at
+    d = 2^16 for the waves up to ε = 5, within 1e-14 for SW at any ε.
 
     (Mx)_j = q·W̃·Σx + (e^ε q - q)·∫_{B̃_j} (K * f)(t) dt with f = Σ_i (x_i/Δ)·1_{B_i}; each pair
     w·[S_m(· - z_a) - S_m(· - z_b)] of K turns the integral over [lo, hi] into
