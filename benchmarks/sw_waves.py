@@ -2,7 +2,7 @@
 waves at ε = 1 and several b (spec Q8, the thesis's Fig. 3.5: SW is best "no matter how we change
 b", and accuracy degrades as the ratio decreases). Writes JSON.
 
-    python benchmarks/sw_waves.py            # Beta(5,2), n = 10^5, d = 256, 5 seeds; ~3 minutes
+    python benchmarks/sw_waves.py 20         # Beta(5,2), n = 10^5, d = 256, 20 seeds; ~8 minutes
 
 Each seed's users are the same for every shape and b (``wave`` only changes the randomizer).
 """
