@@ -48,7 +48,7 @@ def w1(options: dict, seeds: int) -> tuple[float, float]:
     return 1e3 * float(w.mean()), 1e3 * float(w.std(ddof=1) / np.sqrt(seeds))
 
 
-def main(out: str = "benchmarks/results/sw_waves.json", seeds: int = 5) -> int:
+def main(out: str = "benchmarks/results/sw_waves.json", seeds: int = 20) -> int:
     rows = []
     for band in BANDS:
         b = sw.band_half_width(EPSILON) if band is None else band
@@ -85,4 +85,4 @@ def main(out: str = "benchmarks/results/sw_waves.json", seeds: int = 5) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(seeds=int(sys.argv[1]) if len(sys.argv) > 1 else 5))
+    sys.exit(main(seeds=int(sys.argv[1]) if len(sys.argv) > 1 else 20))
