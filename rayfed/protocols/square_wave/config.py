@@ -10,6 +10,7 @@ from rayfed.config import DataConfig, option
 from rayfed.dropout import PopulationConfig
 from rayfed.errors import ConfigError
 from rayfed.ldp import square_wave as sw
+from rayfed.ldp import wave
 from rayfed.privacy import check_budget
 
 #: SW: its transition matrix holds to here (columns sum to 1 within 1e-11 at d = 4,096)
@@ -210,7 +211,7 @@ class SquareWaveConfig:
 
     def wave_ratio(self) -> float:
         """The wave's top/bottom length ratio: 1 square, 0 triangle."""
-        return {"square": 1.0, "triangle": 0.0}.get(self.wave, self.trapezoid_ratio)
+        return wave.SHAPES.get(self.wave, self.trapezoid_ratio)
 
     def structured(self) -> bool:
         """Whether EM/EMS multiplies by M through its structured product."""
