@@ -4,14 +4,14 @@ change) and 2^16 (structured only: dense it would take 32 GiB). Writes JSON: tim
 M·x plus one Mᵀ·y (one EMS iteration's products), the whole run (plan, reports, EMS), EMS's
 iterations and W1.
 
-    python benchmarks/sw_large_d.py                    # Beta(5,2), n = 10^6, ε = 1; ~6 minutes
+    python benchmarks/sw_large_d.py                    # Beta(5,2), n = 10^6, ε = 1; ~2 minutes idle
     python benchmarks/sw_large_d.py --before DIR       # also d = 4,096 with the code in DIR
 
 (The recorded run: ``git archive fe3af1f | tar -x -C DIR``, ``--before-label 'main at
 fe3af1f'``.)
 
 At d = 2^16 EMS is capped at 1,000 iterations (its likelihood is still creeping up there; the
-10,000 of the default cap would take ~25 minutes): the row reports the time per iteration.
+10,000 of the default cap would take five minutes): the row reports the time per iteration.
 """
 
 from __future__ import annotations

@@ -287,6 +287,23 @@ def test_wave_runs_with_either_matrix(wave_options):
 
 
 @pytest.mark.parametrize(
+    ("options", "structured"),
+    [
+        ({"buckets": 2048}, False),  # every result up to 2,048² bit for bit as before
+        ({"buckets": 2048, "output_buckets": 4096}, True),
+        ({"buckets": 4096}, True),
+        ({"buckets": 4096, "transition": "dense"}, False),
+        ({"buckets": 256, "transition": "structured"}, True),
+        ({"buckets": 8192, "bucketize": "br"}, True),
+    ],
+)
+def test_auto_keeps_the_dense_matrix_up_to_2048_squared(options, structured):
+    from rayfed.protocols.square_wave.config import SquareWaveConfig
+
+    assert SquareWaveConfig(**options).structured() is structured
+
+
+@pytest.mark.parametrize(
     "options,field",
     [
         ({"wave": "triangle", "epsilon": 6.0}, "epsilon"),

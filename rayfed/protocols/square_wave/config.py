@@ -18,17 +18,18 @@ MAX_EPSILON = 100.0
 MAX_EPSILON_OTHERS = 20.0  # the frequency oracles' e^ε-sized ranges (OLH's hash range) beyond
 #: d and d̃: EM/EMS multiply by M through its structured O(d) product above AUTO_DENSE_BUCKETS
 #: (rayfed.ldp.wave), so memory is O(n + d); 2^16 is tested end to end (benchmarks/sw_large_d.py:
-#: an EMS iteration takes milliseconds there, and n must be far above d for the reports'
-#: histogram to say anything)
+#: an EMS iteration takes 29 ms there, up to 10,000 of them; and n must be far above d for the
+#: reports' histogram to say anything)
 MAX_BUCKETS = 65_536
 #: the largest dense transition matrix (d·d̃ <= 4,096², the old cap: transition=dense gives the
 #: old results bit for bit); the hierarchy methods stay there too (HH's OLH layers count support
 #: in O(d·n), HH-ADMM's NNLS is dense)
 DENSE_BUCKETS = 4096
-#: transition=auto: dense up to d·d̃ = 1,024² (the same results bit for bit as before, and faster
-#: there), the structured product above (3-5x faster at d = 2,048-4,096, equal to rounding:
+#: transition=auto: dense up to d·d̃ = 2,048² (the same results bit for bit as before, and as
+#: fast or faster there on an idle machine: 0.8 against 1.0 ms per EMS iteration at 2,048), the
+#: structured product above (2.5x faster at 4,096, equal to rounding:
 #: benchmarks/results/sw_large_d.json)
-AUTO_DENSE_BUCKETS = 1024
+AUTO_DENSE_BUCKETS = 2048
 #: trapezoid and triangle waves: their structured product loses ~1e-19·d/(b²(1 - ratio)) of
 #: a column's sum (b = b_SW(ε) shrinks as e^-ε): 1e-10 at d = 2^16 and ε = 5
 MAX_EPSILON_WAVES = 5.0
