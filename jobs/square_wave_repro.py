@@ -7,11 +7,17 @@ Needs rayfed installed where it runs (cluster.yaml installs it on every node):
     python jobs/square_wave_repro.py --reps 100          # the paper's repetition count
     python jobs/square_wave_repro.py --data f.csv --column x --bounds 0,100
     python jobs/square_wave_repro.py --small             # 20,000 users, two ε, 2 repetitions
+    python jobs/square_wave_repro.py --sections shapes,granularity --reps 5   # Q8 and Q10 only
 
 Metrics (spec §3, units fixed by the spec): Wasserstein-1 and KS of the CDF, range-query MAE for
 α = 0.1 and 0.4, mean and variance MAE, quantile MAE (deciles, [0, 1] units). HH and Haar-HRR give
 range queries only; SR and PM the mean and variance only (spec Table 3.2). Also EM run to
 convergence (tolerance 0), which over-fits (the reason for EMS).
+
+Two more sections (``--sections``, default all three): ``shapes`` — the General Wave shapes at
+ε = 1 and b ∈ {0.1, b_SW, 0.4} on Beta(5,2) (spec Q8, the thesis's Fig. 3.5), and
+``granularity`` — SW-EMS at d = d̃ ∈ {256, 512, 1024, 2048} on Beta(5,2) and the real columns
+(spec Q10, Fig. 3.7). Each writes rows to the same JSON and a plot.
 """
 
 from __future__ import annotations
@@ -26,7 +32,21 @@ import numpy as np
 import rayfed
 from rayfed import jobs
 
-AIR_TIME = Path(__file__).resolve().parents[2] / "shared" / "data" / "nycflights13" / "air_time.txt"
+DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+AIR_TIME = DATA / "nycflights13" / "air_time.txt"
+FLIGHTS = DATA / "nycflights13" / "flights.csv.zip"
+ADULT = DATA / "adult" / "adult.txt"
+#: the General Wave shapes of the thesis's Fig. 3.5 (label, options)
+SHAPES = [
+    ("square", {}),
+    ("trapezoid 0.8", {"wave": "trapezoid", "trapezoid_ratio": 0.8}),
+    ("trapezoid 0.6", {"wave": "trapezoid", "trapezoid_ratio": 0.6}),
+    ("trapezoid 0.4", {"wave": "trapezoid", "trapezoid_ratio": 0.4}),
+    ("trapezoid 0.2", {"wave": "trapezoid", "trapezoid_ratio": 0.2}),
+    ("triangle", {"wave": "triangle"}),
+]
+SHAPE_BANDS = [0.1, None, 0.4]  # None: b_SW(1)
+GRANULARITY = [256, 512, 1024, 2048]
 METHODS = [  # (label, method, options)
     ("SW-EMS", "sw-ems", {}),
     ("SW-EM", "sw-em", {}),
@@ -183,20 +203,134 @@ def checks_of(rows, epsilons) -> dict:
     return checks
 
 
+def _mean_se(values: list[float]) -> tuple[float, float | None]:
+    se = float(np.std(values, ddof=1) / math.sqrt(len(values))) if len(values) > 1 else None
+    return float(np.mean(values)), se
+
+
+def _w1(reps: int, backend: str, **options) -> tuple[float, float | None]:
+    return _mean_se(
+        [
+            rayfed.run("square-wave", seed=seed, backend=backend, out_dir=None, **options).metrics[
+                "wasserstein"
+            ]
+            for seed in range(reps)
+        ]
+    )
+
+
+def shapes(args) -> list[dict]:
+    """Q8: every wave shape at ε = 1 and each b, Beta(5,2), the same users for every shape."""
+    chosen = SHAPES if not args.small else [SHAPES[0], SHAPES[-1]]
+    bands = SHAPE_BANDS if not args.small else [None]
+    rows = []
+    for band in bands:
+        extra = {} if band is None else {"band": band}
+        for label, options in chosen:
+            mean, se = _w1(
+                args.reps, args.backend, epsilon=1.0, users=args.users, **options, **extra
+            )
+            rows.append({"band": band or "b_SW", "shape": label, "wasserstein": mean, "se": se})
+            print(f"shapes b={band or 'b_SW'} {label:<14} W1 {mean:.2e}", file=sys.stderr)
+    return rows
+
+
+def granularity_sets(out: Path, small: bool) -> list[tuple[str, dict]]:
+    """Beta(5,2) and the real columns standing in for the thesis's Taxi, Income, Retirement."""
+    sets = [("Beta(5,2)", {})]
+    if small:
+        return sets
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    def column_file(name, values, bounds):
+        path = out / f"{name}.parquet"
+        pq.write_table(pa.table({name: values}), path)
+        return {"data": {"path": str(path)}, "column": name, "bounds": bounds}
+
+    if FLIGHTS.exists():
+        import pandas as pd
+
+        frame = pd.read_csv(FLIGHTS, usecols=["air_time", "distance"])
+        for name, bounds in (("air_time", [0, 700]), ("distance", [0, 5000])):
+            values = frame[name].dropna().to_numpy(np.float64)
+            sets.append((f"nycflights13 {name}", column_file(name, values, bounds)))
+    if ADULT.exists():
+        values = np.loadtxt(ADULT, usecols=1)
+        sets.append(("Adult fnlwgt", column_file("fnlwgt", values, [0, 1_500_000])))
+    return sets
+
+
+def granularity(args, epsilons, out: Path) -> list[dict]:
+    """Q10: SW-EMS W1 at each d = d̃ per dataset and ε."""
+    buckets = GRANULARITY if not args.small else GRANULARITY[:2]
+    rows = []
+    for name, options in granularity_sets(out, args.small):
+        if name.startswith("Beta"):
+            options = {"users": args.users}
+        for eps in epsilons:
+            for d in buckets:
+                mean, se = _w1(args.reps, args.backend, epsilon=eps, buckets=d, **options)
+                rows.append(
+                    {"dataset": name, "epsilon": eps, "buckets": d, "wasserstein": mean, "se": se}
+                )
+                print(f"granularity {name:<22} ε={eps:<4g} d={d:<5} W1 {mean:.2e}", file=sys.stderr)
+    return rows
+
+
+def shape_checks(rows) -> dict:
+    checks = {}
+    for band in dict.fromkeys(r["band"] for r in rows):
+        w = {r["shape"]: r["wasserstein"] for r in rows if r["band"] == band}
+        others = {k: v for k, v in w.items() if k != "square"}
+        checks[f"Q8 b={band}: SW below every other shape ({w['square']:.2e})"] = w["square"] < min(
+            others.values()
+        )
+    return checks
+
+
+def granularity_checks(rows) -> dict:
+    checks = {}
+    for name in dict.fromkeys(r["dataset"] for r in rows):
+        best = {}
+        for r in rows:
+            if r["dataset"] == name:
+                e = r["epsilon"]
+                if e not in best or r["wasserstein"] < best[e][1]:
+                    best[e] = (r["buckets"], r["wasserstein"])
+        shown = ", ".join(f"ε={e:g}: d={d}" for e, (d, _) in best.items())
+        wanted = 256 if name.startswith("Beta") else 1024
+        hits = sum(d == wanted for d, _ in best.values())
+        checks[f"Q10 {name}: best d = {wanted} at {hits}/{len(best)} ε ({shown})"] = (
+            hits > len(best) / 2
+        )
+    return checks
+
+
 def body(args) -> dict:
     epsilons = jobs.numbers(args.epsilons)
+    sections = set(args.sections.split(","))
+    unknown = sections - {"eps", "shapes", "granularity"}
+    if unknown:
+        raise rayfed.ConfigError("--sections", f"unknown section(s) {sorted(unknown)}")
     out = jobs.out_dir(args)
     started = time.perf_counter()
-    rows = sweep(args, epsilons, datasets(args, out))
-    checks = {} if args.data else checks_of(rows, epsilons)
-    record = {
-        "repetitions": args.reps,
-        "buckets": args.buckets,
-        "rows": rows,
-        "checks": checks,
-        "seconds": time.perf_counter() - started,
-    }
+    rows = sweep(args, epsilons, datasets(args, out)) if "eps" in sections else []
+    checks = {} if args.data or not rows else checks_of(rows, epsilons)
+    record = {"repetitions": args.reps, "buckets": args.buckets, "rows": rows}
+    if "shapes" in sections and not args.data:
+        record["shapes"] = shapes(args)
+        checks.update(shape_checks(record["shapes"]))
+    if "granularity" in sections and not args.data:
+        record["granularity"] = granularity(args, epsilons, out)
+        checks.update(granularity_checks(record["granularity"]))
+    record["checks"] = checks
+    record["seconds"] = time.perf_counter() - started
     record["plots"] = plot(rows, epsilons, out)
+    if record.get("shapes"):
+        record["plots"].append(plot_shapes(record["shapes"], out))
+    if record.get("granularity"):
+        record["plots"].append(plot_granularity(record["granularity"], out))
     jobs.write_json(out / "square_wave_repro.json", record)
     hold = jobs.checks_hold(checks)
     return {"out": str(out.resolve()), "checks_hold": hold if checks else None}
@@ -257,6 +391,56 @@ def plot(rows, epsilons, out: Path) -> list[str]:
     return paths
 
 
+def plot_shapes(rows, out: Path) -> str:
+    """W1 against the wave's shape, one line per b (Fig. 3.5)."""
+    plt = jobs.pyplot()
+    fig, ax = plt.subplots(figsize=(8, 5))
+    labels = list(dict.fromkeys(r["shape"] for r in rows))
+    for band in dict.fromkeys(r["band"] for r in rows):
+        pts = [r for r in rows if r["band"] == band]
+        ax.errorbar(
+            range(len(pts)),
+            [r["wasserstein"] for r in pts],
+            yerr=[r["se"] or 0 for r in pts],
+            marker="o",
+            capsize=3,
+            label=f"b = {band}",
+        )
+    ax.set_xticks(range(len(labels)), labels, rotation=20)
+    ax.set(ylabel="W1", title="General Wave shapes, Beta(5,2), ε = 1 (mean ± SE)")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    return jobs.save(fig, out / "square_wave_repro_shapes.png", dpi=100)
+
+
+def plot_granularity(rows, out: Path) -> str:
+    """W1 against d, a panel per dataset and a line per ε (Fig. 3.7)."""
+    plt = jobs.pyplot()
+    from matplotlib.ticker import NullLocator
+
+    names = list(dict.fromkeys(r["dataset"] for r in rows))
+    fig, axes = plt.subplots(1, len(names), figsize=(4.5 * len(names), 4), squeeze=False)
+    for ax, name in zip(axes.flat, names, strict=True):
+        for eps in dict.fromkeys(r["epsilon"] for r in rows):
+            pts = [r for r in rows if r["dataset"] == name and r["epsilon"] == eps]
+            ax.errorbar(
+                [r["buckets"] for r in pts],
+                [r["wasserstein"] for r in pts],
+                yerr=[r["se"] or 0 for r in pts],
+                marker="o",
+                capsize=3,
+                label=f"ε = {eps:g}",
+            )
+        ax.set(xscale="log", yscale="log", xlabel="d = d̃", title=name)
+        ax.xaxis.set_minor_locator(NullLocator())  # minor labels would overprint the four d's
+        ax.set_xticks(GRANULARITY, [str(d) for d in GRANULARITY])
+        ax.grid(alpha=0.3)
+    axes.flat[0].set_ylabel("W1")
+    axes.flat[0].legend()
+    fig.suptitle("SW-EMS: bucket granularity (mean ± SE)")
+    return jobs.save(fig, out / "square_wave_repro_granularity.png", dpi=100)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = jobs.parser(
         __doc__,
@@ -271,6 +455,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--data", help="CSV/Parquet file instead of Beta(5,2) and air_time")
     p.add_argument("--column", help="the column of --data")
     p.add_argument("--bounds", default="0,1", help="declared low,high of --column")
+    p.add_argument(
+        "--sections",
+        default="eps,shapes,granularity",
+        help="eps (every method vs ε), shapes (Q8), granularity (Q10); comma-separated",
+    )
     args = p.parse_args(argv)
     if args.small:
         args.epsilons, args.reps, args.users = "1,4", 2, 20_000

@@ -194,7 +194,7 @@ def test_ray_equals_local(ray_cluster):
         ({"population": {"outage_cohort": "c9"}}, "population.outage_cohort"),
         ({"band": 0.0}, "band"),
         ({"method": "cfo", "epsilon": 25.0}, "epsilon"),
-        ({"buckets": 8192}, "buckets"),
+        ({"buckets": 131_072}, "buckets"),
         ({"beta_b": 0.0}, "beta_b"),
         ({"bins": 32}, "bins"),  # sw-ems has no bins
         ({"method": "cfo", "tolerance": 1e-4}, "tolerance"),
@@ -221,7 +221,8 @@ def test_values_outside_the_declared_bounds(tmp_path):
 
 
 def test_reproduction_job_small(run_small_job):
-    """jobs/square_wave_repro.py --small: every method and metric vs ε, JSON and a plot."""
+    """jobs/square_wave_repro.py --small: every method and metric vs ε, the wave shapes and the
+    granularity, JSON and plots."""
     import json
 
     tmp_path = run_small_job("square_wave_repro.py", timeout=300)
@@ -231,6 +232,11 @@ def test_reproduction_job_small(run_small_job):
     haar = next(r for r in record["rows"] if r["method"] == "HaarHRR")
     assert "range_error_0.1" in haar and "wasserstein" not in haar
     assert (tmp_path / record["plots"][0].split("/")[-1]).stat().st_size > 20_000
+    # the shapes (Q8) and granularity (Q10) sections, reduced: square and triangle, d = 256, 512
+    assert {r["shape"] for r in record["shapes"]} == {"square", "triangle"}
+    assert {r["buckets"] for r in record["granularity"]} == {256, 512}
+    for name in ("square_wave_repro_shapes.png", "square_wave_repro_granularity.png"):
+        assert (tmp_path / name).stat().st_size > 10_000
 
 
 # --- who reports: dropouts, population models, stress ----------------------------------------------

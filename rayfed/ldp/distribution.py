@@ -12,7 +12,7 @@ import math
 
 import numpy as np
 
-from rayfed.ldp import hierarchy, oracles
+from rayfed.ldp import hierarchy, oracles, wave
 from rayfed.ldp import square_wave as sw
 
 
@@ -92,17 +92,26 @@ def sw_estimate(
     smoothing: bool,
     tolerance: float,
     max_iterations: int,
+    ratio: float = 1.0,
+    structured: bool = False,
 ) -> tuple[np.ndarray, int]:
     """EM (or EMS) on the histogram of the Square Wave reports: (estimate, iterations). Discrete
     SW's reports are integers in [-b, d + b) with its own integer b; ``b`` and
-    ``output_buckets`` are the continuous SW's."""
+    ``output_buckets`` are the continuous SW's, ``ratio`` its wave's top/bottom ratio (1 = SW).
+    ``structured``: M as its O(d) product (rayfed.ldp.wave) instead of a dense array."""
     if discrete:
         b_int, _, _ = sw.discrete_parameters(eps, d)
         counts = np.bincount(values + b_int, minlength=d + 2 * b_int).astype(np.float64)
-        m = sw.discrete_transition_matrix(eps, d)
+        if structured:
+            m = wave.DiscreteOperator(eps, d)
+        else:
+            m = sw.discrete_transition_matrix(eps, d)
     else:
         counts = sw.histogram(values, b, output_buckets)
-        m = sw.transition_matrix(eps, b, d, output_buckets)
+        if structured:
+            m = wave.WaveOperator(eps, b, ratio, d, output_buckets)
+        else:
+            m = wave.transition_matrix(eps, b, ratio, d, output_buckets)
     return sw.expectation_maximisation(
         counts, m, smoothing=smoothing, tolerance=tolerance, max_iterations=max_iterations
     )

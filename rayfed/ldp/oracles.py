@@ -10,7 +10,6 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from scipy.linalg import hadamard
 
 MERSENNE = (1 << 31) - 1  # the universal hash's prime
 
@@ -112,11 +111,26 @@ def hrr_perturb(
     return rows, np.where(flip, -y, y).astype(np.int8)
 
 
+def walsh_hadamard(x: np.ndarray) -> np.ndarray:
+    """φ·x for the Sylvester Hadamard matrix φ of size len(x) (a power of 2), by the fast
+    transform: log2(size) butterfly passes, O(size log size), no size x size matrix. On integer
+    vectors (HRR's totals) every partial sum is an integer below 2^53, so the result is exactly
+    the dense product's."""
+    out = np.array(x, dtype=np.float64)
+    size, half = out.size, 1
+    while half < size:
+        pairs = out.reshape(-1, 2, half)
+        out = np.stack([pairs[:, 0] + pairs[:, 1], pairs[:, 0] - pairs[:, 1]], axis=1).reshape(size)
+        half *= 2
+    return out
+
+
 def hrr_estimate(rows: np.ndarray, bits: np.ndarray, size: int, eps: float, n: int) -> np.ndarray:
-    """θ̂_a = ((e^ε+1)/(e^ε-1)) (1/n) Σ_k y'_k φ[j_k, a], for every a (one Hadamard product)."""
+    """θ̂_a = ((e^ε+1)/(e^ε-1)) (1/n) Σ_k y'_k φ[j_k, a], for every a (one fast Walsh-Hadamard
+    transform of the per-row totals)."""
     totals = np.bincount(rows, weights=bits.astype(np.float64), minlength=size)
     e = math.exp(eps)
-    return (e + 1) / (e - 1) * (hadamard(size) @ totals) / n
+    return (e + 1) / (e - 1) * walsh_hadamard(totals) / n
 
 
 # --- SR / PM (inputs in [-1, 1]) --------------------------------------------------------------------

@@ -131,7 +131,10 @@ def smooth(x: np.ndarray) -> np.ndarray:
 
 def log_likelihood(counts: np.ndarray, m: np.ndarray, x: np.ndarray) -> float:
     """Σ_j n_j ln (Mx)_j on the raw counts."""
-    mx = m @ x
+    return _log_likelihood_of(counts, m @ x)
+
+
+def _log_likelihood_of(counts: np.ndarray, mx: np.ndarray) -> float:
     keep = counts > 0
     return float(counts[keep] @ np.log(mx[keep]))
 
@@ -144,7 +147,9 @@ def expectation_maximisation(
     tolerance: float,
     max_iterations: int = MAX_ITERATIONS,
 ) -> tuple[np.ndarray, int]:
-    """EM (smoothing False) or EMS (True) from a uniform start (spec §2.12, Algorithm 1).
+    """EM (smoothing False) or EMS (True) from a uniform start (spec §2.12, Algorithm 1). ``m`` is
+    the dense transition matrix or a structured one (:mod:`rayfed.ldp.wave`): only ``m @ x``,
+    ``m.T @ y`` and ``m.shape`` are used.
 
     Stops when the count log-likelihood improves by less than ``tolerance`` (checked from the
     third iteration), when an iteration moves the estimate by at most 1/n in L1, or after
@@ -154,14 +159,16 @@ def expectation_maximisation(
     d = m.shape[1]
     n = counts.sum()
     x = np.full(d, 1.0 / d)
-    previous = log_likelihood(counts, m, x)
+    mx = m @ x
+    previous = _log_likelihood_of(counts, mx)
     for it in range(1, max_iterations + 1):
-        ratio = np.divide(counts, m @ x, out=np.zeros_like(counts), where=counts > 0)
+        ratio = np.divide(counts, mx, out=np.zeros_like(counts), where=counts > 0)
         new = x * (m.T @ ratio)
         new /= new.sum()
         if smoothing:
             new = smooth(new)
-        current = log_likelihood(counts, m, new)
+        mx = m @ new  # the likelihood's, and the next iteration's E-step's: one product, not two
+        current = _log_likelihood_of(counts, mx)
         moved = np.abs(new - x).sum()
         x = new
         if (it > 2 and abs(current - previous) < tolerance) or moved <= 1.0 / n:

@@ -9,7 +9,9 @@ reconstructs a d-bucket histogram of [0, 1].
 ``method``:
 
 * ``sw-ems`` / ``sw-em`` — Square Wave (continuous, R-B; ``bucketize=br`` for the discrete one),
-  EMS or EM on the report histogram;
+  EMS or EM on the report histogram; ``wave`` swaps the square for another General Wave
+  (trapezoid, triangle), and beyond d·d̃ = 2,048² the transition matrix is a structured O(d)
+  product (d up to 65,536);
 * ``cfo`` — GRR or OLH (by the variance rule) on ``bins`` equal bins, Norm-Sub, spread uniformly;
 * ``hh`` / ``hh-admm`` — a ``branching``-ary hierarchy, one layer per user, with Hay et al.'s
   constrained inference (range queries only) or the non-negative least-squares fit of HH-ADMM;

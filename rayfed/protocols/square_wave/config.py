@@ -10,12 +10,30 @@ from rayfed.config import DataConfig, option
 from rayfed.dropout import PopulationConfig
 from rayfed.errors import ConfigError
 from rayfed.ldp import square_wave as sw
+from rayfed.ldp import wave
 from rayfed.privacy import check_budget
 
 #: SW: its transition matrix holds to here (columns sum to 1 within 1e-11 at d = 4,096)
 MAX_EPSILON = 100.0
 MAX_EPSILON_OTHERS = 20.0  # the frequency oracles' e^ε-sized ranges (OLH's hash range) beyond
-MAX_BUCKETS = 4096
+#: d and d̃: EM/EMS multiply by M through its structured O(d) product above AUTO_DENSE_BUCKETS
+#: (rayfed.ldp.wave), so memory is O(n + d); 2^16 is tested end to end (benchmarks/sw_large_d.py:
+#: an EMS iteration takes 29 ms there, up to 10,000 of them; and n must be far above d for the
+#: reports' histogram to say anything)
+MAX_BUCKETS = 65_536
+#: the largest dense transition matrix (d·d̃ <= 4,096², the old cap: transition=dense gives the
+#: old results bit for bit); the hierarchy methods stay there too (HH's OLH layers count support
+#: in O(d·n), HH-ADMM's NNLS is dense)
+DENSE_BUCKETS = 4096
+#: transition=auto: dense up to d·d̃ = 2,048² (the same results bit for bit as before, and as
+#: fast or faster there on an idle machine: 0.8 against 1.0 ms per EMS iteration at 2,048), the
+#: structured product above (2.5x faster at 4,096, equal to rounding:
+#: benchmarks/results/sw_large_d.json)
+AUTO_DENSE_BUCKETS = 2048
+#: trapezoid and triangle waves: their structured product loses ~1e-19·d/(b²(1 - ratio)) of
+#: a column's sum (b = b_SW(ε) shrinks as e^-ε): 1e-10 at d = 2^16 and ε = 5
+MAX_EPSILON_WAVES = 5.0
+WAVES = ("square", "trapezoid", "triangle")
 METHODS = ("sw-ems", "sw-em", "cfo", "hh", "hh-admm", "haar-hrr", "sr", "pm")
 SW_METHODS = ("sw-ems", "sw-em")
 MOMENT_METHODS = ("sr", "pm")
@@ -36,8 +54,8 @@ class SquareWaveConfig:
     )
     buckets: int = option(
         256,
-        f"d, buckets of the estimated histogram of [0, 1] (at most {MAX_BUCKETS}: the aggregator "
-        "holds dense d̃ x d matrices)",
+        f"d, buckets of the estimated histogram of [0, 1] (at most {MAX_BUCKETS:,}; "
+        f"{DENSE_BUCKETS:,} for hh and hh-admm)",
         at_least=2,
         at_most=MAX_BUCKETS,
     )
@@ -56,6 +74,26 @@ class SquareWaveConfig:
         above=0,
         at_most=1,
         when={"method": SW_METHODS, "bucketize": ("rb",)},
+    )
+    wave: Literal[WAVES] = option(
+        "square",
+        "SW: the General Wave's shape (spec §2.7): square (SW), trapezoid (top = trapezoid_ratio "
+        "x base 2b) or triangle; densities between q and e^ε q, so each is ε-LDP",
+        when={"method": SW_METHODS, "bucketize": ("rb",)},
+    )
+    trapezoid_ratio: float = option(
+        0.8,
+        "SW, wave=trapezoid: top/bottom length ratio of the trapezoid (the thesis's 0.2-0.8)",
+        above=0,
+        at_most=0.9,
+        when={"method": SW_METHODS, "bucketize": ("rb",), "wave": ("trapezoid",)},
+    )
+    transition: Literal["auto", "dense", "structured"] = option(
+        "auto",
+        "EM/EMS: the transition matrix M as a dense d̃ x d array or as its structured O(d) "
+        f"product (equal to rounding); auto = dense while d·d̃ <= {AUTO_DENSE_BUCKETS:,}², "
+        f"dense at most {DENSE_BUCKETS:,}²",
+        when={"method": SW_METHODS},
     )
     bucketize: Literal["rb", "br"] = option(
         "rb",
@@ -129,6 +167,28 @@ class SquareWaveConfig:
                 f"{self.method} takes ε up to {MAX_EPSILON_OTHERS:g}, got {self.epsilon:g}",
                 "a smaller ε, or method=sw-ems",
             )
+        if self.method in SW_METHODS and self.wave != "square":
+            if self.epsilon > MAX_EPSILON_WAVES:
+                raise ConfigError(
+                    "epsilon",
+                    f"the {self.wave} wave takes ε up to {MAX_EPSILON_WAVES:g}, got "
+                    f"{self.epsilon:g} (its transition product loses precision as b shrinks)",
+                    "a smaller ε, or wave=square",
+                )
+        if self.method in ("hh", "hh-admm") and self.buckets > DENSE_BUCKETS:
+            raise ConfigError(
+                "buckets",
+                f"{self.method} takes d up to {DENSE_BUCKETS:,}, got {self.buckets:,} (OLH's "
+                "support counts cost O(d·n); HH-ADMM's least squares is dense)",
+                "sw-ems, cfo or haar-hrr for finer histograms",
+            )
+        if self.transition == "dense" and self.buckets * self.output_width() > DENSE_BUCKETS**2:
+            raise ConfigError(
+                "transition",
+                f"a dense {self.output_width():,} x {self.buckets:,} matrix is above "
+                f"{DENSE_BUCKETS:,}²",
+                "transition=auto or structured",
+            )
         if self.method == "cfo" and (self.bins < 2 or self.buckets % self.bins):
             raise ConfigError(
                 "bins", f"{self.bins} bins must be >= 2 and divide d = {self.buckets}", "16, 32, 64"
@@ -145,6 +205,20 @@ class SquareWaveConfig:
             raise ConfigError(
                 "data.columns", "square-wave estimates one column", "set column instead"
             )
+
+    def output_width(self) -> int:
+        """d̃ of continuous SW (discrete SW's d + 2b is within a factor of 2 of d)."""
+        return self.output_buckets or self.buckets
+
+    def wave_ratio(self) -> float:
+        """The wave's top/bottom length ratio: 1 square, 0 triangle."""
+        return wave.SHAPES.get(self.wave, self.trapezoid_ratio)
+
+    def structured(self) -> bool:
+        """Whether EM/EMS multiplies by M through its structured product."""
+        if self.transition == "auto":
+            return self.buckets * self.output_width() > AUTO_DENSE_BUCKETS**2
+        return self.transition == "structured"
 
     def em_tolerance(self) -> float:
         if self.tolerance is not None:

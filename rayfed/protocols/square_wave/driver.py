@@ -50,7 +50,10 @@ def _perturb(fed, cfg: SquareWaveConfig, lost: set[str], estimator: Estimator, s
     method, eps, d = estimator.method, estimator.epsilon, estimator.buckets
     common = dict(eps=eps, round=0, schedule=schedule, phase="perturb")
     if method in ("sw-ems", "sw-em"):
-        step, kw = sw_step, dict(b=estimator.b, discrete=estimator.discrete, d=d)
+        step, kw = (
+            sw_step,
+            dict(b=estimator.b, ratio=estimator.wave_ratio, discrete=estimator.discrete, d=d),
+        )
     elif method == "cfo":
         step, kw = cfo_step, dict(bins=estimator.bins)
     elif method in ("hh", "hh-admm"):

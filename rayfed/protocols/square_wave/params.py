@@ -11,7 +11,8 @@ from rayfed.dropout import DropoutSchedule
 class Estimator:
     """What the aggregator needs to turn a histogram method's reports into d buckets: the
     method, ε, d, SW's band half-width b and report buckets d̃ (continuous SW), whether SW is
-    discrete (bucketize=br), EM's stopping rule, CFO's bins and the hierarchy's branching."""
+    discrete (bucketize=br), EM's stopping rule, CFO's bins, the hierarchy's branching, the wave's shape
+    and how M is held."""
 
     method: str
     epsilon: float
@@ -23,6 +24,8 @@ class Estimator:
     max_iterations: int
     bins: int
     branching: int
+    wave_ratio: float = 1.0  # General Wave's top/bottom ratio: 1 = SW, 0 = the triangle
+    structured: bool = False  # M as its structured O(d) product instead of a dense array
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from rayfed.ldp import square_wave as sw
 from rayfed.ldp.distribution import true_histogram
 from rayfed.privacy import Budget
 from rayfed.protocols.base import Plan
-from rayfed.protocols.square_wave.config import MOMENT_METHODS, SquareWaveConfig
+from rayfed.protocols.square_wave.config import MOMENT_METHODS, SW_METHODS, SquareWaveConfig
 from rayfed.protocols.square_wave.params import Estimator, Params
 from rayfed.protocols.square_wave.report import STATEMENT
 from rayfed.sizing import default_cohorts
@@ -23,10 +23,13 @@ from rayfed.sizing import default_cohorts
 
 def data_bytes(cfg: SquareWaveConfig) -> int:
     """Every user's value, its uniforms (up to 3) and its report, plus the aggregator's
-    d̃ x d transition matrix."""
+    d̃ x d matrices: SW's dense transition matrix, HH-ADMM's aggregation matrix (HH's too, for
+    simplicity) — or O(d) vectors (SW's structured product, CFO, Haar's fast transform)."""
     users = 0 if cfg.data.path is not None else cfg.users
     d = cfg.buckets
-    return users * 8 * 6 + (cfg.output_buckets or d) * d * 8 * 3
+    dense = (cfg.method in SW_METHODS and not cfg.structured()) or cfg.method in ("hh", "hh-admm")
+    matrix = cfg.output_width() * d * 24 if dense else 64 * (d + cfg.output_width())
+    return users * 8 * 6 + matrix
 
 
 def plan(cfg: SquareWaveConfig, seed: int) -> Plan:
@@ -89,6 +92,8 @@ def _estimator(cfg: SquareWaveConfig) -> Estimator:
         max_iterations=cfg.max_iterations,
         bins=cfg.bins,
         branching=cfg.branching,
+        wave_ratio=cfg.wave_ratio(),
+        structured=cfg.structured(),
     )
 
 

@@ -67,6 +67,9 @@ def histogram_outcome(
             result["b_buckets"] = sw.discrete_parameters(cfg.epsilon, d)[0]
         else:
             result["b"] = params.estimator.b
+            if cfg.wave != "square":
+                result["wave"] = cfg.wave
+                result["wave_ratio"] = params.estimator.wave_ratio
         result.update(iterations=out["iterations"], tolerance=params.estimator.tolerance)
     headline = (
         f"{cfg.method}: {d}-bucket distribution of {params.users:,} users at ε={cfg.epsilon:g}"

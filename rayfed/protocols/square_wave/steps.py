@@ -11,7 +11,7 @@ from rayfed import rng
 from rayfed.actors.base import Message, StepContext
 from rayfed.dropout import DropoutSchedule
 from rayfed.errors import BelowThreshold
-from rayfed.ldp import distribution, hierarchy, oracles
+from rayfed.ldp import distribution, hierarchy, oracles, wave
 from rayfed.ldp import square_wave as sw
 from rayfed.privacy import local_randomizer
 from rayfed.protocols.square_wave.params import Estimator
@@ -27,8 +27,10 @@ def sw_step(
     d: int,
     round: int,
     schedule: DropoutSchedule,
+    ratio: float = 1.0,
 ) -> Message:
-    """Users: one Square Wave report each (a float in [-b, 1+b], or discrete SW's integer)."""
+    """Users: one Square Wave report each (a float in [-b, 1+b], or discrete SW's integer), or
+    a General Wave's of top/bottom ``ratio`` < 1 (trapezoid; 0 the triangle)."""
     ids, v = _users(ctx, None, schedule, round)
     if discrete:
         values = distribution.bucket_index(v, d)
@@ -42,6 +44,19 @@ def sw_step(
             width=2,
             round=round,
             d=d,
+        )
+    if ratio != 1.0:  # three uniforms per user (rayfed.ldp.wave.perturb)
+        return _report(
+            ctx,
+            "sw_reports",
+            wave.perturb,
+            v,
+            eps=eps,
+            ids=ids,
+            width=3,
+            round=round,
+            b=b,
+            ratio=ratio,
         )
     return _report(ctx, "sw_reports", sw.perturb, v, eps=eps, ids=ids, width=1, round=round, b=b)
 
@@ -184,6 +199,8 @@ def estimate_step(ctx: StepContext, reports: dict[str, Any], *, estimator: Estim
             b=estimator.b,
             output_buckets=estimator.output_buckets,
             discrete=estimator.discrete,
+            ratio=estimator.wave_ratio,
+            structured=estimator.structured,
             smoothing=method == "sw-ems",
             tolerance=estimator.tolerance,
             max_iterations=estimator.max_iterations,
