@@ -18,16 +18,11 @@ import numpy as np
 import rayfed
 from rayfed.ldp import square_wave as sw
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "jobs"))
+from square_wave_repro import SHAPE_BANDS as BANDS  # noqa: E402 (the job's study)
+from square_wave_repro import SHAPES  # noqa: E402
+
 EPSILON = 1.0
-SHAPES = (  # (label, options)
-    ("square", {}),
-    ("trapezoid 0.8", {"wave": "trapezoid", "trapezoid_ratio": 0.8}),
-    ("trapezoid 0.6", {"wave": "trapezoid", "trapezoid_ratio": 0.6}),
-    ("trapezoid 0.4", {"wave": "trapezoid", "trapezoid_ratio": 0.4}),
-    ("trapezoid 0.2", {"wave": "trapezoid", "trapezoid_ratio": 0.2}),
-    ("triangle", {"wave": "triangle"}),
-)
-BANDS = (0.1, None, 0.4)  # None: b_SW(1) = 0.256
 SPEC = {  # the spec's reference simulation (§5.3), W1 x 1e-3, same shape order
     "0.1": (5.6, 6.2, 7.4, 7.8, 8.9, 10.8),
     "b_SW": "5.1-5.4 for every trapezoid, triangle 6.5",

@@ -41,20 +41,9 @@ def noisy_vector_step(ctx: StepContext, *, eps: float) -> Message:
 
 
 # --- the coordinator -------------------------------------------------------------------------------
-def heavy_step(
-    ctx: StepContext,
-    ys: dict[str, np.ndarray],
-    *,
-    v: int,
-    m: int,
-    eps: float,
-    alpha: float,
-    bound: int | None,
-    p: float,
-) -> Message:
-    """CC (Alg. 2): y = Σ y^(j); L = {i : y_i >= τ}; M; the heavy part Σ_{i∈L} y_i^p. Sends L, M."""
-    payload = heavy_coordinates(ys, v=v, m=m, eps=eps, alpha=alpha, bound=bound, p=p)
-    return Message("heavy_coordinates", payload, to="parties")
+def heavy_step(ctx: StepContext, ys: dict[str, np.ndarray], **constants) -> Message:
+    """CC (Alg. 2): :func:`heavy_coordinates` of the noisy vectors; sends L and M back."""
+    return Message("heavy_coordinates", heavy_coordinates(ys, **constants), to="parties")
 
 
 def heavy_coordinates(
