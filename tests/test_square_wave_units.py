@@ -753,3 +753,15 @@ def test_metrics_uniform_histogram():
     starts = np.zeros(3)
     last = np.eye(d)[-1]
     assert metrics.range_query_error(x, last, 0.4, starts) == pytest.approx(0.4, abs=1e-12)
+
+
+def test_discrete_sw_output_width_is_d_plus_2b():
+    """Discrete SW (bucketize=br) reports over d + 2b outputs, b = ⌊b_SW·d⌋: the width the dense
+    limit and the memory estimate count (at d = 4,096, ε = 0.25 that is 7,562, not 4,096)."""
+    from rayfed.protocols.square_wave.config import SquareWaveConfig
+
+    cfg = SquareWaveConfig(bucketize="br", buckets=4096, epsilon=0.25)
+    b = math.floor(sw.band_half_width(0.25) * 4096)
+    assert cfg.output_width() == 4096 + 2 * b == 7562
+    assert SquareWaveConfig(buckets=4096, epsilon=0.25).output_width() == 4096
+

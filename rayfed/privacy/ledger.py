@@ -210,6 +210,8 @@ class PrivacyReport:
     randomness_statement: str = ""
     #: the ε the user asked for where a faithful mode's budget is its true, higher, cost
     requested_epsilon: float | None = None
+    #: False for a run that declared no DP at all (Budget.none()): its ε = 0 is not a guarantee
+    private: bool = True
     notes: list[str] = field(default_factory=list)
     entries: list[dict[str, Any]] = field(default_factory=list)
     composed_event: dict[str, Any] = field(default_factory=dict)
@@ -363,6 +365,7 @@ class PrivacyLedger:
             delta=delta,
             budget_epsilon=self.budget.epsilon,
             budget_delta=self.budget.delta,
+            private=self.budget != Budget.none(),
             accountant=self.accountant,
             neighboring_relation=self.relation,
             composition=self.composition,

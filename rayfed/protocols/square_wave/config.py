@@ -182,6 +182,13 @@ class SquareWaveConfig:
                 "support counts cost O(d·n); HH-ADMM's least squares is dense)",
                 "sw-ems, cfo or haar-hrr for finer histograms",
             )
+        if self.method == "cfo" and self.bins > DENSE_BUCKETS:
+            raise ConfigError(
+                "bins",
+                f"cfo takes up to {DENSE_BUCKETS:,} bins, got {self.bins:,} (OLH's support "
+                "counts cost O(bins·n))",
+                "fewer bins, or sw-ems for finer histograms",
+            )
         if self.transition == "dense" and self.buckets * self.output_width() > DENSE_BUCKETS**2:
             raise ConfigError(
                 "transition",
@@ -207,7 +214,9 @@ class SquareWaveConfig:
             )
 
     def output_width(self) -> int:
-        """d̃ of continuous SW (discrete SW's d + 2b is within a factor of 2 of d)."""
+        """d̃: continuous SW's report buckets, or discrete SW's d + 2b outputs."""
+        if self.bucketize == "br":
+            return self.buckets + 2 * sw.discrete_parameters(self.epsilon, self.buckets)[0]
         return self.output_buckets or self.buckets
 
     def wave_ratio(self) -> float:

@@ -71,9 +71,8 @@ def histogram_outcome(
                 result["wave"] = cfg.wave
                 result["wave_ratio"] = params.estimator.wave_ratio
         result.update(iterations=out["iterations"], tolerance=params.estimator.tolerance)
-    headline = (
-        f"{cfg.method}: {d}-bucket distribution of {params.users:,} users at ε={cfg.epsilon:g}"
-    )
+    method = cfg.method if "wave" not in result else f"{cfg.method} ({cfg.wave} wave)"
+    headline = f"{method}: {d}-bucket distribution of {params.users:,} users at ε={cfg.epsilon:g}"
     if evaluation is not None:
         truth = evaluation["histogram"]
         columns["true"] = truth

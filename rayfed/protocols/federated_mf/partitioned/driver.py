@@ -64,6 +64,7 @@ def _drive_vfl(fed, cfg: FederatedMFConfig, params: PartitionedParams) -> Outcom
         _vfl_finetune(fed, cfg, params, u_arg)
     parts = fed.get(fed.parties.run(vfl_evaluate_step, phase="evaluate"))
     fed.note(report.vfl_noise_note(cfg, params))
+    fed.note(report.EVALUATION_NOTE)
     return report.outcome(cfg, params, parts)
 
 
@@ -155,6 +156,7 @@ def _drive_hfl(fed, cfg: FederatedMFConfig, params: PartitionedParams) -> Outcom
         fed.note(report.RATING_GAP_NOTE)
     if params.z is None:
         fed.note(report.NOT_PRIVATE_NOTE)
+    fed.note(report.EVALUATION_NOTE)
     return report.outcome(cfg, params, parts)
 
 

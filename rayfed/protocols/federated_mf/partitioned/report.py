@@ -18,6 +18,11 @@ RATING_GAP_NOTE = (
 )
 
 
+EVALUATION_NOTE = (
+    "test_mse and train_mse are computed on the raw ratings, outside the protocol: a "
+    "simulation's evaluation, not covered by the guarantee (nor is a learning rate tuned on them)"
+)
+
 NOT_PRIVATE_NOTE = (
     "noise=none: the federated algorithm without noise, a non-private reference — no DP "
     "guarantee holds and the ledger is empty"
@@ -53,7 +58,7 @@ def outcome(
         "privacy_unit": params.privacy_unit,
         "noise": cfg.noise,
         "noise_multiplier": params.z,
-        "delta": params.delta,
+        "delta": None if params.z is None else params.delta,
         "users": params.n,
         "items": params.m,
     }
