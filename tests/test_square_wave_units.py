@@ -764,4 +764,3 @@ def test_discrete_sw_output_width_is_d_plus_2b():
     b = math.floor(sw.band_half_width(0.25) * 4096)
     assert cfg.output_width() == 4096 + 2 * b == 7562
     assert SquareWaveConfig(buckets=4096, epsilon=0.25).output_width() == 4096
-
