@@ -22,6 +22,22 @@ class ProtocolViolation(RayfedError):
     not hold the user's own keys, or a server request that would reveal both shares of a user."""
 
 
+class UnauthenticatedKeys(ProtocolViolation):
+    """Key-table rows whose signature does not verify under the users' PKI keys (``consistency``
+    rounds): the server substituted their keys, or named users the PKI does not know."""
+
+    def __init__(self, users, cohort: str = ""):
+        self.users = [int(u) for u in users]
+        self.cohort = cohort
+        super().__init__(
+            f"{cohort}: the key table's keys of user(s) {self.users} are not signed by their "
+            "PKI keys (the server substituted them): round refused, no share sent"
+        )
+
+    def __reduce__(self):  # keep the fields when Ray pickles the error across processes
+        return (type(self), (self.users, self.cohort))
+
+
 @dataclass(frozen=True)
 class RoundSpec:
     """Public parameters of one round, sent to the coordinator and every cohort.
@@ -78,6 +94,13 @@ class RoundSpec:
         """What a user signs in the consistency round: this round's salt and a digest of U3."""
         digest = hashlib.sha256(np.asarray(survivors, dtype="<i8").tobytes()).digest()
         return self.salt + b"|u3|" + digest
+
+    def keys_message(self, user_id: int, c_pk: np.ndarray, s_pk: np.ndarray) -> bytes:
+        """What a user signs at advertise (consistency rounds): this round's salt, its id and
+        its two X25519 public keys, so a signed row cannot move to another user or round."""
+        ident = int(user_id).to_bytes(8, "little", signed=True)
+        keys = np.concatenate([np.asarray(c_pk, np.uint8), np.asarray(s_pk, np.uint8)])
+        return self.salt + b"|keys|" + ident + keys.tobytes()
 
     def graph(self, seed: int) -> NeighbourGraph:
         return NeighbourGraph.build(self.n, self.degree, self.complete, seed, self.round)
