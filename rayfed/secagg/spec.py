@@ -31,7 +31,8 @@ class UnauthenticatedKeys(ProtocolViolation):
         self.cohort = cohort
         super().__init__(
             f"{cohort}: the key table's keys of user(s) {self.users} are not signed by their "
-            "PKI keys (the server substituted them): round refused, no share sent"
+            "PKI keys (substituted by the server, or unknown to the PKI): round refused, no "
+            "share sent"
         )
 
     def __reduce__(self):  # keep the fields when Ray pickles the error across processes
@@ -59,7 +60,8 @@ class RoundSpec:
     tag: bytes = b"rayfed"
     kill: tuple[str, str] | None = None  # fault injection: (cohort name, phase) exits that actor
     #: SecAgg's consistency round: users sign U3 and reveal no share unless more than (n + c)/2
-    #: users signed the very list they signed themselves
+    #: users signed the very list they signed themselves; users also sign their X25519 keys,
+    #: checked against the simulated PKI (the driver) in share_keys
     consistency: bool = False
     #: users the parameters assume corrupt (⌈γn⌉): they may sign two lists
     corrupt_users: int = 0
