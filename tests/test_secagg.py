@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import pickle
 
 import numpy as np
 import pyarrow as pa
@@ -22,6 +23,7 @@ from rayfed.privacy import Budget
 from rayfed.secagg import (
     FixedPoint,
     ProtocolViolation,
+    UnauthenticatedKeys,
     _crypto,
     check_params,
     client,
@@ -451,6 +453,124 @@ def test_the_consistency_round_refuses_lists_that_differ_by_cohort(monkeypatch):
     monkeypatch.setattr(client, "unmask", unmask_with_own_list)
     with pytest.raises(ProtocolViolation, match="only 20 users signed"):
         _run(mode="secure", consistency=True)
+
+
+def test_authenticated_keys_leave_the_honest_sum_bit_identical():
+    """consistency=true signs every user's keys at advertise and verifies them in share_keys:
+    an honest server's round gives the same words and survivors as a round without it, and the
+    key table carries a signature per row that verifies under the signer's own key."""
+    schedule = DropoutSchedule(rates={"after_share_keys": 0.1, "after_masked_input": 0.15})
+    tables = []
+    original = server.collect_keys
+
+    def keep(ctx, spec, replies):
+        msg = original(ctx, spec, replies)
+        tables.append(msg.payload)
+        return msg
+
+    plain = _run(schedule=schedule)[0]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(server, "collect_keys", keep)
+        signed, exact, _, _ = _run(schedule=schedule, consistency=True)
+    assert exact
+    assert np.array_equal(signed.words, plain.words)
+    assert np.array_equal(signed.survivors, plain.survivors)
+    (table,) = tables
+    spec = make_spec(
+        round=0,
+        mode="simulation",
+        registry=np.arange(40) * 7 + 1,
+        params=find_params(40, dropout=0.4, corrupt=0.05),
+        encoding=FixedPoint.choose(40, 1.0, 12),
+        dim=6,
+    )
+    for row, pos in enumerate(table["pos"]):
+        message = spec.keys_message(pos * 7 + 1, table["c_pk"][row], table["s_pk"][row])
+        sig = table["key_sig"][row].tobytes()
+        assert _crypto.verify(table["sign_pk"][row].tobytes(), sig, message)
+        assert not _crypto.verify(table["sign_pk"][row].tobytes(), sig, message[:-1] + b"?")
+
+
+SERVER_C_SK, SERVER_C_PK = _crypto.keypair(bytes(range(32)))  # the malicious server's own keys
+
+
+def _substituting_server(monkeypatch, column, resign=False):
+    """A malicious server that shows cohort c0 a key table where one user v of c1 has the
+    server's X25519 key in its ``column`` row (c1, shown the true table, sees nothing wrong).
+    With ``resign`` it also puts its own signing key in v's row and signs the forged row with it,
+    so the row verifies under the server's table; only the PKI key (from the driver) exposes it.
+    Returns {"victim": v's id, "pos": v's position, "table": the true table} once it ran."""
+    original, seen = client.share_keys, {}
+
+    def shown_a_forged_table(ctx, spec, table, *pki):
+        if ctx.name == "c0":
+            own = ctx.state["secagg"][spec.round].pos
+            pos = int(np.setdiff1d(table["pos"], own)[0])
+            row = int(np.searchsorted(table["pos"], pos))
+            seen.update(victim=int(spec.registry[pos]), pos=pos, table=table)
+            table = {k: np.array(v) if isinstance(v, np.ndarray) else v for k, v in table.items()}
+            table[column][row] = np.frombuffer(SERVER_C_PK, np.uint8)
+            if resign:
+                sk, pk = _crypto.signing_keypair(bytes(range(1, 33)))
+                c_pk, s_pk = table["c_pk"][row], table["s_pk"][row]
+                message = spec.keys_message(spec.registry[pos], c_pk, s_pk)
+                table["sign_pk"][row] = np.frombuffer(pk, np.uint8)
+                table["key_sig"][row] = np.frombuffer(sk.sign(message), np.uint8)
+                assert _crypto.verify(pk, table["key_sig"][row].tobytes(), message)
+        return original(ctx, spec, table, *pki)
+
+    monkeypatch.setattr(client, "share_keys", shown_a_forged_table)
+    return seen
+
+
+def test_without_authenticated_keys_a_substituted_key_leaks_shares(monkeypatch):
+    """The attack: shown the server's key as v's c_pk, v's neighbours in c0 encrypt their shares
+    for v under a key the server agrees too — it decrypts them (and v only fails later)."""
+    seen = _substituting_server(monkeypatch, "c_pk")
+    routed = {}
+    original = server.route_shares
+
+    def capture(ctx, spec, replies):
+        routed.update(spec=spec, replies=replies)
+        return original(ctx, spec, replies)
+
+    monkeypatch.setattr(server, "route_shares", capture)
+    with contextlib.suppress(ProtocolViolation):  # v cannot decrypt at unmask: too late
+        _run()
+    spec, c0 = routed["spec"], routed["replies"]["c0"]
+    table = seen["table"]
+    to_v = c0["receiver"] == seen["pos"]
+    opened = 0
+    for sender, ct in zip(c0["sender"][to_v], c0["ct"][to_v], strict=True):
+        peer = _crypto.public_keys(table["c_pk"][np.searchsorted(table["pos"], [sender])])[0]
+        key = _crypto.hkdf(_crypto.shared_secret(SERVER_C_SK, peer), _crypto.INFO_SHARE, spec.salt)
+        plain = _crypto.decrypt_share(
+            key, ct.tobytes(), tag=spec.tag, round=0, sender=int(sender), receiver=seen["pos"]
+        )
+        opened += len(plain) == client.PLAINTEXT_BYTES
+    assert opened > 0
+
+
+@pytest.mark.parametrize("column", ["c_pk", "s_pk"])
+def test_a_substituted_public_key_is_refused_before_any_share_is_sent(monkeypatch, column):
+    seen, routed = _substituting_server(monkeypatch, column), []
+    monkeypatch.setattr(server, "route_shares", lambda *args: routed.append(args))
+    with pytest.raises(UnauthenticatedKeys) as err:
+        _run(consistency=True)
+    assert not routed  # refused in share_keys: no share reached the server
+    assert err.value.users == [seen["victim"]] and err.value.cohort == "c0"
+    assert str(seen["victim"]) in str(err.value)
+    again = pickle.loads(pickle.dumps(err.value))  # how it crosses from a Ray actor
+    assert type(again) is UnauthenticatedKeys and again.users == [seen["victim"]]
+
+
+def test_a_server_that_also_replaces_the_signing_key_is_refused_by_the_pki(monkeypatch):
+    """The forged row verifies under the signing key in the server's own table (checked inside
+    the fake server), but the users check it against the key the driver handed them."""
+    seen = _substituting_server(monkeypatch, "c_pk", resign=True)
+    with pytest.raises(UnauthenticatedKeys) as err:
+        _run(mode="secure", consistency=True)
+    assert err.value.users == [seen["victim"]]
 
 
 def test_a_secure_round_draws_its_graph_from_the_os_after_the_keys():

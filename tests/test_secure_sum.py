@@ -16,8 +16,10 @@ SMALL = dict(users=60, dim=8, seed=5, out_dir=None)
 
 
 @pytest.mark.ray
-def test_ray_path_equals_in_process_path(ray_cluster):
+@pytest.mark.parametrize("consistency", [False, True])  # True: the PKI replies travel by reference
+def test_ray_path_equals_in_process_path(ray_cluster, consistency):
     kw = dict(SMALL, dropout_rates={"after_share_keys": 0.05, "after_masked_input": 0.1}, cohorts=3)
+    kw["consistency"] = consistency
     on_ray = rayfed.run("secure-sum", **kw)
     local = rayfed.run("secure-sum", backend="local", **kw)
     assert on_ray.metrics["exact"] and local.metrics["exact"]

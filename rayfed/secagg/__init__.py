@@ -31,7 +31,7 @@ from rayfed.errors import ConfigError
 from rayfed.secagg import client, server
 from rayfed.secagg.encoding import FixedPoint
 from rayfed.secagg.params import SecAggParams, check_params, find_params
-from rayfed.secagg.spec import MODES, ProtocolViolation, RoundSpec
+from rayfed.secagg.spec import MODES, ProtocolViolation, RoundSpec, UnauthenticatedKeys
 
 __all__ = [
     "MODES",
@@ -41,6 +41,7 @@ __all__ = [
     "ProtocolViolation",
     "RoundSpec",
     "SecAggParams",
+    "UnauthenticatedKeys",
     "check_params",
     "find_params",
     "make_spec",
@@ -145,7 +146,10 @@ def secure_sum(
 
     keys = client_phase(client.advertise, phase="advertise")
     table = fed.coordinator.run(server.collect_keys, spec, keys, phase="collect_keys")
-    shares = client_phase(client.share_keys, table.single(), phase="share_keys")
+    # the simulated PKI: in a consistency round the cohorts get the advertise replies themselves
+    # (the driver stands for a trusted directory of signing keys), not through the coordinator
+    pki = (keys,) if spec.consistency else ()
+    shares = client_phase(client.share_keys, table.single(), *pki, phase="share_keys")
     routed = fed.coordinator.scatter(
         server.route_shares, spec, shares, to=alive(), phase="route_shares"
     )

@@ -24,6 +24,7 @@ from rayfed.secagg import _crypto, shamir
 from rayfed.secagg.spec import (
     ProtocolViolation,
     RoundSpec,
+    UnauthenticatedKeys,
     check_source,
     dealer_key,
     mask_blocks,
@@ -57,7 +58,8 @@ class ClientRound:
     table_s_pk: list | None = None
     sign_sk: list = field(default_factory=list)  # Ed25519 keys (consistency round only)
     sign_pk: np.ndarray | None = None
-    table_sign_pk: np.ndarray | None = None  # raw Ed25519 keys of U1, by table row
+    pki_sign_pk: np.ndarray | None = None  # (n, 32) raw Ed25519 keys by position, from the PKI
+    pki_known: np.ndarray | None = None  # (n,) the positions the PKI has a key for
     pair_code: np.ndarray | None = None  # (holder, peer) codes of the encryption keys, sorted
     pair_key: np.ndarray | None = None
     received: dict | None = None
@@ -144,12 +146,14 @@ def advertise(ctx: StepContext, spec: RoundSpec) -> Message:
         payload.update(c_pk=c_pk, s_pk=s_pk)
         if spec.consistency:
             payload["sign_pk"] = _signing_keys(ctx, spec, st, ids[active])
+            payload["key_sig"] = _sign_keys(spec, st, ids[active])
     return Message("public_keys", payload, to="coordinator")
 
 
 def _signing_keys(ctx: StepContext, spec: RoundSpec, st: ClientRound, ids) -> np.ndarray:
-    """Each user's Ed25519 key pair for the consistency round; the raw public keys. (In a
-    deployment a PKI certifies them, so the server cannot sign for a user.)"""
+    """Each user's Ed25519 key pair for the consistency round; the raw public keys. They reach
+    the other users through the simulated PKI (the driver, ``_pki_directory``), so the server
+    can neither sign for a user nor substitute its keys."""
     raw = ctx.noise.user_bytes("secagg-sign", spec.round, ids, 32)
     st.sign_pk = np.empty((raw.shape[0], 32), dtype=np.uint8)
     for i in range(raw.shape[0]):
@@ -157,6 +161,16 @@ def _signing_keys(ctx: StepContext, spec: RoundSpec, st: ClientRound, ids) -> np
         st.sign_sk.append(sk)
         st.sign_pk[i] = np.frombuffer(pk, np.uint8)
     return st.sign_pk
+
+
+def _sign_keys(spec: RoundSpec, st: ClientRound, ids) -> np.ndarray:
+    """Each user's Ed25519 signature on (round, its id, c_pk, s_pk): the server forwards it with
+    the keys, and every user that uses them checks it against the PKI's key (``_verify_rows``)."""
+    sig = np.empty((len(ids), 64), dtype=np.uint8)
+    for i, uid in enumerate(ids.tolist()):
+        message = spec.keys_message(uid, st.c_pk[i], st.s_pk[i])
+        sig[i] = np.frombuffer(st.sign_sk[i].sign(message), np.uint8)
+    return sig
 
 
 # --- phase 2: share keys -------------------------------------------------------------------------
@@ -178,11 +192,46 @@ def _check_key_table(st: ClientRound, table: dict, rows: np.ndarray) -> None:
         raise ProtocolViolation("the key table does not hold this cohort's users' own public keys")
 
 
-def share_keys(ctx: StepContext, spec: RoundSpec, table: dict) -> Message:
+def _pki_directory(spec: RoundSpec, st: ClientRound, pki: dict | None) -> None:
+    """The simulated PKI: the users' Ed25519 public keys by position, read from the cohorts' own
+    advertise replies, which the driver hands to every cohort directly (it stands for a trusted
+    directory) — never from the server. Only the signing keys are read from them."""
+    if pki is None:
+        raise ProtocolViolation("a consistency round's share_keys needs the PKI directory")
+    st.pki_sign_pk = np.zeros((spec.n, 32), dtype=np.uint8)
+    st.pki_known = np.zeros(spec.n, dtype=bool)
+    for reply in pki.values():
+        pos = np.asarray(reply["pos"])
+        st.pki_sign_pk[pos] = np.asarray(reply["sign_pk"])
+        st.pki_known[pos] = True
+
+
+def _verify_rows(ctx: StepContext, spec: RoundSpec, st: ClientRound, table: dict, used) -> None:
+    """Every key-table row at positions ``used`` must carry its user's signature on (round, id,
+    c_pk, s_pk) under the PKI's key: else the server substituted keys, and the round is refused
+    before any share is encrypted under them."""
+    u1 = np.asarray(table["pos"])
+    sigs = np.asarray(table.get("key_sig", np.zeros((0, 64), np.uint8)))
+    if sigs.shape != (len(u1), 64):
+        raise ProtocolViolation("the key table does not carry one key signature per user")
+    bad = []
+    for p, row in zip(used.tolist(), np.searchsorted(u1, used).tolist(), strict=True):
+        message = spec.keys_message(spec.registry[p], table["c_pk"][row], table["s_pk"][row])
+        if not (
+            st.pki_known[p]
+            and _crypto.verify(st.pki_sign_pk[p].tobytes(), sigs[row].tobytes(), message)
+        ):
+            bad.append(p)
+    if bad:
+        raise UnauthenticatedKeys(spec.registry[bad], ctx.name)
+
+
+def share_keys(ctx: StepContext, spec: RoundSpec, table: dict, pki: dict | None = None) -> Message:
     """Each user t-out-of-k Shamir-shares its mask key and a fresh self-mask seed among its
     neighbours, and encrypts each neighbour's two shares under the pair's agreed key (AES-GCM,
     associated data = tag, round, sender, receiver). A user with fewer than t neighbours left
-    cannot protect its secrets and drops out."""
+    cannot protect its secrets and drops out. In a consistency round ``pki`` is the advertise
+    replies (the simulated PKI) and every neighbour's keys must be signed under its PKI key."""
     _maybe_die(ctx, spec, "share_keys")
     st = _state(ctx, spec, "share_keys")
     u1 = np.asarray(table["pos"])
@@ -206,9 +255,10 @@ def share_keys(ctx: StepContext, spec: RoundSpec, table: dict) -> Message:
     st.table_pos = u1
     st.table_c_pk = _crypto.public_keys(np.asarray(table["c_pk"]))
     st.table_s_pk = _crypto.public_keys(np.asarray(table["s_pk"]))
-    if spec.consistency:
-        st.table_sign_pk = np.asarray(table["sign_pk"])
     rows, key_rows, nb, alive_nb = rows[enough], key_rows[enough], nb[enough], alive_nb[enough]
+    if spec.consistency:
+        _pki_directory(spec, st, pki)
+        _verify_rows(ctx, spec, st, table, np.unique(nb[alive_nb]))
 
     st.b_seed = np.zeros((len(st.ids), 32), dtype=np.uint8)
     st.b_seed[rows] = ctx.noise.user_bytes("secagg-masks", spec.round, st.ids[rows], 32)
@@ -466,8 +516,8 @@ def _check_signatures(st: ClientRound, spec: RoundSpec, request: dict) -> None:
     for pos, sig in zip(signers.tolist(), sigs, strict=True):
         row = int(np.searchsorted(st.table_pos, pos))
         known = 0 <= pos < spec.n and row < len(st.table_pos) and st.table_pos[row] == pos
-        if known and in_u3[pos] and pos not in valid:
-            if _crypto.verify(st.table_sign_pk[row].tobytes(), sig.tobytes(), message):
+        if known and st.pki_known[pos] and in_u3[pos] and pos not in valid:  # the PKI's key
+            if _crypto.verify(st.pki_sign_pk[pos].tobytes(), sig.tobytes(), message):
                 valid.add(pos)
         if len(valid) >= needed:
             return

@@ -100,6 +100,7 @@ def collect_keys(ctx: StepContext, spec: RoundSpec, replies: dict) -> Message:
         table.update(c_pk=st.c_pk, s_pk=st.s_pk)
         if spec.consistency:
             table["sign_pk"] = _concat(replies, "sign_pk", np.uint8, 32)[order]
+            table["key_sig"] = _concat(replies, "key_sig", np.uint8, 64)[order]
     st.phase = Phase.SHARE_KEYS
     return Message("key_table", table, to="cohorts")
 

@@ -22,6 +22,23 @@ class ProtocolViolation(RayfedError):
     not hold the user's own keys, or a server request that would reveal both shares of a user."""
 
 
+class UnauthenticatedKeys(ProtocolViolation):
+    """Key-table rows whose signature does not verify under the users' PKI keys (``consistency``
+    rounds): the server substituted their keys, or named users the PKI does not know."""
+
+    def __init__(self, users, cohort: str = ""):
+        self.users = [int(u) for u in users]
+        self.cohort = cohort
+        super().__init__(
+            f"{cohort}: the key table's keys of user(s) {self.users} are not signed by their "
+            "PKI keys (substituted by the server, or unknown to the PKI): round refused, no "
+            "share sent"
+        )
+
+    def __reduce__(self):  # keep the fields when Ray pickles the error across processes
+        return (type(self), (self.users, self.cohort))
+
+
 @dataclass(frozen=True)
 class RoundSpec:
     """Public parameters of one round, sent to the coordinator and every cohort.
@@ -43,7 +60,8 @@ class RoundSpec:
     tag: bytes = b"rayfed"
     kill: tuple[str, str] | None = None  # fault injection: (cohort name, phase) exits that actor
     #: SecAgg's consistency round: users sign U3 and reveal no share unless more than (n + c)/2
-    #: users signed the very list they signed themselves
+    #: users signed the very list they signed themselves; users also sign their X25519 keys,
+    #: checked against the simulated PKI (the driver) in share_keys
     consistency: bool = False
     #: users the parameters assume corrupt (⌈γn⌉): they may sign two lists
     corrupt_users: int = 0
@@ -78,6 +96,13 @@ class RoundSpec:
         """What a user signs in the consistency round: this round's salt and a digest of U3."""
         digest = hashlib.sha256(np.asarray(survivors, dtype="<i8").tobytes()).digest()
         return self.salt + b"|u3|" + digest
+
+    def keys_message(self, user_id: int, c_pk: np.ndarray, s_pk: np.ndarray) -> bytes:
+        """What a user signs at advertise (consistency rounds): this round's salt, its id and
+        its two X25519 public keys, so a signed row cannot move to another user or round."""
+        ident = int(user_id).to_bytes(8, "little", signed=True)
+        keys = np.concatenate([np.asarray(c_pk, np.uint8), np.asarray(s_pk, np.uint8)])
+        return self.salt + b"|keys|" + ident + keys.tobytes()
 
     def graph(self, seed: int) -> NeighbourGraph:
         return NeighbourGraph.build(self.n, self.degree, self.complete, seed, self.round)

@@ -87,7 +87,8 @@ class SecureSumConfig:
         False,
         "SecAgg's consistency round: users sign the survivors list U3 and reveal no share unless "
         "more than (n + corrupt)/2 users signed the list they signed (catches a server that "
-        "shows users different lists; keys are not authenticated: not full active security)",
+        "shows users different lists), and users sign their keys, checked against a simulated "
+        "PKI (the driver): a server that substitutes keys is refused",
         when={"mode": ("secure", "simulation")},
     )
     data: DataConfig = field(default_factory=DataConfig, metadata={"help": "data source"})
