@@ -2,7 +2,7 @@
 Fig. 3.7: Beta(5,2) is best at d = 256, its three real datasets — Taxi, Income, Retirement — at
 d = 1024 "in most cases"). Writes JSON.
 
-    python benchmarks/sw_granularity.py 8        # 8 seeds (the record), ε = 0.5, 1, 2, 4; ~6 minutes
+    python benchmarks/sw_granularity.py 8        # 8 seeds (the record), ε = 0.5, 1, 2, 4; ~8 minutes
 
 The thesis's datasets are not public in the form it used; three real numerical columns stand in
 (shared/data): nycflights13 ``air_time`` (327,346 flights, [0, 700] minutes), nycflights13
