@@ -130,15 +130,7 @@ def _lp(fed, cfg: VflPrimitivesConfig, plan: Plan) -> Outcome:
         )
         ys = fed.parties.run(noisy_vector_step, eps=cfg.epsilon, phase="noisy-vectors")
         heavy_reply = fed.coordinator.run(
-            heavy_step,
-            ys,
-            v=v,
-            m=m,
-            eps=cfg.epsilon,
-            alpha=cfg.alpha,
-            bound=cfg.bound,
-            p=cfg.p,
-            phase="heavy",
+            heavy_step, ys, **_heavy_constants(cfg, v, m), phase="heavy"
         )
         heavy = fed.get(heavy_reply.single())
     with fed.round(1):
@@ -149,6 +141,11 @@ def _lp(fed, cfg: VflPrimitivesConfig, plan: Plan) -> Outcome:
     for note in report.lp_notes(cfg, estimate):
         fed.note(note)
     return report.lp_outcome(cfg, estimate, plan.evaluation)
+
+
+def _heavy_constants(cfg: VflPrimitivesConfig, v: int, m: int) -> dict:
+    """The public constants the CC needs to pick the heavy users L and the bound M."""
+    return dict(v=v, m=m, eps=cfg.epsilon, alpha=cfg.alpha, bound=cfg.bound, p=cfg.p)
 
 
 def _lp_non_interactive(fed, cfg: VflPrimitivesConfig, plan: Plan) -> Outcome:
@@ -182,12 +179,7 @@ def _lp_non_interactive(fed, cfg: VflPrimitivesConfig, plan: Plan) -> Outcome:
             bits,
             order=order,
             eps_prime=eps_prime,
-            v=v,
-            m=m,
-            eps=cfg.epsilon,
-            alpha=cfg.alpha,
-            bound=cfg.bound,
-            p=cfg.p,
+            **_heavy_constants(cfg, v, m),
             phase="counts",
         )
     counts = np.asarray(reply.pop("counts"))
