@@ -66,11 +66,17 @@ def options(setting: str, method: str, epsilon: float, args) -> dict:
     return base
 
 
-def _spent(result) -> dict:
-    """The run's (ε, δ), or None for a run that declared no DP (its ε = 0 is no guarantee)."""
-    if not result.privacy.private:
-        return {"epsilon_spent": None, "delta": None}
-    return {"epsilon_spent": result.privacy.epsilon, "delta": result.privacy.delta}
+def _record(result, **keys) -> dict:
+    """``keys``, the run's test MSE and its (ε, δ) — None for a run that declared no DP (its
+    ε = 0 is no guarantee)."""
+    p = result.privacy
+    epsilon, delta = (p.epsilon, p.delta) if p.private else (None, None)
+    return {
+        **keys,
+        "test_mse": result.metrics["test_mse"],
+        "epsilon_spent": epsilon,
+        "delta": delta,
+    }
 
 
 def tuned_options(setting: str, epsilon: float | None, lr: float, args) -> dict:
@@ -95,12 +101,8 @@ def tune(setting: str, epsilon: float | None, args, grid: list) -> dict:
         result = rayfed.run("federated-mf", **tuned_options(setting, epsilon, lr, args))
         points.append(
             {
-                "setting": setting,
-                "epsilon": epsilon,
-                "vfl_lr": lr,
-                "test_mse": result.metrics["test_mse"],
+                **_record(result, setting=setting, epsilon=epsilon, vfl_lr=lr),
                 "train_mse": result.metrics["train_mse"],
-                **_spent(result),
                 # the rate is picked from len(--lrs) runs on raw training MSE, uncharged: the
                 # tuned curve's true ε exceeds each point's (up to len(--lrs)·ε, basic composition)
                 "tuning_charged": False,
@@ -143,15 +145,7 @@ def body(args) -> dict:
         for eps in epsilons:
             for m in [method, *baselines]:
                 result = rayfed.run("federated-mf", **options(setting, m, eps, args))
-                rows.append(
-                    {
-                        "setting": setting,
-                        "method": m,
-                        "epsilon": eps,
-                        "test_mse": result.metrics["test_mse"],
-                        **_spent(result),
-                    }
-                )
+                rows.append(_record(result, setting=setting, method=m, epsilon=eps))
                 print(
                     f"{setting} {m:<7} ε={eps:<4g} test MSE {rows[-1]['test_mse']:.4f}",
                     file=sys.stderr,
