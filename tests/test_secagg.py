@@ -463,8 +463,8 @@ def test_authenticated_keys_leave_the_honest_sum_bit_identical():
     tables = []
     original = server.collect_keys
 
-    def keep(ctx, spec, replies):
-        msg = original(ctx, spec, replies)
+    def keep(ctx, spec, replies, **beacon):
+        msg = original(ctx, spec, replies, **beacon)
         tables.append(msg.payload)
         return msg
 
@@ -580,6 +580,33 @@ def test_a_secure_round_draws_its_graph_from_the_os_after_the_keys():
     secure = [_run(mode="secure")[0].graph_seed for _ in range(2)]
     assert secure[0] != secure[1] and 3 not in secure
     assert _run(mode="simulation", seed=3)[0].graph_seed == 3
+
+
+def test_a_secure_consistency_round_takes_its_graph_from_the_pki_beacon(monkeypatch):
+    """With a PKI, the graph's seed is the beacon's (drawn by the trusted side, not the server),
+    and the sum is exact against a reference built on that graph."""
+    import rayfed.secagg as secagg
+
+    monkeypatch.setattr(secagg, "_beacon", lambda spec: 987654321)
+    result, exact, _, _ = _run(mode="secure", consistency=True)
+    assert result.graph_seed == 987654321 and exact
+
+
+def test_a_server_that_picks_its_own_graph_seed_is_refused(monkeypatch):
+    """A grinding server replaces the beacon's seed by one of its choice in the key table: every
+    user checks the table's seed against the beacon the PKI handed it, before any share is sent."""
+    original, routed = server.collect_keys, []
+
+    def grinding(ctx, spec, replies, beacon=None):
+        msg = original(ctx, spec, replies, beacon=beacon)
+        msg.payload["graph_seed"] = beacon + 1
+        return msg
+
+    monkeypatch.setattr(server, "collect_keys", grinding)
+    monkeypatch.setattr(server, "route_shares", lambda *args: routed.append(args))
+    with pytest.raises(ProtocolViolation, match="not the PKI beacon's"):
+        _run(mode="secure", consistency=True)
+    assert not routed
 
 
 def test_out_of_order_messages_are_refused_by_client_and_server():

@@ -20,6 +20,7 @@ Modes (same code path for the first two):
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -60,7 +61,8 @@ class AggregationResult:
     counts: dict[str, int]
     failed_cohorts: list[str]
     mode: str
-    #: the neighbour graph's seed (the run's, or in secure mode the server's OS draw)
+    #: the neighbour graph's seed (the run's; in secure mode the server's OS draw, or with the
+    #: consistency round the PKI's beacon)
     graph_seed: int
 
     @property
@@ -114,6 +116,17 @@ def make_spec(
     )
 
 
+def _beacon(spec: RoundSpec) -> int | None:
+    """The neighbour graph's seed in a secure consistency round: the simulated PKI's public
+    randomness, drawn from the OS once every user has advertised and handed to the server and to
+    every user alike. A server that drew the seed itself could try seeds until a victim's
+    neighbours were all corrupt; the users refuse a key table whose seed is not the beacon's.
+    Elsewhere there is no PKI, and the server picks the seed (``server._graph_seed``)."""
+    if not (spec.consistency and spec.mode == "secure"):
+        return None
+    return int.from_bytes(os.urandom(8), "little")
+
+
 def secure_sum(
     fed,
     spec: RoundSpec,
@@ -145,10 +158,14 @@ def secure_sum(
         return replies
 
     keys = client_phase(client.advertise, phase="advertise")
-    table = fed.coordinator.run(server.collect_keys, spec, keys, phase="collect_keys")
-    # the simulated PKI: in a consistency round the cohorts get the advertise replies themselves
-    # (the driver stands for a trusted directory of signing keys), not through the coordinator
-    pki = (keys,) if spec.consistency else ()
+    beacon = _beacon(spec)
+    table = fed.coordinator.run(
+        server.collect_keys, spec, keys, beacon=beacon, phase="collect_keys"
+    )
+    # the simulated PKI: in a consistency round the cohorts get the advertise replies (and the
+    # beacon) themselves (the driver stands for a trusted directory of signing keys and a public
+    # randomness beacon), not through the coordinator
+    pki = (keys, beacon) if spec.consistency else ()
     shares = client_phase(client.share_keys, table.single(), *pki, phase="share_keys")
     routed = fed.coordinator.scatter(
         server.route_shares, spec, shares, to=alive(), phase="route_shares"

@@ -226,16 +226,28 @@ def _verify_rows(ctx: StepContext, spec: RoundSpec, st: ClientRound, table: dict
         raise UnauthenticatedKeys(spec.registry[bad], ctx.name)
 
 
-def share_keys(ctx: StepContext, spec: RoundSpec, table: dict, pki: dict | None = None) -> Message:
+def share_keys(
+    ctx: StepContext,
+    spec: RoundSpec,
+    table: dict,
+    pki: dict | None = None,
+    beacon: int | None = None,
+) -> Message:
     """Each user t-out-of-k Shamir-shares its mask key and a fresh self-mask seed among its
     neighbours, and encrypts each neighbour's two shares under the pair's agreed key (AES-GCM,
     associated data = tag, round, sender, receiver). A user with fewer than t neighbours left
     cannot protect its secrets and drops out. In a consistency round ``pki`` is the advertise
-    replies (the simulated PKI) and every neighbour's keys must be signed under its PKI key."""
+    replies (the simulated PKI) and every neighbour's keys must be signed under its PKI key; in a
+    secure one the graph's seed must be the PKI's ``beacon``, else the server chose the graph."""
     _maybe_die(ctx, spec, "share_keys")
     st = _state(ctx, spec, "share_keys")
     u1 = np.asarray(table["pos"])
     st.graph_seed = int(table["graph_seed"])
+    if beacon is not None and st.graph_seed != int(beacon):
+        raise ProtocolViolation(
+            f"{ctx.name}: the key table's graph seed is not the PKI beacon's: the server chose "
+            "the neighbour graph"
+        )
     in_u1 = _member(spec.n, u1)
     if spec.mode in ("secure", "simulation"):
         _check_key_table(st, table, np.arange(len(st.c_sk)))

@@ -84,15 +84,18 @@ def _concat(replies: dict, key: str, dtype, width: int | None = None) -> np.ndar
 
 
 # --- transitions ---------------------------------------------------------------------------------
-def collect_keys(ctx: StepContext, spec: RoundSpec, replies: dict) -> Message:
-    """U1 and the public-key table (sorted by position), broadcast to the cohorts."""
+def collect_keys(
+    ctx: StepContext, spec: RoundSpec, replies: dict, beacon: int | None = None
+) -> Message:
+    """U1 and the public-key table (sorted by position), broadcast to the cohorts; the graph's
+    seed is the PKI's ``beacon`` when there is one (a secure consistency round)."""
     st = _state(ctx, spec, Phase.ADVERTISE)
     st.cohort_of = {name: np.asarray(r["pos"]) for name, r in replies.items()}
     pos = _concat(replies, "pos", np.int64)
     order = np.argsort(pos)
     st.u1 = pos[order]
     _quorum(st, "advertise", st.u1.size)
-    st.graph_seed = _graph_seed(ctx, spec)
+    st.graph_seed = _graph_seed(ctx, spec) if beacon is None else int(beacon)
     table: dict = {"pos": st.u1, "graph_seed": st.graph_seed}
     if spec.mode in ("secure", "simulation"):
         st.c_pk = _concat(replies, "c_pk", np.uint8, 32)[order]

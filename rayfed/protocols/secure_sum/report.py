@@ -43,8 +43,8 @@ def reference(
     faults: tuple,
 ) -> tuple[np.ndarray, np.ndarray]:
     """With :mod:`rayfed.secagg.reference`: the users whose input must be in round ``spec.round``'s
-    sum — from the dropout schedule, the round's graph (``graph_seed``: the server's draw in
-    secure mode, published with the key table) and the cohorts planned to die — and the
+    sum — from the dropout schedule, the round's graph (``graph_seed``: in secure mode the server's
+    draw or the PKI's beacon, published with the key table) and the cohorts planned to die — and the
     exact integer sum of their raw inputs. A cohort that died unplanned makes the round
     unverifiable (not exact)."""
     params: Params = plan.params
