@@ -485,7 +485,11 @@ def test_authenticated_keys_leave_the_honest_sum_bit_identical():
         dim=6,
     )
     for row, pos in enumerate(table["pos"]):
-        message = spec.keys_message(pos * 7 + 1, table["c_pk"][row], table["s_pk"][row])
+        # the signed bytes, spelled out here rather than taken from spec.keys_message
+        ident = int(pos * 7 + 1).to_bytes(8, "little", signed=True)
+        message = b"rayfed|round=0|keys|" + ident + table["c_pk"][row].tobytes()
+        message += table["s_pk"][row].tobytes()
+        assert message == spec.keys_message(pos * 7 + 1, table["c_pk"][row], table["s_pk"][row])
         sig = table["key_sig"][row].tobytes()
         assert _crypto.verify(table["sign_pk"][row].tobytes(), sig, message)
         assert not _crypto.verify(table["sign_pk"][row].tobytes(), sig, message[:-1] + b"?")
@@ -571,6 +575,145 @@ def test_a_server_that_also_replaces_the_signing_key_is_refused_by_the_pki(monke
     with pytest.raises(UnauthenticatedKeys) as err:
         _run(mode="secure", consistency=True)
     assert err.value.users == [seen["victim"]]
+
+
+def _shown_to(monkeypatch, cohort, edit):
+    """A malicious server that shows ``cohort`` (None: every cohort) the key table
+    ``edit(ctx, spec, table)`` returns (a copy it may change) and every other cohort the true one."""
+    original = client.share_keys
+
+    def shown(ctx, spec, table, *pki):
+        if cohort in (None, ctx.name):
+            table = {k: np.array(v) if isinstance(v, np.ndarray) else v for k, v in table.items()}
+            table = edit(ctx, spec, table)
+        return original(ctx, spec, table, *pki)
+
+    monkeypatch.setattr(client, "share_keys", shown)
+
+
+def test_a_table_that_hides_some_peers_is_refused_when_u2_names_them(monkeypatch):
+    """The server leaves three of a c0 user's neighbours out of c0's table (so a row nobody in c0
+    verified would sit where they were looked up) and sends the honest U2, which names them:
+    c0 refuses at masked_input instead of masking with keys it never checked."""
+
+    def hide_peers(ctx, spec, table):
+        st = ctx.state["secagg"][spec.round]
+        neighbours = spec.graph(int(table["graph_seed"])).neighbours(st.pos[:1])[0]
+        keep = ~np.isin(table["pos"], np.setdiff1d(neighbours, st.pos)[:3])
+        return {k: v[keep] if isinstance(v, np.ndarray) else v for k, v in table.items()}
+
+    _shown_to(monkeypatch, "c0", hide_peers)
+    with pytest.raises(ProtocolViolation, match="outside the key table"):
+        _run(consistency=True)
+
+
+def _zero_key_forgery(message: bytes) -> bytes:
+    """An Ed25519 signature that verifies under the all-zero public key (a point of small order
+    h: [k]A vanishes whenever 4 divides k = H(R, A, M)), found in a few tries."""
+    import hashlib
+
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    order = 2**252 + 27742317777372353535851937790883648493
+    for i in range(256):
+        seed = hashlib.sha256(b"forge%d" % i).digest()
+        h = hashlib.sha512(seed).digest()
+        a = (int.from_bytes(h[:32], "little") & ((1 << 254) - 8)) | (1 << 254)
+        r = Ed25519PrivateKey.from_private_bytes(seed).public_key().public_bytes_raw()
+        k = int.from_bytes(hashlib.sha512(r + bytes(32) + message).digest(), "little") % order
+        if k % 4 == 0:
+            return r + (a % order).to_bytes(32, "little")
+    raise AssertionError("no forgery found")
+
+
+def test_a_row_for_a_user_the_pki_does_not_know_is_refused(monkeypatch):
+    """User 8 (position 1) drops before advertise; the server adds a row for it to c1's table
+    with its own keys and a signature that verifies under the PKI's empty (all-zero) slot. Only
+    the 'known to the PKI' rule stops it: refused, naming the user, before any share is sent."""
+    routed = []
+
+    def add_phantom(ctx, spec, table):
+        c_pk = np.frombuffer(SERVER_C_PK, np.uint8)
+        s_pk = np.frombuffer(_crypto.keypair(bytes(range(2, 34)))[1], np.uint8)
+        message = spec.keys_message(8, c_pk, s_pk)
+        sig = _zero_key_forgery(message)
+        assert _crypto.verify(bytes(32), sig, message), "OpenSSL now refuses small-order keys"
+        at = int(np.searchsorted(table["pos"], 1))
+        row = {"pos": 1, "c_pk": c_pk, "s_pk": s_pk, "sign_pk": np.zeros(32, np.uint8)}
+        row["key_sig"] = np.frombuffer(sig, np.uint8)
+        return {k: np.insert(v, at, row[k], axis=0) if k in row else v for k, v in table.items()}
+
+    _shown_to(monkeypatch, "c1", add_phantom)
+    monkeypatch.setattr(server, "route_shares", lambda *args: routed.append(args))
+    schedule = DropoutSchedule(explicit={"before_advertise": [8]})
+    with pytest.raises(UnauthenticatedKeys) as err:
+        _run(schedule=schedule, consistency=True, graph="complete")
+    assert err.value.users == [8] and not routed
+
+
+def test_survivor_signatures_are_checked_against_the_pki_not_the_table(monkeypatch):
+    """An equivocating server also puts its own signing keys in each cohort's table for the
+    other cohort's users and signs each cohort's list for them: were the U3 signatures checked
+    against the table's keys, each cohort would count enough and answer — both shares of a
+    user. Against the PKI's keys the forged signatures do not count: refused."""
+    import hashlib
+
+    def server_key(pos):
+        return _crypto.signing_keypair(hashlib.sha256(b"server%d" % pos).digest())
+
+    def own_signing_keys(ctx, spec, table):
+        own = ctx.state["secagg"][spec.round].pos
+        for row, p in enumerate(table["pos"].tolist()):
+            if p not in own:
+                table["sign_pk"][row] = np.frombuffer(server_key(p)[1], np.uint8)
+        return table
+
+    _shown_to(monkeypatch, None, own_signing_keys)
+    originals, signed = (client.consistency, client.unmask), {}
+
+    def equivocating(ctx, spec, request):
+        u3 = np.asarray(request["survivors"])
+        shown = u3 if ctx.name == "c0" else u3[1:]
+        msg = originals[0](ctx, spec, {"survivors": shown})
+        signed[ctx.name] = (shown, msg.payload["pos"], msg.payload["sig"])
+        return msg
+
+    def with_forged_signatures(ctx, spec, request):
+        shown, signers, sigs = signed[ctx.name]
+        others = np.setdiff1d(shown, signers)
+        message = spec.survivors_message(shown)
+        forged = [np.frombuffer(server_key(p)[0].sign(message), np.uint8) for p in others]
+        st = ctx.state["secagg"][spec.round]
+        request = {
+            "survivors": shown,
+            "dropped": np.setdiff1d(st.u2, shown),
+            "signers": np.concatenate([signers, others]),
+            "signatures": np.concatenate([sigs, np.stack(forged)]),
+        }
+        return originals[1](ctx, spec, request)
+
+    monkeypatch.setattr(client, "consistency", equivocating)
+    monkeypatch.setattr(client, "unmask", with_forged_signatures)
+    with pytest.raises(ProtocolViolation, match="signed the survivors list"):
+        _run(mode="secure", consistency=True)
+
+
+def test_a_graph_seed_other_than_the_runs_is_refused_outside_secure_mode(monkeypatch):
+    _shown_to(monkeypatch, "c0", lambda ctx, spec, table: {**table, "graph_seed": 4})
+    with pytest.raises(ProtocolViolation, match="graph seed is not the run's"):
+        _run(seed=3)
+
+
+def test_a_malformed_key_table_is_refused_not_indexed(monkeypatch):
+    def swap_last_rows(ctx, spec, table):
+        return {
+            k: v[[*range(len(v) - 2), -1, -2]] if isinstance(v, np.ndarray) else v
+            for k, v in table.items()
+        }
+
+    _shown_to(monkeypatch, "c0", swap_last_rows)
+    with pytest.raises(ProtocolViolation, match="not increasing"):
+        _run(consistency=True)
 
 
 def test_a_secure_round_draws_its_graph_from_the_os_after_the_keys():

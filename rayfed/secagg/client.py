@@ -174,6 +174,34 @@ def _sign_keys(spec: RoundSpec, st: ClientRound, ids) -> np.ndarray:
 
 
 # --- phase 2: share keys -------------------------------------------------------------------------
+def _table_rows(table_pos: np.ndarray, positions) -> np.ndarray:
+    """The key-table rows of ``positions``, every one of which must be in the table: a user the
+    server left out is refused, never read from the next row (which nobody may have verified)."""
+    positions = np.asarray(positions, dtype=np.int64)
+    rows = np.searchsorted(table_pos, positions)
+    found = rows < len(table_pos)
+    found[found] = table_pos[rows[found]] == positions[found]
+    if not found.all():
+        missing = np.unique(positions[~found])[:5].tolist()
+        raise ProtocolViolation(
+            f"users at positions {missing} are named as peers but are not in the key table: refused"
+        )
+    return rows
+
+
+def _check_table_shape(spec: RoundSpec, table: dict) -> None:
+    """The key table's positions strictly increase within [0, n), and every key column has one
+    row per position: a malformed table is refused, not indexed."""
+    pos = np.asarray(table["pos"])
+    if pos.ndim != 1 or not np.issubdtype(pos.dtype, np.integer):
+        raise ProtocolViolation("the key table's positions are not a list of integers")
+    if pos.size and (pos[0] < 0 or pos[-1] >= spec.n or np.any(np.diff(pos) <= 0)):
+        raise ProtocolViolation("the key table's positions are not increasing within the registry")
+    for column in ("c_pk", "s_pk", "sign_pk", "key_sig"):
+        if column in table and len(table[column]) != pos.size:
+            raise ProtocolViolation(f"the key table's {column} column has not one row per user")
+
+
 def _check_key_table(st: ClientRound, table: dict, rows: np.ndarray) -> None:
     """Flower's checks: public keys distinct, and the users' own keys came back unchanged."""
     if np.unique(table["c_pk"], axis=0).shape[0] != len(table["pos"]) or np.unique(
@@ -202,8 +230,19 @@ def _pki_directory(spec: RoundSpec, st: ClientRound, pki: dict | None) -> None:
     st.pki_known = np.zeros(spec.n, dtype=bool)
     for reply in pki.values():
         pos = np.asarray(reply["pos"])
+        if st.pki_known[pos].any() or np.unique(pos).size != pos.size:
+            raise ProtocolViolation("the PKI lists a user twice: refused")
         st.pki_sign_pk[pos] = np.asarray(reply["sign_pk"])
         st.pki_known[pos] = True
+
+
+def _pki_verify(st: ClientRound, pos: int, signature: bytes, message: bytes) -> bool:
+    """Whether ``signature`` is valid under the PKI's key of the user at ``pos``; False for a
+    user the PKI does not know (its placeholder row, all zero, is a small-order Ed25519 point
+    under which signatures can be forged, so it is never used)."""
+    if not st.pki_known[pos]:
+        return False
+    return _crypto.verify(st.pki_sign_pk[pos].tobytes(), signature, message)
 
 
 def _verify_rows(ctx: StepContext, spec: RoundSpec, st: ClientRound, table: dict, used) -> None:
@@ -215,15 +254,25 @@ def _verify_rows(ctx: StepContext, spec: RoundSpec, st: ClientRound, table: dict
     if sigs.shape != (len(u1), 64):
         raise ProtocolViolation("the key table does not carry one key signature per user")
     bad = []
-    for p, row in zip(used.tolist(), np.searchsorted(u1, used).tolist(), strict=True):
+    for p, row in zip(used.tolist(), _table_rows(u1, used).tolist(), strict=True):
         message = spec.keys_message(spec.registry[p], table["c_pk"][row], table["s_pk"][row])
-        if not (
-            st.pki_known[p]
-            and _crypto.verify(st.pki_sign_pk[p].tobytes(), sigs[row].tobytes(), message)
-        ):
+        if not _pki_verify(st, p, sigs[row].tobytes(), message):
             bad.append(p)
     if bad:
         raise UnauthenticatedKeys(spec.registry[bad], ctx.name)
+
+
+def _check_graph_seed(ctx: StepContext, spec: RoundSpec, seed: int, beacon: int | None) -> None:
+    """The graph's seed is the run's outside secure mode, and the PKI's beacon in a secure
+    consistency round; otherwise (secure, no PKI) it is the server's draw, taken on trust — a
+    semi-honest server's (see the docs)."""
+    if spec.mode != "secure" and seed != int(ctx.seed):
+        raise ProtocolViolation(f"{ctx.name}: the key table's graph seed is not the run's")
+    if beacon is not None and seed != int(beacon):
+        raise ProtocolViolation(
+            f"{ctx.name}: the key table's graph seed is not the PKI beacon's: the server chose "
+            "the neighbour graph"
+        )
 
 
 def share_keys(
@@ -241,13 +290,10 @@ def share_keys(
     secure one the graph's seed must be the PKI's ``beacon``, else the server chose the graph."""
     _maybe_die(ctx, spec, "share_keys")
     st = _state(ctx, spec, "share_keys")
+    _check_table_shape(spec, table)
     u1 = np.asarray(table["pos"])
     st.graph_seed = int(table["graph_seed"])
-    if beacon is not None and st.graph_seed != int(beacon):
-        raise ProtocolViolation(
-            f"{ctx.name}: the key table's graph seed is not the PKI beacon's: the server chose "
-            "the neighbour graph"
-        )
+    _check_graph_seed(ctx, spec, st.graph_seed, beacon)
     in_u1 = _member(spec.n, u1)
     if spec.mode in ("secure", "simulation"):
         _check_key_table(st, table, np.arange(len(st.c_sk)))
@@ -295,7 +341,7 @@ def share_keys(
         spec,
         plain,
         own=key_rows[pi],
-        peer=np.searchsorted(u1, receiver),
+        peer=_table_rows(u1, receiver),
         pairs=(sender, receiver),
     )
     code = sender.astype(np.uint64) * np.uint64(spec.n) + receiver.astype(np.uint64)
@@ -358,7 +404,7 @@ def _pair_masks_real(
     for i, row in enumerate(rows):
         peers = nb[i][u2_member[nb[i]]]
         sk = st.s_sk[key_index[i]]
-        t_rows = np.searchsorted(st.table_pos, peers)
+        t_rows = _table_rows(st.table_pos, peers)
         u = int(st.pos[row])
         for v, tr in zip(peers.tolist(), t_rows.tolist(), strict=True):
             j = here.get(v)
@@ -412,6 +458,8 @@ def masked_input(
     _maybe_die(ctx, spec, "masked_input")
     st = _state(ctx, spec, "masked_input")
     u2 = np.asarray(routed["u2"])
+    if st.table_pos is not None and not np.isin(u2, st.table_pos).all():
+        raise ProtocolViolation("the server's U2 names users outside the key table's U1: refused")
     st.u2 = u2
     u2_member = _member(spec.n, u2)
     st.active &= u2_member[st.pos] & (st.drop > AFTER_SHARE_KEYS)
@@ -528,8 +576,8 @@ def _check_signatures(st: ClientRound, spec: RoundSpec, request: dict) -> None:
     for pos, sig in zip(signers.tolist(), sigs, strict=True):
         row = int(np.searchsorted(st.table_pos, pos))
         known = 0 <= pos < spec.n and row < len(st.table_pos) and st.table_pos[row] == pos
-        if known and st.pki_known[pos] and in_u3[pos] and pos not in valid:  # the PKI's key
-            if _crypto.verify(st.pki_sign_pk[pos].tobytes(), sig.tobytes(), message):
+        if known and in_u3[pos] and pos not in valid:  # under the PKI's key
+            if _pki_verify(st, pos, sig.tobytes(), message):
                 valid.add(pos)
         if len(valid) >= needed:
             return

@@ -112,7 +112,7 @@ class FederatedMFConfig:
         False,
         "LFL: SecAgg's consistency round in Round 1 (users sign U3 and unmask only for that list, "
         "signed by more than half of the users: catches a server that shows users different "
-        "lists)",
+        "lists; keys are authenticated through a simulated PKI)",
         when={**LFL, "secagg_mode": ("secure", "simulation")},
     )
     cohorts: int | None = option(
