@@ -20,7 +20,7 @@ from scipy import stats
 
 import rayfed
 from rayfed.actors.base import StepContext
-from rayfed.privacy import joint_discrete_laplace_event
+from rayfed.privacy import NoiseSource, joint_discrete_laplace, joint_discrete_laplace_event
 from rayfed.protocols.hfl_kmeans.config import HflKmeansConfig
 from rayfed.protocols.hfl_kmeans.params import Settings, derive_setup
 from rayfed.protocols.hfl_kmeans.steps import (
@@ -237,6 +237,25 @@ def test_one_clients_view_looks_uniform():
         assert abs(part.mean() - 0.5) < 4 * 0.5 / math.sqrt(part.size)
     top = (noise[1] >> np.uint32(24)).astype(np.int64)
     assert stats.chisquare(np.bincount(top, minlength=256)).pvalue > 0.001
+
+
+@pytest.mark.parametrize("bits", [32, 64])
+def test_joint_mechanism_adds_the_share_in_the_ring_and_registers_its_event(bits):
+    """values + share mod 2^b (read back as signed), whatever the share's wrap; the event is the
+    one the charge is built with."""
+    dtype = pads.ring_dtype(bits)
+    values = np.array([-5, 0, 7, 1 << 20], dtype=np.int64)
+    noise = np.array([3, -2, -(1 << 25), 0], dtype=np.int64)
+    other = np.array([11, 1 << 30, 5, 9], dtype=np.int64).astype(dtype)  # another party's share
+    share = noise.astype(dtype) - other  # this party's: uniform-looking, wraps around
+    source = NoiseSource.seeded(1)
+    out, event = joint_discrete_laplace(
+        source, values, share, l1_sensitivity=4, noise_parameter=0.25, tail=1e-15
+    )
+    released = pads.to_ring(out, bits) + other
+    assert np.array_equal(pads.from_ring(released, bits), values + noise)
+    assert event == joint_discrete_laplace_event(4, 0.25, 1e-15) and source.events == [event]
+    assert event.epsilon == 1.0 and event.delta == pytest.approx((1 + math.e) * 1e-15)
 
 
 # --- the protocol's steps ---------------------------------------------------------------------------

@@ -62,8 +62,9 @@ class BitGeometric:
 
     @classmethod
     def plan(cls, a: float, kappa: int = KAPPA, tail_bits: int = TAIL_BITS) -> BitGeometric:
-        """The coins for DLap(a): J digits with a·(2^J − 1) >= tail_bits·ln 2 (so α^(2^J) is below
-        2^-tail_bits), each A_j = round(q_j·2^κ), clamped to 1 … 2^κ − 1."""
+        """The coins for DLap(a): J digits with a·(2^J − 1) >= tail_bits·ln 2 (so α^(2^J − 1) is
+        at most 2^-tail_bits), each A_j = q_j·2^κ (q_j's 53 bits, scaled exactly), clamped to
+        1 … 2^κ − 1."""
         if not (math.isfinite(a) and a > 0):
             raise ValueError(f"noise parameter must be > 0, got {a!r}")
         if kappa < 2 or kappa & (kappa - 1):
@@ -102,16 +103,6 @@ class BitGeometric:
         r_J = e^-(Σ_{j<J} L_j + a')."""
         r = math.exp(-(math.fsum(self._logs()) + self.noise_parameter))
         return r / (1.0 - r)
-
-    def coin_probabilities(self) -> np.ndarray:
-        return np.array([t / 2.0**self.kappa for t in self.thresholds])
-
-    def pmf(self) -> np.ndarray:
-        """The exact pmf of G on {0, …, 2^J − 1} (tests; J small)."""
-        q = self.coin_probabilities()
-        g = np.arange(1 << self.digits)
-        digits = (g[:, None] >> np.arange(self.digits)) & 1
-        return np.prod(np.where(digits == 1, q, 1.0 - q), axis=1)
 
     def threshold_planes(self) -> np.ndarray:
         """(κ, J) bool: bit i of A_j (LSB first)."""

@@ -231,7 +231,7 @@ def _samplers(setup: Setup) -> tuple[list, list[int]]:
     return [b.sampler for b in setup.noise], [b.length for b in setup.noise]
 
 
-def deal_step(ctx: StepContext, *, setup: Setup, clients: list[str], t: int) -> dict:
+def deal_step(ctx: StepContext, *, setup: Setup, clients: list[str], t: int) -> dict[str, Message]:
     """Dealer: this iteration's correlated randomness, independent of the data — per client its
     XOR shares of a Beaver triple for every AND of the comparison tree and its daBits (XOR and
     additive shares mod 2^b), one per coin; from the dealer's own noise source."""
