@@ -73,8 +73,9 @@ def notes(cfg: HflKmeansConfig, setup: Setup) -> list[str]:
         blocks = setup.noise
         out.append(
             f"ring, MPC noise (thesis §7.3.2): the {setup.clients} clients sample one discrete "
-            "Laplace noise per coordinate in additive shares (each G = Σ_j 2^j c_j from "
-            f"{', '.join(str(b.sampler.digits) for b in blocks)} coins [U < A_j], U the XOR of "
+            "Laplace noise per coordinate in additive shares (each G = Σ_j 2^j c_j from J = "
+            f"{', '.join(str(b.sampler.digits) for b in blocks)} coins [U < A_j] per block, U "
+            "the XOR of "
             f"every client's {blocks[0].sampler.kappa} random bits), so only Σ values + DLap is "
             "revealed: central noise, DP against any coalition of up to M − 1 clients. It "
             "assumes the dealer of the Beaver triples and daBits is honest and colludes with no "
