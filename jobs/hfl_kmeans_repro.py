@@ -246,7 +246,7 @@ def section_init(args, data) -> list[dict]:
     return rows
 
 
-#: the serverless ring's noise (thesis §7.3, F1 and F3) against the server's, M = 5 clients;
+#: the serverless ring's noise (thesis §7.3: F1, F2 and F3) against the server's, M = 5 clients;
 #: the release carries "variances" times the central noise variance
 SERVERLESS_CLIENTS = 5
 SERVERLESS = {
@@ -255,6 +255,8 @@ SERVERLESS = {
     "ring split h=1": ({"honest_clients": 1}, 5.0),
     "ring split h=3": ({}, 5 / 3),  # the majority
     "ring split h=4": ({"honest_clients": 4}, 5 / 4),  # the most a client's own share allows
+    # F2: one central noise sampled in shares by the clients' MPC (a dealer's Beaver triples)
+    "ring mpc": ({"topology": "ring", "ring_noise": "mpc", "masking": "pairwise"}, 1.0),
 }
 SPLIT = {"topology": "ring", "ring_noise": "split", "masking": "pairwise"}
 

@@ -683,6 +683,9 @@ BAD_INPUT = {
         "honest_clients",
     ),
     "split-first-client-pad": (dict(topology="ring", ring_noise="split"), "masking"),
+    "mpc-first-client-pad": (dict(topology="ring", ring_noise="mpc"), "masking"),
+    "mpc-server": (dict(ring_noise="mpc", masking="pairwise"), "ring_noise"),
+    "mpc-plaintext": (dict(topology="ring", ring_noise="mpc", masking="none"), "masking"),
     "honest-zero": (dict(topology="ring", ring_noise="split", honest_clients=0), "honest_clients"),
     "min-size": (dict(min_size=400), "min_size"),  # 15 x 200 > 2,500 rows per client
     "ring-bits-48": (dict(ring_bits=48), "ring_bits"),

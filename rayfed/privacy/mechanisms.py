@@ -235,6 +235,53 @@ def split_discrete_laplace(
     return _drawn(noise, values.astype(np.int64) + draw, event, part_of)
 
 
+def joint_discrete_laplace_event(
+    l1_sensitivity: int, noise_parameter: float, tail: float
+) -> EpsilonDeltaDpEvent:
+    """The event of :func:`joint_discrete_laplace`: DLap(a') for ℓ₁ sensitivity Δ is ε-DP with
+    ε = a'·Δ; a sampler within total variation ``tail`` of it adds δ = (1 + e^ε)·tail
+    (P[M(x) ∈ S] <= P[M*(x) ∈ S] + tail <= e^ε P[M*(x') ∈ S] + tail <= e^ε P[M(x') ∈ S] +
+    (1 + e^ε)·tail). One (ε, δ) event: dp_accounting has no truncated discrete Laplace."""
+    sensitivity = discrete_laplace_event(l1_sensitivity, 1.0).sensitivity  # checks Δ₁
+    epsilon = _positive("noise_parameter", noise_parameter) * sensitivity
+    if not (math.isfinite(tail) and 0 <= tail < 1):
+        raise ConfigError("tail", f"must be in [0, 1), got {tail!r}")
+    return EpsilonDeltaDpEvent(epsilon, (1.0 + math.exp(epsilon)) * float(tail))
+
+
+def joint_discrete_laplace(
+    noise: NoiseSource,
+    values,
+    share,
+    *,
+    l1_sensitivity: int,
+    noise_parameter: float,
+    tail: float,
+    part_of: str | None = None,
+):
+    """Add this party's additive share (words mod 2^b, b <= 64) of discrete Laplace noise that
+    the parties sampled jointly (an MPC such as :mod:`rayfed.secagg.mpc`: each party's coin bits
+    come from its noise source, a dealer's correlated randomness from its own). Only the sum of
+    all shares is noise; the release is Σ values + DLap once every party has added its share.
+
+    ``noise_parameter`` a' and ``tail`` are what the sampler really gives (its coins are
+    quantised and its variables truncated): the event is ε = a'·Δ₁ with δ = (1 + e^ε)·tail
+    (:func:`joint_discrete_laplace_event`). The result is ``values + share`` mod 2^64 as int64
+    (two's complement): the caller reduces it to its ring. A share that another party's message
+    carries the event for names that release in ``part_of``.
+    """
+    event = joint_discrete_laplace_event(l1_sensitivity, noise_parameter, tail)
+    values, share = np.asarray(values), np.asarray(share)
+    if not (
+        np.issubdtype(values.dtype, np.integer) and np.issubdtype(share.dtype, np.unsignedinteger)
+    ):
+        raise ConfigError(
+            "values", "joint discrete Laplace needs integer values and ring-word shares"
+        )
+    words = values.astype(np.int64).view(np.uint64) + share.astype(np.uint64)
+    return _drawn(noise, words.view(np.int64), event, part_of)
+
+
 def rr_keep_probability(epsilon: float) -> float:
     """Probability that binary randomized response reports the true bit, for ε-DP per bit."""
     e = math.exp(_positive("epsilon", epsilon))

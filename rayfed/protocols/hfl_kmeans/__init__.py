@@ -18,9 +18,11 @@ parameters (§3.5.5, §3.6.4); every client derives the same initial centroids f
 ``masking``: ``shared-seed`` (the thesis: all clients derive all pads), ``pairwise`` (pairwise
 X25519 masks on top, so a server colluding with one client learns no other client's upload) or
 ``none`` (a labelled baseline). ``topology=ring`` is the serverless sketch of §7.3: a ring
-secure sum in which every client adds its own full Laplace noise (``ring_noise=local``, F1) or a
+secure sum in which every client adds its own full Laplace noise (``ring_noise=local``, F1), a
 1/h share of one central noise (``ring_noise=split`` with pairwise masks, F3: DP against any
-coalition of up to M - h clients).
+coalition of up to M - h clients), or its additive share of one central noise that the clients
+sample together in an MPC with a dealer's Beaver triples (``ring_noise=mpc``, F2, with
+:mod:`rayfed.secagg.mpc`: DP unless all clients collude or the dealer colludes with one).
 
 Privacy: add/remove one point, pure ε, composed over the t_max iterations (the server's or the
 split noise) or in parallel over the clients (the ring's local noise). ``sensitivity`` chooses the AMN centroid
@@ -53,6 +55,13 @@ class HflKmeans(Protocol):
             "users": 2000,
             "topology": "ring",
             "ring_noise": "split",
+            "clients": 3,
+            "masking": "pairwise",
+        },
+        {
+            "users": 2000,
+            "topology": "ring",
+            "ring_noise": "mpc",
             "clients": 3,
             "masking": "pairwise",
         },

@@ -92,11 +92,13 @@ class HflKmeansConfig:
         "server: the server adds central noise to the padded sum; ring: serverless ring secure "
         "sum, the clients add the noise (ring_noise)",
     )
-    ring_noise: Literal["local", "split"] = option(
+    ring_noise: Literal["local", "split", "mpc"] = option(
         "local",
-        "ring noise: local (§7.3.1: every client adds full noise for its own rows) or split "
+        "ring noise: local (§7.3.1: every client adds full noise for its own rows), split "
         "(§7.3.3, with masking=pairwise: the clients add shares of one central noise, DP against "
-        "any M - honest_clients of them)",
+        "any M - honest_clients of them) or mpc (§7.3.2, with masking=pairwise: the clients "
+        "sample one central noise in additive shares with a dealer's Beaver triples; DP unless "
+        "all clients collude, or the dealer colludes with one)",
         when={"topology": ("ring",), "noise": ("laplace",)},
     )
     honest_clients: int | Literal["majority"] = option(
@@ -164,11 +166,12 @@ class HflKmeansConfig:
                 "its own share leaves fewer than h shares on the others' data",
                 f"1..{self.clients - 1}",
             )
-        if self.ring_noise == "split" and self.masking != "pairwise":
+        if self.ring_noise in ("split", "mpc") and self.masking != "pairwise":
             raise ConfigError(
                 "masking",
-                "split noise needs every partial sum hidden: with the first client's pad a "
-                "client's two ring neighbours see its upload with only its share of the noise",
+                f"ring_noise={self.ring_noise} needs every partial sum hidden: with the first "
+                "client's pad a client's two ring neighbours see its upload with only its share "
+                "of the noise",
                 "pairwise",
             )
 

@@ -8,6 +8,7 @@ import time
 
 import numpy as np
 
+from rayfed.backends import PerMember
 from rayfed.protocols.base import Outcome, Plan
 from rayfed.protocols.hfl_kmeans import report
 from rayfed.protocols.hfl_kmeans.config import DATA_INITS, HflKmeansConfig
@@ -15,14 +16,17 @@ from rayfed.protocols.hfl_kmeans.params import Params, Settings, Setup
 from rayfed.protocols.hfl_kmeans.steps import (
     aggregate_step,
     data_init_step,
+    deal_step,
     iterate_step,
+    mpc_layer_step,
+    mpc_start_step,
     prepare_step,
     ring_close_step,
     ring_step,
     setup_step,
     size_step,
 )
-from rayfed.secagg import pads
+from rayfed.secagg import mpc, pads
 from rayfed.secagg.keys import agree_group_key
 
 
@@ -94,11 +98,32 @@ def _aggregate(fed, setup: Setup, uploads, t: int):
 
 def _ring(fed, setup: Setup, order: list[str], t: int):
     running = None
-    if setup.noise and setup.honest is not None:
+    if setup.joint:
+        label = "discrete-Laplace noise sampled in shares by the clients' MPC (ring, dealer)"
+        fed.charge([("clients", label, setup.event())])
+        _sample_noise(fed, setup, order, t)
+    elif setup.noise and setup.honest is not None:
         label = f"split discrete-Laplace noise (ring, {setup.honest} honest clients)"
         fed.charge([("clients", label, setup.event())])
+    local = setup.noise and setup.honest is None and not setup.joint
     for p in order:
-        if setup.noise and setup.honest is None:
+        if local:
             fed.charge([(p, "local discrete-Laplace noise (ring)", setup.event())])
         running = fed.parties.run(ring_step, running, t=t, members=[p], phase="ring").single()
     return fed.parties.run(ring_close_step, running, members=[order[0]], phase="ring-close")
+
+
+def _sample_noise(fed, setup: Setup, order: list[str], t: int) -> None:
+    """F2 (ring_noise=mpc): the dealer's correlated randomness, then the clients' AND layers and
+    the B2A opening. The driver is the broadcast channel: it XORs each layer's opening shares and
+    sends the opened values back; every client ends with its share of the noise."""
+    dealt = fed.cohorts.scatter(
+        deal_step, setup=setup, clients=order, t=t, to=order, phase="mpc-deal"
+    )
+    replies = fed.parties.run(mpc_start_step, PerMember(dealt), t=t, phase="mpc-and")
+    layers = len(mpc.tree_widths(setup.noise[0].sampler.kappa))
+    for layer in range(layers + 1):
+        shares = fed.get(replies, phase="mpc-open")
+        opened = mpc.xor_open([shares[p] for p in order])
+        phase = "mpc-and" if layer < layers - 1 else "mpc-b2a"
+        replies = fed.parties.run(mpc_layer_step, opened, t=t, phase=phase)

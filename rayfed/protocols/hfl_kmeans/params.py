@@ -19,25 +19,40 @@ from dp_accounting import dp_event
 
 from rayfed.clustering import dplloyd
 from rayfed.errors import ConfigError
-from rayfed.privacy import discrete_laplace_event
+from rayfed.privacy import discrete_laplace_event, joint_discrete_laplace_event
 from rayfed.protocols.hfl_kmeans.config import HflKmeansConfig
+from rayfed.secagg.mpc import BitGeometric
 
+#: the member (of the cohorts group) that deals the MPC's correlated randomness (ring_noise=mpc)
+DEALER = "dealer"
 NOISE_TAIL = 50.0  # overflow check: |Laplace| > 50 scales has probability e^-50
 
 
 @dataclass(frozen=True)
 class Noise:
     """One block of the aggregate and its discrete-Laplace noise: ``length`` entries, each drawn
-    with parameter ε/Δ₁ (grid units); the block's charge is (``l1_sensitivity``, ``epsilon``)."""
+    with parameter ε/Δ₁ (grid units); the block's charge is (``l1_sensitivity``, ``epsilon``).
+    With a ``sampler`` (ring_noise=mpc) the clients sample it jointly, and ``epsilon`` is what
+    that sampler's realised parameter buys, with a δ for its truncation."""
 
     label: str
     length: int
     l1_sensitivity: int
     epsilon: float
+    sampler: BitGeometric | None = None
 
     @property
     def event(self):
-        return discrete_laplace_event(self.l1_sensitivity, self.epsilon)
+        if self.sampler is None:
+            return discrete_laplace_event(self.l1_sensitivity, self.epsilon)
+        # 2·length truncated geometric variables: their total variation adds up
+        tail = 2 * self.length * self.sampler.tail
+        return joint_discrete_laplace_event(self.l1_sensitivity, self.sampler.noise_parameter, tail)
+
+    @property
+    def delta(self) -> float:
+        """δ of the block's event: 0 unless jointly sampled (the truncation's)."""
+        return 0.0 if self.sampler is None else self.event.delta
 
     @property
     def scale(self) -> float:
@@ -74,6 +89,15 @@ class Setup:
     @property
     def epsilon_per_iteration(self) -> float:
         return sum(block.epsilon for block in self.noise)
+
+    @property
+    def delta_per_iteration(self) -> float:
+        return sum(block.delta for block in self.noise)
+
+    @property
+    def joint(self) -> bool:
+        """ring_noise=mpc: the clients sample one central noise in shares."""
+        return any(block.sampler is not None for block in self.noise)
 
     def event(self):
         """The DP event of one iteration's noise (one client's, on the ring)."""
@@ -153,7 +177,17 @@ def derive_setup(cfg: HflKmeansConfig, n: int, d: int) -> Setup:
         eps_m = dplloyd.amn_epsilon_m(bounds.c_min if constrained else 0, k, d, e)
     t_max = fixed or dplloyd.iterations(cfg.epsilon, eps_m)
     noise = _nma_noise(cfg, d, e, t_max) if nma else _amn_noise(cfg, d, e, t_max, bounds)
+    if cfg.topology == "ring" and cfg.ring_noise == "mpc":
+        noise["noise"] = tuple(_jointly_sampled(block) for block in noise["noise"])
     return Setup(**common, t_max=t_max, epsilon_m=eps_m, honest=_honest(cfg), **noise)
+
+
+def _jointly_sampled(block: Noise) -> Noise:
+    """The block's noise as the clients' MPC samples it: the coins for DLap(ε/Δ₁), charged at
+    the ε their realised parameter buys (a' >= a; the gap is ~1e-9 relative with κ = 128)."""
+    sampler = BitGeometric.plan(block.epsilon / block.l1_sensitivity)
+    epsilon = sampler.noise_parameter * block.l1_sensitivity
+    return Noise(block.label, block.length, block.l1_sensitivity, epsilon, sampler)
 
 
 def _honest(cfg: HflKmeansConfig) -> int | None:

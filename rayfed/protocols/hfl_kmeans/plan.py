@@ -16,7 +16,13 @@ from rayfed.errors import ConfigError, DataError
 from rayfed.privacy import Budget
 from rayfed.protocols.base import Plan
 from rayfed.protocols.hfl_kmeans.config import HflKmeansConfig
-from rayfed.protocols.hfl_kmeans.params import Params, Setup, derive_setup, overflow_check
+from rayfed.protocols.hfl_kmeans.params import (
+    DEALER,
+    Params,
+    Setup,
+    derive_setup,
+    overflow_check,
+)
 
 
 def data_bytes(cfg: HflKmeansConfig) -> int:
@@ -55,8 +61,11 @@ def plan(cfg: HflKmeansConfig, seed: int) -> Plan:
     if cfg.evaluate:
         evaluation = {"x": np.clip(to_unit(x_raw, lo, hi), -1.0, 1.0)}
     private = cfg.noise != "none"
+    budget = Budget(
+        setup.t_max * setup.epsilon_per_iteration, setup.t_max * setup.delta_per_iteration
+    )
     return Plan(
-        budget=Budget(setup.t_max * setup.epsilon_per_iteration) if private else Budget.none(),
+        budget=budget if private else Budget.none(),
         requested_epsilon=cfg.epsilon if private else None,
         ledger=dict(
             accountant="pure",
@@ -65,10 +74,19 @@ def plan(cfg: HflKmeansConfig, seed: int) -> Plan:
             statement=_statement(cfg),
         ),
         parties={p: (block, meta) for p, block in blocks.items()},
+        cohorts=_dealer(setup),
         rounds=setup.t_max + 2,
         evaluation=evaluation,
         params=Params(features=features, lo=lo, hi=hi),
     )
+
+
+def _dealer(setup: Setup) -> dict[str, tuple[pa.Table, dict]]:
+    """ring_noise=mpc: the dealer of the clients' correlated randomness, a data-less actor of its
+    own (in the cohorts group, whose actors are generic step runners like every role's)."""
+    if not setup.joint:
+        return {}
+    return {DEALER: (pa.table({"user_id": pa.array([], pa.int64())}), {})}
 
 
 def synthetic_table(users: int, dims: int, k: int, spread: float, seed: int) -> pa.Table:
@@ -140,6 +158,13 @@ def _statement(cfg: HflKmeansConfig) -> str:
         return (
             "ε-DP per client by its own local noise (add/remove one point); parallel over the "
             "clients' disjoint rows"
+        )
+    if cfg.topology == "ring" and cfg.ring_noise == "mpc":
+        return (
+            "(ε, δ)-DP (add/remove one point) towards every client and any coalition of up to "
+            "M - 1 clients, sequential over the iterations; assumes the dealer of the MPC's "
+            "correlated randomness is honest and colludes with no client (δ: the truncation "
+            "of the jointly sampled noise)"
         )
     if cfg.topology == "ring":
         return (

@@ -44,10 +44,16 @@ def notes(cfg: HflKmeansConfig, setup: Setup) -> list[str]:
     ]
     if cfg.noise == "none":
         return [*out, "noise=none: not private; the clients see exact aggregates"]
+    sampler = (
+        "sampled by the clients' MPC from κ-bit coins (realised parameter and truncation in the "
+        "ledger's ε and δ)"
+        if setup.joint
+        else "drawn with numpy's geometric sampler, which computes in floating point — not an "
+        "exact sampler"
+    )
     out.append(
         "noise: discrete Laplace on the 2^-{f} grid (integer noise, so Theorem 7.2.1's "
-        "quantisation argument is not needed; drawn with numpy's geometric sampler, which "
-        "computes in floating point — not an exact sampler)".replace("{f}", str(setup.frac_bits))
+        f"quantisation argument is not needed; {sampler})".replace("{f}", str(setup.frac_bits))
     )
     if cfg.assignment != "unconstrained":
         out.append(
@@ -63,7 +69,21 @@ def notes(cfg: HflKmeansConfig, setup: Setup) -> list[str]:
             f"centroid by up to {setup.sensitivity['true']:.4g}: the thesis claims "
             f"ε = {setup.claimed_epsilon:g}, the noise buys ε = {true_eps:.4g} (ledger)"
         )
-    if cfg.topology == "ring" and setup.honest is None:
+    if setup.joint:
+        blocks = setup.noise
+        out.append(
+            f"ring, MPC noise (thesis §7.3.2): the {setup.clients} clients sample one discrete "
+            "Laplace noise per coordinate in additive shares (each G = Σ_j 2^j c_j from J = "
+            f"{', '.join(str(b.sampler.digits) for b in blocks)} coins [U < A_j] per block, U "
+            "the XOR of "
+            f"every client's {blocks[0].sampler.kappa} random bits), so only Σ values + DLap is "
+            "revealed: central noise, DP against any coalition of up to M − 1 clients. It "
+            "assumes the dealer of the Beaver triples and daBits is honest and colludes with no "
+            "client (with the opened values it could unmask the coins). The coins' probabilities "
+            "are A_j/2^κ, so the ledger charges ε = a'·Δ for the realised a' ≥ a, and δ for "
+            "truncating G at J digits"
+        )
+    elif cfg.topology == "ring" and setup.honest is None:
         out.append(
             f"ring: each of the {setup.clients} clients adds full noise for its own rows, so "
             "the released sum carries M times the central noise variance"

@@ -20,10 +20,10 @@ from rayfed.clustering.constrained import (
     sphere_packing,
 )
 from rayfed.data.scaling import features_of, to_unit
-from rayfed.privacy import discrete_laplace, split_discrete_laplace
+from rayfed.privacy import discrete_laplace, joint_discrete_laplace, split_discrete_laplace
 from rayfed.protocols.hfl_kmeans.config import HflKmeansConfig
 from rayfed.protocols.hfl_kmeans.params import Noise, Settings, Setup, derive_setup, noise_event
-from rayfed.secagg import pads
+from rayfed.secagg import mpc, pads
 
 COUNT_FLOOR = 0.5  # a noisy count below this divides as 0.5 (diffprivlib's clamp, A10)
 
@@ -170,7 +170,7 @@ def ring_step(ctx: StepContext, running: np.ndarray | None = None, *, t: int) ->
         total = np.asarray(running, dtype=words.dtype) + words
     order = st["order"]
     after = order[(st["me"] + 1) % len(order)]
-    scope = ctx.name if p.honest is None else "clients"
+    scope = "clients" if p.honest is not None or p.joint else ctx.name
     return Message("ring_partial", total, to=after, dp_event=event, scope=scope)
 
 
@@ -196,10 +196,109 @@ def _ring_noise(ctx: StepContext, values: np.ndarray, t: int, *, carries: bool):
     setup = ctx.state["setup"]
     if not setup.noise:
         return values, None
+    if setup.joint:
+        return _add_joint_noise(ctx, values, carried=carries)
     if setup.honest is None:
         return _add_noise(ctx, values, setup.noise, t)
     noisy, event = _add_noise(ctx, values, setup.noise, t, parts=setup.honest, carried=carries)
     return noisy, event if carries else None
+
+
+def _add_joint_noise(ctx: StepContext, values: np.ndarray, *, carried: bool):
+    """Add this client's share of the jointly sampled noise (ring_noise=mpc), block by block;
+    the last client's message carries the release's event."""
+    st, p = ctx.state, ctx.state["setup"]
+    share, out, events, start = st.pop("mpc_share"), [], [], 0
+    for block in p.noise:
+        part = slice(start, start + block.length)
+        noisy, event = joint_discrete_laplace(
+            ctx.noise,
+            values[part],
+            share[part],
+            l1_sensitivity=block.l1_sensitivity,
+            noise_parameter=block.sampler.noise_parameter,
+            tail=2 * block.length * block.sampler.tail,
+            part_of=None if carried else "the ring's release",
+        )
+        out.append(noisy)
+        events.append(event)
+        start += block.length
+    return np.concatenate(out), noise_event(events) if carried else None
+
+
+# --- F2: the clients' MPC that samples the noise in shares (rayfed.secagg.mpc) ---------------------
+def _samplers(setup: Setup) -> tuple[list, list[int]]:
+    return [b.sampler for b in setup.noise], [b.length for b in setup.noise]
+
+
+def deal_step(ctx: StepContext, *, setup: Setup, clients: list[str], t: int) -> dict[str, Message]:
+    """Dealer: this iteration's correlated randomness, independent of the data — per client its
+    XOR shares of a Beaver triple for every AND of the comparison tree and its daBits (XOR and
+    additive shares mod 2^b), one per coin; from the dealer's own noise source."""
+    samplers, lengths = _samplers(setup)
+    coins = mpc.coin_count(samplers, lengths)
+    kappa, packed = samplers[0].kappa, -(-coins // 8)
+
+    def draw(n: int) -> np.ndarray:
+        return np.frombuffer(ctx.noise.secret_bytes("mpc-dealer", n, t), dtype=np.uint8)
+
+    m = len(clients)
+    layers = [mpc.deal_triples(draw, (w, packed), m) for w in mpc.tree_widths(kappa)]
+    dabits = mpc.deal_dabits(draw, coins, m, pads.ring_dtype(setup.ring_bits))
+    return {
+        name: Message(
+            "mpc_correlated",
+            {"triples": [layer[i] for layer in layers], "dabits": dabits[i]},
+            to=name,
+        )
+        for i, name in enumerate(clients)
+    }
+
+
+def mpc_start_step(ctx: StepContext, dealt: dict, *, t: int) -> Message:
+    """Client: its random bits of every coin's κ-bit U (its noise source: the OS in a secure
+    run), the comparison's leaves against the public thresholds, and its share of the first AND
+    layer's openings (broadcast)."""
+    st, p = ctx.state, ctx.state["setup"]
+    samplers, lengths = _samplers(p)
+    if "mpc_planes" not in st:  # public: every coin's threshold A_j, bit-sliced
+        st["mpc_planes"] = mpc.coin_planes(samplers, lengths)
+    planes, first = st["mpc_planes"], st["me"] == 0
+    u = np.frombuffer(ctx.noise.secret_bytes("mpc-coins", planes.size, t), dtype=np.uint8)
+    g, p_ = mpc.compare_leaves(u.reshape(planes.shape), planes, first)
+    st["mpc"] = {"dealt": dealt, "layer": 0, "g": g, "p": p_}
+    return _open_layer(ctx)
+
+
+def _open_layer(ctx: StepContext) -> Message:
+    """This client's share of the openings of the current AND layer (or of the B2A)."""
+    run, first = ctx.state["mpc"], ctx.state["me"] == 0
+    triples = run["dealt"]["triples"]
+    if run["layer"] < len(triples):
+        x, y = mpc.tree_operands(run["g"], run["p"], first)
+        opening = mpc.and_open(x, y, triples[run["layer"]])
+    else:  # the coins c = g: open c ⊕ r with the daBits
+        opening = run["g"][0] ^ run["dealt"]["dabits"][0]
+    return Message("mpc_opening", opening, to="parties")
+
+
+def mpc_layer_step(ctx: StepContext, opened: np.ndarray, *, t: int) -> Message | None:
+    """Client: finish the current layer with the opened values (XORed by the driver, the
+    broadcast channel) and open the next; after the B2A opening, keep its additive share of
+    every coordinate's DLap = G₁ − G₂ for the ring."""
+    st, run, first = ctx.state, ctx.state["mpc"], ctx.state["me"] == 0
+    triples = run["dealt"]["triples"]
+    if run["layer"] < len(triples):
+        z = mpc.and_finish(opened, triples[run["layer"]], first)
+        run["g"], run["p"] = mpc.tree_combine(run["g"], run["p"], z, first)
+        run["layer"] += 1
+        return _open_layer(ctx)
+    samplers, lengths = _samplers(st["setup"])
+    count = mpc.coin_count(samplers, lengths)
+    coins = mpc.b2a_share(opened, run["dealt"]["dabits"][1], first, count)
+    st["mpc_share"] = mpc.dlap_shares(coins, samplers, lengths)
+    del st["mpc"]
+    return None
 
 
 # --- the coordinator (the server; on the ring, its setup runs on the first client) -----------------
