@@ -54,6 +54,7 @@ PURPOSES: dict[str, int] = {
     "latency": 29,
     "secagg-sign": 30,
     "split-discrete-laplace": 31,
+    "objective-perturbation": 32,
     "test": 99,
 }
 
