@@ -192,7 +192,7 @@ def _trivial_mse(options: dict) -> float:
 def test_baselines_run_end_to_end_and_their_noise_matters(method, extra):
     """Per-rating, seed 0, LEARNABLE: at ε = 10⁴ both beat predicting the training mean (test
     MSE 1.207); at ε = 0.01 both are far worse. Measured at seed 0 (seeds 0-3): DP-SGLD 0.580
-    (0.54-0.66) and 2.21 (2.2-3.2), ObjPertb 0.437 (0.40-0.52) and 12.4 (12.4-13.9). The
+    (0.54-0.66) and 2.21 (2.2-3.2), ObjPertb 0.423 (0.39-0.51) and 12.4 (12.4-13.9). The
     ledger holds one event per round (SGLD) or V-solve (ObjPertb); ObjPertb spends exactly ε,
     DP-SGLD's RDP ε is below its advanced-composition target."""
     options = {**LEARNABLE, "method": method, **extra}

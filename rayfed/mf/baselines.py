@@ -26,6 +26,9 @@ from rayfed.privacy.calibration import gaussian_steps_event
 SGLD_PRIOR = 1.0
 #: ObjPertb's ridge on each u_i: U is never the DP release, so its weight is free (spec §2.10)
 OBJPERT_USER_REG = 1.0
+#: the least default ridge of the V-solve: at a huge ε the privacy choice tends to 0 and the
+#: batched solves would lose their conditioning (a larger λ only leaves more of ε_k to the noise)
+OBJPERT_MIN_DEFAULT_REG = 1.0
 
 
 # --- DP-SGLD ---------------------------------------------------------------------------------------
@@ -142,9 +145,10 @@ def objpert_min_reg(epsilon_k: float, *, unit: str, trim: int, bound: float) -> 
 
 def objpert_default_reg(epsilon_k: float, *, unit: str, trim: int, bound: float) -> float:
     """Chaudhuri et al.'s choice (Alg. 2) when λ is not given: the λ that leaves ε' = ε_k/2 for the
-    noise (the Jacobian term takes the other half): λ = R/(e^{ε_k/(2·blocks)} − 1)."""
+    noise (the Jacobian term takes the other half): λ = R/(e^{ε_k/(2·blocks)} − 1), at least
+    OBJPERT_MIN_DEFAULT_REG."""
     blocks, _ = objpert_blocks(unit, trim)
-    return bound / math.expm1(epsilon_k / (2 * blocks))
+    return max(bound / math.expm1(epsilon_k / (2 * blocks)), OBJPERT_MIN_DEFAULT_REG)
 
 
 def objpert_scale(
@@ -214,6 +218,7 @@ def ridge_rows(
     if shift is not None:
         target = target - shift / 2
     w, q = np.linalg.eigh(gram)
+    w = np.maximum(w, reg)  # exact arithmetic gives w >= reg; round-off must not make it smaller
     c = np.einsum("kab,ka->kb", q, target)  # the target in each row's eigenbasis
     mu = np.zeros(n_rows)
     if radius is not None:
