@@ -27,7 +27,7 @@ import rayfed
 ML100K = Path(__file__).resolve().parents[2] / "shared" / "data" / "movielens-100k" / "ratings.csv"
 #: method -> (the option tuned, its candidates)
 GRIDS = {
-    "vfl": ("vfl_lr", (0.005, 0.02, 0.05, 0.2, 0.5)),
+    "vfl": ("vfl_lr", (0.001, 0.005, 0.02, 0.05, 0.2, 0.5)),
     "dp-sgld": ("sgld_step", (1e-6, 1e-5, 3e-5, 1e-4, 3e-4)),
     "objpert": ("objpert_alternations", (1, 3, 10)),
 }
