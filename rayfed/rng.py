@@ -54,6 +54,7 @@ PURPOSES: dict[str, int] = {
     "latency": 29,
     "secagg-sign": 30,
     "split-discrete-laplace": 31,
+    "objective-perturbation": 32,
     "mpc-coins": 41,  # hfl-kmeans ring_noise=mpc: a client's random bits of the coins
     "mpc-dealer": 42,  # its dealer's Beaver triples and daBits
     "test": 99,

@@ -383,3 +383,43 @@ def randomized(
     event = EpsilonDeltaDpEvent(_positive("epsilon", epsilon), float(delta))
     gen = noise.generator(purpose, round, ident)
     return _drawn(noise, algorithm(*args, gen, **kwargs), event)
+
+
+def l2_laplace_vectors(gen: np.random.Generator, rows: int, width: int, scale: float) -> np.ndarray:
+    """``rows`` independent vectors of R^width, each with density ∝ exp(−‖b‖₂/scale): the norm is
+    Gamma(shape=width, scale) (the density of ‖b‖ = r is ∝ r^{width−1} e^{−r/scale}, the sphere's
+    area times the radial law) and the direction uniform on the sphere (a normalised Gaussian).
+    Shifting b by a vector of norm Δ changes its density by at most e^{Δ/scale}: the K-norm
+    mechanism for the ℓ2 ball (Hardt & Talwar 2010), the noise of objective perturbation
+    (Chaudhuri, Monteleoni & Sarwate 2011, Alg. 2)."""
+    direction = gen.standard_normal((rows, width))
+    direction /= np.linalg.norm(direction, axis=1, keepdims=True)
+    return gen.gamma(width, _positive("scale", scale), size=(rows, 1)) * direction
+
+
+def objective_perturbation_event(epsilon: float) -> EpsilonDeltaDpEvent:
+    """The event of :func:`objective_perturbation`: a pure ε-DP release (basic composition)."""
+    return EpsilonDeltaDpEvent(_positive("epsilon", epsilon), 0.0)
+
+
+def objective_perturbation(
+    noise: NoiseSource,
+    solve,
+    *,
+    rows: int,
+    width: int,
+    scale: float,
+    epsilon: float,
+    round: int = 0,
+    ident=None,
+):
+    """Objective perturbation: draw the random linear terms b (``rows`` x ``width``, each row
+    ∝ exp(−‖b‖/scale), :func:`l2_laplace_vectors`) and release ``solve(b)``, the exact minimiser
+    of the objective with ⟨b_j, ·⟩ added. The caller proves that this is ε-DP for its ``scale``
+    (a proof is about the objective, which only the caller knows: see
+    :func:`rayfed.mf.baselines.objpert_scale`); the event is that (ε, 0)."""
+    event = objective_perturbation_event(epsilon)
+    b = l2_laplace_vectors(
+        noise.generator("objective-perturbation", round, ident), rows, width, scale
+    )
+    return _drawn(noise, solve(b), event)

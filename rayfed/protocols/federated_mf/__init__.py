@@ -39,7 +39,10 @@ to θ ratings per party), a user's ratings span every party, so all parties' rel
 unpublished, and both units compose in parallel (disjoint users) — but per-rating has a gap (spec
 §7.8: the pre-trained u_i depends on all of the user's ratings), which the result notes. Baselines:
 ``local`` (VFL: each party alone, with DP; HFL: non-private local SGD, nothing released) and
-``central``.
+``central``; VFL's central literature baselines at s = 1 (spec §2.10, Fig. 4.4): ``dp-sgld`` (one
+posterior sample by SGLD, calibrated by advanced composition as in the SGLD papers) and ``objpert``
+(ObjPertb: alternating minimisation whose V-solves are objective-perturbed), in
+:mod:`rayfed.mf.baselines`.
 
 The maths is in :mod:`rayfed.mf` (:mod:`rayfed.mf.lfl`: the two rounds' noise algebra;
 :mod:`rayfed.mf.training`: local steps, trimming, DP-SGD); this package is config, plan and
@@ -76,6 +79,25 @@ class FederatedMF(Protocol):
             **_SHORT,
         },
         {"setting": "hfl", "users": 150, "items": 30, "iterations": 2, "local_steps": 2, **_SHORT},
+        # VFL's central literature baselines (spec §2.10)
+        {
+            "setting": "vfl",
+            "method": "dp-sgld",
+            "parties": 1,
+            "users": 150,
+            "items": 30,
+            "iterations": 2,
+            "local_steps": 2,
+        },
+        {
+            "setting": "vfl",
+            "method": "objpert",
+            "parties": 1,
+            "privacy_unit": "user",
+            "users": 150,
+            "items": 30,
+            "objpert_alternations": 2,
+        },
     )
     data_bytes = staticmethod(data_bytes)
     resolve_randomness = staticmethod(resolve_randomness)

@@ -15,10 +15,12 @@ from rayfed.protocols.base import reconcile_randomness
 LFL = {"setting": ("lfl",)}
 PARTITIONED = {"setting": ("vfl", "hfl")}
 PRIVATE = {"noise": ("gaussian",)}
+#: VFL's central literature baselines (spec §2.10, Fig. 4.4): s = 1 only
+BASELINES = ("dp-sgld", "objpert")
 #: the methods each setting runs: its own algorithm first (the default), then its baselines
 METHODS = {
     "lfl": ("lfl", "ldp", "stage1", "central"),
-    "vfl": ("vfl", "local", "central"),
+    "vfl": ("vfl", "local", "central", "dp-sgld", "objpert"),
     "hfl": ("hfl", "local", "central"),
 }
 
@@ -32,10 +34,14 @@ class FederatedMFConfig:
         "lfl: one simulated user per rating-row owner; vfl: parties hold disjoint item sets; "
         "hfl: parties hold disjoint user sets",
     )
-    method: Literal["lfl", "ldp", "stage1", "central", "vfl", "hfl", "local"] | None = option(
+    method: (
+        Literal["lfl", "ldp", "stage1", "central", "vfl", "hfl", "local", "dp-sgld", "objpert"]
+        | None
+    ) = option(
         None,
         "default: the setting's own algorithm. lfl: ldp (LDP-level noise), stage1 (pre-training only); "
-        "vfl: local (each party alone, with DP); hfl: local (non-private local SGD); any: central",
+        "vfl: local (each party alone, with DP), dp-sgld and objpert (the central literature "
+        "baselines, parties=1); hfl: local (non-private local SGD); any: central",
     )
     mode: Literal["corrected", "faithful"] = option(
         "corrected",
@@ -171,6 +177,26 @@ class FederatedMFConfig:
         above=0,
         when=PARTITIONED,
     )
+    sgld_step: float = option(
+        1e-3,
+        "dp-sgld: η, the Langevin step size: each of the T·T' steps adds N(0, η) to every entry of "
+        "U and V; the temperature τ = 2η_s/(z√η·L) follows from it (η_s = sampling_rate)",
+        above=0,
+        when={"method": ("dp-sgld",)},
+    )
+    objpert_alternations: int = option(
+        10,
+        "objpert: K, alternations of the perturbed V-solve and the U-solve; each V-solve gets ε/K",
+        at_least=1,
+        when={"method": ("objpert",)},
+    )
+    objpert_reg: float | None = option(
+        None,
+        "objpert: λ, the ridge of every item's V-solve; it must exceed R/(e^{ε/(K·blocks)} − 1) "
+        "(default: the λ that leaves half of ε/K for the noise, Chaudhuri et al.'s Alg. 2)",
+        above=0,
+        when={"method": ("objpert",)},
+    )
     users: int = option(1500, "synthetic data: users", at_least=1, size=True)
     items: int = option(100, "synthetic data: items", at_least=1, size=True)
     density: float = option(
@@ -190,15 +216,38 @@ class FederatedMFConfig:
                 "parties", "the parties come from split_column's values", "drop parties"
             )
         allowed = METHODS[self.setting]
+        if self.method in BASELINES and self.setting != "vfl":
+            raise ConfigError(
+                "method",
+                f"{self.method} is one of VFL's central baselines (s = 1), not {self.setting}'s",
+                "setting=vfl with parties=1",
+            )
         if self.resolved_method() not in allowed:
             raise ConfigError(
                 "method", f"{self.method!r} does not apply to setting={self.setting}", allowed
             )
+        if self.resolved_method() in BASELINES:
+            self._check_baseline()
         if self.noise == "none" and not self.noisy_method():
             raise ConfigError(
                 "noise",
                 f"method={self.resolved_method()} in {self.setting} adds no noise anyway",
                 "drop noise, or method in (vfl, hfl, local with setting=vfl)",
+            )
+
+    def _check_baseline(self) -> None:
+        """DP-SGLD and ObjPertb run centrally on one party's ratings, always with their noise."""
+        if self.parties != 1:
+            raise ConfigError(
+                "parties",
+                f"method={self.method} runs on one party, got parties={self.parties}",
+                "parties=1: the literature baselines are central",
+            )
+        if self.noise == "none":
+            raise ConfigError(
+                "noise",
+                f"method={self.method} has no noise-free variant",
+                "drop noise (its non-private reference is method=vfl with noise=none)",
             )
 
     def resolved_method(self) -> str:

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 from rayfed.federation import PerMember
 from rayfed.mf.training import step_rates
+from rayfed.privacy import objective_perturbation_event
 from rayfed.privacy.calibration import gaussian_steps_event
 from rayfed.protocols.base import Outcome, Plan
 from rayfed.protocols.federated_mf.config import FederatedMFConfig
 from rayfed.protocols.federated_mf.partitioned import report
-from rayfed.protocols.federated_mf.partitioned.params import PartitionedParams
+from rayfed.protocols.federated_mf.partitioned.baselines import objpert_step, sgld_local_step
+from rayfed.protocols.federated_mf.partitioned.params import PartitionedParams, SgldParams
 from rayfed.protocols.federated_mf.partitioned.steps import (
     average_step,
     hfl_evaluate_step,
@@ -26,6 +28,8 @@ from rayfed.protocols.federated_mf.steps import init_v_step
 
 
 def drive(fed, cfg: FederatedMFConfig, plan: Plan) -> Outcome:
+    if plan.params.baseline is not None:
+        return _drive_baseline(fed, cfg, plan.params)
     if cfg.setting == "vfl":
         return _drive_vfl(fed, cfg, plan.params)
     return _drive_hfl(fed, cfg, plan.params)
@@ -62,6 +66,10 @@ def _drive_vfl(fed, cfg: FederatedMFConfig, params: PartitionedParams) -> Outcom
     u_arg = _vfl_rounds(fed, cfg, params, u_msg.single())
     if cfg.finetune_steps:
         _vfl_finetune(fed, cfg, params, u_arg)
+    return _evaluate_vfl(fed, cfg, params)
+
+
+def _evaluate_vfl(fed, cfg: FederatedMFConfig, params: PartitionedParams) -> Outcome:
     parts = fed.get(fed.parties.run(vfl_evaluate_step, phase="evaluate"))
     fed.note(report.vfl_noise_note(cfg, params))
     fed.note(report.EVALUATION_NOTE)
@@ -121,6 +129,68 @@ def _vfl_finetune(fed, cfg: FederatedMFConfig, params: PartitionedParams, u_arg)
         m_share=PerMember({k: params.shares[k] for k in names}),
         phase="finetune",
     )
+
+
+# --- VFL's central literature baselines (s = 1) -----------------------------------------------------
+def _drive_baseline(fed, cfg: FederatedMFConfig, params: PartitionedParams) -> Outcome:
+    """DP-SGLD (T rounds of T' steps, each round's release charged as in VFL) or ObjPertb (K
+    alternations, each V-solve charged ε_k), from VFL's initial U and V and trimming."""
+    u_arg = fed.coordinator.run(
+        init_u_step, n=params.n, p=cfg.rank, mean=params.mean, bound=cfg.bound, phase="init_u"
+    ).single()
+    fed.parties.run(
+        vfl_init_step,
+        p=cfg.rank,
+        mean=params.mean,
+        bound=cfg.bound,
+        trim=params.trim,
+        phase="init_v",
+    )
+    if isinstance(params.baseline, SgldParams):
+        _sgld_rounds(fed, cfg, params, u_arg)
+    else:
+        _objpert_rounds(fed, cfg, params, u_arg)
+    for note in report.baseline_notes(cfg, params):
+        fed.note(note)
+    return _evaluate_vfl(fed, cfg, params)
+
+
+def _sgld_rounds(fed, cfg: FederatedMFConfig, params: PartitionedParams, u_arg) -> None:
+    sgld = params.baseline
+    for t in range(cfg.iterations):
+        with fed.round(t):
+            _charge(fed, params, cfg.local_steps, cfg.sampling_rate, f"round {t}: {{n}} SGLD steps")
+            uploads = fed.parties.run(
+                sgld_local_step,
+                u_arg,
+                round=t,
+                steps=cfg.local_steps,
+                eta=sgld.step,
+                rate=cfg.sampling_rate,
+                z=params.z,
+                sensitivity=sgld.sensitivity,
+                bound=cfg.bound,
+                phase="local_steps",
+            )
+            u_arg = PerMember(uploads)
+
+
+def _objpert_rounds(fed, cfg: FederatedMFConfig, params: PartitionedParams, u_arg) -> None:
+    objpert = params.baseline
+    event = objective_perturbation_event(objpert.epsilon_k)
+    for k in range(objpert.alternations):
+        with fed.round(k):
+            fed.charge([(name, f"alternation {k}: V-solve", event) for name in fed.parties.names])
+            fed.parties.run(
+                objpert_step,
+                u_arg if k == 0 else None,
+                round=k,
+                reg=objpert.reg,
+                scale=objpert.scale,
+                epsilon_k=objpert.epsilon_k,
+                bound=cfg.bound,
+                phase="v_solve",
+            )
 
 
 # --- HFL -------------------------------------------------------------------------------------------

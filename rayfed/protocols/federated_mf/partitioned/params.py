@@ -24,3 +24,29 @@ class PartitionedParams:
     delta_v: float
     mean: float
     shares: dict[str, float]
+    #: DP-SGLD's or ObjPertb's own resolved values (None for the other methods)
+    baseline: SgldParams | ObjPertParams | None = None
+
+
+@dataclass(frozen=True)
+class SgldParams:
+    """DP-SGLD (spec §2.10): the step size η, the gradient bound L of one rating (θL per user: the
+    sensitivity), the temperature τ = 2q/(z√η·L) and the z the papers' advanced composition gives
+    (the run's ``z``; the RDP accountant proves a smaller ε for it)."""
+
+    step: float
+    sensitivity: float
+    temperature: float
+    target_epsilon: float
+
+
+@dataclass(frozen=True)
+class ObjPertParams:
+    """ObjPertb (spec §2.10): K alternations, each V-solve ε_k = ε/K-DP with ridge λ, the norm
+    scale of every b_j and ε' (the part of ε_k left for the noise)."""
+
+    alternations: int
+    epsilon_k: float
+    reg: float
+    scale: float
+    epsilon_prime: float

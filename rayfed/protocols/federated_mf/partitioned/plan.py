@@ -15,11 +15,17 @@ import pyarrow as pa
 from rayfed import mf, rng
 from rayfed.data import load_table, require_columns
 from rayfed.errors import ConfigError
+from rayfed.mf import baselines
 from rayfed.privacy import Budget, gaussian_noise_multiplier
+from rayfed.privacy.calibration import advanced_composition_noise_multiplier
 from rayfed.protocols.base import Plan
 from rayfed.protocols.federated_mf import ratings as ratings_data
-from rayfed.protocols.federated_mf.config import FederatedMFConfig
-from rayfed.protocols.federated_mf.partitioned.params import PartitionedParams
+from rayfed.protocols.federated_mf.config import BASELINES, FederatedMFConfig
+from rayfed.protocols.federated_mf.partitioned.params import (
+    ObjPertParams,
+    PartitionedParams,
+    SgldParams,
+)
 
 NOT_PRIVATE = (
     "not private (noise=none): the federated rounds without noise, a reference; every upload "
@@ -48,6 +54,8 @@ def plan(cfg: FederatedMFConfig, seed: int) -> Plan:
     # local-only baseline too: each party releases its own V_Fk and U^(k) about the same users)
     compose_all = per_user and vfl
     theta = cfg.resolved_trim() if per_user else 1
+    if cfg.resolved_method() in BASELINES:
+        return _plan_baseline(cfg, delta, parties, train, test, ratings)
     return Plan(
         budget=Budget(cfg.epsilon, delta) if private else Budget.none(),
         ledger=dict(
@@ -74,6 +82,83 @@ def plan(cfg: FederatedMFConfig, seed: int) -> Plan:
             mean=float(train.rating.mean()),
             shares={name: meta["m_share"] for name, (_, meta) in parties.items()},
         ),
+    )
+
+
+def _plan_baseline(cfg: FederatedMFConfig, delta: float, parties, train, test, ratings) -> Plan:
+    """DP-SGLD or ObjPertb on the one party's ratings (spec §2.10): the whole run composes
+    sequentially (one party); DP-SGLD's Gaussian events under RDP, ObjPertb's pure ε_k events
+    under basic composition. Both trim per user; ObjPertb trims per rating too (a rating reaches
+    all of its user's items through u_i: :func:`rayfed.mf.baselines.objpert_blocks`)."""
+    unit = cfg.resolved_unit()
+    sgld = cfg.resolved_method() == "dp-sgld"
+    trim = cfg.resolved_trim() if unit == "user" or not sgld else None
+    if sgld:
+        steps = cfg.iterations * cfg.local_steps
+        z = advanced_composition_noise_multiplier(
+            cfg.epsilon, delta, steps=steps, sampling_rate=cfg.sampling_rate
+        )
+        sensitivity = (trim or 1) * baselines.sgld_sensitivity(cfg.bound)
+        baseline = SgldParams(
+            step=cfg.sgld_step,
+            sensitivity=sensitivity,
+            temperature=baselines.sgld_temperature(
+                z, cfg.sgld_step, cfg.sampling_rate, sensitivity
+            ),
+            target_epsilon=cfg.epsilon,
+        )
+    else:
+        z = None
+        epsilon_k = cfg.epsilon / cfg.objpert_alternations
+        blocks = dict(unit=unit, trim=trim, bound=cfg.bound)
+        reg = cfg.objpert_reg or baselines.objpert_default_reg(epsilon_k, **blocks)
+        scale, eps_prime = baselines.objpert_scale(epsilon_k, reg=reg, **blocks)
+        baseline = ObjPertParams(
+            alternations=cfg.objpert_alternations,
+            epsilon_k=epsilon_k,
+            reg=reg,
+            scale=scale,
+            epsilon_prime=eps_prime,
+        )
+    return Plan(
+        budget=Budget(cfg.epsilon, delta if sgld else 0.0),
+        ledger=dict(
+            accountant="rdp" if sgld else "pure",
+            relation="add_or_remove_one",
+            composition="sequential",
+            statement=_baseline_statement(unit, sgld),
+        ),
+        parties=parties,
+        rounds=cfg.iterations if sgld else cfg.objpert_alternations,
+        evaluation={"train": train, "test": test},
+        params=PartitionedParams(
+            method=cfg.resolved_method(),
+            privacy_unit=unit,
+            trim=trim,
+            n=ratings.n,
+            m=ratings.m,
+            delta=delta if sgld else 0.0,
+            z=z,
+            delta_joint=baseline.sensitivity if sgld else 0.0,
+            delta_v=0.0,
+            mean=float(train.rating.mean()),
+            shares={name: meta["m_share"] for name, (_, meta) in parties.items()},
+            baseline=baseline,
+        ),
+    )
+
+
+def _baseline_statement(unit: str, sgld: bool) -> str:
+    trimmed = "each user trimmed to θ ratings; " if unit == "user" or not sgld else ""
+    if sgld:
+        return (
+            f"per-{unit} DP of DP-SGLD's posterior sample (U, V), central on one party: "
+            f"{trimmed}every SGLD step is a sampled Gaussian release of the gradient sum"
+        )
+    return (
+        f"per-{unit} pure DP of ObjPertb's item embeddings V, central on one party: {trimmed}"
+        "K objective-perturbed V-solves compose; each u_i is computed from V and user i's own "
+        "ratings and released to user i only (joint DP, billboard model)"
     )
 
 
