@@ -238,8 +238,9 @@ def split_discrete_laplace(
 def joint_discrete_laplace_event(
     l1_sensitivity: int, noise_parameter: float, tail: float
 ) -> EpsilonDeltaDpEvent:
-    """The event of :func:`joint_discrete_laplace`: DLap(a') for ℓ₁ sensitivity Δ is ε-DP with
-    ε = a'·Δ; a sampler within total variation ``tail`` of it adds δ = (1 + e^ε)·tail
+    """The event of :func:`joint_discrete_laplace`: noise whose unit-shift log-ratios are all at
+    most a' (as DLap(a')'s are) is ε-DP for ℓ₁ sensitivity Δ with ε = a'·Δ; a sampler within
+    total variation ``tail`` of such an untruncated one M* adds δ = (1 + e^ε)·tail
     (P[M(x) ∈ S] <= P[M*(x) ∈ S] + tail <= e^ε P[M*(x') ∈ S] + tail <= e^ε P[M(x') ∈ S] +
     (1 + e^ε)·tail). One (ε, δ) event: dp_accounting has no truncated discrete Laplace."""
     sensitivity = discrete_laplace_event(l1_sensitivity, 1.0).sensitivity  # checks Δ₁

@@ -9,14 +9,15 @@ it is tested without Ray; the protocol's steps call it and the driver only XORs 
   eight to a byte along the last axis (``np.packbits``), so XOR and AND act on whole arrays.
 * **Preprocessing.** A dealer, independent of the data, hands out Beaver triples over GF(2)
   (a, b, c = a ∧ b, each XOR-shared) and daBits (a random bit r given both as XOR shares and as
-  additive shares mod 2^b). The dealer must be honest and collude with no party: it learns
-  nothing by itself, but with the opened values it could unmask every AND's inputs.
+  additive shares mod 2^b). The dealer must be honest and collude with no party and not with the
+  driver: it learns nothing by itself, but with the parties' opening shares (which the driver
+  relays) it could unmask every AND's inputs.
 * **AND** (one opening round): each party opens d_l = x_l ⊕ a_l, e_l = y_l ⊕ b_l; with the opened
   d, e it sets z_l = c_l ⊕ (d ∧ b_l) ⊕ (e ∧ a_l) ⊕ [l = 0](d ∧ e).
 * **Biased coin** c = [U < A] for a κ-bit U whose bits every party contributes (XOR of their
   random bits: uniform if one party is honest) and a public A: the carry-lookahead comparison
   with a public constant. Bit i gives (g_i, p_i) = (¬U_i ∧ A_i, ¬(U_i ⊕ A_i)) — linear in the
-  shares — and pairs combine MSB-first as (g, p) = (g_hi ⊕ (p_hi ∧ g_lo), p_hi ∧ p_lo): a tree of
+  shares, party 0 alone XORing in the public constants — and pairs combine MSB-first as (g, p) = (g_hi ⊕ (p_hi ∧ g_lo), p_hi ∧ p_lo): a tree of
   ⌈log₂ κ⌉ AND layers (2 ANDs per pair) instead of κ sequential ones.
 * **B2A** with a daBit: open e = c ⊕ r, then [c]_A = [l = 0]e + [r]_A − 2e[r]_A mod 2^b.
 * **Geometric by its binary digits.** For P(G = g) ∝ α^g the digits of G are independent:
@@ -25,7 +26,8 @@ it is tested without Ray; the protocol's steps call it and the driver only XORs 
   grid: a unary G would need tens of millions of coins per variable). DLap = G₁ − G₂.
 
 The coin probabilities are A_j/2^κ, not q_j, and J digits truncate G: :class:`BitGeometric`
-computes the privacy this sampler really gives (its ``noise_parameter`` a' ≥ a and its ``tail``),
+computes the privacy this sampler really gives (its ``noise_parameter`` a' ≈ a, from the exact
+thresholds in integer arithmetic and rounded up, and its ``tail``, rounded up),
 from which the event's ε and δ follow (:func:`rayfed.privacy.joint_discrete_laplace_event`).
 """
 
@@ -34,6 +36,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from fractions import Fraction
 from functools import reduce
 
 import numpy as np
@@ -64,7 +67,7 @@ class BitGeometric:
     def plan(cls, a: float, kappa: int = KAPPA, tail_bits: int = TAIL_BITS) -> BitGeometric:
         """The coins for DLap(a): J digits with a·(2^J − 1) >= tail_bits·ln 2 (so α^(2^J − 1) is
         at most 2^-tail_bits), each A_j = q_j·2^κ (q_j's 53 bits, scaled exactly), clamped to
-        1 … 2^κ − 1."""
+        1 … 2^κ − 1 (at κ = 128 the clamp acts only for a > 60 per grid unit)."""
         if not (math.isfinite(a) and a > 0):
             raise ValueError(f"noise parameter must be > 0, got {a!r}")
         if kappa < 2 or kappa & (kappa - 1):
@@ -73,26 +76,33 @@ class BitGeometric:
         top = (1 << kappa) - 1
         thresholds = []
         for j in range(digits):
-            q = 1.0 / (1.0 + math.exp(a * 2.0**j))  # exact scaling by 2^κ: q's 53 bits kept
-            thresholds.append(min(top, max(1, int(q * 2.0**kappa))))
+            x = math.exp(-a * 2.0**j)  # q = x/(1 + x) without overflow at large a·2^j
+            # exact scaling by 2^κ (q's 53 bits kept); a coin below 2^-κ is drawn at 2^-κ, more
+            # often than planned: a' then falls below a (more noise), and a' is what is charged
+            thresholds.append(min(top, max(1, int(x / (1.0 + x) * 2.0**kappa))))
         return cls(kappa, tuple(thresholds))
 
     @property
     def digits(self) -> int:
         return len(self.thresholds)
 
-    def _logs(self) -> list[float]:
-        """L_j = ln((2^κ − A_j)/A_j) = −ln r_j, with log1p to keep L_0 ≈ a accurate."""
+    def _ratio(self, m: int) -> Fraction:
+        """e^(L_m − Σ_{j<m} L_j) exactly, L_j = ln((2^κ − A_j)/A_j) = −ln r_j: the integers
+        (2^κ − A_m)·Π_{j<m} A_j over A_m·Π_{j<m} (2^κ − A_j)."""
         full = 1 << self.kappa
-        return [math.log1p((full - 2 * t) / t) for t in self.thresholds]
+        num, den = full - self.thresholds[m], self.thresholds[m]
+        for t in self.thresholds[:m]:
+            num, den = num * t, den * (full - t)
+        return Fraction(num, den)
 
     @property
     def noise_parameter(self) -> float:
         """a' = max over carries m of |L_m − Σ_{j<m} L_j|: g → g+1 flips the m trailing ones of g
         to zeros and digit m to one, so ln P(g)/P(g+1) = L_m − Σ_{j<m} L_j (= a exactly for ideal
-        coins)."""
-        logs = self._logs()
-        return max(abs(logs[m] - math.fsum(logs[:m])) for m in range(len(logs)))
+        coins). Each ratio is exact; its log (log1p of the exact ratio − 1, correctly rounded to
+        a float first) is rounded up two ulps, so a' is never below the truth."""
+        worst = max(abs(math.log1p(float(self._ratio(m) - 1))) for m in range(self.digits))
+        return _up(worst)
 
     @property
     def tail(self) -> float:
@@ -100,15 +110,27 @@ class BitGeometric:
         ratios all lie in [e^-a', e^a'] (its digits j >= J have r_j = e^(-c·2^j), c = (Σ_{j<J} L_j
         + a')/2^J, so every carry past J costs exactly a'). The truncated G is G^∞ given those
         digits are 0, so η = P(some digit j >= J is 1) <= Σ_{j>=J} r_j <= r_J/(1 − r_J), with
-        r_J = e^-(Σ_{j<J} L_j + a')."""
-        r = math.exp(-(math.fsum(self._logs()) + self.noise_parameter))
-        return r / (1.0 - r)
+        r_J = e^-(Σ_{j<J} L_j + a') = Π_{j<J} r_j · e^-a' (exact product, rounded up)."""
+        full = 1 << self.kappa
+        product = Fraction(1)
+        for t in self.thresholds:
+            product *= Fraction(t, full - t)
+        r = _up(float(product) * math.exp(-self.noise_parameter))
+        return _up(r / (1.0 - r))
 
     def threshold_planes(self) -> np.ndarray:
         """(κ, J) bool: bit i of A_j (LSB first)."""
         return np.array(
             [[(t >> i) & 1 for t in self.thresholds] for i in range(self.kappa)], dtype=bool
         )
+
+
+def _up(x: float, ulps: int = 2) -> float:
+    """``x`` moved up by ``ulps`` units in the last place: a bound that float rounding cannot
+    push below the exact value."""
+    for _ in range(ulps):
+        x = math.nextafter(x, math.inf)
+    return x
 
 
 # --- packing and sharing ---------------------------------------------------------------------------
@@ -185,10 +207,13 @@ def and_finish(opened: np.ndarray, triple: tuple, first: bool) -> np.ndarray:
 # --- comparison with a public constant, as a tree --------------------------------------------------
 def compare_leaves(u: np.ndarray, a_planes: np.ndarray, first: bool) -> tuple:
     """Shares of (g_i, p_i) = (¬U_i ∧ A_i, ¬(U_i ⊕ A_i)) for every bit plane i (LSB first):
-    ``u`` and ``a_planes`` are packed (κ, bytes); party 0 applies the public NOTs."""
+    ``u`` and ``a_planes`` are packed (κ, bytes). Every party ANDs its share with the public A
+    (AND with a constant is linear over XOR shares), but a public constant XORed into the value
+    — the NOT, and A in p — is added by party 0 alone: XORed by all M parties it would cancel
+    whenever M is even."""
     ones = np.uint8(0xFF) if first else np.uint8(0)
     g = (u ^ ones) & a_planes
-    p = u ^ a_planes ^ ones
+    p = u ^ (a_planes ^ ones) if first else u
     return g, p
 
 

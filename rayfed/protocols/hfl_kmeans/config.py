@@ -98,7 +98,7 @@ class HflKmeansConfig:
         "(§7.3.3, with masking=pairwise: the clients add shares of one central noise, DP against "
         "any M - honest_clients of them) or mpc (§7.3.2, with masking=pairwise: the clients "
         "sample one central noise in additive shares with a dealer's Beaver triples; DP unless "
-        "all clients collude, or the dealer colludes with one)",
+        "all clients collude, or the dealer colludes with one or with the driver)",
         when={"topology": ("ring",), "noise": ("laplace",)},
     )
     honest_clients: int | Literal["majority"] = option(
@@ -166,12 +166,19 @@ class HflKmeansConfig:
                 "its own share leaves fewer than h shares on the others' data",
                 f"1..{self.clients - 1}",
             )
-        if self.ring_noise in ("split", "mpc") and self.masking != "pairwise":
+        if self.ring_noise == "split" and self.masking != "pairwise":
             raise ConfigError(
                 "masking",
-                f"ring_noise={self.ring_noise} needs every partial sum hidden: with the first "
-                "client's pad a client's two ring neighbours see its upload with only its share "
-                "of the noise",
+                "ring_noise=split needs every partial sum hidden: with the first client's pad a "
+                "client's two ring neighbours see its upload with only its share of the noise",
+                "pairwise",
+            )
+        if self.ring_noise == "mpc" and self.masking != "pairwise":
+            # an MPC share is uniform, so it would hide the upload, but the ring's pad is the
+            # first client's alone; pairwise masks keep the MPC's and the ring's trust the same
+            raise ConfigError(
+                "masking",
+                "ring_noise=mpc runs with pairwise masks (no single client's pad over the ring)",
                 "pairwise",
             )
 

@@ -45,9 +45,15 @@ class Noise:
     def event(self):
         if self.sampler is None:
             return discrete_laplace_event(self.l1_sensitivity, self.epsilon)
-        # 2·length truncated geometric variables: their total variation adds up
-        tail = 2 * self.length * self.sampler.tail
-        return joint_discrete_laplace_event(self.l1_sensitivity, self.sampler.noise_parameter, tail)
+        return joint_discrete_laplace_event(
+            self.l1_sensitivity, self.sampler.noise_parameter, self.joint_tail
+        )
+
+    @property
+    def joint_tail(self) -> float:
+        """The block's truncation cost (ring_noise=mpc): 2·length truncated geometric variables,
+        whose total variations add up."""
+        return 2 * self.length * self.sampler.tail
 
     @property
     def delta(self) -> float:
@@ -184,7 +190,7 @@ def derive_setup(cfg: HflKmeansConfig, n: int, d: int) -> Setup:
 
 def _jointly_sampled(block: Noise) -> Noise:
     """The block's noise as the clients' MPC samples it: the coins for DLap(ε/Δ₁), charged at
-    the ε their realised parameter buys (a' >= a; the gap is ~1e-9 relative with κ = 128)."""
+    the ε their realised parameter buys (a' ≈ a; the gap is ~1e-9 relative with κ = 128)."""
     sampler = BitGeometric.plan(block.epsilon / block.l1_sensitivity)
     epsilon = sampler.noise_parameter * block.l1_sensitivity
     return Noise(block.label, block.length, block.l1_sensitivity, epsilon, sampler)

@@ -163,8 +163,9 @@ def _statement(cfg: HflKmeansConfig) -> str:
         return (
             "(ε, δ)-DP (add/remove one point) towards every client and any coalition of up to "
             "M - 1 clients, sequential over the iterations; assumes the dealer of the MPC's "
-            "correlated randomness is honest and colludes with no client (δ: the truncation "
-            "of the jointly sampled noise)"
+            "correlated randomness is honest and colludes with no client and not with the "
+            "driver, which relays the clients' opening shares (δ: the truncation of the jointly "
+            "sampled noise)"
         )
     if cfg.topology == "ring":
         return (

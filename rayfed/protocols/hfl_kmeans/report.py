@@ -79,9 +79,10 @@ def notes(cfg: HflKmeansConfig, setup: Setup) -> list[str]:
             f"every client's {blocks[0].sampler.kappa} random bits), so only Σ values + DLap is "
             "revealed: central noise, DP against any coalition of up to M − 1 clients. It "
             "assumes the dealer of the Beaver triples and daBits is honest and colludes with no "
-            "client (with the opened values it could unmask the coins). The coins' probabilities "
-            "are A_j/2^κ, so the ledger charges ε = a'·Δ for the realised a' ≥ a, and δ for "
-            "truncating G at J digits"
+            "client and not with the driver (with the clients' opening shares, which the driver "
+            "relays, it could unmask the coins). The coins' probabilities are A_j/2^κ, so the "
+            "ledger charges ε = a'·Δ for the realised a' ≈ a (computed exactly, rounded up), "
+            "and δ for truncating G at J digits"
         )
     elif cfg.topology == "ring" and setup.honest is None:
         out.append(

@@ -217,7 +217,7 @@ def _add_joint_noise(ctx: StepContext, values: np.ndarray, *, carried: bool):
             share[part],
             l1_sensitivity=block.l1_sensitivity,
             noise_parameter=block.sampler.noise_parameter,
-            tail=2 * block.length * block.sampler.tail,
+            tail=block.joint_tail,
             part_of=None if carried else "the ring's release",
         )
         out.append(noisy)
