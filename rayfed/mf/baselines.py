@@ -6,7 +6,8 @@ so the papers' exact constants are not reproduced. Every guarantee below is prov
 docstrings. Plain numpy, vectorised over ratings and rows.
 
 Notation: R bounds the ratings (in [0, R]) and the squared row norms; p the rank; q the Poisson
-sampling rate (of users, or of ratings: :func:`~rayfed.mf.training.poisson_batch`); θ the ratings kept per user (``trim_mask``).
+sampling rate (of users, or of ratings: :func:`~rayfed.mf.training.poisson_batch`); θ the ratings
+kept per user (``trim_mask``).
 """
 
 from __future__ import annotations

@@ -108,12 +108,12 @@ def dp_sgd(
     sampled: str = "user",
 ) -> tuple[np.ndarray, np.ndarray, dp_event.DpEvent | None]:
     """``steps`` DP-SGD steps (spec §2.5) on the (users, items, ratings) ``train`` of ``n`` users:
-    a Poisson batch of ``sampled`` units (:func:`poisson_batch`), the released gradient sums plus N(0, (zΔ)²) through
-    :func:`rayfed.privacy.gaussian` (on (g_U, g_V) jointly when U is updated, Δ their joint
-    sensitivity), divided by the public B = η|Ω|, projected. Returns (U, V, the event of the
-    ``steps`` releases for the privacy ``unit``: :func:`sampled_steps_event`). ``lr``: one rate, or one per step (:func:`step_rates`). ``z=None``: the
-    same steps without noise (the non-private federated reference, spec §6 C3), and no event:
-    nothing is DP."""
+    a Poisson batch of ``sampled`` units (:func:`poisson_batch`), the released gradient sums plus
+    N(0, (zΔ)²) through :func:`rayfed.privacy.gaussian` (on (g_U, g_V) jointly when U is updated,
+    Δ their joint sensitivity), divided by the public B = η|Ω|, projected. Returns (U, V, the true
+    event of the ``steps`` releases for the privacy ``unit``: :func:`sampled_steps_event`).
+    ``lr``: one rate, or one per step (:func:`step_rates`). ``z=None``: the same steps without
+    noise (the non-private federated reference, spec §6 C3), and no event: nothing is DP."""
     users, items, ratings = train
     b = max(rate * users.size, 1.0)
     rates = np.broadcast_to(lr, (steps,))
