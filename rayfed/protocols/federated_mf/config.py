@@ -137,7 +137,8 @@ class FederatedMFConfig:
     )
     sampling_rate: float = option(
         0.01,
-        "VFL/HFL: η, Poisson user-level sampling rate per local step",
+        "VFL/HFL: η, Poisson sampling rate per local step (of users; of ratings per rating in "
+        "mode=corrected)",
         above=0,
         at_most=1,
         when=PARTITIONED,
