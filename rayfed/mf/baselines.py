@@ -6,7 +6,8 @@ so the papers' exact constants are not reproduced. Every guarantee below is prov
 docstrings. Plain numpy, vectorised over ratings and rows.
 
 Notation: R bounds the ratings (in [0, R]) and the squared row norms; p the rank; q the Poisson
-user-sampling rate; θ the ratings kept per user (``trim_mask``).
+sampling rate (of users, or of ratings: :func:`~rayfed.mf.training.poisson_batch`); θ the ratings
+kept per user (``trim_mask``).
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ from dp_accounting import dp_event
 
 from rayfed.errors import ConfigError
 from rayfed.mf import Ratings, predict, project, row_sums
+from rayfed.mf.training import poisson_batch
 from rayfed.privacy import NoiseSource, gaussian, objective_perturbation
-from rayfed.privacy.calibration import gaussian_steps_event
+from rayfed.privacy.calibration import sampled_steps_event
 
 #: DP-SGLD's Gaussian prior N(0, I/λ) on every entry of U and V: λ = 1, a weak prior next to the
 #: clipping (‖row‖² <= R) that bounds the posterior anyway
@@ -77,25 +79,27 @@ def sgld(
     z: float,
     sensitivity: float,
     bound: float,
+    unit: str = "user",
+    sampled: str = "user",
 ) -> tuple[np.ndarray, np.ndarray, dp_event.DpEvent]:
     """``steps`` projected SGLD steps on θ = (U, V), sampling the tempered posterior
     ∝ exp(−λ‖θ‖²/2 − τ Σ_Ω ℓ) (λ = SGLD_PRIOR, ℓ of :func:`clipped_gradient_sums`):
 
-        θ <- Π(θ − (η/2)(λθ + (τ/q) Σ_{i∈S} ∇ℓ_i) + N(0, η I)),  S Poisson-sampled users at rate q.
+        θ <- Π(θ − (η/2)(λθ + (τ/q) Σ_{i∈S} ∇ℓ_i) + N(0, η I)),  S a Poisson sample at rate q.
 
     Privacy: with τ = 2q/(z√η L) (:func:`sgld_temperature`), (η/2)(τ/q) = √η/(zL), so the step is
     θ <- Π(θ − (η/2)λθ − (√η/(zL)) (Σ_S ∇ℓ + N(0, z²L² I))): the only data-dependent quantity is
     the gradient sum, released through the Gaussian mechanism with noise multiplier z at L2
-    sensitivity L (L = θ·L per user) on Poisson-sampled users — one sampled Gaussian event per
-    step, drawn by :func:`rayfed.privacy.gaussian` (so the noise on θ is exactly N(0, η I)). The
-    prior and Π are post-processing. Returns (U, V, the event of the ``steps`` releases)."""
+    sensitivity L (L = θ·L per user) on a Poisson sample of ``sampled`` units — one sampled Gaussian
+    event per step (no amplification for one rating of a sampled user: :func:`sampled_steps_event`),
+    drawn by :func:`rayfed.privacy.gaussian` (so the noise on θ is exactly N(0, η I)). The prior
+    and Π are post-processing. Returns (U, V, the event of the ``steps`` releases)."""
     users, items, ratings = train
     shrink = 1.0 - step / 2 * SGLD_PRIOR
     scale = math.sqrt(step) / (z * sensitivity)
     event = None
     for _ in range(steps):
-        sampled = noise.generator("sample", round).random(n) < rate
-        rows = np.flatnonzero(sampled[users])
+        rows = poisson_batch(noise, users, n, round=round, rate=rate, sampled=sampled)
         batch = Ratings(users[rows], items[rows], ratings[rows], n, v.shape[0], 0, bound)
         g_u, g_v = clipped_gradient_sums(u, v, batch, bound)
         noisy, event = gaussian(
@@ -107,7 +111,11 @@ def sgld(
         )
         u = project(shrink * u - scale * noisy[: u.size].reshape(u.shape), bound)
         v = project(shrink * v - scale * noisy[u.size :].reshape(v.shape), bound)
-    return u, v, gaussian_steps_event(event.noise_multiplier, steps, rate)
+    return (
+        u,
+        v,
+        sampled_steps_event(event.noise_multiplier, steps, rate, unit=unit, sampled=sampled),
+    )
 
 
 # --- ObjPertb --------------------------------------------------------------------------------------

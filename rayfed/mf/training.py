@@ -1,7 +1,8 @@
 """Local training of MF embeddings (spec federated-mf.md §2.5–2.8): users' own gradient steps with
-V fixed, joint steps on (U, V), per-user trimming to θ ratings, and DP-SGD with Poisson user
-sampling. Plain numpy on arrays; DP-SGD's sample and noise come from the caller's NoiseSource
-(both must be secret for the sampled accounting)."""
+V fixed, joint steps on (U, V), per-user trimming to θ ratings, and DP-SGD with Poisson sampling of
+users (the thesis) or of ratings (per-rating privacy, corrected). Plain numpy on arrays; DP-SGD's
+sample and noise come from the caller's NoiseSource (both must be secret for the sampled
+accounting)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from dp_accounting import dp_event
 from rayfed import rng
 from rayfed.mf import Ratings, gradient_sums, learning_rate, project, row_sums
 from rayfed.privacy import NoiseSource, gaussian
-from rayfed.privacy.calibration import gaussian_steps_event
+from rayfed.privacy.calibration import sampled_steps_event
 
 
 def descend_users(
@@ -75,6 +76,18 @@ def step_rates(lr: float, lr_end: float | None, first: int, steps: int, total: i
     return np.array([learning_rate(first + s, total, lr, lr_end) for s in range(steps)])
 
 
+def poisson_batch(
+    noise: NoiseSource, users: np.ndarray, n: int, *, round: int, rate: float, sampled: str
+) -> np.ndarray:
+    """The rows of one Poisson batch of the training ratings whose users are ``users`` (of ``n``):
+    each user with probability ``rate``, all of its ratings with it (``sampled="user"``), or each
+    rating on its own (``sampled="rating"``: what amplifies per-rating privacy)."""
+    gen = noise.generator("sample", round)
+    if sampled == "rating":
+        return np.flatnonzero(gen.random(users.size) < rate)
+    return np.flatnonzero((gen.random(n) < rate)[users])
+
+
 def dp_sgd(
     noise: NoiseSource,
     u: np.ndarray,
@@ -91,21 +104,22 @@ def dp_sgd(
     bound: float,
     m_share: float,
     update_u: bool,
+    unit: str = "user",
+    sampled: str = "user",
 ) -> tuple[np.ndarray, np.ndarray, dp_event.DpEvent | None]:
     """``steps`` DP-SGD steps (spec §2.5) on the (users, items, ratings) ``train`` of ``n`` users:
-    Poisson user sampling, the released gradient sums plus N(0, (zΔ)²) through
-    :func:`rayfed.privacy.gaussian` (on (g_U, g_V) jointly when U is updated, Δ their joint
-    sensitivity), divided by the public B = η|Ω|, projected. Returns (U, V, the event of the
-    ``steps`` releases). ``lr``: one rate, or one per step (:func:`step_rates`). ``z=None``: the
-    same steps without noise (the non-private federated reference, spec §6 C3), and no event:
-    nothing is DP."""
+    a Poisson batch of ``sampled`` units (:func:`poisson_batch`), the released gradient sums plus
+    N(0, (zΔ)²) through :func:`rayfed.privacy.gaussian` (on (g_U, g_V) jointly when U is updated,
+    Δ their joint sensitivity), divided by the public B = η|Ω|, projected. Returns (U, V, the true
+    event of the ``steps`` releases for the privacy ``unit``: :func:`sampled_steps_event`).
+    ``lr``: one rate, or one per step (:func:`step_rates`). ``z=None``: the same steps without
+    noise (the non-private federated reference, spec §6 C3), and no event: nothing is DP."""
     users, items, ratings = train
     b = max(rate * users.size, 1.0)
     rates = np.broadcast_to(lr, (steps,))
     event = None
     for gamma in rates:
-        sampled = noise.generator("sample", round).random(n) < rate
-        rows = np.flatnonzero(sampled[users])
+        rows = poisson_batch(noise, users, n, round=round, rate=rate, sampled=sampled)
         batch = Ratings(users[rows], items[rows], ratings[rows], n, v.shape[0], 0, bound)
         g_u, g_v = gradient_sums(u, v, batch)
         released = np.concatenate([g_u.ravel(), g_v.ravel()]) if update_u else g_v.ravel()
@@ -120,4 +134,8 @@ def dp_sgd(
         v = project(v - gamma * m_share * noisy[-v.size :].reshape(v.shape) / b, bound)
     if z is None:
         return u, v, None
-    return u, v, gaussian_steps_event(event.noise_multiplier, steps, rate)
+    return (
+        u,
+        v,
+        sampled_steps_event(event.noise_multiplier, steps, rate, unit=unit, sampled=sampled),
+    )

@@ -18,7 +18,12 @@ from dp_accounting import dp_event, mechanism_calibration
 from scipy import optimize, special
 
 from rayfed.errors import ConfigError
-from rayfed.privacy.ledger import RELATIONS, check_budget, make_accountant
+from rayfed.privacy.ledger import (
+    RELATIONS,
+    UnitInSampledGroupGaussianDpEvent,
+    check_budget,
+    make_accountant,
+)
 
 
 def gaussian_steps_event(
@@ -28,6 +33,22 @@ def gaussian_steps_event(
     step: dp_event.DpEvent = dp_event.GaussianDpEvent(noise_multiplier)
     if sampling_rate < 1.0:
         step = dp_event.PoissonSampledDpEvent(sampling_rate, step)
+    return dp_event.SelfComposedDpEvent(step, steps)
+
+
+def sampled_steps_event(
+    noise_multiplier: float, steps: int, sampling_rate: float, *, unit: str, sampled: str
+) -> dp_event.DpEvent:
+    """The true event of ``steps`` Gaussian releases of a sum over a Poisson sample at
+    ``sampling_rate``, protecting one ``unit`` ("rating" or "user") when the sample draws
+    ``sampled`` ("rating" or "user") units: the subsampled Gaussian when the protected unit is
+    what is sampled; :class:`UnitInSampledGroupGaussianDpEvent` (no amplification of ε) for one
+    rating of a sampled user."""
+    if unit == sampled or sampling_rate >= 1.0:
+        return gaussian_steps_event(noise_multiplier, steps, sampling_rate)
+    if (unit, sampled) != ("rating", "user"):
+        raise ValueError(f"no event for protecting a {unit} with {sampled}-level sampling")
+    step = UnitInSampledGroupGaussianDpEvent(sampling_rate, noise_multiplier)
     return dp_event.SelfComposedDpEvent(step, steps)
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import attr
+import numpy as np
 from dp_accounting import dp_event, pld, rdp
 from dp_accounting.privacy_accountant import NeighboringRelation, PrivacyAccountant
 
@@ -34,6 +35,38 @@ class EpsilonDeltaDpEvent(dp_event.DpEvent):
 
     epsilon: float
     delta: float
+
+
+@attr.s(frozen=True, slots=True, auto_attribs=True)
+class UnitInSampledGroupGaussianDpEvent(dp_event.DpEvent):
+    """A Gaussian release (σ = z·Δ₂) of a sum over a Poisson sample of *groups* at rate q, where
+    the protected unit is one member of a group: per-rating privacy with user-level sampling.
+
+    Neighbours differ in one rating g of user i (add/remove); if i is sampled (probability q) the
+    sum also holds i's other ratings h, in both worlds. In units of σ the pair of output laws is
+        P = (1 − q) N(a, 1) + q N(a + h, 1),   Q = (1 − q) N(a, 1) + q N(a + h + g, 1),
+    ‖g‖ <= 1/z. Sampling hides whether i is in the batch, not the rating: for large ‖h‖ the loss
+    is the full Gaussian loss with probability q and 0 otherwise, so ε is not amplified. By joint
+    convexity of (P, Q) -> E_Q[(P/Q)^α] (tight as ‖h‖ -> ∞, and the same with P and Q swapped):
+
+        ε_α = log(1 − q + q·exp(α(α − 1)/(2z²))) / (α − 1),
+
+    which is at least the Poisson-subsampled Gaussian's curve and equals the Gaussian's α/(2z²)
+    at q = 1. Supported by :class:`MemoRdpAccountant` under add/remove-one neighbours."""
+
+    sampling_probability: float
+    noise_multiplier: float
+
+
+def unit_in_sampled_group_rdp(q: float, z: float, orders: np.ndarray) -> np.ndarray:
+    """The RDP curve of :class:`UnitInSampledGroupGaussianDpEvent` at ``orders`` (all > 1)."""
+    orders = np.asarray(orders, dtype=np.float64)
+    if z == 0:
+        return np.full_like(orders, np.inf)
+    loss = orders * (orders - 1) / (2 * z**2)  # the Gaussian's (α − 1)·ε_α
+    if q >= 1:
+        return loss / (orders - 1)
+    return np.logaddexp(math.log1p(-q), math.log(q) + loss) / (orders - 1)
 
 
 class PureDpAccountant(PrivacyAccountant):
@@ -102,6 +135,16 @@ class MemoRdpAccountant(rdp.RdpAccountant):
         if isinstance(event, (dp_event.SelfComposedDpEvent, dp_event.ComposedDpEvent)):
             return super()._maybe_compose(event, count, do_compose)  # recurses into this method
         key = (event, self.neighboring_relation, tuple(self._orders))
+        if isinstance(event, UnitInSampledGroupGaussianDpEvent) and key not in self._curves:
+            if self.neighboring_relation != NeighboringRelation.ADD_OR_REMOVE_ONE:
+                return self.CompositionErrorDetails(
+                    invalid_event=event,
+                    error_message="a unit in a sampled group is accounted for add/remove-one "
+                    "neighbours only",
+                )
+            self._curves[key] = unit_in_sampled_group_rdp(
+                event.sampling_probability, event.noise_multiplier, self._orders
+            )
         if key not in self._curves:
             single = rdp.RdpAccountant(self._orders, self.neighboring_relation)
             error = rdp.RdpAccountant._maybe_compose(single, event, 1, True)

@@ -75,6 +75,11 @@ def leaves(event: dp_event.DpEvent) -> list[dp_event.DpEvent]:
         event, (dp_event.PoissonSampledDpEvent, dp_event.SampledWithoutReplacementDpEvent)
     ):
         return leaves(event.event)
+    # imported here: the ledger imports this module
+    from rayfed.privacy.ledger import UnitInSampledGroupGaussianDpEvent
+
+    if isinstance(event, UnitInSampledGroupGaussianDpEvent):  # a Gaussian on a sample of groups
+        return [dp_event.GaussianDpEvent(event.noise_multiplier)]
     return [event]
 
 

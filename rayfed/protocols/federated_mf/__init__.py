@@ -30,10 +30,13 @@ Baselines (``method``): ``ldp`` (each device adds the full σ_v² itself), ``sta
 only, V at its initialisation), ``central`` (non-private central SGD on the pooled ratings).
 
 VFL and HFL (``setting=vfl``/``hfl``; package ``partitioned``). s parties run T rounds of T' local
-DP-SGD steps (Poisson user sampling at rate η, Gaussian noise on the released gradient sums) and
-the server averages what they upload. VFL (§2.5): parties hold disjoint item sets and their own
-V_Fk; the server averages U; after the rounds each party takes κ more noisy steps on V_Fk (published,
-charged). Per-rating, the parties compose in parallel (disjoint items); per-user (each user trimmed
+DP-SGD steps (Poisson sampling at rate η, Gaussian noise on the released gradient sums) and the
+server averages what they upload. Per user, users are sampled. Per rating, ``corrected`` (default)
+samples ratings, so the subsampled Gaussian's amplification is real; ``faithful`` samples users as
+the thesis does, which gives one rating no amplification of ε: the ledger charges that true event
+and the result reports the true ε next to the nominal one. VFL (§2.5): parties hold disjoint item
+sets and their own V_Fk; the server averages U; after the rounds each party takes κ more noisy
+steps on V_Fk (published, charged). Per-rating, the parties compose in parallel (disjoint items); per-user (each user trimmed
 to θ ratings per party), a user's ratings span every party, so all parties' releases compose. HFL
 (§2.6): parties hold disjoint user sets; the server averages V; Stage 1 and Stage 3 are local and
 unpublished, and both units compose in parallel (disjoint users) — but per-rating has a gap (spec

@@ -45,8 +45,10 @@ class FederatedMFConfig:
     )
     mode: Literal["corrected", "faithful"] = option(
         "corrected",
-        "LFL: corrected (the spec's fix, nominal ε holds) or faithful (the thesis; ε is larger)",
-        when=LFL,
+        "corrected (the spec's fix, nominal ε holds) or faithful (the thesis; the true, larger ε "
+        "is reported). LFL: the two rounds' noise shares; VFL/HFL per-rating (and dp-sgld): "
+        "corrected Poisson-samples ratings, faithful samples users as the thesis does, which "
+        "amplifies per-user privacy only",
     )
     epsilon: float = option(
         1.0,
@@ -135,7 +137,8 @@ class FederatedMFConfig:
     )
     sampling_rate: float = option(
         0.01,
-        "VFL/HFL: η, Poisson user-level sampling rate per local step",
+        "VFL/HFL: η, Poisson sampling rate per local step (of users; of ratings per rating in "
+        "mode=corrected)",
         above=0,
         at_most=1,
         when=PARTITIONED,
@@ -228,6 +231,8 @@ class FederatedMFConfig:
             )
         if self.resolved_method() in BASELINES:
             self._check_baseline()
+        if self.mode == "faithful" and self.setting != "lfl":
+            self._check_faithful()
         if self.noise == "none" and not self.noisy_method():
             raise ConfigError(
                 "noise",
@@ -248,6 +253,23 @@ class FederatedMFConfig:
                 "noise",
                 f"method={self.method} has no noise-free variant",
                 "drop noise (its non-private reference is method=vfl with noise=none)",
+            )
+
+    def _check_faithful(self) -> None:
+        """VFL/HFL's faithful mode is the thesis's user-level sampling of a per-rating run: it
+        changes nothing where users are the unit, or where nothing is sampled."""
+        if self.resolved_unit() != "rating":
+            raise ConfigError(
+                "mode",
+                f"faithful changes per-rating runs only (user-level sampling); privacy_unit is "
+                f"{self.resolved_unit()}, for which user sampling is already the corrected mode",
+                "drop mode, or privacy_unit=rating",
+            )
+        if not self.noisy_method() or self.resolved_method() == "objpert":
+            raise ConfigError(
+                "mode",
+                f"method={self.resolved_method()} samples no minibatch, so it has no faithful mode",
+                "drop mode",
             )
 
     def resolved_method(self) -> str:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from rayfed.federation import PerMember
 from rayfed.mf.training import step_rates
 from rayfed.privacy import objective_perturbation_event
-from rayfed.privacy.calibration import gaussian_steps_event
+from rayfed.privacy.calibration import sampled_steps_event
 from rayfed.protocols.base import Outcome, Plan
 from rayfed.protocols.federated_mf.config import FederatedMFConfig
 from rayfed.protocols.federated_mf.partitioned import report
@@ -41,12 +41,20 @@ def _rates(cfg: FederatedMFConfig, t: int):
     return step_rates(cfg.vfl_lr, cfg.vfl_lr_end, t * cfg.local_steps, cfg.local_steps, total)
 
 
+def _note_sampling(fed, cfg: FederatedMFConfig, params: PartitionedParams) -> None:
+    note = report.sampling_note(cfg, params)
+    if note is not None:
+        fed.note(note)
+
+
 def _charge(fed, params: PartitionedParams, steps: int, rate: float, what: str) -> None:
     """Every party's ``steps`` sampled Gaussian releases, before they are drawn; nothing with
     ``noise=none`` (z None: no noise is drawn and nothing is DP)."""
     if params.z is None:
         return
-    event = gaussian_steps_event(params.z, steps, rate)
+    event = sampled_steps_event(
+        params.z, steps, rate, unit=params.privacy_unit, sampled=params.sampled
+    )
     fed.charge([(k, what.format(n=steps), event) for k in fed.parties.names])
 
 
@@ -72,6 +80,7 @@ def _drive_vfl(fed, cfg: FederatedMFConfig, params: PartitionedParams) -> Outcom
 def _evaluate_vfl(fed, cfg: FederatedMFConfig, params: PartitionedParams) -> Outcome:
     parts = fed.get(fed.parties.run(vfl_evaluate_step, phase="evaluate"))
     fed.note(report.vfl_noise_note(cfg, params))
+    _note_sampling(fed, cfg, params)
     fed.note(report.EVALUATION_NOTE)
     return report.outcome(cfg, params, parts)
 
@@ -97,6 +106,8 @@ def _vfl_rounds(fed, cfg: FederatedMFConfig, params: PartitionedParams, u_arg):
                 delta_joint=params.delta_joint,
                 bound=cfg.bound,
                 m_share=shares,
+                unit=params.privacy_unit,
+                sampled=params.sampled,
                 phase="local_steps",
             )
             if params.method == "vfl":
@@ -127,6 +138,8 @@ def _vfl_finetune(fed, cfg: FederatedMFConfig, params: PartitionedParams, u_arg)
         delta_v=params.delta_v,
         bound=cfg.bound,
         m_share=PerMember({k: params.shares[k] for k in names}),
+        unit=params.privacy_unit,
+        sampled=params.sampled,
         phase="finetune",
     )
 
@@ -170,6 +183,8 @@ def _sgld_rounds(fed, cfg: FederatedMFConfig, params: PartitionedParams, u_arg) 
                 z=params.z,
                 sensitivity=sgld.sensitivity,
                 bound=cfg.bound,
+                unit=params.privacy_unit,
+                sampled=params.sampled,
                 phase="local_steps",
             )
             u_arg = PerMember(uploads)
@@ -224,6 +239,7 @@ def _drive_hfl(fed, cfg: FederatedMFConfig, params: PartitionedParams) -> Outcom
     parts = fed.get(fed.parties.run(hfl_evaluate_step, phase="evaluate"))
     if params.privacy_unit == "rating":
         fed.note(report.RATING_GAP_NOTE)
+        _note_sampling(fed, cfg, params)
     if params.z is None:
         fed.note(report.NOT_PRIVATE_NOTE)
     fed.note(report.EVALUATION_NOTE)
@@ -253,6 +269,8 @@ def _hfl_rounds(fed, cfg: FederatedMFConfig, params: PartitionedParams, v_msg):
                 z=params.z,
                 delta_v=params.delta_v,
                 bound=cfg.bound,
+                unit=params.privacy_unit,
+                sampled=params.sampled,
                 phase="local_steps",
             )
             v_msg = fed.coordinator.run(

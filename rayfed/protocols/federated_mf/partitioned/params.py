@@ -11,7 +11,9 @@ class PartitionedParams:
     θ ratings kept per user and party (None: per-rating or no noise, no trimming), n users and m
     items, δ, the noise multiplier z (None: ``noise=none``, no noise), the sensitivities of a joint
     (U, V) step and of a V-only step, the mean training rating (the embeddings' initial scale) and
-    each party's share of the items (VFL) or users (HFL)."""
+    each party's share of the items (VFL) or users (HFL); the unit DP-SGD's Poisson sampling draws
+    (``sampled``: users, or ratings in a corrected per-rating run) and, for a faithful per-rating
+    run (user sampling, the thesis), the true ε it is charged (``faithful_epsilon``)."""
 
     method: str
     privacy_unit: str | None
@@ -26,6 +28,8 @@ class PartitionedParams:
     shares: dict[str, float]
     #: DP-SGLD's or ObjPertb's own resolved values (None for the other methods)
     baseline: SgldParams | ObjPertParams | None = None
+    sampled: str = "user"
+    faithful_epsilon: float | None = None
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,12 @@ parties, the noise calibrated for every published DP-SGD step, and the budget.
 
 VFL: per-rating, the parties compose in parallel (disjoint items, Thm 4.4.1); per-user, a user's
 ratings span every party, so all parties compose (spec §3.2). HFL: both units compose in parallel
-(disjoint users, Prop. 4.5.1)."""
+(disjoint users, Prop. 4.5.1).
+
+Per-rating with the thesis's user-level sampling (``mode=faithful``) gets no amplification of ε
+(:class:`~rayfed.privacy.ledger.UnitInSampledGroupGaussianDpEvent`): z is calibrated as the thesis
+does, and the budget is the true ε of the events the ledger is charged with. ``mode=corrected``
+samples ratings instead, and the nominal ε holds."""
 
 from __future__ import annotations
 
@@ -17,7 +22,8 @@ from rayfed.data import load_table, require_columns
 from rayfed.errors import ConfigError
 from rayfed.mf import baselines
 from rayfed.privacy import Budget, gaussian_noise_multiplier
-from rayfed.privacy.calibration import advanced_composition_noise_multiplier
+from rayfed.privacy.calibration import advanced_composition_noise_multiplier, sampled_steps_event
+from rayfed.privacy.ledger import make_accountant
 from rayfed.protocols.base import Plan
 from rayfed.protocols.federated_mf import ratings as ratings_data
 from rayfed.protocols.federated_mf.config import BASELINES, FederatedMFConfig
@@ -56,8 +62,13 @@ def plan(cfg: FederatedMFConfig, seed: int) -> Plan:
     theta = cfg.resolved_trim() if per_user else 1
     if cfg.resolved_method() in BASELINES:
         return _plan_baseline(cfg, delta, parties, train, test, ratings)
+    z = _noise_multiplier(cfg, delta, n_parties if compose_all else 1, vfl) if private else None
+    # VFL publishes V_Fk after κ more noisy steps; HFL's Stage 3 is local and never published
+    steps = cfg.iterations * cfg.local_steps + (cfg.finetune_steps if vfl else 0)
+    true_eps = _faithful_epsilon(cfg, z, steps, delta) if private else None
     return Plan(
-        budget=Budget(cfg.epsilon, delta) if private else Budget.none(),
+        budget=Budget(true_eps or cfg.epsilon, delta) if private else Budget.none(),
+        requested_epsilon=cfg.epsilon if true_eps else None,
         ledger=dict(
             accountant="rdp",
             relation="add_or_remove_one",
@@ -74,15 +85,33 @@ def plan(cfg: FederatedMFConfig, seed: int) -> Plan:
             n=ratings.n,
             m=ratings.m,
             delta=delta,
-            z=_noise_multiplier(cfg, delta, n_parties if compose_all else 1, vfl)
-            if private
-            else None,
+            z=z,
             delta_joint=theta * 2 * math.sqrt(2) * cfg.bound**1.5,
             delta_v=theta * 2 * cfg.bound**1.5,
             mean=float(train.rating.mean()),
             shares={name: meta["m_share"] for name, (_, meta) in parties.items()},
+            sampled=sampled_unit(cfg),
+            faithful_epsilon=true_eps,
         ),
     )
+
+
+def sampled_unit(cfg: FederatedMFConfig) -> str:
+    """What DP-SGD's Poisson sampling draws: ratings for a corrected per-rating run (so the sampled
+    Gaussian's amplification is real), users otherwise (per-user privacy, and the thesis's
+    faithful per-rating runs; a ``noise=none`` reference samples as its private run would)."""
+    return "rating" if cfg.resolved_unit() == "rating" and cfg.mode == "corrected" else "user"
+
+
+def _faithful_epsilon(cfg: FederatedMFConfig, z: float, steps: int, delta: float) -> float | None:
+    """The true ε of a faithful per-rating run's ``steps`` DP-SGD releases per party (they compose
+    in parallel), which its ledger is declared with; None when the nominal ε holds."""
+    unit, sampled = cfg.resolved_unit(), sampled_unit(cfg)
+    if unit == sampled:
+        return None
+    event = sampled_steps_event(z, steps, cfg.sampling_rate, unit=unit, sampled=sampled)
+    acc = make_accountant("rdp", "add_or_remove_one").compose(event)
+    return float(acc.get_epsilon(delta)) * (1 + 1e-9)  # the ledger's rounding must not refuse it
 
 
 def _plan_baseline(cfg: FederatedMFConfig, delta: float, parties, train, test, ratings) -> Plan:
@@ -93,11 +122,13 @@ def _plan_baseline(cfg: FederatedMFConfig, delta: float, parties, train, test, r
     unit = cfg.resolved_unit()
     sgld = cfg.resolved_method() == "dp-sgld"
     trim = cfg.resolved_trim() if unit == "user" or not sgld else None
+    true_eps = None
     if sgld:
         steps = cfg.iterations * cfg.local_steps
         z = advanced_composition_noise_multiplier(
             cfg.epsilon, delta, steps=steps, sampling_rate=cfg.sampling_rate
         )
+        true_eps = _faithful_epsilon(cfg, z, steps, delta)
         sensitivity = (trim or 1) * baselines.sgld_sensitivity(cfg.bound)
         baseline = SgldParams(
             step=cfg.sgld_step,
@@ -121,7 +152,8 @@ def _plan_baseline(cfg: FederatedMFConfig, delta: float, parties, train, test, r
             epsilon_prime=eps_prime,
         )
     return Plan(
-        budget=Budget(cfg.epsilon, delta if sgld else 0.0),
+        budget=Budget(true_eps or cfg.epsilon, delta if sgld else 0.0),
+        requested_epsilon=cfg.epsilon if true_eps else None,
         ledger=dict(
             accountant="rdp" if sgld else "pure",
             relation="add_or_remove_one",
@@ -144,6 +176,8 @@ def _plan_baseline(cfg: FederatedMFConfig, delta: float, parties, train, test, r
             mean=float(train.rating.mean()),
             shares={name: meta["m_share"] for name, (_, meta) in parties.items()},
             baseline=baseline,
+            sampled=sampled_unit(cfg),
+            faithful_epsilon=true_eps,
         ),
     )
 
@@ -174,7 +208,8 @@ def _check_parties(cfg: FederatedMFConfig, axis: int, vfl: bool) -> None:
 
 
 def _noise_multiplier(cfg: FederatedMFConfig, delta: float, composed: int, vfl: bool) -> float:
-    """z for every DP-SGD step a user's data enters, over ``composed`` parties' releases."""
+    """z for every DP-SGD step a user's data enters, over ``composed`` parties' releases: the
+    subsampled Gaussian's calibration (the thesis's, also for faithful per-rating runs)."""
     # VFL publishes V_Fk after κ more noisy steps; HFL's Stage 3 is local and never published
     steps = cfg.iterations * cfg.local_steps + (cfg.finetune_steps if vfl else 0)
     return gaussian_noise_multiplier(

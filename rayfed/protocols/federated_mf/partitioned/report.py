@@ -47,8 +47,9 @@ def baseline_notes(cfg: FederatedMFConfig, params: PartitionedParams) -> list[st
             f"DP-SGLD: {FROM_SUMMARY}. z = {params.z:.4g} calibrated by advanced composition as "
             f"in the SGLD papers (Gaussian (ε0, δ0) per step, amplified by sampling at "
             f"η = {cfg.sampling_rate:g}, {cfg.iterations * cfg.local_steps} steps) for "
-            f"ε = {baseline.target_epsilon:g}; the ledger charges the same sampled Gaussian "
-            "events and the RDP accountant proves the ε this run reports, below that target",
+            f"ε = {baseline.target_epsilon:g}; the ledger charges the true events of its steps "
+            "and the RDP accountant proves the ε this run reports"
+            + ("" if params.faithful_epsilon else ", below that target"),
             f"DP-SGLD: step η = {baseline.step:g}, temperature τ = {baseline.temperature:.4g}, "
             f"L = {baseline.sensitivity:.4g}; releases the last sample (U, V) (each round's U "
             "too, charged)",
@@ -68,6 +69,27 @@ def baseline_notes(cfg: FederatedMFConfig, params: PartitionedParams) -> list[st
             "and is twice the per-user one"
         )
     return notes
+
+
+def sampling_note(cfg: FederatedMFConfig, params: PartitionedParams) -> str | None:
+    """What a per-rating DP-SGD (or DP-SGLD) run's minibatches sample, and what that does to ε."""
+    sampling = params.baseline is None or isinstance(params.baseline, SgldParams)
+    if params.privacy_unit != "rating" or params.z is None or not sampling:
+        return None
+    if params.faithful_epsilon is None:
+        return (
+            f"corrected mode: every training rating is Poisson-sampled at η = "
+            f"{cfg.sampling_rate:g} on its own, so the sampled Gaussian's amplification holds "
+            "per rating and the nominal ε does"
+        )
+    accounting = "the SGLD papers'" if params.baseline is not None else "the thesis's"
+    return (
+        f"faithful mode: calibrated to nominal ε={cfg.epsilon:g} by {accounting} accounting, "
+        "which credits per-rating runs with user-sampling amplification they do not get; the "
+        f"true ε is {params.faithful_epsilon:.4g} (users Poisson-sampled at η = "
+        f"{cfg.sampling_rate:g}: a sampled user's other ratings leave one rating's Gaussian loss "
+        "unamplified), which the ledger charges"
+    )
 
 
 def vfl_noise_note(cfg: FederatedMFConfig, params: PartitionedParams) -> str:

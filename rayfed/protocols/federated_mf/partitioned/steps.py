@@ -43,6 +43,8 @@ def vfl_local_step(
     delta_joint: float,
     bound: float,
     m_share: float,
+    unit: str | None = "user",
+    sampled: str = "user",
 ) -> Message:
     """Party: T' noisy local steps on (U^(k), V_Fk) from the broadcast U; uploads U^(k)."""
     u, ctx.state["v"], event = dp_sgd(
@@ -60,6 +62,8 @@ def vfl_local_step(
         bound=bound,
         m_share=m_share,
         update_u=True,
+        unit=unit,
+        sampled=sampled,
     )
     ctx.state["u"] = u
     return Message("user_embeddings", u, to="coordinator", dp_event=event)
@@ -76,6 +80,8 @@ def vfl_finetune_step(
     delta_v: float,
     bound: float,
     m_share: float,
+    unit: str | None = "user",
+    sampled: str = "user",
 ) -> Message:
     """Party: κ noisy steps on V_Fk with U frozen (convex, smaller sensitivity); V_Fk is published."""
     ctx.state["u"] = np.array(u)
@@ -94,6 +100,8 @@ def vfl_finetune_step(
         bound=bound,
         m_share=m_share,
         update_u=False,
+        unit=unit,
+        sampled=sampled,
     )
     return Message("item_embeddings", ctx.state["v"], to="coordinator", dp_event=event)
 
@@ -148,6 +156,8 @@ def hfl_local_step(
     z: float | None,
     delta_v: float,
     bound: float,
+    unit: str | None = "user",
+    sampled: str = "user",
 ) -> Message:
     """Party: T' DP-SGD steps on its copy V^(k) with its pre-trained U fixed; uploads V^(k)."""
     ctx.state["v"] = np.array(v)
@@ -166,6 +176,8 @@ def hfl_local_step(
         bound=bound,
         m_share=1.0,
         update_u=False,
+        unit=unit,
+        sampled=sampled,
     )
     return Message("item_embeddings", ctx.state["v"], to="coordinator", dp_event=event)
 
