@@ -52,7 +52,6 @@ def run(method: str, unit: str, epsilon: float, seed: int, value, mode: str = "c
         setting="vfl",
         method=method,
         parties=1,
-        iterations=100,
         data={"path": str(ML100K)},
         epsilon=epsilon,
         privacy_unit=unit,
@@ -63,6 +62,8 @@ def run(method: str, unit: str, epsilon: float, seed: int, value, mode: str = "c
     )
     if unit == "user" or method == "objpert":
         options["trim"] = TRIM
+    if method != "objpert":  # ObjPertb has K alternations, not T rounds
+        options["iterations"] = 100
     if method == "vfl":
         options["vfl_lr_end"] = value / 10
     if mode != "corrected":

@@ -95,6 +95,20 @@ def _problem(seed=3, n=30, m=6, p=4):
     return u, users, items, ratings, b, m
 
 
+@pytest.mark.parametrize(
+    "kwargs,field",
+    [
+        (dict(steps=0, sampling_rate=0.01), "steps"),
+        (dict(steps=10, sampling_rate=0.0), "sampling_rate"),
+        (dict(steps=10, sampling_rate=1e-8), "delta"),  # δ0 = δ/(2·steps·q) >= 1
+    ],
+)
+def test_advanced_composition_calibration_refuses_degenerate_inputs(kwargs, field):
+    with pytest.raises(ConfigError) as err:
+        advanced_composition_noise_multiplier(1.0, 1e-5, **kwargs)
+    assert err.value.field == field
+
+
 def test_objpert_v_solve_is_the_perturbed_ridge_minimiser():
     """Unconstrained: for every item, lstsq of [U_j; √λ I] v = [r_j; −b_j/(2√λ)] minimises
     ‖r_j − U_j v‖² + λ‖v‖² + ⟨b_j, v⟩ (the two differ by a constant)."""
@@ -236,6 +250,10 @@ def test_per_user_baselines_trim_and_state_their_unit():
         (dict(method="objpert", objpert_reg=1.0, parties=1), "objpert_reg", "objpert_reg >"),
         (dict(method="dp-sgld", noise="none", parties=1), "noise", "drop noise"),
         (dict(method="vfl", sgld_step=0.1, parties=1), "sgld_step", ""),
+        (dict(method="objpert", iterations=7, parties=1), "iterations", "drop iterations"),
+        (dict(method="objpert", delta=1e-3, parties=1), "delta", "drop delta"),
+        (dict(method="dp-sgld", finetune_steps=3, parties=1), "finetune_steps", "drop"),
+        (dict(method="dp-sgld", vfl_lr=0.3, parties=1), "vfl_lr", "drop vfl_lr"),
     ],
 )
 def test_bad_baseline_options_are_refused_naming_the_option(options, field, fix):

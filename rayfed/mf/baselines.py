@@ -128,7 +128,8 @@ def objpert_gradient_bound(bound: float) -> float:
 
 def objpert_blocks(unit: str, trim: int) -> tuple[int, float]:
     """(item blocks a neighbour touches, the sum over them of the gradient shifts in units of L)
-    in one V-solve after the first (then U carries the neighbour's data):
+    in one V-solve (after the first U-solve, U carries the neighbour's data; the first V-solve,
+    from a data-independent U, touches fewer blocks per rating, but the bound is used for all):
 
     * per user (add/remove a user with its <= θ kept ratings): the user's θ items each lose one
       term: θ blocks, shift θ·L;
@@ -181,8 +182,9 @@ def objpert_scale(
     most e^{shift/s}. The blocks' b_j are independent and the output is all blocks, so the ratios
     multiply over the blocks the neighbour touches (:func:`objpert_blocks`):
     ln(ratio) <= shift·L/s + blocks·ln(1 + R/λ) at every (v, t); v is a function of (v, t). So
-    with ε' = ε_k − blocks·ln(1 + R/λ) > 0 and s = shift·L/ε', the V-solve is ε_k-DP. The first
-    V-solve (U data-independent) touches one block only; it is charged like the others.
+    with ε' = ε_k − blocks·ln(1 + R/λ) > 0 and s = shift·L/ε', the V-solve is ε_k-DP. Per rating
+    the first V-solve (U not yet fitted) touches one block only, per user θ as later; every
+    V-solve is charged alike.
 
     Raises ConfigError naming ``objpert_reg`` when ε' <= 0."""
     blocks, shift = objpert_blocks(unit, trim)

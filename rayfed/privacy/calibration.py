@@ -138,9 +138,16 @@ def advanced_composition_noise_multiplier(
     for DP-SGLD's accuracy (spec §5.4, Fig. 4.4). The ledger still charges the Gaussian events,
     whose RDP ε is below the target."""
     check_budget(epsilon, delta)
-    if not 0 < delta < 1 or steps < 1 or not 0 < sampling_rate <= 1:
+    if steps < 1:
+        raise ConfigError("steps", f"must be >= 1, got {steps!r}")
+    if not 0 < sampling_rate <= 1:
+        raise ConfigError("sampling_rate", f"must be in (0, 1], got {sampling_rate!r}")
+    if delta >= 2 * steps * sampling_rate:
+        # δ0 = δ/(2·steps·q) would be >= 1: any z would do, and none is a calibration
         raise ConfigError(
-            "delta", "need 0 < delta < 1, steps >= 1 and sampling_rate in (0, 1]", "e.g. 1e-5"
+            "delta",
+            f"δ = {delta:g} leaves each of the {steps} steps a δ0 >= 1",
+            f"delta < {2 * steps * sampling_rate:g}",
         )
 
     def excess(z: float) -> float:

@@ -13,6 +13,20 @@ from rayfed.privacy import check_budget
 from rayfed.protocols.base import reconcile_randomness
 
 LFL = {"setting": ("lfl",)}
+#: the VFL options each literature baseline does not read (DP-SGLD steps at sgld_step for
+#: T·T' steps, no fine-tuning; ObjPertb solves K times in closed form, pure ε-DP)
+BASELINE_IGNORES = {
+    "dp-sgld": ("vfl_lr", "vfl_lr_end", "finetune_steps"),
+    "objpert": (
+        "vfl_lr",
+        "vfl_lr_end",
+        "finetune_steps",
+        "iterations",
+        "local_steps",
+        "sampling_rate",
+        "delta",
+    ),
+}
 PARTITIONED = {"setting": ("vfl", "hfl")}
 PRIVATE = {"noise": ("gaussian",)}
 #: VFL's central literature baselines (spec §2.10, Fig. 4.4): s = 1 only
@@ -241,7 +255,12 @@ class FederatedMFConfig:
             )
 
     def _check_baseline(self) -> None:
-        """DP-SGLD and ObjPertb run centrally on one party's ratings, always with their noise."""
+        """DP-SGLD and ObjPertb run centrally on one party's ratings, always with their noise, and
+        refuse the VFL options they do not read (set away from the default)."""
+        default = type(self)()
+        for name in BASELINE_IGNORES[self.method]:
+            if getattr(self, name) != getattr(default, name):
+                raise ConfigError(name, f"method={self.method} does not read it", f"drop {name}")
         if self.parties != 1:
             raise ConfigError(
                 "parties",

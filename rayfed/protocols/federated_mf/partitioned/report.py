@@ -46,7 +46,7 @@ def baseline_notes(cfg: FederatedMFConfig, params: PartitionedParams) -> list[st
         return [
             f"DP-SGLD: {FROM_SUMMARY}. z = {params.z:.4g} calibrated by advanced composition as "
             f"in the SGLD papers (Gaussian (ε0, δ0) per step, amplified by sampling at "
-            f"η = {cfg.sampling_rate:g}, {cfg.iterations * cfg.local_steps} steps) for "
+            f"q = {cfg.sampling_rate:g}, {cfg.iterations * cfg.local_steps} steps) for "
             f"ε = {baseline.target_epsilon:g}; the ledger charges the true events of its steps "
             "and the RDP accountant proves the ε this run reports"
             + ("" if params.faithful_epsilon else ", below that target"),
