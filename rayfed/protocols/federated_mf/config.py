@@ -15,9 +15,10 @@ from rayfed.protocols.base import reconcile_randomness
 LFL = {"setting": ("lfl",)}
 PARTITIONED = {"setting": ("vfl", "hfl")}
 PRIVATE = {"noise": ("gaussian",)}
+GDDR = {"setting": ("lfl",), "method": ("gd-dr",)}
 #: the methods each setting runs: its own algorithm first (the default), then its baselines
 METHODS = {
-    "lfl": ("lfl", "ldp", "stage1", "central"),
+    "lfl": ("lfl", "ldp", "stage1", "central", "gd-dr"),
     "vfl": ("vfl", "local", "central"),
     "hfl": ("hfl", "local", "central"),
 }
@@ -32,10 +33,13 @@ class FederatedMFConfig:
         "lfl: one simulated user per rating-row owner; vfl: parties hold disjoint item sets; "
         "hfl: parties hold disjoint user sets",
     )
-    method: Literal["lfl", "ldp", "stage1", "central", "vfl", "hfl", "local"] | None = option(
-        None,
-        "default: the setting's own algorithm. lfl: ldp (LDP-level noise), stage1 (pre-training only); "
-        "vfl: local (each party alone, with DP); hfl: local (non-private local SGD); any: central",
+    method: Literal["lfl", "ldp", "stage1", "central", "vfl", "hfl", "local", "gd-dr"] | None = (
+        option(
+            None,
+            "default: the setting's own algorithm. lfl: ldp (LDP-level noise), stage1 (pre-training only), "
+            "gd-dr (Private-GD-DR, the LDP baseline: one-bit reports of a projected gradient); "
+            "vfl: local (each party alone, with DP); hfl: local (non-private local SGD); any: central",
+        )
     )
     mode: Literal["corrected", "faithful"] = option(
         "corrected",
@@ -101,6 +105,20 @@ class FederatedMFConfig:
     )
     lr: float = option(
         2.0, "LFL: γ, server learning rate of V (the update is divided by |U1|)", above=0, when=LFL
+    )
+    gddr_dim: int | None = option(
+        None,
+        "GD-DR: k, rows of the public random projection Φ (k x m) (default min(m, 64))",
+        at_least=1,
+        size=True,
+        when=GDDR,
+    )
+    gddr_clip: float | None = option(
+        None,
+        "GD-DR: c, each projected-gradient entry is clipped to [-c, c] (default 2R^(3/2)/sqrt(k), "
+        "the exact bound: no clipping; smaller: less noise, biased)",
+        above=0,
+        when=GDDR,
     )
     secagg_mode: Literal["secure", "simulation", "dealer"] = option(
         "simulation",
@@ -194,12 +212,24 @@ class FederatedMFConfig:
             raise ConfigError(
                 "method", f"{self.method!r} does not apply to setting={self.setting}", allowed
             )
+        if self.resolved_method() == "gd-dr":
+            self._check_gddr()
         if self.noise == "none" and not self.noisy_method():
             raise ConfigError(
                 "noise",
                 f"method={self.resolved_method()} in {self.setting} adds no noise anyway",
                 "drop noise, or method in (vfl, hfl, local with setting=vfl)",
             )
+
+    def _check_gddr(self) -> None:
+        """GD-DR sends one-bit LDP reports (through a shuffler, not secure aggregation): the
+        secure-aggregation options would not be read."""
+        default = type(self)()
+        for name in ("mode", "secagg_mode", "consistency"):
+            if getattr(self, name) != getattr(default, name):
+                raise ConfigError(
+                    name, "method=gd-dr runs no secure aggregation and has no modes", f"drop {name}"
+                )
 
     def resolved_method(self) -> str:
         return self.method or self.setting
