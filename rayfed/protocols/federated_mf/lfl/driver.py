@@ -77,6 +77,11 @@ def drive(fed, cfg: FederatedMFConfig, plan: Plan) -> Outcome:
     evaluated = fed.cohorts.run(evaluate_step, v_msg.single(), phase="evaluate", on_failure="drop")
     if evaluated.failed:
         fed.note(report.lost_note(evaluated.failed))
+    if params.method == "gd-dr":  # evaluation only: GD-DR's step size is tuned on it
+        trained = fed.cohorts.run(
+            evaluate_step, v_msg.single(), split="train", phase="evaluate", on_failure="drop"
+        )
+        baselines["train_mse"] = _mean(fed.get(trained))
     outcome = report.outcome(
         cfg, params, plan.budget.epsilon, _mean(fed.get(evaluated)), history, baselines
     )

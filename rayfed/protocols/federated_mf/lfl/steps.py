@@ -165,9 +165,10 @@ def finetune_step(ctx: StepContext, v: np.ndarray, *, steps: int, lr: float, bou
     descend(ctx, v, steps=steps, lr=lr, bound=bound)
 
 
-def evaluate_step(ctx: StepContext, v: np.ndarray) -> tuple[float, int]:
-    """Evaluation only (outside the protocol): squared error and count on the users' test ratings."""
-    users, items, ratings = user_ratings(ctx, "test")
+def evaluate_step(ctx: StepContext, v: np.ndarray, *, split: str = "test") -> tuple[float, int]:
+    """Evaluation only (outside the protocol): squared error and count on the users' test (or
+    training) ratings."""
+    users, items, ratings = user_ratings(ctx, split)
     rows = np.searchsorted(ctx.state["ids"], users)
     pred = np.einsum("ij,ij->i", ctx.state["u"][rows], v[items])
     return float(np.sum((pred - ratings) ** 2)), int(ratings.size)
