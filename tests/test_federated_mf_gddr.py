@@ -232,6 +232,7 @@ def test_dropouts_send_no_report_and_too_few_reports_release_nothing():
         ({"mode": "faithful"}, "mode"),
         ({"epsilon": 50.0}, "epsilon"),
         ({"gddr_dim": 0}, "gddr_dim"),
+        ({"gddr_dim": 31}, "gddr_dim"),  # more than the 30 items
         ({"gddr_clip": -1.0}, "gddr_clip"),
         ({"method": "lfl", "gddr_dim": 8}, "gddr_dim"),
     ],

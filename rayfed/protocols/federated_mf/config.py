@@ -108,9 +108,8 @@ class FederatedMFConfig:
     )
     gddr_dim: int | None = option(
         None,
-        "GD-DR: k, rows of the public random projection Φ (k x m) (default min(m, 64))",
+        "GD-DR: k <= m, rows of the public random projection Φ (k x m) (default min(m, 64))",
         at_least=1,
-        size=True,
         when=GDDR,
     )
     gddr_clip: float | None = option(

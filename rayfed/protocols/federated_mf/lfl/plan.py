@@ -9,6 +9,7 @@ import numpy as np
 
 from rayfed import mf, rng
 from rayfed.data import per_user
+from rayfed.errors import ConfigError
 from rayfed.mf import gddr as gddr_maths
 from rayfed.mf.lfl import noise_shares, round1_event, round1_noise, threshold
 from rayfed.privacy import Budget, check_budget, gaussian_noise_multiplier, one_bit_scale
@@ -89,6 +90,8 @@ def _gddr(cfg: FederatedMFConfig, n: int, m: int, delta: float, seed: int) -> Gd
     t = ⌈(1-ω)n⌉ arrive, so the shuffle bound is taken at t; ε0 is the largest per-report ε for
     which the T amplified releases compose to the target ε at δ."""
     k = cfg.gddr_dim or min(m, 64)
+    if k > m:  # a projection reduces the m item rows; more rows only add cost
+        raise ConfigError("gddr_dim", f"k = {k} exceeds the m = {m} items", f"gddr_dim <= {m}")
     clip = cfg.gddr_clip or gddr_maths.entry_bound(cfg.bound, k)
     quorum = threshold(n, cfg.omega)
     epsilon0 = shuffled_ldp_epsilon(cfg.epsilon, delta, users=quorum, steps=cfg.iterations)
