@@ -77,7 +77,7 @@ def drive(fed, cfg: FederatedMFConfig, plan: Plan) -> Outcome:
     evaluated = fed.cohorts.run(evaluate_step, v_msg.single(), phase="evaluate", on_failure="drop")
     if evaluated.failed:
         fed.note(report.lost_note(evaluated.failed))
-    if params.method == "gd-dr":  # evaluation only: GD-DR's step size is tuned on it
+    if history:  # evaluation only: the server's step size γ is tuned on it (spec note 23)
         trained = fed.cohorts.run(
             evaluate_step, v_msg.single(), split="train", phase="evaluate", on_failure="drop"
         )
@@ -147,6 +147,7 @@ def _gddr_iterations(fed, cfg: FederatedMFConfig, params: LflParams, v_msg):
                 lr=cfg.local_lr,
                 bound=cfg.bound,
                 phase="ldp_reports",
+                on_failure="drop",  # a cohort lost here: its users send no report
             )
             count = int(sum(len(r["y"]) for r in fed.get(reports).values()))
             row: dict[str, Any] = {"iteration": t, "skipped": count < gd.quorum, "u1": count}

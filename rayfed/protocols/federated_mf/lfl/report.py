@@ -50,8 +50,13 @@ def _gddr_notes(cfg: FederatedMFConfig, params: LflParams) -> list[str]:
         f"shuffle amplification (Feldman, McMillan, Talwar 2021, Thm 3.1) among at least "
         f"t = {gd.quorum} reports at δ/T = {gd.step_delta:.3g} per iteration, basic composition "
         "over T; an iteration with fewer reports releases nothing and is charged too",
-        f"random projection k = {k} (of m = {params.m} items), entries clipped to ±{gd.clip:.4g}; "
-        "implemented from the spec's summary, not the paper (constants not available)",
+        f"random projection k = {k} (of m = {params.m} items); "
+        + (
+            f"projected-gradient entries clipped to ±{gd.clip:.4g} (gddr_clip: biased)"
+            if cfg.gddr_clip
+            else f"projected-gradient entries within their exact bound ±{gd.clip:.4g} (no clipping)"
+        )
+        + "; implemented from the spec's summary, not the paper (constants not available)",
     ]
 
 
@@ -121,7 +126,7 @@ def outcome(
         **baselines,
         "learning_curve": [row["test_mse"] for row in history],
     }
-    if params.gddr is not None:
+    if params.gddr is not None:  # (it runs no secure aggregation: its secagg_* are unused)
         metrics.update(_gddr_metrics(cfg, params))
     headline = f"{METHOD_NAMES[params.method]} test MSE {test_mse:.4f} ({params.n} users, {params.m} items)"
     if skipped:
