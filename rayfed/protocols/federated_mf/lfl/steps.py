@@ -12,6 +12,7 @@ from dp_accounting import dp_event
 
 from rayfed import mf, rng
 from rayfed.actors.base import Message, StepContext
+from rayfed.dropout import DropoutSchedule
 from rayfed.mf import gddr
 from rayfed.mf.training import descend_users
 from rayfed.privacy import (
@@ -22,6 +23,7 @@ from rayfed.privacy import (
     share_noise,
 )
 from rayfed.privacy.ledger import RUN_SCOPE
+from rayfed.protocols.federated_mf.lfl.params import GddrParams
 from rayfed.protocols.federated_mf.steps import descend, user_ratings
 
 
@@ -105,8 +107,8 @@ def gddr_report_step(
     v: np.ndarray,
     *,
     round: int,
-    params,
-    schedule,
+    params: GddrParams,
+    schedule: DropoutSchedule,
     lr: float,
     bound: float,
 ) -> Message:
@@ -207,7 +209,7 @@ def update_v_step(
 
 
 def gddr_update_step(
-    ctx: StepContext, reports: dict, *, params, lr: float, bound: float
+    ctx: StepContext, reports: dict, *, params: GddrParams, lr: float, bound: float
 ) -> Message:
     """GD-DR's server: V <- Π_𝒱(V - γ Φᵀ Ĝ), Ĝ the mean of the reports (post-processing of
     the shuffled release; the multiset is all it uses)."""
