@@ -258,3 +258,13 @@ def test_reports_carry_only_events_their_mechanism_drew(monkeypatch):
     )
     with pytest.raises(UnaccountedNoise, match="no rayfed.privacy mechanism drew"):
         rayfed.run("federated-mf", epsilon=1.0, **SMALL)
+
+
+@pytest.mark.ray
+def test_gddr_on_ray_equals_in_process(ray_cluster):
+    options = {**SMALL, "backend": "ray", "cohorts": 2, "epsilon": 1.0}
+    on_ray = rayfed.run("federated-mf", **options)
+    local = rayfed.run("federated-mf", **{**options, "backend": "local"})
+    assert on_ray.metrics["learning_curve"] == local.metrics["learning_curve"]
+    assert on_ray.privacy.entries == local.privacy.entries
+    assert on_ray.noise_fingerprints == local.noise_fingerprints
