@@ -58,10 +58,7 @@ def plan(cfg: FederatedMFConfig, seed: int) -> Plan:
     return Plan(
         budget=Budget(_charged_epsilon(cfg, method, n, z, sensitivity, delta), delta),
         requested_epsilon=cfg.epsilon,
-        # shuffled LDP releases compose by basic composition; its theorem is for replace-one
-        ledger=dict(accountant="pure", relation="replace_one", statement=GDDR_STATEMENT)
-        if gddr
-        else dict(accountant="rdp", relation="add_or_remove_one", statement=STATEMENT),
+        ledger=_gddr_ledger() if gddr else _ledger(),
         cohorts=cohorts,
         rounds=cfg.iterations if method in ("lfl", "ldp", "gd-dr") else 1,
         # a restarted cohort resumes from its users' checkpoint: restart it once per iteration
@@ -102,6 +99,26 @@ def _gddr(cfg: FederatedMFConfig, n: int, m: int, delta: float, seed: int) -> Gd
         step_delta=delta / cfg.iterations,
         quorum=quorum,
         scale=one_bit_scale(epsilon0, clip, k * cfg.rank),
+    )
+
+
+def _ledger() -> dict:
+    return dict(
+        accountant="rdp",
+        relation="add_or_remove_one",
+        composition="sequential",
+        statement=STATEMENT,
+    )
+
+
+def _gddr_ledger() -> dict:
+    """Shuffled LDP releases compose by basic composition (the pure accountant); the shuffling
+    theorem is for one user's data replaced."""
+    return dict(
+        accountant="pure",
+        relation="replace_one",
+        composition="sequential",
+        statement=GDDR_STATEMENT,
     )
 
 
