@@ -30,10 +30,19 @@ SMALL = dict(
 
 
 def fmt_epsilon(eps0: float, n: int, delta: float) -> float:
-    """Theorem 3.1, written independently of rayfed.privacy.shuffling."""
+    """Theorem 3.1 in the authors' code's form (apple/ml-shuffling-amplification), written
+    independently of rayfed.privacy.shuffling, and never above ε0."""
+    a = 8 * (math.exp(eps0) * math.log(4 / delta)) ** 0.5 / n**0.5
+    c = 8 * math.exp(eps0) / n
+    b, d = 1 - math.exp(-eps0), 1 + math.exp(-eps0 - math.log(1 + a + c))
+    return min(eps0, math.log(1 + b / d * (a + c)))
+
+
+def paper_epsilon(eps0: float, n: int, delta: float) -> float:
+    """Theorem 3.1 as the paper prints it (the spec's form)."""
     a = math.exp(eps0)
     inner = (a - 1) / (a + 1) * (8 * math.sqrt(a * math.log(4 / delta) / n) + 8 * a / n)
-    return min(eps0, math.log(1 + inner))
+    return math.log(1 + inner)
 
 
 # --- the one-bit mechanism -------------------------------------------------------------------------
@@ -86,20 +95,22 @@ def test_calibration_round_trip(epsilon, users, steps):
     """T·ε_shuffle(ε0) at δ/T gives back the target ε, inside the theorem's range."""
     delta = 1e-5
     eps0 = shuffled_ldp_epsilon(epsilon, delta, users=users, steps=steps)
-    assert 0 < eps0 <= math.log(users / (16 * math.log(2 * steps / delta)))
+    assert 0 < eps0 <= math.log(users / (16 * math.log(4 * steps / delta)))
     total = steps * fmt_epsilon(eps0, users, delta / steps)
     assert total <= epsilon * (1 + 1e-12) and total == pytest.approx(epsilon, rel=1e-9)
+    # the charged form is the more conservative of the two statements
+    assert steps * paper_epsilon(eps0, users, delta / steps) < total
 
 
 def test_calibration_refuses_outside_the_theorems_range():
-    # 943 users, T = 10, δ = 1e-5: ε0 <= log(943/(16 log 2e6)) = 1.40 certifies at most ≈ 8.1
-    top = 10 * fmt_epsilon(math.log(943 / (16 * math.log(2e6))), 943, 1e-6)
-    assert 8.0 < top < 8.2
+    # 943 users, T = 10, δ = 1e-5: ε0 <= log(943/(16 log 4e6)) = 1.36 certifies at most TOP
+    top = 10 * fmt_epsilon(math.log(943 / (16 * math.log(4e6))), 943, 1e-6)
+    assert shuffled_ldp_epsilon(top * 0.999, 1e-5, users=943, steps=10) < 1.36
     with pytest.raises(ConfigError, match="beyond what amplification") as err:
-        shuffled_ldp_epsilon(8.3, 1e-5, users=943, steps=10)
+        shuffled_ldp_epsilon(top * 1.001, 1e-5, users=943, steps=10)
     assert err.value.field == "epsilon"
     with pytest.raises(ConfigError, match="too few") as err:
-        shuffled_ldp_epsilon(1.0, 1e-5, users=200, steps=10)  # 16·log(2e6) = 232 > 200
+        shuffled_ldp_epsilon(1.0, 1e-5, users=240, steps=10)  # 16·log(4e6) = 243 > 240
     assert err.value.field == "users"
 
 
@@ -112,7 +123,7 @@ def test_the_pure_ledger_charges_the_amplified_epsilon_and_refuses_out_of_range(
     assert eps == pytest.approx(3 * fmt_epsilon(0.7, 943, 1e-6), rel=1e-12)
     assert delta == pytest.approx(3e-6)
     for bad in (
-        ShuffledDpEvent(EpsilonDeltaDpEvent(1.5, 0.0), 943, 1e-6),  # ε0 beyond 1.40
+        ShuffledDpEvent(EpsilonDeltaDpEvent(1.4, 0.0), 943, 1e-6),  # ε0 beyond 1.36
         ShuffledDpEvent(EpsilonDeltaDpEvent(0.5, 1e-9), 943, 1e-6),  # not a pure randomizer
     ):
         with pytest.raises(RayfedError, match="shuffling covers"):

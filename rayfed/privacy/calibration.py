@@ -75,7 +75,7 @@ def shuffled_ldp_epsilon(epsilon: float, delta: float, *, users: int, steps: int
     (:mod:`rayfed.privacy.shuffling`).
 
     Raises ConfigError when too few users for the theorem at δ', or when ε needs an ε0 beyond the
-    theorem's range log(users / (16 log(2/δ'))).
+    range charged, log(users / (16 log(4/δ'))).
     """
     check_budget(epsilon, delta)
     if delta <= 0 or steps < 1:
@@ -88,7 +88,7 @@ def shuffled_ldp_epsilon(epsilon: float, delta: float, *, users: int, steps: int
         raise ConfigError(
             "users",
             f"{users} users are too few for amplification by shuffling at δ/T = {step_delta:.3g} "
-            f"(the theorem needs more than 16·log(2T/δ) = {16 * math.log(2 / step_delta):.0f})",
+            f"(the bound needs more than 16·log(4T/δ) = {16 * math.log(4 / step_delta):.0f})",
             "more users, or a larger delta",
         )
     total = lambda eps0: steps * shuffled_guarantee(eps0, users, step_delta)  # noqa: E731

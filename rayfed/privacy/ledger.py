@@ -98,7 +98,7 @@ class PureDpAccountant(PrivacyAccountant):
             return self.CompositionErrorDetails(
                 invalid_event=event,
                 error_message=f"shuffling covers a pure ε0-LDP randomizer with 0 < ε0 <= "
-                f"log(n/(16 log(2/δ))) = {limit:.4g} only",
+                f"log(n/(16 log(4/δ))) = {limit:.4g} only",
             )
         add(shuffled_guarantee(eps0, n, delta), delta)
         return None
