@@ -281,7 +281,8 @@ def measure(protocol: str, result) -> dict[str, Any]:
             "iterations": len(m["iterations"]),
             # survivors of each secure-aggregation round, over the iterations that completed
             "alive_round1": float(np.mean([r["u1"] for r in done])) if done else 0.0,
-            "alive_round2": float(np.mean([r["u2"] for r in done])) if done else 0.0,
+            # (method=gd-dr has one round of reports: no Round 2)
+            "alive_round2": float(np.mean([r.get("u2", 0) for r in done])) if done else 0.0,
             "predicted_abort_bound": 2.0 ** m["secagg_log2_abort_bound"],
             "tolerated_dropout": m["tolerated_dropout"],
         }

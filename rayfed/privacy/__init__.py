@@ -1,6 +1,10 @@
 """Noise mechanisms and the privacy ledger."""
 
-from rayfed.privacy.calibration import gaussian_noise_multiplier, gaussian_steps_event
+from rayfed.privacy.calibration import (
+    gaussian_noise_multiplier,
+    gaussian_steps_event,
+    shuffled_ldp_epsilon,
+)
 from rayfed.privacy.ledger import (
     Budget,
     EpsilonDeltaDpEvent,
@@ -30,11 +34,14 @@ from rayfed.privacy.mechanisms import (
     local_randomizer,
     objective_perturbation,
     objective_perturbation_event,
+    one_bit_scale,
     randomized,
     rr_keep_probability,
+    sampled_one_bit,
     share_noise,
     split_discrete_laplace,
 )
+from rayfed.privacy.shuffling import ShuffledDpEvent, shuffled_guarantee
 from rayfed.privacy.source import RANDOMNESS, NoiseSource
 
 __all__ = [
@@ -45,6 +52,7 @@ __all__ = [
     "PrivacyReport",
     "NoiseSource",
     "PureDpAccountant",
+    "ShuffledDpEvent",
     "binary_randomized_response",
     "binary_rr_event",
     "check_budget",
@@ -68,8 +76,12 @@ __all__ = [
     "local_randomizer",
     "objective_perturbation",
     "objective_perturbation_event",
+    "one_bit_scale",
     "randomized",
     "rr_keep_probability",
+    "sampled_one_bit",
     "share_noise",
+    "shuffled_guarantee",
+    "shuffled_ldp_epsilon",
     "split_discrete_laplace",
 ]

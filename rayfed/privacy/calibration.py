@@ -1,4 +1,5 @@
-"""Noise calibration for a target (ε, δ) with dp-accounting's own search (no hand-derived formula).
+"""Noise calibration for a target (ε, δ) with dp-accounting's own search (no hand-derived formula),
+and the per-report ε0 of shuffled LDP releases for a target central (ε, δ).
 
 ``gaussian_noise_multiplier`` finds the smallest noise multiplier z (σ = z·Δ₂) such that the
 given composition of (optionally Poisson-subsampled) Gaussian steps is (ε, δ)-DP under the RDP
@@ -24,6 +25,7 @@ from rayfed.privacy.ledger import (
     check_budget,
     make_accountant,
 )
+from rayfed.privacy.shuffling import shuffle_epsilon0_limit, shuffled_guarantee
 
 
 def gaussian_steps_event(
@@ -165,3 +167,43 @@ def advanced_composition_noise_multiplier(
         mid = (low + high) / 2
         low, high = (mid, high) if excess(mid) > 0 else (low, mid)
     return high
+
+
+def shuffled_ldp_epsilon(epsilon: float, delta: float, *, users: int, steps: int) -> float:
+    """The largest per-report ε0 for which ``steps`` shuffled releases of at least ``users``
+    ε0-LDP reports, each at δ' = δ/steps, compose (basic composition) to at most (ε, δ): bisection
+    on steps·min(ε0, ε_shuffle(ε0, users, δ')) = ε, which rises with ε0
+    (:mod:`rayfed.privacy.shuffling`).
+
+    Raises ConfigError when too few users for the theorem at δ', or when ε needs an ε0 beyond the
+    range charged, log(users / (16 log(4/δ'))).
+    """
+    check_budget(epsilon, delta)
+    if delta <= 0 or steps < 1:
+        raise ConfigError(
+            "delta", f"shuffling needs delta > 0 and steps >= 1, got {delta}, {steps}", "e.g. 1e-5"
+        )
+    step_delta = delta / steps
+    limit = shuffle_epsilon0_limit(users, step_delta)
+    if limit <= 0:
+        raise ConfigError(
+            "users",
+            f"{users} users are too few for amplification by shuffling at δ/T = {step_delta:.3g} "
+            f"(the bound needs more than 16·log(4T/δ) = {16 * math.log(4 / step_delta):.0f})",
+            "more users, or a larger delta",
+        )
+    total = lambda eps0: steps * shuffled_guarantee(eps0, users, step_delta)  # noqa: E731
+    if total(limit) < epsilon:
+        raise ConfigError(
+            "epsilon",
+            f"{epsilon:g} is beyond what amplification by shuffling certifies for {users} users "
+            f"over {steps} iterations: ε0 <= {limit:.4g} gives at most {total(limit):.4g}",
+            f"epsilon <= {total(limit):.4g}, more users or fewer iterations",
+        )
+    low, high = 0.0, limit
+    for _ in range(200):  # to adjacent floats; ``low`` always meets the target
+        mid = 0.5 * (low + high)
+        if mid in (low, high):
+            break
+        low, high = (mid, high) if total(mid) <= epsilon else (low, mid)
+    return low

@@ -20,6 +20,7 @@ from dp_accounting import dp_event, pld, rdp
 from dp_accounting.privacy_accountant import NeighboringRelation, PrivacyAccountant
 
 from rayfed.errors import BudgetExceeded, ConfigError, RayfedError
+from rayfed.privacy.shuffling import ShuffledDpEvent, shuffle_epsilon0_limit, shuffled_guarantee
 from rayfed.privacy.source import STATEMENTS as RANDOMNESS_STATEMENTS
 
 # Relative slack for comparing floating-point ε against the budget: a protocol that calibrates
@@ -73,7 +74,8 @@ class PureDpAccountant(PrivacyAccountant):
     """Basic composition (Dwork–Roth Thm 3.16): ε and δ add up.
 
     Supports Laplace (ε = 1/noise_multiplier), discrete Laplace (ε = a·Δ), k-ary randomized
-    response (ε = ln(1 + k(1-p)/p)), :class:`EpsilonDeltaDpEvent`, and their compositions.
+    response (ε = ln(1 + k(1-p)/p)), :class:`EpsilonDeltaDpEvent`, a shuffled pure-LDP release
+    (:class:`~rayfed.privacy.shuffling.ShuffledDpEvent`), and their compositions.
     """
 
     def __init__(self, neighboring_relation: NeighboringRelation = NeighboringRelation.REPLACE_ONE):
@@ -100,6 +102,8 @@ class PureDpAccountant(PrivacyAccountant):
             add(math.inf if p == 0 else math.log1p(k * (1.0 - p) / p))
         elif isinstance(event, EpsilonDeltaDpEvent):
             add(event.epsilon, event.delta)
+        elif isinstance(event, ShuffledDpEvent):
+            return self._shuffled(event, add)
         elif isinstance(event, dp_event.SelfComposedDpEvent):
             return self._maybe_compose(event.event, count * event.count, do_compose)
         elif isinstance(event, dp_event.ComposedDpEvent):
@@ -112,6 +116,24 @@ class PureDpAccountant(PrivacyAccountant):
                 invalid_event=event,
                 error_message="the pure-DP accountant cannot account this event",
             )
+        return None
+
+    def _shuffled(self, event: ShuffledDpEvent, add):
+        """Amplification by shuffling (Feldman et al. 2021, Thm 3.1) of a pure ε0-LDP randomizer,
+        inside the theorem's range only."""
+        local = PureDpAccountant(self.neighboring_relation)
+        error = local._maybe_compose(event.event, 1, True)
+        if error is not None:
+            return error
+        eps0, n, delta = local._epsilon, event.num_users, event.delta
+        limit = shuffle_epsilon0_limit(n, delta) if 0 < delta < 1 else -math.inf
+        if local._delta > 0 or not 0 < eps0 <= limit:
+            return self.CompositionErrorDetails(
+                invalid_event=event,
+                error_message=f"shuffling covers a pure ε0-LDP randomizer with 0 < ε0 <= "
+                f"log(n/(16 log(4/δ))) = {limit:.4g} only",
+            )
+        add(shuffled_guarantee(eps0, n, delta), delta)
         return None
 
     def get_epsilon(self, target_delta: float) -> float:

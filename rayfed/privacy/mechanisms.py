@@ -424,3 +424,33 @@ def objective_perturbation(
         noise.generator("objective-perturbation", round, ident), rows, width, scale
     )
     return _drawn(noise, solve(b), event)
+
+
+def one_bit_scale(epsilon: float, bound: float, size: int) -> float:
+    """B = size·c·(e^ε + 1)/(e^ε - 1): the magnitude of :func:`sampled_one_bit`'s reports."""
+    e = math.exp(_positive("epsilon", epsilon))
+    return int(size) * _positive("bound", bound) * (e + 1.0) / (e - 1.0)
+
+
+def sampled_one_bit(
+    noise: NoiseSource, entry, *, size: int, bound: float, epsilon: float, ids, round: int = 0
+):
+    """Each user samples one entry of its private vector of ``size`` entries uniformly and reports
+    it with Duchi, Jordan and Wainwright's one-bit mechanism: (index a, y = ±B),
+    B = :func:`one_bit_scale`, the + sign with probability 1/2 + x(e^ε - 1)/(2c(e^ε + 1)),
+    x = ``entry(a)`` clipped to [-c, c] (c = ``bound``).
+
+    ``entry(index)`` returns each user's (a row of ``ids``) entry at its sampled index: only those
+    are ever computed. E[y | a] = size·x, so the report (y at a, 0 elsewhere) is an unbiased
+    estimate of the clipped vector. The index is data-independent and the sign's probabilities at
+    x = c and x = -c differ by the factor e^ε, so each report is ε-LDP (event: pure ε). The index
+    and the sign's coin come from the user's keyed stream."""
+    event = EpsilonDeltaDpEvent(_positive("epsilon", epsilon), 0.0)
+    c = _positive("bound", bound)
+    scale = one_bit_scale(event.epsilon, c, size)
+    u = noise.user_uniform("ldp-report", round, ids, 2)
+    index = np.minimum((u[:, 0] * size).astype(np.int64), int(size) - 1)
+    x = np.clip(np.asarray(entry(index), dtype=np.float64), -c, c)
+    e = math.exp(event.epsilon)
+    plus = u[:, 1] < 0.5 + x * (e - 1.0) / (2.0 * c * (e + 1.0))
+    return _drawn(noise, (index, np.where(plus, scale, -scale)), event)

@@ -37,6 +37,7 @@ from scipy.special import ndtri
 
 from rayfed import rng
 from rayfed.errors import ConfigError, UnaccountedNoise
+from rayfed.privacy.shuffling import ShuffledDpEvent
 
 #: words per chunk of keyed draws (see NoiseSource._keyed_floats)
 _CHUNK_WORDS = 1 << 16
@@ -66,13 +67,19 @@ def _feed(digest, release: Any) -> bool:
 
 
 def leaves(event: dp_event.DpEvent) -> list[dp_event.DpEvent]:
-    """The mechanism events a composed event is built from (compositions and sampling unwrapped)."""
+    """The mechanism events a composed event is built from (compositions, sampling and shuffling
+    unwrapped)."""
     if isinstance(event, dp_event.SelfComposedDpEvent):
         return leaves(event.event)
     if isinstance(event, dp_event.ComposedDpEvent):
         return [leaf for sub in event.events for leaf in leaves(sub)]
     if isinstance(
-        event, (dp_event.PoissonSampledDpEvent, dp_event.SampledWithoutReplacementDpEvent)
+        event,
+        (
+            dp_event.PoissonSampledDpEvent,
+            dp_event.SampledWithoutReplacementDpEvent,
+            ShuffledDpEvent,
+        ),
     ):
         return leaves(event.event)
     # imported here: the ledger imports this module

@@ -27,7 +27,9 @@ gradient sum from both has noise variance F_eff σ_v², F_eff = |U2| ζ1ζ2/(ζ1
 σ_v = z·Δ with Δ = 2R^{3/2} (one rating per user per iteration, "dummy row" adjacency: per-user
 privacy) and z calibrated with dp-accounting for T Gaussian releases at the target (ε, δ).
 Baselines (``method``): ``ldp`` (each device adds the full σ_v² itself), ``stage1`` (pre-training
-only, V at its initialisation), ``central`` (non-private central SGD on the pooled ratings).
+only, V at its initialisation), ``central`` (non-private central SGD on the pooled ratings), and
+``gd-dr`` (Private-GD-DR, §2.10: each user sends one ε0-LDP one-bit report of one entry of its
+randomly projected V-gradient; the central ε assumes a trusted shuffler, Feldman et al. 2021).
 
 VFL and HFL (``setting=vfl``/``hfl``; package ``partitioned``). s parties run T rounds of T' local
 DP-SGD steps (Poisson sampling at rate η, Gaussian noise on the released gradient sums) and the

@@ -31,9 +31,10 @@ PARTITIONED = {"setting": ("vfl", "hfl")}
 PRIVATE = {"noise": ("gaussian",)}
 #: VFL's central literature baselines (spec §2.10, Fig. 4.4): s = 1 only
 BASELINES = ("dp-sgld", "objpert")
+GDDR = {"setting": ("lfl",), "method": ("gd-dr",)}
 #: the methods each setting runs: its own algorithm first (the default), then its baselines
 METHODS = {
-    "lfl": ("lfl", "ldp", "stage1", "central"),
+    "lfl": ("lfl", "ldp", "stage1", "central", "gd-dr"),
     "vfl": ("vfl", "local", "central", "dp-sgld", "objpert"),
     "hfl": ("hfl", "local", "central"),
 }
@@ -49,11 +50,14 @@ class FederatedMFConfig:
         "hfl: parties hold disjoint user sets",
     )
     method: (
-        Literal["lfl", "ldp", "stage1", "central", "vfl", "hfl", "local", "dp-sgld", "objpert"]
+        Literal[
+            "lfl", "ldp", "stage1", "central", "vfl", "hfl", "local", "dp-sgld", "objpert", "gd-dr"
+        ]
         | None
     ) = option(
         None,
-        "default: the setting's own algorithm. lfl: ldp (LDP-level noise), stage1 (pre-training only); "
+        "default: the setting's own algorithm. lfl: ldp (LDP-level noise), stage1 (pre-training only), "
+        "gd-dr (Private-GD-DR, the LDP baseline: one-bit reports of a projected gradient); "
         "vfl: local (each party alone, with DP), dp-sgld and objpert (the central literature "
         "baselines, parties=1); hfl: local (non-private local SGD); any: central",
     )
@@ -123,6 +127,19 @@ class FederatedMFConfig:
     )
     lr: float = option(
         2.0, "LFL: γ, server learning rate of V (the update is divided by |U1|)", above=0, when=LFL
+    )
+    gddr_dim: int | None = option(
+        None,
+        "GD-DR: k <= m, rows of the public random projection Φ (k x m) (default min(m, 64))",
+        at_least=1,
+        when=GDDR,
+    )
+    gddr_clip: float | None = option(
+        None,
+        "GD-DR: c, each projected-gradient entry is clipped to [-c, c] (default 2R^(3/2)/sqrt(k), "
+        "the exact bound: no clipping; smaller: less noise, biased)",
+        above=0,
+        when=GDDR,
     )
     secagg_mode: Literal["secure", "simulation", "dealer"] = option(
         "simulation",
@@ -247,6 +264,8 @@ class FederatedMFConfig:
             self._check_baseline()
         if self.mode == "faithful" and self.setting != "lfl":
             self._check_faithful()
+        if self.resolved_method() == "gd-dr":
+            self._check_gddr()
         if self.noise == "none" and not self.noisy_method():
             raise ConfigError(
                 "noise",
@@ -290,6 +309,16 @@ class FederatedMFConfig:
                 f"method={self.resolved_method()} samples no minibatch, so it has no faithful mode",
                 "drop mode",
             )
+
+    def _check_gddr(self) -> None:
+        """GD-DR sends one-bit LDP reports (through a shuffler, not secure aggregation): the
+        secure-aggregation options would not be read."""
+        default = type(self)()
+        for name in ("mode", "secagg_mode", "consistency"):
+            if getattr(self, name) != getattr(default, name):
+                raise ConfigError(
+                    name, "method=gd-dr runs no secure aggregation and has no modes", f"drop {name}"
+                )
 
     def resolved_method(self) -> str:
         return self.method or self.setting

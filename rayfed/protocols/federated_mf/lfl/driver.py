@@ -13,6 +13,7 @@ from rayfed.mf.lfl import (
     round1_event,
     round1_noise,
 )
+from rayfed.privacy import EpsilonDeltaDpEvent, ShuffledDpEvent
 from rayfed.protocols.base import Outcome, Plan
 from rayfed.protocols.federated_mf.config import FederatedMFConfig
 from rayfed.protocols.federated_mf.lfl import report
@@ -23,6 +24,8 @@ from rayfed.protocols.federated_mf.lfl.steps import (
     current_v_step,
     evaluate_step,
     finetune_step,
+    gddr_report_step,
+    gddr_update_step,
     lfl_round1_inputs,
     lfl_round2_step,
     restore_step,
@@ -52,13 +55,14 @@ def drive(fed, cfg: FederatedMFConfig, plan: Plan) -> Outcome:
         fed.cohorts.checkpoint(checkpoint_step, restore_step)
     history: list[dict[str, Any]] = []
     baselines: dict[str, float] = {}
-    if params.method in ("lfl", "ldp"):
+    if params.method in ("lfl", "ldp", "gd-dr"):
         # evaluation only, in the same run: where Stage 1 alone ends, and the central optimum
         baselines["stage1_test_mse"] = _stopped_here(fed, cfg, v_msg)
         baselines["central_test_mse"] = central_test_mse(
             plan.evaluation, rank=cfg.rank, seed=fed.seed
         )
-        v_msg, history = _iterations(fed, cfg, params, v_msg)
+        iterations = _gddr_iterations if params.method == "gd-dr" else _iterations
+        v_msg, history = iterations(fed, cfg, params, v_msg)
     for note in report.notes(cfg, params):
         fed.note(note)
     fed.cohorts.run(
@@ -73,6 +77,11 @@ def drive(fed, cfg: FederatedMFConfig, plan: Plan) -> Outcome:
     evaluated = fed.cohorts.run(evaluate_step, v_msg.single(), phase="evaluate", on_failure="drop")
     if evaluated.failed:
         fed.note(report.lost_note(evaluated.failed))
+    if history:  # evaluation only: the server's step size γ is tuned on it (spec note 23)
+        trained = fed.cohorts.run(
+            evaluate_step, v_msg.single(), split="train", phase="evaluate", on_failure="drop"
+        )
+        baselines["train_mse"] = _mean(fed.get(trained))
     outcome = report.outcome(
         cfg, params, plan.budget.epsilon, _mean(fed.get(evaluated)), history, baselines
     )
@@ -115,6 +124,49 @@ def _iterations(fed, cfg: FederatedMFConfig, params: LflParams, v_msg):
                 skipped=int(row["skipped"]),
                 test_mse=row["test_mse"],
             )
+        history.append(row)
+    return v_msg, history
+
+
+def _gddr_iterations(fed, cfg: FederatedMFConfig, params: LflParams, v_msg):
+    """GD-DR's T iterations: every online user sends one ε0-LDP report and takes a local step
+    on u_i; the server updates V from the reports if at least t arrived (else the shuffler
+    releases nothing and V stays). Each iteration is charged before its reports are drawn."""
+    gd = params.gddr
+    history = []
+    for t in range(cfg.iterations):
+        with fed.round(t):
+            event = ShuffledDpEvent(EpsilonDeltaDpEvent(gd.epsilon0, 0.0), gd.quorum, gd.step_delta)
+            fed.charge([("run", f"iteration {t}", event)])
+            reports = fed.cohorts.run(
+                gddr_report_step,
+                v_msg.single(),
+                round=t,
+                params=gd,
+                schedule=params.schedule,
+                lr=cfg.local_lr,
+                bound=cfg.bound,
+                phase="ldp_reports",
+                on_failure="drop",  # a cohort lost here: its users send no report
+            )
+            count = int(sum(len(r["y"]) for r in fed.get(reports).values()))
+            row: dict[str, Any] = {"iteration": t, "skipped": count < gd.quorum, "u1": count}
+            if row["skipped"]:
+                row["reason"] = f"{count} reports < t = {gd.quorum}"
+                v_msg = fed.coordinator.run(current_v_step, phase="keep_v")
+            else:
+                v_msg = fed.coordinator.run(
+                    gddr_update_step,
+                    reports,
+                    params=gd,
+                    lr=cfg.lr,
+                    bound=cfg.bound,
+                    phase="update_v",
+                )
+            if cfg.lost_users == "resume":  # u_i moved: a restarted cohort resumes from here
+                fed.cohorts.checkpoint(checkpoint_step, restore_step)
+            row["test_mse"] = _stopped_here(fed, cfg, v_msg)
+            fed.record(reports=count, skipped=int(row["skipped"]), test_mse=row["test_mse"])
         history.append(row)
     return v_msg, history
 

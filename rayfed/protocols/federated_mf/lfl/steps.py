@@ -12,7 +12,18 @@ from dp_accounting import dp_event
 
 from rayfed import mf, rng
 from rayfed.actors.base import Message, StepContext
-from rayfed.privacy import distributed_gaussian, gaussian, share_noise
+from rayfed.dropout import DropoutSchedule
+from rayfed.mf import gddr
+from rayfed.mf.training import descend_users
+from rayfed.privacy import (
+    ShuffledDpEvent,
+    distributed_gaussian,
+    gaussian,
+    sampled_one_bit,
+    share_noise,
+)
+from rayfed.privacy.ledger import RUN_SCOPE
+from rayfed.protocols.federated_mf.lfl.params import GddrParams
 from rayfed.protocols.federated_mf.steps import descend, user_ratings
 
 
@@ -91,6 +102,47 @@ def lfl_round2_step(
     return Message("noise_replacement", {"ids": ids, "values": values}, to="coordinator")
 
 
+def gddr_report_step(
+    ctx: StepContext,
+    v: np.ndarray,
+    *,
+    round: int,
+    params: GddrParams,
+    schedule: DropoutSchedule,
+    lr: float,
+    bound: float,
+) -> Message:
+    """GD-DR, one iteration for every online user: its one-bit report of one sampled entry of
+    G_i = Φ∇_i (:func:`rayfed.privacy.sampled_one_bit`), then one local step on u_i with V fixed.
+    The message carries the report's ε0-LDP event as shuffled among at least ``params.quorum``
+    users (the charge), run-wide: every user's report is part of one shuffled release."""
+    ids = ctx.state["ids"]
+    online = schedule.one_message(ctx.seed, round, ids)[0]  # a dropout sends nothing
+    users, items, ratings = user_ratings(ctx, "train")
+    rows = np.searchsorted(ids, users)
+    u = ctx.state["u"]
+    reporting = np.flatnonzero(online)
+    phi, p = params.projection, v.shape[1]
+    (index, y), event = sampled_one_bit(
+        ctx.noise,
+        lambda index: gddr.projected_entries(u, v, phi, rows, items, ratings, index, reporting),
+        size=phi.shape[0] * p,
+        bound=params.clip,
+        epsilon=params.epsilon0,
+        ids=ids[reporting],
+        round=round,
+    )
+    stepped = descend_users(u, v, rows, items, ratings, steps=1, lr=lr, bound=bound)
+    ctx.state["u"] = np.where(online[:, None], stepped, u)  # offline users did not get V
+    return Message(
+        "ldp_reports",
+        {"index": index, "y": y},  # no ids: the shuffler would show the server the multiset
+        to="coordinator",
+        dp_event=ShuffledDpEvent(event, params.quorum, params.step_delta),
+        scope=RUN_SCOPE,
+    )
+
+
 def checkpoint_step(ctx: StepContext) -> pa.Table:
     """The users' state a restarted cohort resumes from: their ids and u_i rows, as Arrow."""
     u = ctx.state["u"]
@@ -115,9 +167,10 @@ def finetune_step(ctx: StepContext, v: np.ndarray, *, steps: int, lr: float, bou
     descend(ctx, v, steps=steps, lr=lr, bound=bound)
 
 
-def evaluate_step(ctx: StepContext, v: np.ndarray) -> tuple[float, int]:
-    """Evaluation only (outside the protocol): squared error and count on the users' test ratings."""
-    users, items, ratings = user_ratings(ctx, "test")
+def evaluate_step(ctx: StepContext, v: np.ndarray, *, split: str = "test") -> tuple[float, int]:
+    """Evaluation only (outside the protocol): squared error and count on the users' test (or
+    training) ratings."""
+    users, items, ratings = user_ratings(ctx, split)
     rows = np.searchsorted(ctx.state["ids"], users)
     pred = np.einsum("ij,ij->i", ctx.state["u"][rows], v[items])
     return float(np.sum((pred - ratings) ** 2)), int(ratings.size)
@@ -152,6 +205,19 @@ def update_v_step(
     v = ctx.state["v"]
     n2 = sum((np.asarray(r["values"]).sum(axis=0) for r in round2.values()), np.zeros(v.size))
     ctx.state["v"] = mf.project(v - lr / u1 * (s1 + beta * n2).reshape(v.shape), bound)
+    return Message("item_embeddings", ctx.state["v"], to="cohorts")
+
+
+def gddr_update_step(
+    ctx: StepContext, reports: dict, *, params: GddrParams, lr: float, bound: float
+) -> Message:
+    """GD-DR's server: V <- Π_𝒱(V - γ Φᵀ Ĝ), Ĝ the mean of the reports (post-processing of
+    the shuffled release; the multiset is all it uses)."""
+    v = ctx.state["v"]
+    index = np.concatenate([np.asarray(r["index"], dtype=np.int64) for r in reports.values()])
+    y = np.concatenate([np.asarray(r["y"], dtype=np.float64) for r in reports.values()])
+    grad = gddr.estimated_gradient(params.projection, v.shape[1], index, y, params.scale)
+    ctx.state["v"] = mf.project(v - lr * grad, bound)
     return Message("item_embeddings", ctx.state["v"], to="cohorts")
 
 
