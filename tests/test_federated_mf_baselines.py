@@ -180,6 +180,8 @@ def test_sgld_step_adds_exactly_n_0_eta_noise():
         z=3.0,
         sensitivity=baselines.sgld_sensitivity(5.0),
         bound=5.0,
+        unit="user",
+        sampled="user",
     )
     shrink = 1 - eta / 2 * baselines.SGLD_PRIOR
     moves = np.concatenate([(u1 - shrink * u).ravel(), (v1 - shrink * v).ravel()])

@@ -17,7 +17,7 @@ from dp_accounting.rdp import rdp_privacy_accountant
 from scipy import integrate, special
 
 import rayfed
-from rayfed.errors import ConfigError, RayfedError
+from rayfed.errors import ConfigError, RayfedError, UnaccountedNoise
 from rayfed.mf.training import poisson_batch
 from rayfed.privacy import NoiseSource, PrivacyLedger
 from rayfed.privacy.calibration import gaussian_steps_event, sampled_steps_event
@@ -195,9 +195,59 @@ def test_faithful_mode_keeps_the_theses_results_bit_for_bit(i):
         dict(setting="vfl", privacy_unit="user"),
         dict(setting="hfl"),  # per user by default
         dict(setting="vfl", method="objpert", parties=1),  # no minibatches
+        dict(setting="vfl", sampling_rate=1.0),  # every rating in every batch either way
     ],
 )
 def test_faithful_is_refused_where_it_changes_nothing(options):
     with pytest.raises(ConfigError) as err:
         rayfed.run("federated-mf", **RUN, **small(options), **options, mode="faithful")
     assert err.value.field == "mode"
+
+
+@pytest.mark.parametrize(
+    "options,expected",
+    [
+        (dict(setting="vfl"), "rating"),  # local steps and κ fine-tuning steps
+        (dict(setting="vfl", mode="faithful"), "user"),
+        (dict(setting="vfl", method="local"), "rating"),
+        (dict(setting="hfl", privacy_unit="rating"), "rating"),
+        (dict(setting="hfl"), "user"),
+        (dict(setting="vfl", method="dp-sgld", parties=1), "rating"),
+        (dict(setting="vfl", privacy_unit="user"), "user"),
+    ],
+)
+def test_every_path_samples_its_privacy_unit(monkeypatch, options, expected):
+    """What poisson_batch is asked to sample, in every minibatch of the run: a per-rating run
+    samples ratings (the unit the sampled event amplifies) unless it is the thesis's faithful
+    mode, a per-user run users."""
+    import rayfed.mf.baselines as baselines
+    import rayfed.mf.training as training
+
+    asked = []
+
+    def recording(*args, sampled, **kwargs):
+        asked.append(sampled)
+        return poisson_batch(*args, sampled=sampled, **kwargs)
+
+    monkeypatch.setattr(training, "poisson_batch", recording)
+    monkeypatch.setattr(baselines, "poisson_batch", recording)
+    rayfed.run("federated-mf", **RUN, **small(options), **options)
+    assert asked and set(asked) == {expected}
+
+
+def test_the_new_event_unwraps_to_the_gaussian_actually_drawn():
+    """leaves(): a message carrying UnitInSampledGroupGaussian(q, z) passes the noise-origin check
+    only if a Gaussian with that z was drawn in the step; a draw no message carries is caught."""
+    event = UnitInSampledGroupGaussianDpEvent(0.01, 2.0)
+    drawn = NoiseSource.seeded(1)
+    drawn.begin_step()
+    drawn.register(dp_event.GaussianDpEvent(2.0))
+    drawn.check_carried(event, "a message")
+    drawn.check_all_carried([event])
+    other = NoiseSource.seeded(1)
+    other.begin_step()
+    other.register(dp_event.GaussianDpEvent(1.5))
+    with pytest.raises(UnaccountedNoise):
+        other.check_carried(event, "a message")
+    with pytest.raises(UnaccountedNoise):
+        other.check_all_carried([event])

@@ -79,8 +79,8 @@ def sgld(
     z: float,
     sensitivity: float,
     bound: float,
-    unit: str = "user",
-    sampled: str = "user",
+    unit: str,
+    sampled: str,
 ) -> tuple[np.ndarray, np.ndarray, dp_event.DpEvent]:
     """``steps`` projected SGLD steps on θ = (U, V), sampling the tempered posterior
     ∝ exp(−λ‖θ‖²/2 − τ Σ_Ω ℓ) (λ = SGLD_PRIOR, ℓ of :func:`clipped_gradient_sums`):

@@ -104,8 +104,8 @@ def dp_sgd(
     bound: float,
     m_share: float,
     update_u: bool,
-    unit: str = "user",
-    sampled: str = "user",
+    unit: str,
+    sampled: str,
 ) -> tuple[np.ndarray, np.ndarray, dp_event.DpEvent | None]:
     """``steps`` DP-SGD steps (spec §2.5) on the (users, items, ratings) ``train`` of ``n`` users:
     a Poisson batch of ``sampled`` units (:func:`poisson_batch`), the released gradient sums plus

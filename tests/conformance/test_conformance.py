@@ -23,7 +23,11 @@ from dp_accounting.privacy_accountant import NeighboringRelation
 import rayfed
 from rayfed.api import resolve
 from rayfed.errors import ConfigError, UnaccountedNoise
-from rayfed.privacy.ledger import RUN_SCOPE, EpsilonDeltaDpEvent
+from rayfed.privacy.ledger import (
+    RUN_SCOPE,
+    EpsilonDeltaDpEvent,
+    UnitInSampledGroupGaussianDpEvent,
+)
 from rayfed.privacy.source import NoiseSource
 from rayfed.protocols import get_protocol
 
@@ -164,7 +168,34 @@ def _event(d: dict) -> dp_event.DpEvent:
         )
     if kind == "EpsilonDeltaDpEvent":
         return EpsilonDeltaDpEvent(**fields)
+    if kind == "UnitInSampledGroupGaussianDpEvent":
+        return UnitInSampledGroupGaussianDpEvent(**fields)
     return getattr(dp_event, kind)(**fields)
+
+
+def _group_sampled_rdp(event: dp_event.DpEvent, orders: np.ndarray) -> np.ndarray:
+    """Σ of the RDP curves of the UnitInSampledGroupGaussian events in ``event``, written here
+    from the mixture pair's bound (one rating of a Poisson-sampled user, spec federated-mf §2.4):
+    log(1 − q + q·exp(α(α − 1)/(2z²)))/(α − 1) per release."""
+    if isinstance(event, dp_event.SelfComposedDpEvent):
+        return event.count * _group_sampled_rdp(event.event, orders)
+    if isinstance(event, dp_event.ComposedDpEvent):
+        return sum((_group_sampled_rdp(e, orders) for e in event.events), np.zeros_like(orders))
+    if isinstance(event, UnitInSampledGroupGaussianDpEvent):
+        q, z = event.sampling_probability, event.noise_multiplier
+        gaussian = orders * (orders - 1) / (2 * z * z)
+        return np.log(1 - q + q * np.exp(gaussian)) / (orders - 1)
+    return np.zeros_like(orders)
+
+
+def _without_group_sampled(event: dp_event.DpEvent) -> dp_event.DpEvent:
+    if isinstance(event, dp_event.SelfComposedDpEvent):
+        return dp_event.SelfComposedDpEvent(_without_group_sampled(event.event), event.count)
+    if isinstance(event, dp_event.ComposedDpEvent):
+        return dp_event.ComposedDpEvent([_without_group_sampled(e) for e in event.events])
+    if isinstance(event, UnitInSampledGroupGaussianDpEvent):
+        return dp_event.NoOpDpEvent()
+    return event
 
 
 def _pure(event: dp_event.DpEvent) -> tuple[float, float]:
@@ -195,7 +226,12 @@ def _compose(events: list, report) -> float:
     acc = (rdp.RdpAccountant if report.accountant == "rdp" else pld.PLDAccountant)(
         neighboring_relation=relation
     )
-    acc.compose(dp_event.ComposedDpEvent(events))
+    composed = dp_event.ComposedDpEvent(events)
+    acc.compose(_without_group_sampled(composed))
+    if report.accountant == "rdp":  # dp_accounting does not know the group-sampled Gaussian
+        orders = np.asarray(rdp.rdp_privacy_accountant.DEFAULT_RDP_ORDERS, dtype=float)
+        curve = acc._rdp + _group_sampled_rdp(composed, orders)
+        return rdp.rdp_privacy_accountant.compute_epsilon(orders, curve, report.budget_delta)[0]
     return acc.get_epsilon(report.budget_delta)
 
 

@@ -103,6 +103,15 @@ class FederatedMF(Protocol):
             "items": 30,
             "objpert_alternations": 2,
         },
+        {
+            "setting": "vfl",
+            "mode": "faithful",  # the thesis's user sampling per rating, charged its true event
+            "users": 150,
+            "items": 30,
+            "iterations": 2,
+            "local_steps": 2,
+            **_SHORT,
+        },
     )
     data_bytes = staticmethod(data_bytes)
     resolve_randomness = staticmethod(resolve_randomness)

@@ -309,6 +309,12 @@ class FederatedMFConfig:
                 f"method={self.resolved_method()} samples no minibatch, so it has no faithful mode",
                 "drop mode",
             )
+        if self.sampling_rate >= 1:
+            raise ConfigError(
+                "mode",
+                "at sampling_rate=1 every batch holds every rating, whichever unit is sampled",
+                "drop mode, or sampling_rate < 1",
+            )
 
     def _check_gddr(self) -> None:
         """GD-DR sends one-bit LDP reports (through a shuffler, not secure aggregation): the

@@ -29,11 +29,13 @@ GDDR_STATEMENT = (
     "per-user DP of the item embeddings V: ε0-LDP per iteration against the server; the "
     "central ε assumes a trusted shuffler (the server sees only the multiset of reports), which "
     "this simulation does not build (Feldman et al. 2021 Thm 3.1 per iteration at δ/T, basic "
-    "composition over T)"
+    "composition over T); taken as public, not covered: the training mean rating that scales "
+    "the initial embeddings"
 )
 STATEMENT = (
     "per-user DP of the published item embeddings V against the server, which sees "
-    "every Round-1 secure-aggregation sum and every Round-2 message (dummy-row adjacency)"
+    "every Round-1 secure-aggregation sum and every Round-2 message (dummy-row adjacency); "
+    "taken as public, not covered: the training mean rating that scales the initial embeddings"
 )
 
 

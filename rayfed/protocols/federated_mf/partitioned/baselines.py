@@ -21,8 +21,8 @@ def sgld_local_step(
     z: float,
     sensitivity: float,
     bound: float,
-    unit: str = "user",
-    sampled: str = "user",
+    unit: str,
+    sampled: str,
 ) -> Message:
     """Party: ``steps`` DP-SGLD steps of size ``eta`` on (U, V) from the U it last uploaded (the server's initial U
     in round 0); uploads U, a charged release like VFL's (the chain's state is its sample)."""

@@ -77,10 +77,16 @@ def sampling_note(cfg: FederatedMFConfig, params: PartitionedParams) -> str | No
     if params.privacy_unit != "rating" or params.z is None or not sampling:
         return None
     if params.faithful_epsilon is None:
+        holds = (
+            "per rating and the nominal ε does for the published steps (subject, in HFL, to the "
+            "rating gap of the pre-trained u_i)"
+            if cfg.setting == "hfl"
+            else "per rating and the nominal ε does"
+        )
         return (
-            f"corrected mode: every training rating is Poisson-sampled at η = "
+            f"corrected mode: every training rating is Poisson-sampled at q = "
             f"{cfg.sampling_rate:g} on its own, so the sampled Gaussian's amplification holds "
-            "per rating and the nominal ε does"
+            + holds
         )
     accounting = "the SGLD papers'" if params.baseline is not None else "the thesis's"
     return (

@@ -43,8 +43,8 @@ def vfl_local_step(
     delta_joint: float,
     bound: float,
     m_share: float,
-    unit: str | None = "user",
-    sampled: str = "user",
+    unit: str | None,
+    sampled: str,
 ) -> Message:
     """Party: T' noisy local steps on (U^(k), V_Fk) from the broadcast U; uploads U^(k)."""
     u, ctx.state["v"], event = dp_sgd(
@@ -80,8 +80,8 @@ def vfl_finetune_step(
     delta_v: float,
     bound: float,
     m_share: float,
-    unit: str | None = "user",
-    sampled: str = "user",
+    unit: str | None,
+    sampled: str,
 ) -> Message:
     """Party: κ noisy steps on V_Fk with U frozen (convex, smaller sensitivity); V_Fk is published."""
     ctx.state["u"] = np.array(u)
@@ -156,8 +156,8 @@ def hfl_local_step(
     z: float | None,
     delta_v: float,
     bound: float,
-    unit: str | None = "user",
-    sampled: str = "user",
+    unit: str | None,
+    sampled: str,
 ) -> Message:
     """Party: T' DP-SGD steps on its copy V^(k) with its pre-trained U fixed; uploads V^(k)."""
     ctx.state["v"] = np.array(v)
