@@ -143,11 +143,13 @@ def _stress_line(row: dict) -> str:
     label = f"{row['option']}={row['value']:<8}" if sweep else f"dropout {dropout:>8}"
     sd = (lambda key: f" ± {row[key + '_sd']:.2g}") if sweep else (lambda key: "")
     if "test_mse" in row:
+        bound = row["predicted_abort_bound"]  # None: no secure aggregation (gd-dr)
+        bound = "none, no secure aggregation" if bound is None else f"{bound:.1e}"
         return (
             f"{label}  test MSE {row['test_mse']:.4f}{sd('test_mse')}  epsilon "
             f"{row['epsilon']:.4g}  skipped {row['skipped']:g}/{row['iterations']:g} (95 % "
             f"{row['abort_ci_low']:.2f}-{row['abort_ci_high']:.2f}; finder's bound "
-            f"{row['predicted_abort_bound']:.1e})  alive {row['alive_round1']:.0f} / "
+            f"{bound})  alive {row['alive_round1']:.0f} / "
             f"{row['alive_round2']:.0f} (rounds 1 / 2)"
         )
     if "error" in row:

@@ -247,7 +247,10 @@ def plot_sweep(rows: list[dict], path: Path, title: str) -> None:
     rate = np.array([r["abort_rate"] for r in rows])
     err = [rate - [r["abort_ci_low"] for r in rows], [r["abort_ci_high"] for r in rows] - rate]
     ax1.errorbar(x, rate, yerr=err, fmt="o", capsize=4, label="observed (95 % interval)")
-    ax1.axhline(rows[0]["predicted_abort_bound"], color="tab:red", ls="--", label="finder's bound")
+    if rows[0].get("predicted_abort_bound") is not None:  # runs with secure aggregation
+        ax1.axhline(
+            rows[0]["predicted_abort_bound"], color="tab:red", ls="--", label="finder's bound"
+        )
     ax1.set(ylabel="abort rate", title="aborts", ylim=(-0.05, 1.05))
     ax1.legend(fontsize=8)
     names = next((list(r) for r in rows if any(k.startswith("alive_") for k in r)), [])
@@ -283,7 +286,10 @@ def measure(protocol: str, result) -> dict[str, Any]:
             "alive_round1": float(np.mean([r["u1"] for r in done])) if done else 0.0,
             # (method=gd-dr has one round of reports: no Round 2)
             "alive_round2": float(np.mean([r.get("u2", 0) for r in done])) if done else 0.0,
-            "predicted_abort_bound": 2.0 ** m["secagg_log2_abort_bound"],
+            # (None for gd-dr, which runs no secure aggregation)
+            "predicted_abort_bound": None
+            if m["secagg_log2_abort_bound"] is None
+            else 2.0 ** m["secagg_log2_abort_bound"],
             "tolerated_dropout": m["tolerated_dropout"],
         }
     error = "wasserstein" if "wasserstein" in m else "mean_error"

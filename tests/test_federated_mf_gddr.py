@@ -131,6 +131,9 @@ def test_the_pure_ledger_charges_the_amplified_epsilon_and_refuses_out_of_range(
     rdp = PrivacyLedger(Budget(10.0, 1e-5), accountant="rdp", relation="replace_one")
     with pytest.raises(RayfedError):
         rdp.charge(event, label="rdp cannot")
+    add_remove = PrivacyLedger(Budget(10.0, 1e-5), accountant="pure", relation="add_or_remove_one")
+    with pytest.raises(RayfedError, match="replace-one"):  # the theorem replaces one user's data
+        add_remove.charge(event, label="add/remove cannot")
 
 
 # --- the server's estimator -----------------------------------------------------------------------
@@ -207,10 +210,12 @@ def test_a_run_charges_t_shuffled_releases_and_reports_the_target_epsilon():
     assert one.metrics["train_mse"] == pytest.approx(metrics["train_mse"], rel=1e-12)
 
 
-def test_more_privacy_costs_accuracy():
+def test_the_noise_size_follows_epsilon():
     """ε = 0.1 vs 1.5, near the most the shuffle bound certifies for 400 users (ω = 0: all must
-    report): the one-bit noise scales with (e^ε0 + 1)/(e^ε0 - 1), 30 vs 1.9. With entries clipped
-    at c = 0.3 and γ = 0.5 (seeds 0-2: 1.51/2.08/1.94 vs 1.16/1.25/1.39)."""
+    report): the one-bit noise scales with (e^ε0 + 1)/(e^ε0 - 1), 30 vs 1.9, and the larger noise
+    costs accuracy (c = 0.3, γ = 0.5; seeds 0-2: 1.51/2.08/1.94 vs 1.16/1.25/1.39). A check of the
+    noise's size only: it would pass with data-blind reports too (the signal is tested by the
+    estimator's unbiasedness test; benchmarks/federated_mf_gddr_null.py is the null control)."""
     options = dict(SMALL, lr=0.5, omega=0.0, gddr_clip=0.3)
     low = rayfed.run("federated-mf", epsilon=0.1, **options)
     high = rayfed.run("federated-mf", epsilon=1.5, **options)
@@ -279,3 +284,20 @@ def test_gddr_on_ray_equals_in_process(ray_cluster):
     assert on_ray.metrics["learning_curve"] == local.metrics["learning_curve"]
     assert on_ray.privacy.entries == local.privacy.entries
     assert on_ray.noise_fingerprints == local.noise_fingerprints
+
+
+def test_a_stress_sweep_of_gd_dr_states_it_has_no_secure_aggregation(tmp_path, capsys):
+    """GD-DR runs no secure aggregation: the sweep records no abort bound for it (None, not the
+    unused finder's) and its lines say so."""
+    import json
+
+    from rayfed.cli import main
+
+    args = ["stress", "federated-mf", "--backend", "local", "--rates", "0,0.1", "--out"]
+    options = ["method=gd-dr", "users=400", "items=30", "iterations=2", "omega=0.3"]
+    assert main([*args, str(tmp_path), *[a for o in options for a in ("--set", o)]]) == 0
+    (path,) = tmp_path.iterdir()
+    rows = json.loads((path / "stress.json").read_text())["rows"]
+    assert [r["predicted_abort_bound"] for r in rows] == [None, None]
+    assert rows[1]["alive_round1"] < rows[0]["alive_round1"] == 400  # dropouts send no report
+    assert "no secure aggregation" in capsys.readouterr().out

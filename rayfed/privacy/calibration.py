@@ -190,7 +190,7 @@ def shuffled_ldp_epsilon(epsilon: float, delta: float, *, users: int, steps: int
             "users",
             f"{users} users are too few for amplification by shuffling at δ/T = {step_delta:.3g} "
             f"(the bound needs more than 16·log(4T/δ) = {16 * math.log(4 / step_delta):.0f})",
-            "more users, or a larger delta",
+            "more users, a smaller omega (more of them must report), or a larger delta",
         )
     total = lambda eps0: steps * shuffled_guarantee(eps0, users, step_delta)  # noqa: E731
     if total(limit) < epsilon:

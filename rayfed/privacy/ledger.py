@@ -120,7 +120,13 @@ class PureDpAccountant(PrivacyAccountant):
 
     def _shuffled(self, event: ShuffledDpEvent, add):
         """Amplification by shuffling (Feldman et al. 2021, Thm 3.1) of a pure ε0-LDP randomizer,
-        inside the theorem's range only."""
+        inside the theorem's range only, and for replace-one neighbours (the theorem's: one
+        user's data replaced)."""
+        if self.neighboring_relation is not NeighboringRelation.REPLACE_ONE:
+            return self.CompositionErrorDetails(
+                invalid_event=event,
+                error_message="shuffling's bound is for replace-one neighbours only",
+            )
         local = PureDpAccountant(self.neighboring_relation)
         error = local._maybe_compose(event.event, 1, True)
         if error is not None:

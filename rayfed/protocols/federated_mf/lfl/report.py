@@ -126,7 +126,14 @@ def outcome(
         **baselines,
         "learning_curve": [row["test_mse"] for row in history],
     }
-    if params.gddr is not None:  # (it runs no secure aggregation: its secagg_* are unused)
+    if params.gddr is not None:  # it runs no secure aggregation and draws no Gaussian
+        for unused in (
+            "secagg_degree",
+            "secagg_log2_abort_bound",
+            "secagg_mode",
+            "noise_multiplier",
+        ):
+            metrics[unused] = None
         metrics.update(_gddr_metrics(cfg, params))
     headline = f"{METHOD_NAMES[params.method]} test MSE {test_mse:.4f} ({params.n} users, {params.m} items)"
     if skipped:
