@@ -81,7 +81,8 @@ def test_secure_runs_draw_noise_the_seed_cannot_regenerate(name, i):
     neither shares one with the seeded run (how many draws a run makes may depend on its noise,
     e.g. DPLSF's tree); the result says which source it used. A fingerprint digests a release,
     and a release of one or two small noisy counts (DPLSF's deep levels) can repeat by chance:
-    fewer than one in ten shared draws is chance, a seed-derived run would share them all."""
+    fewer than one in ten shared draws, or a single one among five or more, is chance (CI saw
+    1 of 7 in vfl-kmeans 3); a seed-derived run would share them all."""
     seeded = run(name, i)
     a, b = run(name, i, randomness="secure"), run(name, i, seed=0, randomness="secure")
     assert a.privacy.randomness == b.privacy.randomness == "secure"
@@ -90,8 +91,9 @@ def test_secure_runs_draw_noise_the_seed_cannot_regenerate(name, i):
     draws = [{d for ds in r.noise_fingerprints.values() for d in ds} for r in (seeded, a, b)]
     assert draws[0] and draws[1] and draws[2]  # noise, keys or both: every protocol draws
     for x, y in ((0, 1), (0, 2), (1, 2)):
-        shared = draws[x] & draws[y]
-        assert len(shared) <= min(len(draws[x]), len(draws[y])) // 10, (x, y, len(shared))
+        shared, fewest = draws[x] & draws[y], min(len(draws[x]), len(draws[y]))
+        chance = max(fewest // 10, 1 if fewest >= 5 else 0)
+        assert len(shared) <= chance, (x, y, len(shared), fewest)
 
 
 @pytest.mark.parametrize("name", PROTOCOLS)
