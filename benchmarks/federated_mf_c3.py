@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name:<48} " + "  ".join(cells), file=sys.stderr)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     record = {
-        "data": "ML-100K, 5 parties, per-rating, seed 0",
+        "data": "ML-100K, 5 parties, per-rating (ratings Poisson-sampled: mode=corrected), seed 0",
         "learning_rates": {"none" if e is None else f"eps={e:g}": lr for e, lr in POINTS.items()},
         "rows": rows,
     }
