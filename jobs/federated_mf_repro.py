@@ -18,10 +18,17 @@ are drawn as lines, and VFL per-rating (the protocol's default unit) as a curve 
 rate is tuned per ε on the training loss, as the thesis did (§5.3): ``vfl_lr`` from ``--lrs``,
 decaying to a tenth over the first 80 % of the steps (§7.9). Its gap to the non-private line must
 shrink as ε grows. The tuning reads the training loss without charging for it, as the thesis did.
+
+The literature baselines (spec §2.10; ML-100K only, slow): ``--literature e3`` adds check E3 (VFL-SGDMF
+against DP-SGLD and ObjPertb at s = 1, about 7 minutes), ``--literature e8`` check E8 (GD-DR against
+the LFL baselines, about 22 minutes) and ``e8-null`` GD-DR's null control (data-blind reports,
+about 4 minutes): the studies of ``benchmarks/federated_mf_{baselines,gddr,gddr_null}.py``, their
+records written beside the job's.
 """
 
 from __future__ import annotations
 
+import importlib
 import sys
 import time
 from pathlib import Path
@@ -39,6 +46,26 @@ RUNS = {  # setting -> (method, baselines)
 
 #: the tuned runs' learning rate decays to this fraction of the start (spec §7.9's assumption)
 LR_DECAY = 0.1
+#: --literature: the spec checks of the literature baselines, run by their benchmark scripts
+LITERATURE = {
+    "e3": "federated_mf_baselines",
+    "e8": "federated_mf_gddr",
+    "e8-null": "federated_mf_gddr_null",
+}
+
+
+def literature(names: str, out: Path) -> dict[str, str]:
+    """The literature studies ``names`` (of :data:`LITERATURE`) with their records in ``out``: the
+    same code as the benchmark scripts, on ML-100K, in-process."""
+    benchmarks = Path(__file__).resolve().parents[1] / "benchmarks"
+    sys.path.insert(0, str(benchmarks))
+    records = {}
+    for name in names.split(","):
+        script = LITERATURE[name]
+        path = out / f"{script}.json"
+        importlib.import_module(script).main(["--out", str(path)])
+        records[name] = str(path)
+    return records
 
 
 def options(setting: str, method: str, epsilon: float, args) -> dict:
@@ -135,6 +162,7 @@ def c3(args, epsilons: list, settings: list) -> tuple[dict, list, list, dict]:
 
 
 def body(args) -> dict:
+    _check_literature(args)
     epsilons = jobs.numbers(args.epsilons)
     settings = args.settings.split(",")
     started = time.perf_counter()
@@ -176,6 +204,8 @@ def body(args) -> dict:
         "orderings": checks,
         "seconds": time.perf_counter() - started,
     }
+    if args.literature:
+        record["literature"] = literature(args.literature, out)
     jobs.write_json(out / "federated_mf_repro.json", record)
     plot(rows, central, lines, curve, epsilons, settings, out / "federated_mf_repro.png")
     return {"out": str(out.resolve()), "orderings_hold": jobs.checks_hold(checks)}
@@ -243,12 +273,31 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--secagg", default="dealer", choices=["dealer", "simulation", "secure"])
     p.add_argument("--users", type=int, default=1000)
     p.add_argument("--items", type=int, default=100)
+    p.add_argument(
+        "--literature",
+        help=f"also the literature baselines' checks, comma-separated from {sorted(LITERATURE)} "
+        "(ML-100K only; slow)",
+    )
     args = p.parse_args(argv)
     if args.small:
         args.epsilons, args.rounds, args.data, args.lrs = "1,8", 30, None, "0.2,2"
     elif args.data is None and ML100K.exists():
         args.data = str(ML100K)
     return jobs.run("federated_mf_repro", body, args)
+
+
+def _check_literature(args) -> None:
+    if not args.literature:
+        return
+    unknown = set(args.literature.split(",")) - set(LITERATURE)
+    if unknown:
+        raise rayfed.ConfigError("--literature", f"unknown {sorted(unknown)}", sorted(LITERATURE))
+    if args.small or not ML100K.exists() or Path(args.data or "") != ML100K:
+        raise rayfed.ConfigError(
+            "--literature",
+            "the literature studies run on ML-100K from ../shared/data only",
+            "drop --small and --data (and have ML-100K beside the repo)",
+        )
 
 
 if __name__ == "__main__":

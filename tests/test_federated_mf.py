@@ -287,6 +287,37 @@ def test_reproduction_job_small(tmp_path, capsys):
     assert '"orderings_hold": true' in capsys.readouterr().out
 
 
+def test_reproduction_job_runs_the_literature_studies_and_refuses_them_off_ml100k(
+    tmp_path, monkeypatch
+):
+    """--literature e3,...: each study's main() runs with --out in the job's directory and the
+    record lists the files; without ML-100K (--small) or with an unknown name it is refused."""
+    import runpy
+    import sys
+    import types
+    from pathlib import Path
+
+    job = runpy.run_path(
+        str(Path(__file__).resolve().parents[1] / "jobs" / "federated_mf_repro.py")
+    )
+    calls = []
+
+    def study(argv):
+        calls.append(argv)
+        Path(argv[1]).write_text("{}")
+        return 0
+
+    monkeypatch.setitem(sys.modules, "federated_mf_baselines", types.SimpleNamespace(main=study))
+    records = job["literature"]("e3", tmp_path)
+    assert calls == [["--out", str(tmp_path / "federated_mf_baselines.json")]]
+    assert records == {"e3": str(tmp_path / "federated_mf_baselines.json")}
+    for bad in (["--small", "--literature", "e3"], ["--literature", "e9"]):
+        assert job["main"]([*bad, "--backend", "local", "--out", str(tmp_path)]) != 0
+    args = types.SimpleNamespace(literature="e3,e8", small=False, data=str(job["ML100K"]))
+    if job["ML100K"].exists():  # the default data passes the check
+        job["_check_literature"](args)
+
+
 def test_vfl_split_by_a_column(tmp_path):
     import pyarrow as pa
     import pyarrow.csv as pacsv
