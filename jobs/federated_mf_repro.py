@@ -29,6 +29,7 @@ records written beside the job's.
 from __future__ import annotations
 
 import importlib
+import json
 import sys
 import time
 from pathlib import Path
@@ -65,7 +66,54 @@ def literature(names: str, out: Path) -> dict[str, str]:
         path = out / f"{script}.json"
         importlib.import_module(script).main(["--out", str(path)])
         records[name] = str(path)
+    plot_literature(records, out / "federated_mf_literature.png")
     return records
+
+
+def plot_literature(records: dict[str, str], path: Path) -> None:
+    """E3: test MSE against ε of VFL-SGDMF (s = 1), DP-SGLD and ObjPertb, per rating and per user;
+    E8: GD-DR against the LFL baselines per ε (from the studies' records)."""
+    panels = [n for n in ("e3", "e8") if n in records]
+    if not panels:
+        return
+    fig, axes = jobs.pyplot().subplots(1, 2 * ("e3" in panels) + ("e8" in panels), squeeze=False)
+    fig.set_size_inches(4.7 * axes.shape[1], 4.2)
+    axes = list(axes[0])
+    if "e3" in panels:
+        summary = json.loads(Path(records["e3"]).read_text())["summary"]
+        for ax, unit in zip(axes, ("rating", "user"), strict=False):
+            for method in ("vfl", "dp-sgld", "objpert"):
+                pts = sorted(
+                    (r["epsilon"], r["test_mse_mean"])
+                    for r in summary
+                    if r["unit"] == unit and r["method"] == method and r["mode"] == "corrected"
+                )
+                ax.plot([e for e, _ in pts], [v for _, v in pts], marker="o", label=method)
+            ax.set(xscale="log", yscale="log", xlabel="ε", ylabel="test MSE")
+            epsilons = sorted({r["epsilon"] for r in summary})
+            ax.set_xticks(epsilons, [f"{e:g}" for e in epsilons])
+            ax.minorticks_off()
+            ax.set_title(f"E3, per {unit}, s = 1 (ML-100K)")
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=8)
+        axes = axes[2:]
+    if "e8" in panels:
+        table = json.loads(Path(records["e8"]).read_text())["mean_test_mse"]
+        ax = axes[0]
+        methods = ("gd-dr", "stage1", "ldp", "lfl")
+        for i, method in enumerate(methods):
+            ax.bar(
+                [j + 0.2 * i for j in range(len(table))],
+                [row[method] for row in table.values()],
+                width=0.2,
+                label=method,
+            )
+        ax.set_xticks([j + 0.3 for j in range(len(table))], list(table))
+        ax.set(ylabel="test MSE", title="E8, LFL (ML-100K, T = 10)")
+        ax.set_ylim(bottom=1.0)
+        ax.grid(alpha=0.3, axis="y")
+        ax.legend(fontsize=8)
+    jobs.save(fig, path, dpi=120)
 
 
 def options(setting: str, method: str, epsilon: float, args) -> dict:

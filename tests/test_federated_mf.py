@@ -308,11 +308,20 @@ def test_reproduction_job_runs_the_literature_studies_and_refuses_them_off_ml100
         return 0
 
     monkeypatch.setitem(sys.modules, "federated_mf_baselines", types.SimpleNamespace(main=study))
+    plot_literature = job["plot_literature"]  # the real one, used below on the recorded studies
+    monkeypatch.setitem(plot_literature.__globals__, "plot_literature", lambda *a: None)
     records = job["literature"]("e3", tmp_path)
     assert calls == [["--out", str(tmp_path / "federated_mf_baselines.json")]]
     assert records == {"e3": str(tmp_path / "federated_mf_baselines.json")}
     for bad in (["--small", "--literature", "e3"], ["--literature", "e9"]):
         assert job["main"]([*bad, "--backend", "local", "--out", str(tmp_path)]) != 0
+    results = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+    records = {
+        "e3": results / "federated_mf_baselines.json",
+        "e8": results / "federated_mf_gddr.json",
+    }
+    plot_literature(records, tmp_path / "literature.png")
+    assert (tmp_path / "literature.png").stat().st_size > 30_000  # three panels drawn
     args = types.SimpleNamespace(literature="e3,e8", small=False, data=str(job["ML100K"]))
     if job["ML100K"].exists():  # the default data passes the check
         job["_check_literature"](args)
