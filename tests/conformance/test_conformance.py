@@ -186,7 +186,7 @@ def _group_sampled_rdp(event: dp_event.DpEvent, orders: np.ndarray) -> np.ndarra
     if isinstance(event, UnitInSampledGroupGaussianDpEvent):
         q, z = event.sampling_probability, event.noise_multiplier
         gaussian = orders * (orders - 1) / (2 * z * z)
-        return np.log(1 - q + q * np.exp(gaussian)) / (orders - 1)
+        return np.logaddexp(np.log1p(-q), np.log(q) + gaussian) / (orders - 1)
     return np.zeros_like(orders)
 
 
