@@ -59,7 +59,8 @@ def _charge(fed, params: PartitionedParams, steps: int, rate: float, what: str) 
 
 
 # --- VFL -------------------------------------------------------------------------------------------
-def _drive_vfl(fed, cfg: FederatedMFConfig, params: PartitionedParams) -> Outcome:
+def _init_vfl(fed, cfg: FederatedMFConfig, params: PartitionedParams):
+    """The server's initial U (returned, to broadcast) and every party's V_Fk and trimming."""
     u_msg = fed.coordinator.run(
         init_u_step, n=params.n, p=cfg.rank, mean=params.mean, bound=cfg.bound, phase="init_u"
     )
@@ -71,7 +72,11 @@ def _drive_vfl(fed, cfg: FederatedMFConfig, params: PartitionedParams) -> Outcom
         trim=params.trim,
         phase="init_v",
     )
-    u_arg = _vfl_rounds(fed, cfg, params, u_msg.single())
+    return u_msg.single()
+
+
+def _drive_vfl(fed, cfg: FederatedMFConfig, params: PartitionedParams) -> Outcome:
+    u_arg = _vfl_rounds(fed, cfg, params, _init_vfl(fed, cfg, params))
     if cfg.finetune_steps:
         _vfl_finetune(fed, cfg, params, u_arg)
     return _evaluate_vfl(fed, cfg, params)
@@ -148,17 +153,7 @@ def _vfl_finetune(fed, cfg: FederatedMFConfig, params: PartitionedParams, u_arg)
 def _drive_baseline(fed, cfg: FederatedMFConfig, params: PartitionedParams) -> Outcome:
     """DP-SGLD (T rounds of T' steps, each round's release charged as in VFL) or ObjPertb (K
     alternations, each V-solve charged ε_k), from VFL's initial U and V and trimming."""
-    u_arg = fed.coordinator.run(
-        init_u_step, n=params.n, p=cfg.rank, mean=params.mean, bound=cfg.bound, phase="init_u"
-    ).single()
-    fed.parties.run(
-        vfl_init_step,
-        p=cfg.rank,
-        mean=params.mean,
-        bound=cfg.bound,
-        trim=params.trim,
-        phase="init_v",
-    )
+    u_arg = _init_vfl(fed, cfg, params)
     if isinstance(params.baseline, SgldParams):
         _sgld_rounds(fed, cfg, params, u_arg)
     else:
