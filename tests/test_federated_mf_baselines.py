@@ -95,6 +95,96 @@ def _problem(seed=3, n=30, m=6, p=4):
     return u, users, items, ratings, b, m
 
 
+def test_sgld_moves_each_row_by_sqrt_eta_over_zl_times_its_gradient():
+    """The signal side of an SGLD step: with the same noise (same seed, users sampled at q = 1 so
+    the draws line up) a run with ratings minus a run without moves each row by
+    −(√η/(zL))·Σ∇ℓ, ∇ of (r − ⟨u_i, v_j⟩)² written out here rating by rating."""
+    n, m, p, eta, z, bound = 4, 3, 3, 1e-6, 1.0, 5.0
+    users, items = np.array([0, 0, 2, 3]), np.array([0, 2, 1, 2])
+    ratings = np.array([4.0, 1.0, 5.0, 2.0])
+    gen = np.random.default_rng(5)
+    u, v = gen.uniform(0.2, 0.4, (n, p)), gen.uniform(0.2, 0.4, (m, p))
+    sens = baselines.sgld_sensitivity(bound)
+    runs = []
+    for data in ((users, items, ratings), (users[:0], items[:0], ratings[:0])):
+        runs.append(
+            baselines.sgld(
+                NoiseSource.seeded(9),
+                u,
+                v,
+                data,
+                n,
+                steps=1,
+                round=0,
+                step=eta,
+                rate=1.0,
+                z=z,
+                sensitivity=sens,
+                bound=bound,
+                unit="rating",
+                sampled="user",
+            )
+        )
+    g_u, g_v = np.zeros_like(u), np.zeros_like(v)
+    for i, j, r in zip(users, items, ratings, strict=True):
+        e = r - float(u[i] @ v[j])
+        g_u[i] += -2 * e * v[j]
+        g_v[j] += -2 * e * u[i]
+    coefficient = math.sqrt(eta) / (z * sens)
+    assert np.allclose(runs[0][0] - runs[1][0], -coefficient * g_u, rtol=1e-6, atol=1e-15)
+    assert np.allclose(runs[0][1] - runs[1][1], -coefficient * g_v, rtol=1e-6, atol=1e-15)
+    assert np.abs(g_u).max() > 0.1  # the check sees a real gradient
+
+
+def test_objpert_blocks_bound_a_rating_neighbours_shift_of_the_item_gradients():
+    """Per rating, u_i carries the rating into all of user i's items: removing rating (0, 2) of a
+    user with θ = 3 kept ratings and re-solving u_0 (the U-solve, from a random V) changes the
+    item gradient sums Σ_i ∇_v (r − ⟨u_i, v⟩)² in at most ``blocks`` items, by at most shift·L in
+    total (objpert_blocks, objpert_gradient_bound), at v anywhere in the ball — here at 400 draws
+    including ±√R along u_0, where the residual is largest."""
+    bound, p, theta = 5.0, 3, 3
+    users = np.array([0, 0, 0, 1, 1, 2, 2, 3])
+    items = np.array([0, 1, 2, 0, 3, 1, 4, 5])
+    ratings = np.array([5.0, 0.0, 5.0, 1.0, 4.0, 0.0, 5.0, 3.0])
+    keep = ~((users == 0) & (items == 2))
+    blocks, shift = baselines.objpert_blocks("rating", theta)
+    limit = shift * baselines.objpert_gradient_bound(bound)
+    gen = np.random.default_rng(11)
+
+    def item_gradients(u, rows, v_at):
+        g = np.zeros((6, p))
+        for i, j, r in zip(users[rows], items[rows], ratings[rows], strict=True):
+            g[j] += -2 * (r - float(u[i] @ v_at[j])) * u[i]
+        return g
+
+    worst, touched = 0.0, 0
+    for _ in range(400):
+        v_prev = gen.normal(size=(6, p))
+        v_prev *= (
+            math.sqrt(bound) * gen.uniform(0, 1, (6, 1)) / np.linalg.norm(v_prev, axis=1)[:, None]
+        )
+        solved = []
+        for rows in (np.arange(users.size), np.flatnonzero(keep)):
+            u = baselines.ridge_rows(
+                v_prev, users[rows], items[rows], ratings[rows], 4, reg=baselines.OBJPERT_USER_REG
+            )
+            solved.append(baselines.project(u, bound))
+        direction = solved[0][0] / max(np.linalg.norm(solved[0][0]), 1e-12)
+        v_at = gen.normal(size=(6, p))
+        v_at /= np.linalg.norm(v_at, axis=1)[:, None]
+        v_at *= math.sqrt(bound) * gen.choice([-1.0, 1.0], (6, 1))
+        v_at[gen.uniform(size=6) < 0.5] = -math.sqrt(bound) * direction  # against u_0
+        change = item_gradients(solved[0], np.arange(users.size), v_at) - item_gradients(
+            solved[1], np.flatnonzero(keep), v_at
+        )
+        norms = np.linalg.norm(change, axis=1)
+        touched = max(touched, int((norms > 1e-12).sum()))
+        worst = max(worst, norms.sum() / limit)
+    assert touched <= blocks and touched == theta  # user 0's three items, and no other
+    assert 0.3 < worst <= 1.0  # within the bound; the draws reach 0.41 of it (a 2.4x looser
+    # bound, or one half as large, would show)
+
+
 @pytest.mark.parametrize(
     "kwargs,field",
     [
