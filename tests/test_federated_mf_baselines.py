@@ -181,8 +181,8 @@ def test_objpert_blocks_bound_a_rating_neighbours_shift_of_the_item_gradients():
         touched = max(touched, int((norms > 1e-12).sum()))
         worst = max(worst, norms.sum() / limit)
     assert touched <= blocks and touched == theta  # user 0's three items, and no other
-    assert 0.3 < worst <= 1.0  # within the bound; the draws reach 0.41 of it (a 2.4x looser
-    # bound, or one half as large, would show)
+    assert 0.3 < worst <= 1.0  # within the bound; the draws reach 0.41 of it (a bound 2.5x too
+    # small, or 1.4x too loose, fails)
 
 
 @pytest.mark.parametrize(
