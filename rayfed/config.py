@@ -75,7 +75,8 @@ def option(
     option the run's memory grows with (users, dimensions, bits), checked against the machine.
 
     ``when`` names the modes that read the option (``{"method": ("sw-ems", "sw-em")}``: every
-    key must hold) and ``source`` the data source (``"file"``: only with ``data.path``;
+    key must hold; a mode whose default depends on other options is read through the config's
+    ``resolved_<key>()``, e.g. federated-mf's ``method``) and ``source`` the data source (``"file"``: only with ``data.path``;
     ``"synthetic"``: only without): the core refuses the option, set away from its default,
     anywhere else (:func:`check_applicable`) — an option the run would not read is an error, not
     silently ignored.
@@ -271,6 +272,13 @@ def from_mapping(cls: type, values: dict[str, Any], prefix: str = "") -> Any:
     return obj
 
 
+def _mode(cfg: Any, key: str) -> Any:
+    """The mode ``key`` an option's ``when`` names: ``cfg.resolved_<key>()`` when the config
+    derives it (a default that depends on other options), else the field's value."""
+    resolve = getattr(cfg, f"resolved_{key}", None)
+    return resolve() if callable(resolve) else getattr(cfg, key)
+
+
 def check_applicable(cfg: Any, prefix: str = "") -> None:
     """ConfigError for an option set away from its default where the chosen mode or data source
     does not read it (its ``when`` and ``source`` declarations), and for ``data.key`` or
@@ -284,7 +292,7 @@ def check_applicable(cfg: Any, prefix: str = "") -> None:
         if value == getattr(default, f.name):
             continue
         for key, allowed in f.metadata.get("when", {}).items():
-            actual = getattr(cfg, key)
+            actual = _mode(cfg, key)
             if actual not in allowed:
                 raise ConfigError(
                     prefix + f.name,

@@ -30,16 +30,19 @@ from rayfed.privacy.ledger import (
     unit_in_sampled_group_rdp,
 )
 from rayfed.protocols import get_protocol
-from rayfed.protocols.federated_mf.config import BASELINE_IGNORES
+from rayfed.protocols.federated_mf.config import FederatedMFConfig
 
 GOLDEN_FAITHFUL = Path(__file__).resolve().parent / "golden" / "faithful-mf"
 SMALL = dict(users=150, items=30, iterations=2, local_steps=2, finetune_steps=2, pretrain_steps=5)
 
 
 def small(options: dict) -> dict:
-    """SMALL without the options a literature baseline does not read (it refuses them)."""
-    ignored = BASELINE_IGNORES.get(options.get("method"), ())
-    return {k: v for k, v in SMALL.items() if k not in ignored}
+    """SMALL without the options a literature baseline does not read (their ``when`` refuses
+    them)."""
+    method = options.get("method") or options.get("setting", "lfl")  # as resolved_method
+    fields = FederatedMFConfig.__dataclass_fields__
+    reads = lambda name: method in fields[name].metadata["when"].get("method", (method,))  # noqa: E731
+    return {k: v for k, v in SMALL.items() if reads(k)}
 
 
 RUN = dict(backend="local", out_dir=None, seed=0)

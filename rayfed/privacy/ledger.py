@@ -58,6 +58,10 @@ class UnitInSampledGroupGaussianDpEvent(dp_event.DpEvent):
     sampling_probability: float
     noise_multiplier: float
 
+    def drawn_events(self) -> list[dp_event.DpEvent]:
+        """The mechanism drawn: a Gaussian on the sampled groups' sum (noise-origin check)."""
+        return [dp_event.GaussianDpEvent(self.noise_multiplier)]
+
 
 def unit_in_sampled_group_rdp(q: float, z: float, orders: np.ndarray) -> np.ndarray:
     """The RDP curve of :class:`UnitInSampledGroupGaussianDpEvent` at ``orders`` (all > 1)."""

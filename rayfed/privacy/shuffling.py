@@ -35,6 +35,10 @@ class ShuffledDpEvent(dp_event.DpEvent):
     num_users: int
     delta: float
 
+    def drawn_events(self) -> list[dp_event.DpEvent]:
+        """The mechanism each user drew under (for the noise-origin check)."""
+        return [self.event]
+
 
 def shuffle_epsilon0_limit(num_users: int, delta: float) -> float:
     """The largest ε0 charged: log(n / (16 log(4/δ))), the authors' code's range, inside the

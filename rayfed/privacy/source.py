@@ -37,7 +37,6 @@ from scipy.special import ndtri
 
 from rayfed import rng
 from rayfed.errors import ConfigError, UnaccountedNoise
-from rayfed.privacy.shuffling import ShuffledDpEvent
 
 #: words per chunk of keyed draws (see NoiseSource._keyed_floats)
 _CHUNK_WORDS = 1 << 16
@@ -67,26 +66,19 @@ def _feed(digest, release: Any) -> bool:
 
 
 def leaves(event: dp_event.DpEvent) -> list[dp_event.DpEvent]:
-    """The mechanism events a composed event is built from (compositions, sampling and shuffling
-    unwrapped)."""
+    """The mechanism events a composed event is built from (compositions and sampling unwrapped;
+    rayfed's own wrapping events name what was drawn through their ``drawn_events()``)."""
     if isinstance(event, dp_event.SelfComposedDpEvent):
         return leaves(event.event)
     if isinstance(event, dp_event.ComposedDpEvent):
         return [leaf for sub in event.events for leaf in leaves(sub)]
     if isinstance(
-        event,
-        (
-            dp_event.PoissonSampledDpEvent,
-            dp_event.SampledWithoutReplacementDpEvent,
-            ShuffledDpEvent,
-        ),
+        event, (dp_event.PoissonSampledDpEvent, dp_event.SampledWithoutReplacementDpEvent)
     ):
         return leaves(event.event)
-    # imported here: the ledger imports this module
-    from rayfed.privacy.ledger import UnitInSampledGroupGaussianDpEvent
-
-    if isinstance(event, UnitInSampledGroupGaussianDpEvent):  # a Gaussian on a sample of groups
-        return [dp_event.GaussianDpEvent(event.noise_multiplier)]
+    drawn = getattr(event, "drawn_events", None)
+    if callable(drawn):
+        return [leaf for sub in drawn() for leaf in leaves(sub)]
     return [event]
 
 

@@ -13,20 +13,6 @@ from rayfed.privacy import check_budget
 from rayfed.protocols.base import reconcile_randomness
 
 LFL = {"setting": ("lfl",)}
-#: the VFL options each literature baseline does not read (DP-SGLD steps at sgld_step for
-#: T·T' steps, no fine-tuning; ObjPertb solves K times in closed form, pure ε-DP)
-BASELINE_IGNORES = {
-    "dp-sgld": ("vfl_lr", "vfl_lr_end", "finetune_steps"),
-    "objpert": (
-        "vfl_lr",
-        "vfl_lr_end",
-        "finetune_steps",
-        "iterations",
-        "local_steps",
-        "sampling_rate",
-        "delta",
-    ),
-}
 PARTITIONED = {"setting": ("vfl", "hfl")}
 PRIVATE = {"noise": ("gaussian",)}
 #: VFL's central literature baselines (spec §2.10, Fig. 4.4): s = 1 only
@@ -38,6 +24,21 @@ METHODS = {
     "vfl": ("vfl", "local", "central", "dp-sgld", "objpert"),
     "hfl": ("hfl", "local", "central"),
 }
+
+
+def methods_but(*left_out: str) -> dict[str, tuple[str, ...]]:
+    """A ``when`` for the options every method reads but ``left_out`` (the method resolved:
+    :func:`rayfed.config.check_applicable` reads ``resolved_method``)."""
+    every = dict.fromkeys(m for ms in METHODS.values() for m in ms)
+    return {"method": tuple(m for m in every if m not in left_out)}
+
+
+#: DP-SGLD steps at sgld_step for T·T' steps with no fine-tuning; ObjPertb solves K times in
+#: closed form, pure ε-DP, no minibatches; GD-DR sends one-bit reports through no secure
+#: aggregation and has no corrected/faithful modes
+NOT_SGLD_OR_OBJPERT = methods_but("dp-sgld", "objpert")
+NOT_OBJPERT = methods_but("objpert")
+NOT_GDDR = methods_but("gd-dr")
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,7 @@ class FederatedMFConfig:
         "is reported). LFL: the two rounds' noise shares; VFL/HFL per-rating (and dp-sgld): "
         "corrected Poisson-samples ratings, faithful samples users as the thesis does, which "
         "amplifies per-user privacy only",
+        when=NOT_GDDR,
     )
     epsilon: float = option(
         1.0,
@@ -75,13 +77,18 @@ class FederatedMFConfig:
         when=PRIVATE,
     )
     delta: float | None = option(
-        None, "δ (default 1/number of ratings)", above=0, below=1, when=PRIVATE
+        None,
+        "δ (default 1/number of ratings)",
+        above=0,
+        below=1,
+        when={**PRIVATE, **NOT_OBJPERT},
     )
     iterations: int = option(
         5,
         "T, server iterations (the spec's runs use 10 for LFL, 100 for VFL/HFL; 5 keeps the "
         "default run to a minute)",
         at_least=1,
+        when=NOT_OBJPERT,
     )
     rank: int = option(10, "embedding dimension p", at_least=1, size=True)
     bound: float = option(
@@ -94,6 +101,7 @@ class FederatedMFConfig:
         50,
         "LFL/HFL: local, unpublished Stage-3 steps; VFL: κ noisy steps on V_Fk (published, charged)",
         at_least=0,
+        when=NOT_SGLD_OR_OBJPERT,
     )
     local_lr: float = option(
         0.05, "LFL/HFL: learning rate of the local (non-private) steps", above=0
@@ -145,14 +153,14 @@ class FederatedMFConfig:
         "simulation",
         "LFL: secure aggregation mode for Round 1 (only secure protects against the server; it "
         "makes the run randomness=secure, and a secure run makes simulation secure)",
-        when=LFL,
+        when={**LFL, **NOT_GDDR},
     )
     consistency: bool = option(
         False,
         "LFL: SecAgg's consistency round in Round 1 (users sign U3 and unmask only for that list, "
         "signed by more than half of the users: catches a server that shows users different "
         "lists; keys are authenticated through a simulated PKI)",
-        when={**LFL, "secagg_mode": ("secure", "simulation")},
+        when={**LFL, **NOT_GDDR, "secagg_mode": ("secure", "simulation")},
     )
     cohorts: int | None = option(
         None, "LFL: user-cohort actors (default: this machine's CPUs)", at_least=1, when=LFL
@@ -164,7 +172,10 @@ class FederatedMFConfig:
         when=PARTITIONED,
     )
     local_steps: int = option(
-        10, "VFL/HFL: T', local DP-SGD steps between averages", at_least=1, when=PARTITIONED
+        10,
+        "VFL/HFL: T', local DP-SGD steps between averages",
+        at_least=1,
+        when={**PARTITIONED, **NOT_OBJPERT},
     )
     sampling_rate: float = option(
         0.01,
@@ -172,7 +183,7 @@ class FederatedMFConfig:
         "mode=corrected)",
         above=0,
         at_most=1,
-        when=PARTITIONED,
+        when={**PARTITIONED, **NOT_OBJPERT},
     )
     privacy_unit: Literal["rating", "user"] | None = option(
         None,
@@ -202,14 +213,14 @@ class FederatedMFConfig:
         "VFL/HFL: learning rate of the local DP-SGD steps (constant; with vfl_lr_end, the start "
         "of its decay). ML-100K wants more: see docs/protocols/federated-mf.md",
         above=0,
-        when=PARTITIONED,
+        when={**PARTITIONED, **NOT_SGLD_OR_OBJPERT},
     )
     vfl_lr_end: float | None = option(
         None,
         "VFL/HFL: decay vfl_lr linearly to this over the first 80 % of the T·T' DP-SGD steps, "
         "then hold it (spec §5.3; VFL's fine-tuning runs at it); default: constant vfl_lr",
         above=0,
-        when=PARTITIONED,
+        when={**PARTITIONED, **NOT_SGLD_OR_OBJPERT},
     )
     sgld_step: float = option(
         1e-3,
@@ -264,8 +275,6 @@ class FederatedMFConfig:
             self._check_baseline()
         if self.mode == "faithful" and self.setting != "lfl":
             self._check_faithful()
-        if self.resolved_method() == "gd-dr":
-            self._check_gddr()
         if self.noise == "none" and not self.noisy_method():
             raise ConfigError(
                 "noise",
@@ -274,12 +283,8 @@ class FederatedMFConfig:
             )
 
     def _check_baseline(self) -> None:
-        """DP-SGLD and ObjPertb run centrally on one party's ratings, always with their noise, and
-        refuse the VFL options they do not read (set away from the default)."""
-        default = type(self)()
-        for name in BASELINE_IGNORES[self.method]:
-            if getattr(self, name) != getattr(default, name):
-                raise ConfigError(name, f"method={self.method} does not read it", f"drop {name}")
+        """DP-SGLD and ObjPertb run centrally on one party's ratings, always with their noise (the
+        VFL options they do not read are refused by their ``when``)."""
         if self.parties != 1:
             raise ConfigError(
                 "parties",
@@ -315,16 +320,6 @@ class FederatedMFConfig:
                 "at sampling_rate=1 every batch holds every rating, whichever unit is sampled",
                 "drop mode, or sampling_rate < 1",
             )
-
-    def _check_gddr(self) -> None:
-        """GD-DR sends one-bit LDP reports (through a shuffler, not secure aggregation): the
-        secure-aggregation options would not be read."""
-        default = type(self)()
-        for name in ("mode", "secagg_mode", "consistency"):
-            if getattr(self, name) != getattr(default, name):
-                raise ConfigError(
-                    name, "method=gd-dr runs no secure aggregation and has no modes", f"drop {name}"
-                )
 
     def resolved_method(self) -> str:
         return self.method or self.setting
