@@ -39,7 +39,8 @@ from rayfed.backends import (
 from rayfed.errors import BelowThreshold, ConfigError
 from rayfed.faults import MEMBER as MEMBER_ROLE
 from rayfed.faults import Faults
-from rayfed.privacy.ledger import RUN_SCOPE, Budget, event_to_dict
+from rayfed.privacy.declaration import PrivacyDeclaration
+from rayfed.privacy.ledger import RUN_SCOPE, event_to_dict
 from rayfed.privacy.source import RANDOMNESS
 
 __all__ = ["Federation", "Group", "PerMember", "Replies", "Single", "Transcript"]
@@ -264,9 +265,9 @@ class Federation:
         The run's root seed; every actor derives its streams from it.
     parties, cohorts:
         ``{name: (table, meta)}`` — each member's Arrow partition and public facts about it.
-    budget, ledger:
-        The privacy budget and the ledger declaration (accountant, relation, composition,
-        statement) the coordinator opens.
+    privacy:
+        The privacy declaration (budget, accountant, relation, composition, statement,
+        releases) the coordinator opens its ledger with.
     backend:
         ``"ray"`` (default) or ``"local"`` (in-process, no Ray).
     randomness:
@@ -287,8 +288,7 @@ class Federation:
         seed: int,
         parties: Mapping[str, tuple[pa.Table, dict]] | None = None,
         cohorts: Mapping[str, tuple[pa.Table, dict]] | None = None,
-        budget: Budget,
-        ledger: dict[str, Any] | None = None,
+        privacy: PrivacyDeclaration,
         backend: str = "ray",
         randomness: str = "seeded",
         deadline_s: float = 120.0,
@@ -317,7 +317,7 @@ class Federation:
             if backend == "local"
             else RayBackend(seed=seed, randomness=randomness, actors=actors)
         )
-        self._budget, self._ledger_decl = budget, dict(ledger or {})
+        self._privacy = privacy
         self._actor_options = actor_options or {}
         self.faults = Faults(faults, cohort_restarts=cohort_restarts)
         self.transcript = Transcript()
@@ -362,7 +362,10 @@ class Federation:
                 if len(group):
                     group.invoke("ping", deadline_s=max(self.deadline_s, STARTUP_DEADLINE_S))
             self._ledger(
-                "open_ledger", self._budget, randomness=self.randomness, **self._ledger_decl
+                "open_ledger",
+                self._privacy.budget,
+                randomness=self.randomness,
+                **self._privacy.ledger_options(),
             )
         except BaseException:
             self.shutdown()

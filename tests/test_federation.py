@@ -16,7 +16,7 @@ from rayfed.actors import Message
 from rayfed.data import per_user
 from rayfed.errors import BudgetExceeded, DataError, PartyFailed, RoundTimeout, UnaccountedNoise
 from rayfed.federation import Federation
-from rayfed.privacy import Budget, laplace, laplace_event
+from rayfed.privacy import Budget, Neighbours, PrivacyDeclaration, laplace, laplace_event
 
 # Ray workers cannot import this test module: ship its step functions by value.
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -41,8 +41,13 @@ def make_fed(backend, parties=2, cohorts=None, deadline_s=30.0, epsilon=1.0, **k
         seed=5,
         parties=tables,
         cohorts=cohorts or {},
-        budget=Budget(epsilon),
-        ledger=dict(composition="parallel"),
+        privacy=PrivacyDeclaration(
+            Budget(epsilon),
+            "pure",
+            Neighbours("replace_one", "value"),
+            composition="parallel",
+            statement="test parties compose in parallel",
+        ),
         backend=backend,
         deadline_s=deadline_s,
         **kw,
@@ -226,11 +231,11 @@ def test_an_event_no_mechanism_drew_in_the_step_is_refused(backend):
     event = laplace_event(1.0, 0.5)
     with make_fed(backend, epsilon=4.0) as fed:
         fed.charge([("p0", "laplace", event)])
-        with pytest.raises(UnaccountedNoise, match="no rayfed.privacy mechanism drew"):
+        with pytest.raises(UnaccountedNoise, match="did not draw"):
             fed.parties.run(forged, 0.5, phase="forged", members=["p0"])
         with pytest.raises(UnaccountedNoise, match="no message carries it"):
             fed.parties.run(silent_noise, 0.5, phase="silent", members=["p0"])
-        with pytest.raises(UnaccountedNoise, match="no rayfed.privacy mechanism drew"):
+        with pytest.raises(UnaccountedNoise, match="did not draw"):
             fed.parties.run(send_stale, phase="stale", members=["p0"])
 
 
@@ -261,7 +266,10 @@ def test_member_names_are_checked():
 
     with pytest.raises(ConfigError, match="reserved"):
         Federation(
-            run_id="t", seed=0, parties={"cohorts": (pa.table({"x": [1]}), {})}, budget=Budget(1.0)
+            run_id="t",
+            seed=0,
+            parties={"cohorts": (pa.table({"x": [1]}), {})},
+            privacy=PrivacyDeclaration.none("test"),
         )
 
 

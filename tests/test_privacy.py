@@ -1,10 +1,11 @@
+import json
 import math
 
 import numpy as np
 import pytest
 from dp_accounting import dp_event
 
-from rayfed.errors import BudgetExceeded, ConfigError
+from rayfed.errors import BudgetExceeded, ConfigError, UnaccountedNoise
 from rayfed.privacy import (
     Budget,
     NoiseSource,
@@ -289,9 +290,15 @@ def test_report_holds_the_composed_event():
     ledger = PrivacyLedger(Budget(1.0))
     ledger.charge(dp_event.LaplaceDpEvent(noise_multiplier=2.0), label="a")
     composed = ledger.report().composed_event
-    assert (
-        composed["type"] == "ComposedDpEvent" and composed["events"][0]["noise_multiplier"] == 2.0
-    )
+    assert composed["class_name"] == "ComposedDpEvent"
+    assert composed["events"][0]["noise_multiplier"] == 2.0
+    # dp-accounting's own named-tuple round trip rebuilds the event from the JSON form
+    from rayfed.privacy import event_from_dict
+
+    rebuilt = event_from_dict(json.loads(json.dumps(composed)))
+    assert rebuilt == dp_event.ComposedDpEvent([dp_event.LaplaceDpEvent(noise_multiplier=2.0)])
+    with pytest.raises(ValueError, match="not a privacy event"):
+        event_from_dict({**composed, "module_name": "os"})
 
 
 def test_gaussian_calibration_meets_the_target_and_no_less_noise_would():
@@ -336,3 +343,66 @@ def test_accountant_reproduces_check_c4():
 
     acc = make_accountant("rdp", "add_or_remove_one").compose(gaussian_steps_event(1.1, 1000, 0.01))
     assert acc.get_epsilon(1e-5) == pytest.approx(1.712, rel=0.01)
+
+
+# --- the noise-origin check compares whole events -------------------------------------------------
+def _step() -> NoiseSource:
+    source = NoiseSource.seeded(3, "p0")
+    source.begin_step()
+    return source
+
+
+def test_two_draws_under_one_charge_are_refused():
+    """Two Gaussian releases carried as one event: the second draw is carried by nothing (the
+    audit's "ledger ε 2.17" case, which a comparison of leaf events let through)."""
+    source = _step()
+    _, event = gaussian(source, np.zeros(3), l2_sensitivity=1.0, noise_multiplier=1.0)
+    gaussian(source, np.zeros(3), l2_sensitivity=1.0, noise_multiplier=1.0)
+    source.check_carried(event, "a message")
+    with pytest.raises(UnaccountedNoise, match="no message carries it"):
+        source.check_all_carried([event])
+    source.check_all_carried([dp_event.SelfComposedDpEvent(event, 2)])  # both carried: fine
+
+
+def test_a_multiplicity_no_draw_backs_is_refused():
+    source = _step()
+    _, event = gaussian(source, np.zeros(3), l2_sensitivity=1.0, noise_multiplier=1.0)
+    with pytest.raises(UnaccountedNoise, match="did not draw"):
+        source.check_carried(dp_event.SelfComposedDpEvent(event, 2), "a message")
+    with pytest.raises(UnaccountedNoise, match="do not make it up"):
+        source.check_all_carried([dp_event.SelfComposedDpEvent(event, 2)])
+
+
+def test_a_sampling_claim_needs_a_sample_drawn_at_its_rate():
+    """A release claiming Poisson sampling at q = 0.001 that it never drew (the audit's "ε 0.12"
+    case) is refused where it registers; with the sample drawn at that rate it passes."""
+    from rayfed.privacy import Gaussian, Interval, Measurement, Neighbours
+
+    m = Measurement(
+        "sampled sum",
+        Gaussian(2.0),
+        Interval(0.0, 1.0),
+        Neighbours("add_or_remove_one", "user"),
+        sampling=0.001,
+    )
+    source = _step()
+    with pytest.raises(UnaccountedNoise, match="no sample at that rate"):
+        m(source, np.zeros(2))
+    source = _step()
+    source.poisson_sample(0.01, 100)  # another rate backs nothing here
+    with pytest.raises(UnaccountedNoise, match="no sample at that rate"):
+        m(source, np.zeros(2))
+    source = _step()
+    mask = m.sample(source, 1000)
+    assert mask.dtype == bool and mask.shape == (1000,)
+    _, event = m(source, np.zeros(2))
+    assert event == dp_event.PoissonSampledDpEvent(0.001, dp_event.GaussianDpEvent(2.0))
+    source.check_all_carried([event])
+    with pytest.raises(UnaccountedNoise, match="no sample at that rate"):
+        m(source, np.zeros(2))  # one sample backs one release
+
+
+def test_part_of_names_a_declared_release():
+    source = _step()
+    with pytest.raises(TypeError, match="declared release"):
+        gaussian(source, np.zeros(2), l2_sensitivity=1.0, noise_multiplier=1.0, part_of="free text")

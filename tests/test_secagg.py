@@ -19,7 +19,7 @@ from rayfed.data import per_user
 from rayfed.dropout import NEVER, PHASES, DropoutSchedule
 from rayfed.errors import BelowThreshold, ConfigError
 from rayfed.federation import Federation
-from rayfed.privacy import Budget
+from rayfed.privacy import PrivacyDeclaration
 from rayfed.secagg import (
     FixedPoint,
     ProtocolViolation,
@@ -219,7 +219,7 @@ def _run(
         run_id="t",
         seed=seed,
         cohorts=cohorts,
-        budget=Budget.none(),
+        privacy=PrivacyDeclaration.none("test"),
         backend=backend,
         randomness="secure" if mode == "secure" else "seeded",
     ) as fed:
@@ -880,7 +880,11 @@ def test_a_cohort_killed_in_process_becomes_dropouts(phase):
         kill=("c2", phase),
     )
     with Federation(
-        run_id="t", seed=3, cohorts=cohorts, budget=Budget.none(), backend="local"
+        run_id="t",
+        seed=3,
+        cohorts=cohorts,
+        privacy=PrivacyDeclaration.none("test"),
+        backend="local",
     ) as fed:
         result = secure_sum(fed, spec, _inputs, (3,))
     assert result.failed_cohorts == ["c2"]

@@ -16,11 +16,10 @@ import math
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from dp_accounting import dp_event
 
 from rayfed import rng
 from rayfed.errors import DataError
-from rayfed.privacy import binary_rr_event
+from rayfed.privacy import Measurement, Neighbours, OneHot, RandomizedResponse
 
 Domain = int | list[str | int]
 
@@ -35,9 +34,21 @@ def keep_probability(eps_prime: float) -> float:
     return 0.5 + eps_prime
 
 
-def rr_event(eps_prime: float) -> dp_event.DpEvent:
-    """The DP event of one party's message: RR on the two one-hot bits one user change can flip."""
+def rr_event(eps_prime: float):  # TODO(calibration): removed once vfl-primitives uses rr_measurement
+    from dp_accounting import dp_event
+
+    from rayfed.privacy import binary_rr_event
+
     return dp_event.SelfComposedDpEvent(event=binary_rr_event(keep_probability(eps_prime)), count=2)
+
+
+def rr_measurement(label: str, eps_prime: float, size: int, relation: Neighbours) -> Measurement:
+    """One party's release: binary RR on its users' one-hot values over ``size`` values (a value
+    outside the domain is the all-zero vector, within the same Hamming distance). Replacing a
+    user's value flips two bits: the event is the per-bit RR composed twice."""
+    return Measurement(
+        label, RandomizedResponse(keep_probability(eps_prime)), OneHot(max(size, 2)), relation
+    )
 
 
 def debias_constants(eps_prime: float) -> tuple[float, float]:

@@ -1,16 +1,18 @@
 """The privacy ledger of a run, over ``dp_accounting``.
 
 A protocol declares its budget (ε, δ), the accountant (``pure``: basic composition of pure/approximate
-DP; ``rdp``; ``pld``), the neighbouring relation, and whether its scopes compose in parallel (disjoint
-data: e.g. "DP in VFL", where a neighbour changes one party's data only) or sequentially. Every
-noise event is charged *before* the noise is drawn; a charge that would exceed the budget raises
-:class:`~rayfed.errors.BudgetExceeded` and records nothing.
+DP; ``rdp``; ``pld``; ``tightest``: PLD and RDP side by side, the smaller ε reported — both are
+valid upper bounds — and the one that gave it named), the neighbouring relation, and whether its
+scopes compose in parallel (disjoint data: e.g. "DP in VFL", where a neighbour changes one party's
+data only) or sequentially. Every noise event is charged *before* the noise is drawn; a charge that
+would exceed the budget raises :class:`~rayfed.errors.BudgetExceeded` and records nothing.
 """
 
 from __future__ import annotations
 
 import copy
 import math
+from collections import namedtuple
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,6 +24,7 @@ from dp_accounting.privacy_accountant import NeighboringRelation, PrivacyAccount
 from rayfed.errors import BudgetExceeded, ConfigError, RayfedError
 from rayfed.privacy.shuffling import ShuffledDpEvent, shuffle_epsilon0_limit, shuffled_guarantee
 from rayfed.privacy.source import STATEMENTS as RANDOMNESS_STATEMENTS
+from rayfed.privacy.source import sampled_rates
 
 # Relative slack for comparing floating-point ε against the budget: a protocol that calibrates
 # its noise to spend exactly the budget must not be refused for a rounding error.
@@ -57,10 +60,6 @@ class UnitInSampledGroupGaussianDpEvent(dp_event.DpEvent):
 
     sampling_probability: float
     noise_multiplier: float
-
-    def drawn_events(self) -> list[dp_event.DpEvent]:
-        """The mechanism drawn: a Gaussian on the sampled groups' sum (noise-origin check)."""
-        return [dp_event.GaussianDpEvent(self.noise_multiplier)]
 
 
 def unit_in_sampled_group_rdp(q: float, z: float, orders: np.ndarray) -> np.ndarray:
@@ -188,7 +187,79 @@ class MemoRdpAccountant(rdp.RdpAccountant):
         return None
 
 
-ACCOUNTANTS = ("pure", "rdp", "pld")
+class TightestAccountant(PrivacyAccountant):
+    """dp-accounting's PLD and RDP accountants composed side by side: ε is the smaller of the two
+    (each is a valid upper bound), :meth:`used` names the one that gave it. An event one of them
+    does not support (PLD: Laplace under replace-one, rayfed's group-sampled Gaussian) leaves
+    the other alone for the rest of the composition; one neither supports is refused."""
+
+    def __init__(self, neighboring_relation: NeighboringRelation):
+        super().__init__(neighboring_relation)
+        replace = neighboring_relation == NeighboringRelation.REPLACE_ONE
+        self.parts: dict[str, PrivacyAccountant | None] = {
+            # rayfed's events measure noise against the distance between neighbouring outputs
+            # (the relation's Δ), as dp-accounting's RDP does; its PLD reads a replace-one
+            # Gaussian or Laplace as two unit shifts apart. Without sampling the pair of output
+            # laws is the add/remove pair at distance Δ, which is what PLD is given here.
+            "pld": pld.PLDAccountant(
+                neighboring_relation=NeighboringRelation.ADD_OR_REMOVE_ONE
+                if replace
+                else neighboring_relation
+            ),
+            "rdp": MemoRdpAccountant(neighboring_relation=neighboring_relation),
+        }
+        self._replace = replace
+
+    def _supports(self, key: str, acc: PrivacyAccountant, event) -> bool:
+        if key == "pld" and self._replace and sampled_rates(event):
+            return False  # a sampled release under replace-one is not the add/remove pair
+        if key == "pld" and _holds(event, dp_event.RandomizedResponseDpEvent):
+            return False  # PLD's randomized response is the replace-one pair only
+        return acc.supports(event)
+
+    def _maybe_compose(self, event, count, do_compose):
+        live = {k: a for k, a in self.parts.items() if a is not None}
+        able = {k: a for k, a in live.items() if self._supports(k, a, event)}
+        if not able:
+            return self.CompositionErrorDetails(
+                invalid_event=event, error_message="neither PLD nor RDP accounts this event"
+            )
+        if do_compose:
+            for key, acc in live.items():
+                if key in able:
+                    acc.compose(event, count)
+                else:
+                    self.parts[key] = None
+        return None
+
+    def epsilons(self, target_delta: float) -> dict[str, float]:
+        return {
+            k: float(a.get_epsilon(target_delta)) for k, a in self.parts.items() if a is not None
+        }
+
+    def used(self, target_delta: float) -> str:
+        eps = self.epsilons(target_delta)
+        return min(eps, key=lambda k: (eps[k], k))
+
+    def get_epsilon(self, target_delta: float) -> float:
+        return min(self.epsilons(target_delta).values())
+
+    def get_delta(self, target_epsilon: float) -> float:
+        return min(float(a.get_delta(target_epsilon)) for a in self.parts.values() if a is not None)
+
+
+def _holds(event: dp_event.DpEvent, kind: type) -> bool:
+    """Whether ``event`` is or composes an event of class ``kind``."""
+    if isinstance(event, kind):
+        return True
+    if isinstance(event, (dp_event.SelfComposedDpEvent, dp_event.PoissonSampledDpEvent)):
+        return _holds(event.event, kind)
+    if isinstance(event, dp_event.ComposedDpEvent):
+        return any(_holds(e, kind) for e in event.events)
+    return False
+
+
+ACCOUNTANTS = ("pure", "rdp", "pld", "tightest")
 RELATIONS = {
     "replace_one": NeighboringRelation.REPLACE_ONE,
     "add_or_remove_one": NeighboringRelation.ADD_OR_REMOVE_ONE,
@@ -240,22 +311,44 @@ def make_accountant(kind: str, relation: str) -> PrivacyAccountant:
         return MemoRdpAccountant(neighboring_relation=rel)
     if kind == "pld":
         return pld.PLDAccountant(neighboring_relation=rel)
+    if kind == "tightest":
+        return TightestAccountant(rel)
     raise ConfigError("accountant", f"unknown accountant {kind!r}", ACCOUNTANTS)
 
 
 def event_to_dict(event: dp_event.DpEvent) -> dict[str, Any]:
-    """A JSON-ready form of a DpEvent (class name + fields, nested events expanded)."""
+    """A JSON-ready form of a DpEvent: dp-accounting's own named tuple
+    (``DpEvent.to_named_tuple``: module, class and fields, nested events expanded) as a dict."""
 
-    def convert(value):
-        if isinstance(value, dp_event.DpEvent):
-            return event_to_dict(value)
+    def plain(value):
+        if isinstance(value, tuple) and hasattr(value, "_fields"):
+            return {k: plain(v) for k, v in value._asdict().items()}
         if isinstance(value, (list, tuple)):
-            return [convert(v) for v in value]
+            return [plain(v) for v in value]
         return value
 
-    out: dict[str, Any] = {"type": type(event).__name__}
-    out.update({k: convert(v) for k, v in attr.asdict(event, recurse=False).items()})
-    return out
+    return plain(event.to_named_tuple())
+
+
+#: the modules whose event classes a stored event may name
+_EVENT_MODULES = ("dp_accounting.", "rayfed.privacy.")
+
+
+def event_from_dict(data: dict[str, Any]) -> dp_event.DpEvent:
+    """The DpEvent of :func:`event_to_dict`'s form, through ``DpEvent.from_named_tuple``; only
+    classes of dp-accounting and rayfed.privacy are rebuilt."""
+
+    def tupled(value):
+        if isinstance(value, dict) and "class_name" in value:
+            if not str(value.get("module_name", "")).startswith(_EVENT_MODULES):
+                raise ValueError(f"not a privacy event's module: {value.get('module_name')!r}")
+            fields = {k: tupled(v) for k, v in value.items()}
+            return namedtuple(f"_{value['class_name']}NamedTupleWrapper", list(fields))(**fields)
+        if isinstance(value, list):
+            return [tupled(v) for v in value]
+        return value
+
+    return dp_event.DpEvent.from_named_tuple(tupled(data))
 
 
 @dataclass(frozen=True)
@@ -290,6 +383,12 @@ class PrivacyReport:
     notes: list[str] = field(default_factory=list)
     entries: list[dict[str, Any]] = field(default_factory=list)
     composed_event: dict[str, Any] = field(default_factory=dict)
+    #: each declared release: its mechanism, Δ and why (Measurement.describe)
+    releases: list[str] = field(default_factory=list)
+    #: the accountant that gave ε ("pld" or "rdp" under ``tightest``; else the accountant)
+    accountant_used: str = ""
+    #: ε by each accountant composed (``tightest``: both PLD's and RDP's)
+    epsilon_by_accountant: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -297,7 +396,13 @@ class PrivacyReport:
     def summary(self) -> str:
         if self.budget_epsilon == 0 and self.budget_delta == 0:
             return f"no differential privacy ({self.statement})"
-        text = f"epsilon={self.epsilon:.4g}, delta={self.delta:.3g} ({self.accountant}, {self.composition})"
+        how = self.accountant
+        others = {k: v for k, v in self.epsilon_by_accountant.items() if k != self.accountant_used}
+        if self.accountant_used and self.accountant_used != self.accountant:
+            how += f": {self.accountant_used}" + "".join(
+                f"; {k} gives {v:.4g}" for k, v in sorted(others.items())
+            )
+        text = f"epsilon={self.epsilon:.4g}, delta={self.delta:.3g} ({how}, {self.composition})"
         return text + f" of budget epsilon={self.budget_epsilon:g}, delta={self.budget_delta:g}"
 
 
@@ -332,6 +437,7 @@ class PrivacyLedger:
         composition: str = "sequential",
         statement: str = "",
         randomness: str = "seeded",
+        releases: list[str] | None = None,
     ):
         if accountant not in ACCOUNTANTS:
             raise ConfigError("accountant", f"unknown accountant {accountant!r}", ACCOUNTANTS)
@@ -349,6 +455,7 @@ class PrivacyLedger:
         if randomness not in RANDOMNESS_STATEMENTS:
             raise ConfigError("randomness", f"unknown {randomness!r}", RANDOMNESS_STATEMENTS)
         self.randomness = randomness
+        self.releases = list(releases or [])
         self.entries: list[LedgerEntry] = []
         self.notes: list[str] = []
         self._accountants: dict[str, PrivacyAccountant] = {}
@@ -433,8 +540,24 @@ class PrivacyLedger:
         """Attach a statement to the report (e.g. a paper's claim next to the true guarantee)."""
         self.notes.append(text)
 
+    def _worst_accountant(self) -> PrivacyAccountant | None:
+        if not self._accountants:
+            return None
+        return max(self._accountants.values(), key=lambda a: self._guarantee(a)[0])
+
     def report(self) -> PrivacyReport:
         eps, delta = self.spent()
+        worst = self._worst_accountant()
+        by_accountant = (
+            worst.epsilons(self.budget.delta)
+            if isinstance(worst, TightestAccountant)
+            else ({self.accountant: eps} if worst is not None else {})
+        )
+        used = (
+            worst.used(self.budget.delta)
+            if isinstance(worst, TightestAccountant)
+            else self.accountant
+        )
         return PrivacyReport(
             epsilon=eps,
             delta=delta,
@@ -449,6 +572,9 @@ class PrivacyLedger:
             randomness=self.randomness,
             randomness_statement=RANDOMNESS_STATEMENTS[self.randomness],
             notes=list(self.notes),
+            releases=list(self.releases),
+            accountant_used=used,
+            epsilon_by_accountant=by_accountant,
             composed_event=event_to_dict(dp_event.ComposedDpEvent([e.event for e in self.entries])),
             entries=[
                 {

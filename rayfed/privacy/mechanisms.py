@@ -57,9 +57,14 @@ def laplace(
     """Add Lap(Δ₁/ε) noise to every coordinate of ``values``: ε-DP for ℓ₁ sensitivity Δ₁."""
     event = laplace_event(l1_sensitivity, epsilon)
     scale = float(l1_sensitivity) / float(epsilon)
+    return _drawn(noise, draw_laplace(noise, values, scale=scale, round=round, ident=ident), event)
+
+
+def draw_laplace(noise: NoiseSource, values, *, scale: float, round: int = 0, ident=None):
+    """``values`` + Lap(scale) on every coordinate (the draw alone: nothing registered)."""
     values = np.asarray(values, dtype=np.float64)
     gen = noise.generator("laplace", round, ident)
-    return _drawn(noise, values + gen.laplace(0.0, scale, size=values.shape), event)
+    return values + gen.laplace(0.0, scale, size=values.shape)
 
 
 def gaussian_event(noise_multiplier: float) -> dp_event.GaussianDpEvent:
@@ -90,12 +95,23 @@ def gaussian(
     """
     event = gaussian_event(noise_multiplier)
     sigma = event.noise_multiplier * _positive("l2_sensitivity", l2_sensitivity)
+    release = draw_gaussian(
+        noise, values, sigma=sigma, round=round, ident=ident, ids=ids, purpose=purpose
+    )
+    return _drawn(noise, release, event, part_of)
+
+
+def draw_gaussian(
+    noise: NoiseSource, values, *, sigma: float, round=0, ident=None, ids=None, purpose="gaussian"
+):
+    """``values`` + N(0, σ²) on every coordinate, keyed per row by user id with ``ids`` (the
+    draw alone: nothing registered)."""
     values = np.asarray(values, dtype=np.float64)
     if ids is None:
         draw = noise.generator(purpose, round, ident).standard_normal(values.shape)
     else:
         draw = noise.user_normal(purpose, round, ids, values.shape[1])
-    return _drawn(noise, values + sigma * draw, event, part_of)
+    return values + sigma * draw
 
 
 def distributed_gaussian_event(
@@ -191,13 +207,21 @@ def discrete_laplace(
     is exactly DLap(a).
     """
     event = discrete_laplace_event(l1_sensitivity, epsilon)
+    release = draw_discrete_laplace(
+        noise, values, a=event.noise_parameter, round=round, ident=ident
+    )
+    return _drawn(noise, release, event)
+
+
+def draw_discrete_laplace(noise: NoiseSource, values, *, a: float, round: int = 0, ident=None):
+    """Integer ``values`` + DLap(a) (the draw alone: nothing registered)."""
     values = np.asarray(values)
     if not np.issubdtype(values.dtype, np.integer):
         raise ConfigError("values", "the discrete Laplace mechanism needs integer values")
-    p = -math.expm1(-event.noise_parameter)
+    p = -math.expm1(-a)
     gen = noise.generator("discrete-laplace", round, ident)
     draw = gen.geometric(p, size=values.shape) - gen.geometric(p, size=values.shape)
-    return _drawn(noise, values.astype(np.int64) + draw, event)
+    return values.astype(np.int64) + draw
 
 
 def split_discrete_laplace(
@@ -320,12 +344,23 @@ def binary_randomized_response(
     users (or records) and each row's coins are keyed by its id.
     """
     event = binary_rr_event(keep_probability)
+    release = draw_binary_rr(
+        noise, bits, keep_probability=keep_probability, round=round, ident=ident, ids=ids
+    )
+    return _drawn(noise, release, event)
+
+
+def draw_binary_rr(
+    noise: NoiseSource, bits, *, keep_probability: float, round=0, ident=None, ids=None
+):
+    """Every bit kept with probability q, flipped otherwise (the draw alone: nothing
+    registered)."""
     bits = np.asarray(bits).astype(bool)
     if ids is None:
         u = noise.generator("randomized-response", round, ident).random(bits.shape)
     else:
         u = noise.user_uniform("randomized-response", round, ids, bits.shape[1])
-    return _drawn(noise, bits ^ (u >= float(keep_probability)), event)
+    return bits ^ (u >= float(keep_probability))
 
 
 def kary_rr_event(k: int, epsilon: float) -> dp_event.RandomizedResponseDpEvent:
@@ -346,13 +381,21 @@ def kary_randomized_response(
     probability p = k / (e^ε + k - 1) and the true one otherwise.
     """
     event = kary_rr_event(k, epsilon)
+    release = draw_kary_rr(noise, values, k=k, epsilon=epsilon, round=round, ident=ident)
+    return _drawn(noise, release, event)
+
+
+def draw_kary_rr(noise: NoiseSource, values, *, k: int, epsilon: float, round=0, ident=None):
+    """Each value kept, or with probability k/(e^ε + k − 1) replaced by a uniform one (the draw
+    alone: nothing registered)."""
+    p = kary_rr_event(k, epsilon).noise_parameter
     values = np.asarray(values)
     if values.size and (values.min() < 0 or values.max() >= k):
         raise ConfigError("values", f"must lie in {{0, …, {k - 1}}}")
     gen = noise.generator("randomized-response", round, ident)
-    randomize = gen.random(values.shape) < event.noise_parameter
+    randomize = gen.random(values.shape) < p
     uniform = gen.integers(0, k, size=values.shape)
-    return _drawn(noise, np.where(randomize, uniform, values).astype(np.int64), event)
+    return np.where(randomize, uniform, values).astype(np.int64)
 
 
 def local_randomizer(

@@ -18,12 +18,20 @@ only data plus noise — the usual assumption of DP libraries that do not claim 
 sampler.
 
 A source also keeps the events of the current step: every :mod:`rayfed.privacy` mechanism
-registers the event it drew under, and a message may carry only events built from those
-(:meth:`check_carried`) — so a charge is always tied to noise that was actually drawn.
+registers the event it drew under, whole (with its multiplicity and its sampling), and the step's
+messages must carry exactly those draws (:meth:`NoiseSource.check_carried`,
+:meth:`NoiseSource.check_all_carried`) — so a charge is always tied to noise that was actually
+drawn, as often and as sampled as the event says. A subsampled event is registered only after a
+Poisson sample at its rate was drawn in the step (:meth:`NoiseSource.poisson_sample`).
+
+Tests can install a noiseless probe (:func:`noiseless`): measurements then release their exact
+query values through it instead of drawing noise — the empirical sensitivity check of the
+conformance suite. The core refuses it outside a test run.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import secrets
@@ -65,21 +73,52 @@ def _feed(digest, release: Any) -> bool:
     return True
 
 
-def leaves(event: dp_event.DpEvent) -> list[dp_event.DpEvent]:
-    """The mechanism events a composed event is built from (compositions and sampling unwrapped;
-    rayfed's own wrapping events name what was drawn through their ``drawn_events()``)."""
+#: the installed noiseless probe (tests only; see :func:`noiseless`)
+_PROBE: Any = None
+
+
+@contextlib.contextmanager
+def noiseless(probe):
+    """Within the block, every seeded source built gets ``probe``: a :class:`Measurement
+    <rayfed.privacy.measurement.Measurement>` then releases ``probe.observe(...)`` (its exact
+    query value) instead of a noisy one. Only inside a pytest test: a run without noise is never
+    a product's run."""
+    global _PROBE
+    if not os.environ.get("PYTEST_CURRENT_TEST"):
+        raise RuntimeError("the noiseless probe exists for tests only (pytest is not running)")
+    _PROBE = probe
+    try:
+        yield probe
+    finally:
+        _PROBE = None
+
+
+def sampled_rates(event: dp_event.DpEvent) -> list[float]:
+    """The Poisson sampling rates ``event`` claims, one per sampled release it holds."""
     if isinstance(event, dp_event.SelfComposedDpEvent):
-        return leaves(event.event)
+        return sampled_rates(event.event) * event.count
     if isinstance(event, dp_event.ComposedDpEvent):
-        return [leaf for sub in event.events for leaf in leaves(sub)]
-    if isinstance(
-        event, (dp_event.PoissonSampledDpEvent, dp_event.SampledWithoutReplacementDpEvent)
-    ):
-        return leaves(event.event)
-    drawn = getattr(event, "drawn_events", None)
+        return [r for sub in event.events for r in sampled_rates(sub)]
+    if isinstance(event, dp_event.PoissonSampledDpEvent):
+        return [float(event.sampling_probability), *sampled_rates(event.event)]
+    rate = getattr(event, "sampling_probability", None)  # rayfed's group-sampled event
+    return [float(rate)] if rate is not None else []
+
+
+def _consume(event: dp_event.DpEvent, pool: list[dp_event.DpEvent]) -> bool:
+    """Remove from ``pool`` the draws ``event`` is made of: the event itself if it was drawn
+    whole, else its parts, each as often as it composes them. False if a part was not drawn."""
+    if event in pool:
+        pool.remove(event)
+        return True
+    if isinstance(event, dp_event.SelfComposedDpEvent):
+        return all(_consume(event.event, pool) for _ in range(event.count))
+    if isinstance(event, dp_event.ComposedDpEvent):
+        return all(_consume(sub, pool) for sub in event.events)
+    drawn = getattr(event, "drawn_events", None)  # a wrapping event names what its step drew
     if callable(drawn):
-        return [leaf for sub in drawn() for leaf in leaves(sub)]
-    return [event]
+        return all(_consume(sub, pool) for sub in drawn())
+    return False
 
 
 class NoiseSource:
@@ -105,6 +144,9 @@ class NoiseSource:
         self._draws: Counter = Counter()
         self.events: list[dp_event.DpEvent] = []
         self._elsewhere: list[bool] = []  # per event: part of a release another message carries
+        self._samples: list[float] = []  # rates of the step's Poisson samples not yet used
+        #: the noiseless probe of a sensitivity test (None in every real run)
+        self.probe = _PROBE if randomness == "seeded" else None
         #: a short digest of every mechanism's release and every secret drawn, in draw order: two
         #: runs drew the same noise and keys iff these agree (in memory only, never written out)
         self.fingerprints: list[str] = []
@@ -213,16 +255,38 @@ class NoiseSource:
         self._fingerprint(np.frombuffer(raw, dtype=np.uint8))
         return raw
 
+    def poisson_sample(
+        self, rate: float, size: int, *, round: int = 0, ident=None, purpose: str = "sample"
+    ) -> np.ndarray:
+        """A Poisson sample: a boolean mask over ``size`` units, each in with probability
+        ``rate``. It backs one subsampled event registered later in this step."""
+        mask = self.generator(purpose, round, ident).random(size) < rate
+        self._samples.append(float(rate))
+        return mask
+
     # --- the step's events ---------------------------------------------------------------------
     def begin_step(self) -> None:
-        self.events, self._elsewhere = [], []
+        self.events, self._elsewhere, self._samples = [], [], []
 
-    def register(
-        self, event: dp_event.DpEvent, release: Any = None, *, part_of: str | None = None
-    ) -> None:
-        """Called by every mechanism with the event it drew under and its release; ``part_of``
-        names the release, carried by another message, that this draw belongs to (LFL's Round 2
-        replaces Round 1's shares)."""
+    def register(self, event: dp_event.DpEvent, release: Any = None, *, part_of=None) -> None:
+        """Called by every mechanism with the event it drew under and its release.
+
+        ``part_of`` is the declared release (a :class:`~rayfed.privacy.measurement.Measurement`)
+        this draw is a share of, when another message carries that release's event (LFL's
+        Round 2 replaces Round 1's shares). Every sampling rate the event claims must be backed
+        by a Poisson sample drawn in this step (:meth:`poisson_sample`), one sample per claim.
+        """
+        from rayfed.privacy.measurement import Measurement
+
+        if part_of is not None and not isinstance(part_of, Measurement):
+            raise TypeError(f"part_of names a declared release (a Measurement), got {part_of!r}")
+        for rate in sampled_rates(event) if event is not None else []:
+            if rate not in self._samples:
+                raise UnaccountedNoise(
+                    f"{self.name}: {event} claims Poisson sampling at rate {rate:g}, but no "
+                    "sample at that rate was drawn in this step (draw it with poisson_sample)"
+                )
+            self._samples.remove(rate)
         self.events.append(event)
         self._elsewhere.append(part_of is not None)
         self._fingerprint(release)
@@ -233,24 +297,31 @@ class NoiseSource:
             self.fingerprints.append(digest.hexdigest())
 
     def check_all_carried(self, carried: list[dp_event.DpEvent]) -> None:
-        """UnaccountedNoise if a mechanism drew in this step and no message of the step carries
-        its event (unless the draw is part of a release another message carries): noise that
-        reaches a reply uncharged."""
-        sent = [leaf for event in carried for leaf in leaves(event)]
-        for event, elsewhere in zip(self.events, self._elsewhere, strict=True):
-            if not elsewhere and event not in sent:
+        """UnaccountedNoise unless the step's messages carry exactly the draws of this step:
+        every draw (but shares of a release another message carries) in some carried event, as
+        often as it was drawn, and every carried event made only of draws of this step — so a
+        message cannot carry one charge for two draws, nor claim a draw it never made."""
+        pool = [
+            e for e, elsewhere in zip(self.events, self._elsewhere, strict=True) if not elsewhere
+        ]
+        for event in carried:
+            if not _consume(event, pool):
                 raise UnaccountedNoise(
-                    f"{self.name}: a mechanism drew {event} in this step but no message carries "
-                    "it (send the mechanism's event with the noisy release)"
+                    f"{self.name}: a message carries {event}, but the step's draws do not make "
+                    "it up (each release drawn once per time the event composes it)"
                 )
+        if pool:
+            raise UnaccountedNoise(
+                f"{self.name}: a mechanism drew {pool[0]} in this step but no message carries "
+                "it (send the mechanism's event with the noisy release)"
+            )
 
     def check_carried(self, event: dp_event.DpEvent, what: str) -> None:
-        """UnaccountedNoise unless every mechanism event ``event`` is built from was drawn by a
-        mechanism in the current step."""
-        for leaf in leaves(event):
-            if leaf not in self.events:
-                raise UnaccountedNoise(
-                    f"{self.name}: {what} carries {leaf}, which no rayfed.privacy mechanism drew "
-                    "in this step (noise must be drawn through a mechanism, whose event the "
-                    "message then carries)"
-                )
+        """UnaccountedNoise unless ``event`` is made of draws of the current step (each part as
+        often as the event composes it)."""
+        if not _consume(event, list(self.events)):
+            raise UnaccountedNoise(
+                f"{self.name}: {what} carries {event}, which the rayfed.privacy mechanisms of "
+                "this step did not draw (noise must be drawn through a mechanism, whose event "
+                "the message then carries, as often as the event composes it)"
+            )

@@ -13,7 +13,7 @@ from rayfed import rng
 from rayfed.data import horizontal, load_table, require_clean
 from rayfed.data.scaling import check_bounds, declared_bounds, features_of, to_unit
 from rayfed.errors import ConfigError, DataError
-from rayfed.privacy import Budget
+from rayfed.privacy import Budget, Neighbours, PrivacyDeclaration
 from rayfed.protocols.base import Plan
 from rayfed.protocols.hfl_kmeans.config import HflKmeansConfig
 from rayfed.protocols.hfl_kmeans.params import (
@@ -65,13 +65,13 @@ def plan(cfg: HflKmeansConfig, seed: int) -> Plan:
         setup.t_max * setup.epsilon_per_iteration, setup.t_max * setup.delta_per_iteration
     )
     return Plan(
-        budget=budget if private else Budget.none(),
-        requested_epsilon=cfg.epsilon if private else None,
-        ledger=dict(
+        privacy=PrivacyDeclaration(
+            budget=budget if private else Budget.none(),
             accountant="pure",
-            relation="add_or_remove_one",
+            relation=Neighbours("add_or_remove_one", "data point"),
             composition="parallel" if _local_ring(cfg) else "sequential",
             statement=_statement(cfg),
+            requested_epsilon=cfg.epsilon if private else None,
         ),
         parties={p: (block, meta) for p, block in blocks.items()},
         cohorts=_dealer(setup),

@@ -40,7 +40,7 @@ def drive(fed, cfg: LdpBitvectorConfig, plan: Plan) -> Outcome:
             out = _encode_and_collect(fed, cfg, params)
     for note in report.notes(cfg, params):
         fed.note(note)
-    return report.outcome(cfg, params, out, plan.budget.epsilon, plan.evaluation)
+    return report.outcome(cfg, params, out, plan.privacy.budget.epsilon, plan.evaluation)
 
 
 def _eps(cfg: LdpBitvectorConfig) -> float | None:

@@ -11,7 +11,7 @@ from rayfed.data import even_groups, horizontal, load_table, require_clean, sort
 from rayfed.data.scaling import features_of
 from rayfed.errors import ConfigError, DataError
 from rayfed.ldp import bitvector as bv
-from rayfed.privacy import Budget
+from rayfed.privacy import Budget, Neighbours, PrivacyDeclaration
 from rayfed.protocols.base import Plan
 from rayfed.protocols.ldp_bitvector.config import BASELINES, LdpBitvectorConfig
 from rayfed.protocols.ldp_bitvector.params import Clustering, Params
@@ -58,10 +58,10 @@ def plan(cfg: LdpBitvectorConfig, seed: int) -> Plan:
     if decomposition:  # Bob's record enters n - 1 pairs, two codes each; Alice's part is exact
         record_eps = 2 * (n - 1) * pair["pair_k_max"] * cfg.epsilon
     return Plan(
-        budget=Budget(record_eps, 0.0) if private else Budget.none(),
-        ledger=dict(
+        privacy=PrivacyDeclaration(
+            budget=Budget(record_eps, 0.0) if private else Budget.none(),
             accountant="pure",
-            relation="replace_one",
+            relation=Neighbours("replace_one", "record"),
             composition="parallel" if cfg.partition == "horizontal" else "sequential",
             statement=_statement(cfg, n, d, k_max, pair.get("pair_k_max"), record_eps),
         ),

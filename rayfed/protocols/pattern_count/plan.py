@@ -20,13 +20,15 @@ from rayfed.ldp.patterns import (
     predicted_variance,
     product_sums,
     public_sample,
+    rr_measurement,
 )
-from rayfed.privacy import Budget
+from rayfed.privacy import Budget, DataDomain, Field, Neighbours, OneHot, PrivacyDeclaration
 from rayfed.protocols.base import Plan
 from rayfed.protocols.pattern_count.config import PatternCountConfig
 from rayfed.protocols.pattern_count.params import Params
 
 MAX_ONEHOT_BYTES = 4 << 30
+RELATION = Neighbours("replace_one", "user's value", at_one_party=True)
 STATEMENT = (
     "DP in VFL (Def. 1.2): one user's value changes at one party; each party's messages depend "
     "only on its own data, so scopes (parties) compose in parallel"
@@ -57,13 +59,27 @@ def plan(cfg: PatternCountConfig, seed: int) -> Plan:
         for p, lab in zip(order, labels, strict=True)
     }
     sent = int(public_sample(seed, table.num_rows, cfg.sample_rate).sum())
+    releases = {
+        p: rr_measurement(
+            f"{p}: randomized response on one-hot values", cfg.eps_prime(), len(lab), RELATION
+        )
+        for p, lab in zip(order, labels, strict=True)
+    }
     evaluation = None
     if cfg.evaluate or (cfg.evaluate is None and cfg.data.path is None):
         evaluation = _evaluation(cfg, partitions, groups, domains, labels, patterns)
     return Plan(
-        budget=Budget(cfg.epsilon, 0.0),
-        ledger=dict(
-            accountant="pure", relation="replace_one", composition="parallel", statement=STATEMENT
+        privacy=PrivacyDeclaration(
+            budget=Budget(cfg.epsilon, 0.0),
+            accountant="pure",
+            relation=RELATION,
+            composition="parallel",
+            statement=STATEMENT,
+            measurements=tuple(releases.values()),
+            data=DataDomain(
+                tuple(Field((c,), OneHot(_size(domains[c]))) for p in order for c in groups[p]),
+                key=key,
+            ),
         ),
         parties=parties,
         rounds=1,
@@ -76,6 +92,7 @@ def plan(cfg: PatternCountConfig, seed: int) -> Plan:
             sent=sent,
             outside=outside,
             eps_prime=cfg.eps_prime(),
+            releases=releases,
         ),
     )
 
@@ -149,6 +166,10 @@ def _evaluation(cfg, partitions, groups, domains, labels, patterns) -> dict:
         "true": product_sums(onehots, 0.0, 1.0, patterns),
         "variance": predicted_variance(onehots, cfg.eps_prime(), patterns, cfg.sample_rate),
     }
+
+
+def _size(domain: Domain) -> int:
+    return domain if isinstance(domain, int) else len(domain)
 
 
 def _domain_labels(columns: list[str], domains: dict[str, Domain]) -> list[str]:

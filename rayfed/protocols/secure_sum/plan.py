@@ -8,7 +8,7 @@ import pyarrow as pa
 
 from rayfed.data import load_table, per_user, require_clean, require_columns
 from rayfed.errors import ConfigError, DataError
-from rayfed.privacy import Budget
+from rayfed.privacy import PrivacyDeclaration
 from rayfed.protocols.base import Plan
 from rayfed.protocols.secure_sum.config import SecureSumConfig
 from rayfed.protocols.secure_sum.params import Params, secagg_params
@@ -45,8 +45,7 @@ def plan(cfg: SecureSumConfig, seed: int) -> Plan:
     encoding = FixedPoint.choose(n, cfg.clip, cfg.frac_bits, cfg.modulus_bits)
     _check_params(cfg, secagg, n, n_cohorts)
     return Plan(
-        budget=Budget.none(),
-        ledger=dict(statement=STATEMENTS[cfg.mode]),
+        privacy=PrivacyDeclaration.none(STATEMENTS[cfg.mode]),
         cohorts={name: (t, {}) for name, t in cohorts.items()},
         rounds=cfg.rounds,
         cohort_restarts=cfg.rounds,  # a cohort's state lives for one round: restart it

@@ -13,7 +13,7 @@ from rayfed.data import load_table, per_user, require_clean
 from rayfed.errors import ConfigError, DataError
 from rayfed.ldp import square_wave as sw
 from rayfed.ldp.distribution import true_histogram
-from rayfed.privacy import Budget
+from rayfed.privacy import Budget, Neighbours, PrivacyDeclaration
 from rayfed.protocols.base import Plan
 from rayfed.protocols.square_wave.config import MOMENT_METHODS, SW_METHODS, SquareWaveConfig
 from rayfed.protocols.square_wave.params import Estimator, Params
@@ -56,9 +56,12 @@ def plan(cfg: SquareWaveConfig, seed: int) -> Plan:
     parts = (("mean", "variance") if cfg.moments == "both" else (None,)) if moments else ()
     rounds = max(1, len(parts))
     return Plan(
-        budget=Budget(cfg.epsilon, 0.0),
-        ledger=dict(
-            accountant="pure", relation="replace_one", composition="parallel", statement=STATEMENT
+        privacy=PrivacyDeclaration(
+            budget=Budget(cfg.epsilon, 0.0),
+            accountant="pure",
+            relation=Neighbours("replace_one", "user's value"),
+            composition="parallel",
+            statement=STATEMENT,
         ),
         cohorts=cohorts,
         rounds=rounds,

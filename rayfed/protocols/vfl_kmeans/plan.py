@@ -15,7 +15,7 @@ from rayfed.clustering import nearest, weighted_kmeans
 from rayfed.data import even_groups, load_table, require_clean, sort_by_key, vertical
 from rayfed.data.scaling import check_bounds, declared_bounds, features_of, to_unit
 from rayfed.errors import ConfigError, DataError
-from rayfed.privacy import Budget
+from rayfed.privacy import Budget, Neighbours, PrivacyDeclaration
 from rayfed.protocols.base import Plan
 from rayfed.protocols.vfl_kmeans.config import ENCODING, VflKmeansConfig
 from rayfed.protocols.vfl_kmeans.params import (
@@ -60,10 +60,12 @@ def plan(cfg: VflKmeansConfig, seed: int) -> Plan:
         for p, cols in groups.items()
     }
     return Plan(
-        budget=_budget(cfg, split, len(groups)),
-        ledger=dict(
+        privacy=PrivacyDeclaration(
+            budget=_budget(cfg, split, len(groups)),
             accountant="pure",
-            relation="replace_one" if cfg.method == "ldp-agg-2pest" else "add_or_remove_one",
+            relation=Neighbours(
+                "replace_one" if cfg.method == "ldp-agg-2pest" else "add_or_remove_one", "user"
+            ),
             composition="sequential",
             statement=_statement(cfg),
         ),

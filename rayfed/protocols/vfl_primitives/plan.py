@@ -11,7 +11,7 @@ from rayfed import rng
 from rayfed.data import even_groups, load_table, require_clean, sort_by_key, vertical
 from rayfed.data.scaling import features_of
 from rayfed.errors import ConfigError, DataError
-from rayfed.privacy import Budget, gaussian_noise_multiplier
+from rayfed.privacy import Budget, Neighbours, PrivacyDeclaration, gaussian_noise_multiplier
 from rayfed.protocols.base import Plan
 from rayfed.protocols.vfl_primitives.config import (
     CLUSTER_TASKS,
@@ -75,10 +75,10 @@ def plan(cfg: VflPrimitivesConfig, seed: int) -> Plan:
     # a pattern task's counting is a second round, except in non-interactive lp-moment
     two_rounds = cfg.task in PATTERN_TASKS and cfg.interaction == "interactive"
     return Plan(
-        budget=Budget(cfg.epsilon, cfg.delta if gaussian else 0.0),
-        ledger=dict(
+        privacy=PrivacyDeclaration(
+            budget=Budget(cfg.epsilon, cfg.delta if gaussian else 0.0),
             accountant="rdp" if gaussian else "pure",
-            relation="replace_one",
+            relation=Neighbours("replace_one", "user's data", at_one_party=True),
             composition="parallel",
             statement=CENTRAL_STATEMENT if cfg.baseline == "central" else STATEMENT,
         ),

@@ -83,7 +83,7 @@ def drive(fed, cfg: FederatedMFConfig, plan: Plan) -> Outcome:
         )
         baselines["train_mse"] = _mean(fed.get(trained))
     outcome = report.outcome(
-        cfg, params, plan.budget.epsilon, _mean(fed.get(evaluated)), history, baselines
+        cfg, params, plan.privacy.budget.epsilon, _mean(fed.get(evaluated)), history, baselines
     )
     outcome.metrics["lost_cohorts"] = sorted(evaluated.failed)
     return outcome

@@ -12,7 +12,14 @@ from rayfed.data import per_user
 from rayfed.errors import ConfigError
 from rayfed.mf import gddr as gddr_maths
 from rayfed.mf.lfl import noise_shares, round1_event, round1_noise, threshold
-from rayfed.privacy import Budget, check_budget, gaussian_noise_multiplier, one_bit_scale
+from rayfed.privacy import (
+    Budget,
+    Neighbours,
+    PrivacyDeclaration,
+    check_budget,
+    gaussian_noise_multiplier,
+    one_bit_scale,
+)
 from rayfed.privacy.calibration import gaussian_steps_event, shuffled_ldp_epsilon
 from rayfed.privacy.ledger import make_accountant
 from rayfed.protocols.base import Plan
@@ -58,9 +65,9 @@ def plan(cfg: FederatedMFConfig, seed: int) -> Plan:
     z = 0.0 if gddr else gaussian_noise_multiplier(cfg.epsilon, delta, steps=cfg.iterations)
     sensitivity = 2.0 * cfg.bound**1.5
     return Plan(
-        budget=Budget(_charged_epsilon(cfg, method, n, z, sensitivity, delta), delta),
-        requested_epsilon=cfg.epsilon,
-        ledger=_gddr_ledger() if gddr else _ledger(),
+        privacy=(_gddr_privacy if gddr else _privacy)(
+            Budget(_charged_epsilon(cfg, method, n, z, sensitivity, delta), delta), cfg.epsilon
+        ),
         cohorts=cohorts,
         rounds=cfg.iterations if method in ("lfl", "ldp", "gd-dr") else 1,
         # a restarted cohort resumes from its users' checkpoint: restart it once per iteration
@@ -104,23 +111,27 @@ def _gddr(cfg: FederatedMFConfig, n: int, m: int, delta: float, seed: int) -> Gd
     )
 
 
-def _ledger() -> dict:
-    return dict(
+def _privacy(budget: Budget, requested: float) -> PrivacyDeclaration:
+    return PrivacyDeclaration(
+        budget=budget,
         accountant="rdp",
-        relation="add_or_remove_one",
+        relation=Neighbours("add_or_remove_one", "user"),
         composition="sequential",
         statement=STATEMENT,
+        requested_epsilon=requested,
     )
 
 
-def _gddr_ledger() -> dict:
+def _gddr_privacy(budget: Budget, requested: float) -> PrivacyDeclaration:
     """Shuffled LDP releases compose by basic composition (the pure accountant); the shuffling
     theorem is for one user's data replaced."""
-    return dict(
+    return PrivacyDeclaration(
+        budget=budget,
         accountant="pure",
-        relation="replace_one",
+        relation=Neighbours("replace_one", "user"),
         composition="sequential",
         statement=GDDR_STATEMENT,
+        requested_epsilon=requested,
     )
 
 

@@ -21,7 +21,7 @@ from rayfed import mf, rng
 from rayfed.data import load_table, require_columns
 from rayfed.errors import ConfigError
 from rayfed.mf import baselines
-from rayfed.privacy import Budget, gaussian_noise_multiplier
+from rayfed.privacy import Budget, Neighbours, PrivacyDeclaration, gaussian_noise_multiplier
 from rayfed.privacy.calibration import advanced_composition_noise_multiplier, sampled_steps_event
 from rayfed.privacy.ledger import make_accountant
 from rayfed.protocols.base import Plan
@@ -67,13 +67,13 @@ def plan(cfg: FederatedMFConfig, seed: int) -> Plan:
     steps = cfg.iterations * cfg.local_steps + (cfg.finetune_steps if vfl else 0)
     true_eps = _faithful_epsilon(cfg, z, steps, delta) if private else None
     return Plan(
-        budget=Budget(true_eps or cfg.epsilon, delta) if private else Budget.none(),
-        requested_epsilon=cfg.epsilon if true_eps else None,
-        ledger=dict(
+        privacy=PrivacyDeclaration(
+            budget=Budget(true_eps or cfg.epsilon, delta) if private else Budget.none(),
             accountant="rdp",
-            relation="add_or_remove_one",
+            relation=Neighbours("add_or_remove_one", unit or "rating"),
             composition="sequential" if compose_all else "parallel",
             statement=_statement(unit, vfl) + TAKEN_AS_PUBLIC if private else NOT_PRIVATE,
+            requested_epsilon=cfg.epsilon if true_eps else None,
         ),
         parties=parties,
         rounds=cfg.iterations,
@@ -152,13 +152,13 @@ def _plan_baseline(cfg: FederatedMFConfig, delta: float, parties, train, test, r
             epsilon_prime=eps_prime,
         )
     return Plan(
-        budget=Budget(true_eps or cfg.epsilon, delta if sgld else 0.0),
-        requested_epsilon=cfg.epsilon if true_eps else None,
-        ledger=dict(
+        privacy=PrivacyDeclaration(
+            budget=Budget(true_eps or cfg.epsilon, delta if sgld else 0.0),
             accountant="rdp" if sgld else "pure",
-            relation="add_or_remove_one",
+            relation=Neighbours("add_or_remove_one", unit),
             composition="sequential",
             statement=_baseline_statement(unit, sgld) + TAKEN_AS_PUBLIC,
+            requested_epsilon=cfg.epsilon if true_eps else None,
         ),
         parties=parties,
         rounds=cfg.iterations if sgld else cfg.objpert_alternations,

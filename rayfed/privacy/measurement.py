@@ -1,0 +1,273 @@
+"""One object per release: its input domain, neighbour relation and mechanism, from which its
+sensitivity and its privacy event follow.
+
+A protocol builds each :class:`Measurement` once, in ``plan``; the driver charges
+``m.charge(scope)`` and the step draws with ``m(ctx.noise, x)`` — so the domain, the relation,
+the sensitivity, the noise drawn and the event charged cannot drift apart. (OpenDP's
+measurements, which carry their input domain, input metric and privacy map, are the model.)
+
+The sensitivity is derived (:func:`rayfed.privacy.domain.sensitivity`) wherever the rule
+covers the query: a sum of bounded values, of norm-clipped vectors, a histogram, bits. A release
+the rule does not cover (a DP subroutine, a statistic whose bound comes from an argument about
+the algorithm) declares it with :class:`Declared`, and gives the reason beside the value.
+
+A measurement with a ``sampling`` rate < 1 is a Poisson-subsampled release: its step must draw
+the sample through :meth:`Measurement.sample` first, and the source refuses a sampled event no
+sample backs (:meth:`rayfed.privacy.source.NoiseSource.register`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+from dp_accounting import dp_event
+
+from rayfed.privacy import mechanisms as mech
+from rayfed.privacy.domain import Domain, Neighbours, sensitivity
+from rayfed.privacy.source import NoiseSource
+
+
+# --- mechanisms: how a release is drawn, and its event for a given sensitivity ------------------
+@dataclass(frozen=True)
+class Laplace:
+    """Lap(Δ₁/ε) on every coordinate: ε-DP."""
+
+    epsilon: float
+    norm: ClassVar[int] = 1
+
+    def event(self, sens: float) -> dp_event.DpEvent:
+        return mech.laplace_event(sens, self.epsilon)
+
+    def draw(self, noise: NoiseSource, values, sens: float, *, round: int, ident, ids):
+        return mech.draw_laplace(noise, values, scale=sens / self.epsilon, round=round, ident=ident)
+
+    def describe(self) -> str:
+        return f"Laplace, ε = {self.epsilon:.4g}"
+
+
+@dataclass(frozen=True)
+class Gaussian:
+    """N(0, (zΔ₂)²) on every coordinate; with ``ids``, each row's noise keyed by its user id
+    under ``purpose``."""
+
+    noise_multiplier: float
+    purpose: str = "gaussian"
+    norm: ClassVar[int] = 2
+
+    def event(self, sens: float) -> dp_event.DpEvent:
+        return mech.gaussian_event(self.noise_multiplier)
+
+    def draw(self, noise: NoiseSource, values, sens: float, *, round: int, ident, ids):
+        sigma = self.noise_multiplier * sens
+        return mech.draw_gaussian(
+            noise, values, sigma=sigma, round=round, ident=ident, ids=ids, purpose=self.purpose
+        )
+
+    def describe(self) -> str:
+        return f"Gaussian, noise multiplier z = {self.noise_multiplier:.4g}"
+
+
+@dataclass(frozen=True)
+class DiscreteLaplace:
+    """DLap(a), a = ε/Δ₁, on integers (Δ₁ an integer): ε-DP."""
+
+    epsilon: float
+    norm: ClassVar[int] = 1
+
+    def event(self, sens: float) -> dp_event.DpEvent:
+        return mech.discrete_laplace_event(_integer(sens), self.epsilon)
+
+    def draw(self, noise: NoiseSource, values, sens: float, *, round: int, ident, ids):
+        a = self.event(sens).noise_parameter
+        return mech.draw_discrete_laplace(noise, values, a=a, round=round, ident=ident)
+
+    def describe(self) -> str:
+        return f"discrete Laplace, ε = {self.epsilon:.4g}"
+
+
+@dataclass(frozen=True)
+class RandomizedResponse:
+    """Binary randomized response on every bit (kept with ``keep_probability``): ln(q/(1−q))-DP
+    per bit, composed over the Δ₀ bits one neighbour changes."""
+
+    keep_probability: float
+    norm: ClassVar[int] = 0
+
+    def event(self, sens: float) -> dp_event.DpEvent:
+        return _times(mech.binary_rr_event(self.keep_probability), sens)
+
+    def draw(self, noise: NoiseSource, values, sens: float, *, round: int, ident, ids):
+        return mech.draw_binary_rr(
+            noise, values, keep_probability=self.keep_probability, round=round, ident=ident, ids=ids
+        )
+
+    def noiseless(self, values):
+        return np.asarray(values).astype(bool)
+
+    def describe(self) -> str:
+        return f"binary randomized response, keep probability {self.keep_probability:.4g}"
+
+
+@dataclass(frozen=True)
+class KaryResponse:
+    """k-ary randomized response on every value of {0, …, k−1}: ε-DP per value, composed over
+    the Δ₀ values one neighbour changes."""
+
+    k: int
+    epsilon: float
+    norm: ClassVar[int] = 0
+
+    def event(self, sens: float) -> dp_event.DpEvent:
+        return _times(mech.kary_rr_event(self.k, self.epsilon), sens)
+
+    def draw(self, noise: NoiseSource, values, sens: float, *, round: int, ident, ids):
+        return mech.draw_kary_rr(
+            noise, values, k=self.k, epsilon=self.epsilon, round=round, ident=ident
+        )
+
+    def noiseless(self, values):
+        return np.asarray(values).astype(np.int64)
+
+    def describe(self) -> str:
+        return f"{self.k}-ary randomized response, ε = {self.epsilon:.4g}"
+
+
+def _integer(sens: float) -> int:
+    if not float(sens).is_integer():
+        raise ValueError(f"an integer mechanism needs an integer sensitivity, got {sens}")
+    return int(sens)
+
+
+def _times(event: dp_event.DpEvent, count: float) -> dp_event.DpEvent:
+    """``event`` composed ``count`` times (itself once)."""
+    n = _integer(count)
+    return event if n == 1 else dp_event.SelfComposedDpEvent(event, n)
+
+
+Mechanism = Laplace | Gaussian | DiscreteLaplace | RandomizedResponse | KaryResponse
+
+
+# --- the measurement ----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Declared:
+    """A sensitivity given by hand where no domain rule covers the query, with its reason."""
+
+    value: float
+    reason: str
+
+    def __post_init__(self):
+        if not (math.isfinite(self.value) and self.value > 0) or not self.reason.strip():
+            raise ValueError("a declared sensitivity is a finite value > 0 with its reason")
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One release: ``label`` names it (in the ledger, the transcript and the statement).
+
+    Parameters
+    ----------
+    mechanism:
+        How the noise is drawn (:class:`Laplace`, :class:`Gaussian`, …), calibrated by its own
+        parameters (ε, the noise multiplier, a keep probability).
+    domain, relation:
+        Where one unit's contribution lies and what one neighbour changes: together they give
+        the sensitivity in the mechanism's norm.
+    declared:
+        The sensitivity, where no domain rule covers the query, with the reason.
+    sampling:
+        A Poisson sampling rate < 1 makes the event a subsampled one; the step then draws the
+        sample with :meth:`sample` before the release.
+    """
+
+    label: str
+    mechanism: Any
+    domain: Domain
+    relation: Neighbours
+    declared: Declared | None = None
+    sampling: float = 1.0
+    _sens: float = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        if not 0 < self.sampling <= 1:
+            raise ValueError(f"{self.label}: a sampling rate is in (0, 1], got {self.sampling}")
+        sens = (
+            float(self.declared.value)
+            if self.declared is not None
+            else sensitivity(self.domain, self.relation, self.mechanism.norm)
+        )
+        if not sens > 0:
+            raise ValueError(
+                f"{self.label}: the sensitivity is 0 under {self.relation.describe()} on "
+                f"{self.domain.describe()}: nothing to protect, release it without noise"
+            )
+        object.__setattr__(self, "_sens", sens)
+
+    @property
+    def sensitivity(self) -> float:
+        """Δ in the mechanism's norm (ℓ0, ℓ1 or ℓ2)."""
+        return self._sens
+
+    @property
+    def event(self) -> dp_event.DpEvent:
+        """The event of one draw (subsampled if ``sampling`` < 1)."""
+        base = self.mechanism.event(self._sens)
+        if self.sampling < 1:
+            return dp_event.PoissonSampledDpEvent(self.sampling, base)
+        return base
+
+    def charge(self, scope: str, times: int = 1) -> tuple[str, str, dp_event.DpEvent]:
+        """The ledger charge ``(scope, label, event)`` for ``times`` draws."""
+        event = self.event if times == 1 else dp_event.SelfComposedDpEvent(self.event, times)
+        return scope, self.label, event
+
+    def sample(
+        self, noise: NoiseSource, size: int, *, round: int = 0, ident=None, purpose: str = "sample"
+    ) -> np.ndarray:
+        """The Poisson sample (a boolean mask over ``size`` units at rate ``sampling``) this
+        measurement's next draw is amplified by."""
+        return noise.poisson_sample(self.sampling, size, round=round, ident=ident, purpose=purpose)
+
+    def __call__(
+        self,
+        noise: NoiseSource,
+        values,
+        *,
+        round: int = 0,
+        ident=None,
+        ids=None,
+        part_of: Measurement | None = None,
+    ):
+        """``(release, event)``: the noisy ``values`` drawn from ``noise``, registered with the
+        step (``part_of``: the declared release, carried by another message, that this draw is
+        a share of)."""
+        if noise.probe is not None:  # the test-only noiseless source (sensitivity check)
+            release = noise.probe.observe(self, noise.name, values, ids, self._noiseless)
+        else:
+            release = self.mechanism.draw(
+                noise, values, self._sens, round=round, ident=ident, ids=ids
+            )
+        event = self.event
+        noise.register(event, release, part_of=part_of)
+        return release, event
+
+    def _noiseless(self, values):
+        exact = getattr(self.mechanism, "noiseless", None)
+        return exact(values) if exact is not None else np.asarray(values, dtype=np.float64)
+
+    def describe(self) -> str:
+        """One line for the privacy statement: what is released, how, and why its Δ is what
+        it is."""
+        norm = self.mechanism.norm
+        why = (
+            self.declared.reason
+            if self.declared is not None
+            else f"{self.relation.describe()}, {self.domain.describe()}"
+        )
+        sampled = f", Poisson-sampled at q = {self.sampling:.4g}" if self.sampling < 1 else ""
+        return (
+            f"{self.label}: {self.mechanism.describe()}{sampled}, "
+            f"Δ{norm} = {self._sens:.4g} ({why})"
+        )
