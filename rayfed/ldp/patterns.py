@@ -34,7 +34,9 @@ def keep_probability(eps_prime: float) -> float:
     return 0.5 + eps_prime
 
 
-def rr_event(eps_prime: float):  # TODO(calibration): removed once vfl-primitives uses rr_measurement
+def rr_event(
+    eps_prime: float,
+):  # TODO(calibration): removed once vfl-primitives uses rr_measurement
     from dp_accounting import dp_event
 
     from rayfed.privacy import binary_rr_event

@@ -30,11 +30,13 @@ from rayfed.privacy.ledger import (
     event_to_dict,
 )
 from rayfed.privacy.measurement import (
+    BlackBox,
     Declared,
     DiscreteLaplace,
     Gaussian,
     KaryResponse,
     Laplace,
+    LocalReport,
     Measurement,
     RandomizedResponse,
 )
@@ -73,6 +75,7 @@ __all__ = [
     "RANDOMNESS",
     "Ball",
     "Bits",
+    "BlackBox",
     "Budget",
     "Clipped",
     "DataDomain",
@@ -83,6 +86,7 @@ __all__ = [
     "Interval",
     "KaryResponse",
     "Laplace",
+    "LocalReport",
     "Measurement",
     "Neighbours",
     "OneHot",

@@ -20,12 +20,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import numpy as np
 from dp_accounting import dp_event
 
 from rayfed.privacy import mechanisms as mech
+from rayfed.privacy.ledger import EpsilonDeltaDpEvent
 from rayfed.privacy.domain import Domain, Neighbours, sensitivity
 from rayfed.privacy.source import NoiseSource
 
@@ -135,6 +137,61 @@ class KaryResponse:
         return f"{self.k}-ary randomized response, ε = {self.epsilon:.4g}"
 
 
+@dataclass(frozen=True)
+class LocalReport:
+    """An ε-LDP randomizer run by every user on its own value: ``perturb(values, eps=ε, u=U,
+    **options)`` with U the (users x ``width``) uniforms keyed by user id. One neighbour changes
+    Δ₀ users' reports (one, for one user's value): the event is (ε, 0) composed Δ₀ times."""
+
+    epsilon: float
+    perturb: Callable
+    width: int
+    norm: ClassVar[int] = 0
+    #: Δ₀ counts the users (rows) whose report changes, not entries
+    per_row: ClassVar[bool] = True
+
+    def event(self, sens: float) -> dp_event.DpEvent:
+        return _times(EpsilonDeltaDpEvent(mech._positive("epsilon", self.epsilon), 0.0), sens)
+
+    def draw(self, noise: NoiseSource, values, sens: float, *, round: int, ident, ids, **options):
+        u = noise.user_uniform("ldp-report", round, ids, self.width)
+        return self.perturb(values, eps=self.epsilon, u=u, **options)
+
+    def noiseless(self, values):
+        return np.asarray(values, dtype=np.float64)
+
+    def describe(self) -> str:
+        return f"ε-LDP report per user ({getattr(self.perturb, '__name__', 'randomizer')}), ε = {self.epsilon:.4g}"
+
+
+@dataclass(frozen=True)
+class BlackBox:
+    """An (ε, δ)-DP algorithm for one unit's rows, ``algorithm(values, gen, **options)``, every
+    random choice from a Generator of ``purpose`` (a DP subroutine with no finer event). Its
+    privacy for one unit is the caller's argument: a measurement of it declares Δ₀ = 1 with the
+    reason. Without noise (the sensitivity check) it runs as drawn."""
+
+    epsilon: float
+    delta: float
+    algorithm: Callable
+    purpose: str
+    norm: ClassVar[int] = 0
+    per_row: ClassVar[bool] = True
+    drawn_without_noise: ClassVar[bool] = True
+
+    def event(self, sens: float) -> dp_event.DpEvent:
+        if _integer(sens) != 1:
+            raise ValueError("a black-box (ε, δ) algorithm is DP for one unit: Δ₀ = 1")
+        return EpsilonDeltaDpEvent(mech._positive("epsilon", self.epsilon), float(self.delta))
+
+    def draw(self, noise: NoiseSource, values, sens: float, *, round: int, ident, ids, **options):
+        return self.algorithm(values, noise.generator(self.purpose, round, ident), **options)
+
+    def describe(self) -> str:
+        name = getattr(self.algorithm, "__name__", "algorithm")
+        return f"({self.epsilon:.4g}, {self.delta:.3g})-DP {name}"
+
+
 def _integer(sens: float) -> int:
     if not float(sens).is_integer():
         raise ValueError(f"an integer mechanism needs an integer sensitivity, got {sens}")
@@ -147,7 +204,15 @@ def _times(event: dp_event.DpEvent, count: float) -> dp_event.DpEvent:
     return event if n == 1 else dp_event.SelfComposedDpEvent(event, n)
 
 
-Mechanism = Laplace | Gaussian | DiscreteLaplace | RandomizedResponse | KaryResponse
+Mechanism = (
+    Laplace
+    | Gaussian
+    | DiscreteLaplace
+    | RandomizedResponse
+    | KaryResponse
+    | LocalReport
+    | BlackBox
+)
 
 
 # --- the measurement ----------------------------------------------------------------------------
@@ -239,16 +304,24 @@ class Measurement:
         ident=None,
         ids=None,
         part_of: Measurement | None = None,
+        **options,
     ):
         """``(release, event)``: the noisy ``values`` drawn from ``noise``, registered with the
         step (``part_of``: the declared release, carried by another message, that this draw is
-        a share of)."""
-        if noise.probe is not None:  # the test-only noiseless source (sensitivity check)
-            release = noise.probe.observe(self, noise.name, values, ids, self._noiseless)
-        else:
-            release = self.mechanism.draw(
-                noise, values, self._sens, round=round, ident=ident, ids=ids
+        a share of). ``options`` go to the mechanism (a randomizer's or algorithm's own)."""
+
+        def draw(values):
+            return self.mechanism.draw(
+                noise, values, self._sens, round=round, ident=ident, ids=ids, **options
             )
+
+        if noise.probe is not None:  # the test-only noiseless source (sensitivity check)
+            exact = (
+                draw if getattr(self.mechanism, "drawn_without_noise", False) else self._noiseless
+            )
+            release = noise.probe.observe(self, noise.name, values, ids, exact)
+        else:
+            release = draw(values)
         event = self.event
         noise.register(event, release, part_of=part_of)
         return release, event

@@ -211,16 +211,25 @@ def _by_user(seen: list[Seen]) -> dict:
     }
 
 
-def _per_user_move(a: list[Seen], b: list[Seen], norm: int) -> float:
+def _per_user_move(a: list[Seen], b: list[Seen], mechanism) -> float:
     """How far a release made of per-user rows moved: the rows aligned by user id (a missing
-    user's row is zeros); in ℓ0 the entries that changed, in ℓ1/ℓ2 the change of their sum."""
+    user's row differs from any); in ℓ0 the rows (a per-user report) or entries that changed, in
+    ℓ1/ℓ2 the change of their sum."""
     rows_a, rows_b = _by_user(a), _by_user(b)
+    users = sorted(set(rows_a) | set(rows_b))
+    if mechanism.norm == 0 and getattr(mechanism, "per_row", False):
+        return float(
+            sum(
+                u not in rows_a or u not in rows_b or not np.array_equal(rows_a[u], rows_b[u])
+                for u in users
+            )
+        )
     width = next(iter((rows_a or rows_b).values())).shape
     zero = np.zeros(width)
-    diff = [rows_a.get(u, zero) - rows_b.get(u, zero) for u in sorted(set(rows_a) | set(rows_b))]
-    if norm == 0:
+    diff = [rows_a.get(u, zero) - rows_b.get(u, zero) for u in users]
+    if mechanism.norm == 0:
         return float(sum(np.count_nonzero(d) for d in diff))
-    return float(np.linalg.norm(np.sum(diff, axis=0).ravel(), ord=norm))
+    return float(np.linalg.norm(np.sum(diff, axis=0).ravel(), ord=mechanism.norm))
 
 
 def moves(d: Probe, d_prime: Probe) -> list[tuple[str, float, float]]:
@@ -237,7 +246,13 @@ def moves(d: Probe, d_prime: Probe) -> list[tuple[str, float, float]]:
         m = d.seen[keys[0]].measurement
         a, b = [d.seen[k] for k in keys], [d_prime.seen[k] for k in keys]
         if a[0].ids is not None:
-            moved = _per_user_move(a, b, m.mechanism.norm)
+            moved = _per_user_move(a, b, m.mechanism)
+        elif getattr(m.mechanism, "per_row", False):  # rows by position: count those changed
+            x, y = np.atleast_1d(a[0].values), np.atleast_1d(b[0].values)
+            common = min(len(x), len(y))
+            moved = float(abs(len(x) - len(y))) + sum(
+                not np.array_equal(x[i], y[i]) for i in range(common)
+            )
         else:
             x, y = np.asarray(a[0].values), np.asarray(b[0].values)
             rows = max(x.shape[0], y.shape[0]) if x.ndim else 0
