@@ -19,16 +19,16 @@ sample backs (:meth:`rayfed.privacy.source.NoiseSource.register`).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import numpy as np
 from dp_accounting import dp_event
 
 from rayfed.privacy import mechanisms as mech
-from rayfed.privacy.ledger import EpsilonDeltaDpEvent
 from rayfed.privacy.domain import Domain, Neighbours, sensitivity
+from rayfed.privacy.ledger import EpsilonDeltaDpEvent
 from rayfed.privacy.source import NoiseSource
 
 
