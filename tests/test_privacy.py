@@ -406,3 +406,60 @@ def test_part_of_names_a_declared_release():
     source = _step()
     with pytest.raises(TypeError, match="declared release"):
         gaussian(source, np.zeros(2), l2_sensitivity=1.0, noise_multiplier=1.0, part_of="free text")
+
+
+# --- tight accounting -----------------------------------------------------------------------------
+def test_tightest_reports_the_smaller_of_pld_and_rdp_each_computed_independently():
+    """A DP-SGD composition: dp-accounting's own PLD and RDP accountants, built here, give the
+    two values; the ledger reports the smaller (PLD here, 3.2x below RDP) and names it."""
+    from dp_accounting import pld, rdp
+    from dp_accounting.privacy_accountant import NeighboringRelation
+
+    step = dp_event.PoissonSampledDpEvent(0.01, dp_event.GaussianDpEvent(0.698))
+    event = dp_event.SelfComposedDpEvent(step, 6)
+    rel = NeighboringRelation.ADD_OR_REMOVE_ONE
+    want_pld = pld.PLDAccountant(rel).compose(event).get_epsilon(1 / 3000)
+    want_rdp = rdp.RdpAccountant(neighboring_relation=rel).compose(event).get_epsilon(1 / 3000)
+    ledger = PrivacyLedger(
+        Budget(1.0, 1 / 3000), accountant="tightest", relation="add_or_remove_one"
+    )
+    ledger.charge(event, label="six steps")
+    report = ledger.report()
+    assert report.epsilon == pytest.approx(want_pld, rel=1e-6) and want_pld < want_rdp / 3
+    assert report.accountant_used == "pld"
+    assert report.epsilon_by_accountant["rdp"] == pytest.approx(want_rdp, rel=1e-9)
+    assert "tightest: pld; rdp gives" in report.summary()
+
+
+def test_the_group_sampled_gaussian_has_the_tagged_mixtures_pld():
+    """One rating of a Poisson-sampled user: δ(ε) = q·δ_Gauss(ε) exactly (Balle–Wang's δ of
+    the Gaussian, written independently in calibration.gaussian_delta)."""
+    from dp_accounting.privacy_accountant import NeighboringRelation
+
+    from rayfed.privacy.calibration import gaussian_delta
+    from rayfed.privacy.ledger import MemoPldAccountant, UnitInSampledGroupGaussianDpEvent
+
+    acc = MemoPldAccountant(NeighboringRelation.ADD_OR_REMOVE_ONE)
+    acc.compose(UnitInSampledGroupGaussianDpEvent(0.1, 1.5))
+    for eps in (0.5, 1.0, 2.0):
+        assert acc.get_delta(eps) == pytest.approx(0.1 * gaussian_delta(1.5, eps), rel=1e-6)
+
+
+@pytest.mark.parametrize("eps,steps,rate", [(1.0, 6, 0.01), (1.0, 5, 1.0), (4.0, 1000, 0.01)])
+def test_tightest_calibration_meets_the_target_and_less_noise_would_not(eps, steps, rate):
+    """The calibrated z is below RDP's; dp-accounting's PLD accountant, built here, certifies
+    it within ε, and 0.5 % less noise exceeds ε under both accountants."""
+    from dp_accounting import pld, rdp
+    from dp_accounting.privacy_accountant import NeighboringRelation
+
+    from rayfed.privacy.calibration import gaussian_noise_multiplier, gaussian_steps_event
+
+    rel = NeighboringRelation.ADD_OR_REMOVE_ONE
+    z_rdp = gaussian_noise_multiplier(eps, 1e-5, steps=steps, sampling_rate=rate)
+    z = gaussian_noise_multiplier(eps, 1e-5, steps=steps, sampling_rate=rate, accountant="tightest")
+    assert z < z_rdp
+    at = lambda z: pld.PLDAccountant(rel).compose(gaussian_steps_event(z, steps, rate))  # noqa: E731
+    assert at(z).get_epsilon(1e-5) <= eps * (1 + 1e-9)
+    assert at(0.995 * z).get_epsilon(1e-5) > eps
+    rdp_less = rdp.RdpAccountant(neighboring_relation=rel)
+    assert rdp_less.compose(gaussian_steps_event(0.995 * z, steps, rate)).get_epsilon(1e-5) > eps
