@@ -34,7 +34,7 @@ from rayfed.secagg import (
     shamir,
 )
 from rayfed.secagg.graph import NeighbourGraph
-from rayfed.secagg.reference import PHASE_INDEX, exact_sum, expected_survivors
+from rayfed.secagg.reference import PHASE_INDEX, exact_sum, expected_survivors, raw_sum
 
 # --- official vectors --------------------------------------------------------------------------
 RFC7748_ALICE_SK = "77076d0a7318a57d3c16c17251b26645df4c2f87ebc0992ab177fba51db92c2a"
@@ -913,6 +913,20 @@ def test_the_reference_catches_a_lost_survivor_and_a_wrapped_sum():
     wrapped = total.copy()
     wrapped[0] -= 1 << spec.encoding.modulus_bits
     assert not _exact(result, spec, (survivors, wrapped))
+
+
+def test_the_raw_sum_is_the_clipped_sum_without_the_clip():
+    """raw_sum adds the unclipped values on the same grid (hand-computed here); inside the
+    domain it equals exact_sum, outside they differ by what the clip removed; values whose
+    grid points overflow float64 (or int64 sums) are added as exact Python integers."""
+    x = np.array([[0.25, -3.0], [0.5, 0.75], [-2.0, 0.125]])
+    assert exact_sum(x, 1.0, 3).tolist() == [(2 + 4 - 8), (-8 + 6 + 1)]  # in eighths
+    assert raw_sum(x, 3).tolist() == [(2 + 4 - 16), (-24 + 6 + 1)]
+    inside = np.array([[0.3, -0.7], [1.0, -1.0]])
+    assert np.array_equal(raw_sum(inside, 16), exact_sum(inside, 1.0, 16))
+    assert raw_sum(np.array([[2.0**61], [2.0**61]]), 2).tolist() == [2**64]  # beyond int64
+    assert raw_sum(np.array([[1e300], [1.0]]), 16).tolist() == [(int(1e300) << 16) + (1 << 16)]
+    assert raw_sum(np.array([[1e306], [-0.5]]), 16).tolist() == [(int(1e306) << 16) - (1 << 15)]
 
 
 def test_the_finder_takes_the_smallest_degree_and_largest_threshold():

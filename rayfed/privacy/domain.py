@@ -246,34 +246,99 @@ def sensitivity(domain: Domain, relation: Neighbours, p: int) -> float:
 @dataclass(frozen=True)
 class Clipped:
     """What :func:`enforce` changed: ``count`` of ``total`` values (or rows) moved into the
-    domain. ``statement()`` is the line a headline carries."""
+    domain. ``statement()`` is the line a headline carries. ``columns``: with values enforced per
+    named column, each column's count (name, count)."""
 
     field: str
     count: int
     total: int
     domain: str
+    columns: tuple[tuple[str, int], ...] = ()
 
     def statement(self) -> str:
-        return f"{self.count:,} of {self.total:,} {self.field} values clipped to {self.domain}"
+        text = f"{self.count:,} of {self.total:,} {self.field} values clipped to {self.domain}"
+        if len(self.columns) > 1 and self.count:
+            text += " (" + ", ".join(f"{c}: {k:,}" for c, k in self.columns if k) + ")"
+        return text
+
+    def to_dict(self) -> dict:
+        """For metrics and the manifest: the counts, the domain and the statement."""
+        return {
+            "field": self.field,
+            "count": self.count,
+            "total": self.total,
+            "domain": self.domain,
+            **({"columns": dict(self.columns)} if self.columns else {}),
+            "statement": self.statement(),
+        }
 
 
 OUT_OF_DOMAIN = ("clip", "refuse")
 
 
 def enforce(
-    values: np.ndarray, domain: Interval | Ball, policy: str, field: str, option: str
+    values: np.ndarray,
+    domain: Interval | Ball,
+    policy: str,
+    field: str,
+    option: str,
+    columns: list[str] | tuple[str, ...] | None = None,
+    widen: str = "widen the domain",
 ) -> tuple[np.ndarray, Clipped]:
     """``values`` inside ``domain``: clipped (and counted) under ``policy="clip"``, or a
     DataError naming ``field`` under ``policy="refuse"`` if any lies outside. ``option`` is the
-    user's option that chooses the policy (named in the error)."""
+    user's option that chooses the policy (named in the error), ``widen`` the other fix (the
+    option that sets the domain, say).
+
+    ``columns``: the names of the columns of a 2-D ``values`` (an :class:`Interval` domain, which
+    holds each value): values are counted per column, a refusal names the first column holding
+    values outside as ``field.column`` (and every such column in its text), and the Clipped's
+    domain is the interval one value lies in."""
     if policy not in OUT_OF_DOMAIN:
         raise ValueError(f"out-of-domain policy is one of {OUT_OF_DOMAIN}, got {policy!r}")
+    if columns is not None:
+        return _enforce_columns(values, domain, policy, field, option, tuple(columns), widen)
     clipped, outside = domain.clip(values)
     total = len(np.atleast_2d(values)) if isinstance(domain, Ball) else np.size(values)
     if outside and policy == "refuse":
         raise DataError(
             field,
             f"{outside:,} of {total:,} values lie outside the declared domain {domain.describe()}",
-            f"widen the domain, or set {option}=clip to clip them (counted in the result)",
+            f"{widen}, or set {option}=clip to clip them (counted in the result)",
         )
     return clipped, Clipped(field, outside, int(total), domain.describe())
+
+
+def _enforce_columns(
+    values: np.ndarray,
+    domain: Interval | Ball,
+    policy: str,
+    field: str,
+    option: str,
+    columns: tuple[str, ...],
+    widen: str,
+) -> tuple[np.ndarray, Clipped]:
+    """:func:`enforce` over named columns (see there)."""
+    if not isinstance(domain, Interval):
+        raise ValueError("values are enforced per column in an Interval domain only")
+    values = np.asarray(values, dtype=np.float64)
+    if values.ndim != 2 or values.shape[1] != len(columns) or domain.dim not in (1, len(columns)):
+        raise ValueError(
+            f"{len(columns)} named columns need (rows, {len(columns)}) values in a domain of that "
+            f"dim (or 1), got {values.shape} in {domain.describe()}"
+        )
+    each = Interval(domain.low, domain.high)  # what one value lies in
+    counts = np.count_nonzero((values < each.low) | (values > each.high), axis=0)
+    per_column = tuple((c, int(k)) for c, k in zip(columns, counts, strict=True))
+    outside = [(c, k) for c, k in per_column if k]
+    n = values.shape[0]
+    if outside and policy == "refuse":
+        raise DataError(
+            f"{field}.{outside[0][0]}",
+            " and ".join(f"{k:,} of {n:,} values of column {c!r}" for c, k in outside)
+            + f" lie outside the declared domain {each.describe()}",
+            f"{widen}, or set {option}=clip to clip them (counted in the result)",
+        )
+    name = f"{field}.{columns[0]}" if len(columns) == 1 else field
+    clipped = np.clip(values, each.low, each.high)
+    return clipped, Clipped(name, int(counts.sum()), int(values.size), each.describe(), per_column)
