@@ -226,13 +226,16 @@ class DataDomain:
     the conformance suite's sensitivity check builds neighbouring datasets from.
 
     ``members`` names the plan's group that holds the data (``"parties"`` or ``"cohorts"``);
-    ``key`` the column naming a unit's rows (None: each row is a unit, by position). Members may
-    hold different fields of the same units (vertical FL) or the same fields of different units.
+    ``key`` the column naming a unit's rows (None: each row is a unit, by position);
+    ``partition`` whether members hold different units (``"horizontal"``: users dealt to parties
+    or cohorts) or different fields of the same units (``"vertical"``: a user's columns spread
+    over parties, aligned by key or position).
     """
 
     fields: tuple[Field, ...]
     members: Literal["parties", "cohorts"] = "parties"
     key: str | None = None
+    partition: Literal["horizontal", "vertical"] = "horizontal"
 
 
 def sensitivity(domain: Domain, relation: Neighbours, p: int) -> float:

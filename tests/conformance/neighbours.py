@@ -87,17 +87,33 @@ def _farthest(field: Field) -> np.ndarray:
     return domain.farthest()
 
 
-def _unit_rows(table: pa.Table, key: str | None, unit) -> np.ndarray:
-    if key is None:
-        return np.array([unit]) if unit < table.num_rows else np.array([], dtype=np.int64)
-    return np.flatnonzero(table.column(key).to_numpy() == unit)
+@dataclass(frozen=True)
+class Unit:
+    """The unit whose data changes: its key value, or (without a key) its row position — in
+    one member (``member``: horizontal data) or in every member (vertical data)."""
+
+    value: Any
+    member: str | None = None
 
 
-def _last_unit(members: dict, key: str | None):
-    tables = [t for t, _ in members.values() if t.num_rows]
-    if key is None:
-        return min(t.num_rows for t in tables) - 1
-    return max(np.max(t.column(key).to_numpy()) for t in tables)
+def _unit_rows(table: pa.Table, name: str, data: DataDomain, unit: Unit) -> np.ndarray:
+    if unit.member is not None and name != unit.member:
+        return np.array([], dtype=np.int64)
+    if data.key is None:
+        inside = unit.value < table.num_rows
+        return np.array([unit.value]) if inside else np.array([], dtype=np.int64)
+    return np.flatnonzero(table.column(data.key).to_numpy() == unit.value)
+
+
+def _last_unit(members: dict, data: DataDomain) -> Unit:
+    """The last unit: no other unit's position moves when it changes or goes."""
+    held = {name: t for name, (t, _) in members.items() if t.num_rows}
+    if data.key is not None:
+        return Unit(max(np.max(t.column(data.key).to_numpy()) for t in held.values()))
+    if data.partition == "vertical":
+        return Unit(min(t.num_rows for t in held.values()) - 1)
+    last = sorted(held)[-1]
+    return Unit(held[last].num_rows - 1, last)
 
 
 def _set(table: pa.Table, rows: np.ndarray, columns: tuple[str, ...], point: np.ndarray):
@@ -118,7 +134,7 @@ def _placed(plan, data: DataDomain, unit, which) -> dict:
     """The members with the unit's fields set by ``which(field)`` (None: left as they are)."""
     out = {}
     for name, (table, meta) in _members(plan, data).items():
-        rows = _unit_rows(table, data.key, unit)
+        rows = _unit_rows(table, name, data, unit)
         for field in _fields_of(table, data):
             point = which(name, field)
             if point is not None and rows.size:
@@ -131,7 +147,7 @@ def _without(plan, data: DataDomain, unit) -> dict:
     out = {}
     for name, (table, meta) in _members(plan, data).items():
         keep = np.ones(table.num_rows, dtype=bool)
-        keep[_unit_rows(table, data.key, unit)] = False
+        keep[_unit_rows(table, name, data, unit)] = False
         out[name] = (table.filter(pa.array(keep)), meta)
     return out
 
@@ -140,14 +156,14 @@ def _with_new_unit(plan, data: DataDomain, unit) -> dict:
     """D with a copy of the unit's rows appended, as a new unit at the farthest point."""
     out = {}
     for name, (table, meta) in _members(plan, data).items():
-        rows = _unit_rows(table, data.key, unit)
+        rows = _unit_rows(table, name, data, unit)
         if not rows.size:
             out[name] = (table, meta)
             continue
         extra = table.take(pa.array(rows))
         if data.key is not None:
             new_id = np.full(
-                extra.num_rows, unit + 1, dtype=extra.column(data.key).type.to_pandas_dtype()
+                extra.num_rows, unit.value + 1, dtype=extra.column(data.key).type.to_pandas_dtype()
             )
             i = extra.schema.get_field_index(data.key)
             extra = extra.set_column(
@@ -164,7 +180,7 @@ def neighbouring_plans(plan) -> list[tuple[str, Any, Any]]:
     privacy = plan.privacy
     data, relation = privacy.data, privacy.relation
     members = _members(plan, data)
-    unit = _last_unit(members, data.key)
+    unit = _last_unit(members, data)
     pairs = []
     if relation.kind == "replace_one":
         low = _placed(plan, data, unit, lambda name, f: _corners(f)[0])

@@ -79,6 +79,7 @@ def plan(cfg: PatternCountConfig, seed: int) -> Plan:
             data=DataDomain(
                 tuple(Field((c,), OneHot(_size(domains[c]))) for p in order for c in groups[p]),
                 key=key,
+                partition="vertical",
             ),
         ),
         parties=parties,
