@@ -29,6 +29,14 @@ def exact_loss(eps_prime: float) -> float:
     return 2.0 * math.log((1 + 2 * eps_prime) / (1 - 2 * eps_prime))
 
 
+def bias(epsilon: float, calibration: str) -> float:
+    """The randomized-response bias ε' of a party's ε under a calibration: ``paper`` (Alg. 1,
+    ε' = ε/16) or ``exact`` (ε' = tanh(ε/4)/2: the exact loss 2·ln((1+2ε')/(1−2ε')) is ε)."""
+    if calibration == "paper":
+        return epsilon / 16.0
+    return math.tanh(epsilon / 4.0) / 2.0
+
+
 def keep_probability(eps_prime: float) -> float:
     """Pr[reported bit = true bit] = 1/2 + ε'."""
     return 0.5 + eps_prime

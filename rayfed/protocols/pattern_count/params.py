@@ -23,3 +23,13 @@ class Params:
     outside: dict[str, int]
     eps_prime: float
     releases: dict[str, Measurement]
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """Ground truth from the raw data (synthetic runs, or ``evaluate=true``): the true count of
+    every requested pattern and the estimator's predicted variance. Not private; never sent to
+    an actor."""
+
+    true: np.ndarray
+    variance: np.ndarray
