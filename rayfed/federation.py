@@ -36,7 +36,7 @@ from rayfed.backends import (
     Single,
     Where,
 )
-from rayfed.errors import BelowThreshold, ConfigError
+from rayfed.errors import BelowThreshold, ConfigError, UnaccountedNoise
 from rayfed.faults import MEMBER as MEMBER_ROLE
 from rayfed.faults import Faults
 from rayfed.privacy.declaration import PrivacyDeclaration
@@ -318,6 +318,8 @@ class Federation:
             else RayBackend(seed=seed, randomness=randomness, actors=actors)
         )
         self._privacy = privacy
+        #: events carried by the messages of each round (a share's release must be among them)
+        self._carried: dict[int, list] = {}
         self._actor_options = actor_options or {}
         self.faults = Faults(faults, cohort_restarts=cohort_restarts)
         self.transcript = Transcript()
@@ -544,15 +546,36 @@ class Federation:
             {"round": self.round_no, "phase": phase, "role": role, "seconds": seconds}
         )
         dp_items = []
-        for name in sorted(replies.metas):
-            meta = replies.metas[name]
-            if meta is None:
-                continue
+        metas = [replies.metas[name] for name in sorted(replies.metas)]
+        metas = [meta for meta in metas if meta is not None]
+        carried = self._carried.setdefault(self.round_no, [])
+        for meta in metas:
             self.transcript.record(self.round_no, phase, meta, self._receivers(meta.to))
             item = (meta.scope, self.round_no, meta.dp_event)
             if meta.dp_event is None:
                 continue
-            if meta.scope != RUN_SCOPE or item not in dp_items:  # run-wide shares of one release
+            carried.append(meta.dp_event)
+            # the members' shares of one declared shared release use one charge
+            one_release = meta.scope == RUN_SCOPE and meta.shared
+            if not (one_release and item in dp_items):
                 dp_items.append(item)
+        for meta in metas:
+            self._check_shares(meta)
         if dp_items:
             self._ledger("verify_charged", dp_items)
+
+    def _check_shares(self, meta) -> None:
+        """UnaccountedNoise unless every release a message's step drew a share of (``part_of``) is
+        declared and carried by a message of this round."""
+        declared = {m.label: m.event for m in self._privacy.measurements}
+        for label, event in meta.shares_of:
+            if declared.get(label) != event:
+                raise UnaccountedNoise(
+                    f"round {self.round_no}: {meta.sender} drew a share of {label!r}, which the "
+                    "plan does not declare with that event"
+                )
+            if event not in self._carried.get(self.round_no, []):
+                raise UnaccountedNoise(
+                    f"round {self.round_no}: {meta.sender} drew a share of {label!r}, but no "
+                    "message of the round carries that release"
+                )

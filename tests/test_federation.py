@@ -9,14 +9,23 @@ import numpy as np
 import pyarrow as pa
 import pytest
 import ray.cloudpickle
-from dp_accounting import dp_event
 
 from rayfed import rng
 from rayfed.actors import Message
 from rayfed.data import per_user
 from rayfed.errors import BudgetExceeded, DataError, PartyFailed, RoundTimeout, UnaccountedNoise
 from rayfed.federation import Federation
-from rayfed.privacy import Budget, Neighbours, PrivacyDeclaration, laplace, laplace_event
+from rayfed.privacy import (
+    Budget,
+    Interval,
+    Laplace,
+    Measurement,
+    Neighbours,
+    NoiseSource,
+    PrivacyDeclaration,
+    laplace,
+    laplace_event,
+)
 
 # Ray workers cannot import this test module: ship its step functions by value.
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -29,6 +38,16 @@ def backend(request):
     if request.param == "ray":
         request.getfixturevalue("ray_cluster")
     return request.param
+
+
+RELATION = Neighbours("replace_one", "value")
+#: a release whose noise the parties draw in shares (one charge), and one each party draws whole
+SHARED = Measurement("shared Laplace", Laplace(0.5), Interval(0, 1), RELATION, shared=True)
+WHOLE = Measurement("whole Laplace", Laplace(0.5), Interval(0, 1), RELATION)
+OTHER = Measurement("another Laplace", Laplace(0.25), Interval(0, 1), RELATION)
+#: the release the mechanism-level steps below draw (laplace(Δ₁ = 1, ε = 0.5))
+LAPLACE = Measurement("laplace", Laplace(0.5), Interval(0, 1), RELATION)
+GREEDY = Measurement("greedy Laplace", Laplace(2.0), Interval(0, 1), RELATION)
 
 
 def make_fed(backend, parties=2, cohorts=None, deadline_s=30.0, epsilon=1.0, **kw):
@@ -44,9 +63,10 @@ def make_fed(backend, parties=2, cohorts=None, deadline_s=30.0, epsilon=1.0, **k
         privacy=PrivacyDeclaration(
             Budget(epsilon),
             "pure",
-            Neighbours("replace_one", "value"),
+            RELATION,
             composition="parallel",
             statement="test parties compose in parallel",
+            measurements=(SHARED, WHOLE, OTHER, LAPLACE, GREEDY),
         ),
         backend=backend,
         deadline_s=deadline_s,
@@ -110,10 +130,19 @@ def send_stale(ctx):
     return Message("noisy", 1.0, dp_event=ctx.state["event"])
 
 
-def shared_release(ctx, epsilon):
+def shared_release(ctx, release):
     """Every member's share of one release under scope "run" (distributed noise)."""
-    value, event = laplace(ctx.noise, np.array([1.0]), l1_sensitivity=1.0, epsilon=epsilon)
+    value, event = release(ctx.noise, np.array([1.0]))
     return Message("share", value, dp_event=event, scope="run")
+
+
+def carry_or_share(ctx, release, share_of):
+    """p0 carries ``release``; p1 draws a share of ``share_of`` (part_of)."""
+    if ctx.name == "p0":
+        value, event = release(ctx.noise, np.array([1.0]))
+        return Message("release", value, dp_event=event, scope="run")
+    value, _ = release(ctx.noise, np.array([1.0]), part_of=share_of)
+    return Message("share", value)
 
 
 def mutate(ctx, values):
@@ -201,9 +230,8 @@ def test_noise_must_be_charged_before_it_is_sent(backend):
 
 def test_budget_exceeded_before_any_noise_is_drawn(backend):
     with make_fed(backend, epsilon=1.0) as fed:
-        event = dp_event.LaplaceDpEvent(noise_multiplier=0.5)  # ε = 2 > 1
-        with pytest.raises(BudgetExceeded, match="'p0'"):
-            fed.charge([(p, "laplace", event) for p in fed.parties.names])
+        with pytest.raises(BudgetExceeded, match="'p0'"):  # ε = 2 > 1
+            fed.charge([GREEDY.charge(p) for p in fed.parties.names])
         assert fed.get(fed.parties.run(drew, phase="check")) == {"p0": False, "p1": False}
         assert fed.privacy_report().entries == []  # all or nothing
 
@@ -241,11 +269,45 @@ def test_an_event_no_mechanism_drew_in_the_step_is_refused(backend):
 
 def test_shares_of_one_release_use_one_charge(backend):
     with make_fed(backend, epsilon=0.5) as fed:
-        fed.charge([("run", "distributed Laplace", laplace_event(1.0, 0.5))])
-        fed.parties.run(shared_release, 0.5, phase="shares")  # p0 and p1: one release
+        fed.charge([SHARED.charge("run")])
+        fed.parties.run(shared_release, SHARED, phase="shares")  # p0 and p1: one release
         assert fed.privacy_report().epsilon == pytest.approx(0.5)
         with pytest.raises(UnaccountedNoise, match="sent twice"):
-            fed.parties.run(shared_release, 0.5, phase="again")
+            fed.parties.run(shared_release, SHARED, phase="again")
+
+
+def test_two_whole_releases_under_scope_run_need_two_charges(backend):
+    """Only a release declared shared is drawn in shares under one charge: two parties each
+    drawing a whole release of the same event need a charge each (the review's ε 1 for 2)."""
+    with make_fed(backend, epsilon=2.0) as fed:
+        fed.charge([WHOLE.charge("run")])
+        with pytest.raises(UnaccountedNoise, match="sent twice"):
+            fed.parties.run(shared_release, WHOLE, phase="whole")
+    with make_fed(backend, epsilon=2.0) as fed:
+        fed.charge([WHOLE.charge("run"), WHOLE.charge("run")])
+        fed.parties.run(shared_release, WHOLE, phase="whole")
+        assert fed.privacy_report().epsilon == pytest.approx(1.0)
+
+
+def test_a_share_names_a_declared_release_carried_in_its_round(backend):
+    """part_of: a share of a release that a message of the round carries passes; a share of an
+    undeclared release, or of one no message carries, is refused; a draw is no share of itself."""
+    with make_fed(backend, epsilon=2.0) as fed:
+        fed.charge([WHOLE.charge("run")])
+        fed.parties.run(carry_or_share, WHOLE, WHOLE, phase="release and share")
+    stranger = Measurement("undeclared", Laplace(0.5), Interval(0, 1), RELATION)
+    with make_fed(backend, epsilon=2.0) as fed:
+        fed.charge([WHOLE.charge("run")])
+        with pytest.raises(UnaccountedNoise, match="does not declare"):
+            fed.parties.run(carry_or_share, WHOLE, stranger, phase="release and share")
+    with make_fed(backend, epsilon=2.0) as fed:
+        fed.charge([WHOLE.charge("run")])
+        with pytest.raises(UnaccountedNoise, match="no message of the round carries"):
+            fed.parties.run(carry_or_share, WHOLE, OTHER, phase="release and share")
+    source = NoiseSource.seeded(1, "p0")
+    source.begin_step()
+    with pytest.raises(ValueError, match="not a share of its own release"):
+        WHOLE(source, np.array([1.0]), part_of=WHOLE)
 
 
 def test_a_message_charged_once_cannot_be_sent_twice(backend):

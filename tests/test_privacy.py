@@ -173,7 +173,10 @@ def test_distributed_gaussian_shares_sum_to_the_charged_noise():
     assert event == dp_event.GaussianDpEvent(z)  # F = 40 x 1/40 = 1
     total = out.sum(axis=0)
     assert abs(total.var() / (n * zeta * z**2) - 1) < 4 * math.sqrt(2 / d)
-    regenerated = share_noise(noise, ids, d, l2_sensitivity=1.0, noise_multiplier=z, share=zeta)
+    again = dict(l2_sensitivity=1.0, noise_multiplier=z, share=zeta)
+    with pytest.raises(UnaccountedNoise, match="twice in round 0"):
+        share_noise(noise, ids, d, **again)  # a second release on the same noise is refused
+    regenerated = share_noise(noise, ids, d, **again, regenerate=True)
     assert np.array_equal(regenerated, out)  # the user cancels its own share in Round 2
     weak = distributed_gaussian_event(z, share=zeta, quorum=40, replacement=zeta)
     assert weak.noise_multiplier == pytest.approx(z * math.sqrt(0.5))  # F = 40·ζ²/(2ζ) = 1/2
@@ -463,3 +466,23 @@ def test_tightest_calibration_meets_the_target_and_less_noise_would_not(eps, ste
     assert at(0.995 * z).get_epsilon(1e-5) > eps
     rdp_less = rdp.RdpAccountant(neighboring_relation=rel)
     assert rdp_less.compose(gaussian_steps_event(0.995 * z, steps, rate)).get_epsilon(1e-5) > eps
+
+
+def test_two_releases_never_share_a_users_keyed_noise():
+    """The review's case: two Gaussian releases keyed by user id in one round and purpose would
+    draw the same noise, and their difference would be noise-free. The second draw is refused;
+    another round, another purpose or other users draw fresh noise."""
+    from rayfed.privacy import Gaussian, Interval, Measurement, Neighbours
+
+    relation = Neighbours("replace_one", "user")
+    a = Measurement("a", Gaussian(1.0), Interval(0, 1), relation)
+    b = Measurement("b", Gaussian(2.0), Interval(0, 1), relation)
+    source = _step()
+    ids = np.arange(4)
+    a(source, np.zeros((4, 2)), ids=ids, round=3)
+    with pytest.raises(UnaccountedNoise, match="twice in round 3"):
+        b(source, np.ones((4, 2)), ids=ids, round=3)
+    b(source, np.ones((4, 2)), ids=np.arange(4, 8), round=3)  # other users: fresh
+    b(source, np.ones((4, 2)), ids=ids, round=4)  # another round: fresh
+    c = Measurement("c", Gaussian(2.0, purpose="another"), Interval(0, 1), relation)
+    c(source, np.ones((4, 2)), ids=ids, round=3)  # another purpose: fresh

@@ -302,13 +302,12 @@ def test_a_release_the_accountant_cannot_account_is_refused_before_any_run(out_d
     from rayfed.privacy import Gaussian, Interval, Measurement, Neighbours
 
     honest = type(rayfed.protocols.get_protocol("pattern-count")).plan
-    gaussian = Measurement(
-        "a Gaussian", Gaussian(1.0), Interval(0, 1), Neighbours("replace_one", "value")
-    )
+    relation = Neighbours("replace_one", "user's value", at_one_party=True)  # the protocol's
+    gaussian = Measurement("a Gaussian", Gaussian(1.0), Interval(0, 1), relation)
     other = Measurement(
         "add/remove", Gaussian(1.0), Interval(0, 1), Neighbours("add_or_remove_one", "value")
     )
-    for extra, message in ((gaussian, "cannot account"), (other, "add_or_remove_one neighbours")):
+    for extra, message in ((gaussian, "cannot account"), (other, "one value added or removed")):
 
         def plan(cfg, seed, extra=extra):
             made = honest(cfg, seed)

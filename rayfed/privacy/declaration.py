@@ -84,15 +84,17 @@ class PrivacyDeclaration:
             refuse("relation", f"a private run declares its Neighbours, got {self.relation!r}")
         if not self.statement.strip():
             refuse("statement", "a private run says what its guarantee protects")
+        if not self.measurements:
+            refuse("measurements", "a private run declares the releases it will charge")
         labels = [m.label for m in self.measurements]
         if len(set(labels)) != len(labels):
             refuse("measurements", f"two releases share a label: {sorted(labels)}")
         for m in self.measurements:
-            if m.relation.kind != self.relation.kind:
+            if m.relation != self.relation:
                 refuse(
                     f"measurements[{m.label!r}]",
-                    f"its sensitivity is for {m.relation.kind} neighbours, the ledger's relation "
-                    f"is {self.relation.kind}",
+                    f"its sensitivity is for neighbours {m.relation.describe()!r}, the "
+                    f"declaration's are {self.relation.describe()!r}",
                 )
             if m.sampling < 1 and self.relation.kind == "replace_one":
                 refuse(
@@ -100,7 +102,11 @@ class PrivacyDeclaration:
                     "Poisson sampling is accounted for add/remove-one neighbours only",
                 )
             accountant = make_accountant(self.accountant, self.relation.kind)
-            if not accountant.supports(m.event):
+            try:
+                supported = accountant.supports(m.event)
+            except TypeError:  # an event dp-accounting cannot even hash
+                supported = False
+            if not supported:
                 refuse(
                     f"measurements[{m.label!r}]",
                     f"the {self.accountant} accountant cannot account {m.event} under "
@@ -121,4 +127,5 @@ class PrivacyDeclaration:
             composition=self.composition,
             statement=self.full_statement(),
             releases=[m.describe() for m in self.measurements],
+            declared={m.label: m.event for m in self.measurements} if self.private else None,
         )

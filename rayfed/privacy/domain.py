@@ -72,10 +72,11 @@ class Interval:
         return np.full(self.dim, float(edge))
 
     def clip(self, values: np.ndarray) -> tuple[np.ndarray, int]:
-        """(values clipped into the interval, how many values were outside)."""
+        """(values clipped into the interval, how many values were outside; NaN counts as
+        outside and stays NaN: nothing to clip it to)."""
         values = np.asarray(values, dtype=np.float64)
-        outside = int(np.count_nonzero((values < self.low) | (values > self.high)))
-        return np.clip(values, self.low, self.high), outside
+        inside = (values >= self.low) & (values <= self.high)
+        return np.clip(values, self.low, self.high), int(np.count_nonzero(~inside))
 
     def describe(self) -> str:
         box = f"[{self.low:g}, {self.high:g}]"
@@ -124,7 +125,7 @@ class Ball:
         """(each row scaled into the ball, how many rows were outside)."""
         rows = np.atleast_2d(np.asarray(rows, dtype=np.float64))
         norms = np.linalg.norm(rows, ord=self.p, axis=1)
-        outside = norms > self.bound
+        outside = ~(norms <= self.bound)  # a row with NaN is outside
         scale = np.where(outside, self.bound / np.where(outside, norms, 1.0), 1.0)
         return rows * scale[:, None], int(np.count_nonzero(outside))
 
@@ -303,6 +304,8 @@ def enforce(
         return _enforce_columns(values, domain, policy, field, option, tuple(columns), widen)
     clipped, outside = domain.clip(values)
     total = len(np.atleast_2d(values)) if isinstance(domain, Ball) else np.size(values)
+    if np.isnan(clipped).any():
+        raise DataError(field, "holds NaN (not a number): no domain holds it", "clean the data")
     if outside and policy == "refuse":
         raise DataError(
             field,
@@ -331,6 +334,8 @@ def _enforce_columns(
             f"dim (or 1), got {values.shape} in {domain.describe()}"
         )
     each = Interval(domain.low, domain.high)  # what one value lies in
+    if np.isnan(values).any():
+        raise DataError(field, "holds NaN (not a number): no domain holds it", "clean the data")
     counts = np.count_nonzero((values < each.low) | (values > each.high), axis=0)
     per_column = tuple((c, int(k)) for c, k in zip(columns, counts, strict=True))
     outside = [(c, k) for c, k in per_column if k]

@@ -21,10 +21,9 @@ import numpy as np
 from dp_accounting import dp_event, pld, rdp
 from dp_accounting.privacy_accountant import NeighboringRelation, PrivacyAccountant
 
-from rayfed.errors import BudgetExceeded, ConfigError, RayfedError
+from rayfed.errors import BudgetExceeded, ConfigError, RayfedError, UnaccountedNoise
 from rayfed.privacy.shuffling import ShuffledDpEvent, shuffle_epsilon0_limit, shuffled_guarantee
 from rayfed.privacy.source import STATEMENTS as RANDOMNESS_STATEMENTS
-from rayfed.privacy.source import sampled_rates
 
 # Relative slack for comparing floating-point ε against the budget: a protocol that calibrates
 # its noise to spend exactly the budget must not be refused for a rounding error.
@@ -313,11 +312,14 @@ class TightestAccountant(PrivacyAccountant):
         self._replace = replace
 
     def _supports(self, key: str, acc: PrivacyAccountant, event) -> bool:
-        if key == "pld" and self._replace and sampled_rates(event):
-            return False  # a sampled release under replace-one is not the add/remove pair
+        if key == "pld" and self._replace and not _additive_only(event):
+            return False  # only an unsampled additive release is the add/remove pair at Δ
         if key == "pld" and _holds(event, dp_event.RandomizedResponseDpEvent):
             return False  # PLD's randomized response is the replace-one pair only
-        return acc.supports(event)
+        try:
+            return acc.supports(event)
+        except TypeError:  # an event dp-accounting cannot even hash (lists in its fields)
+            return False
 
     def _maybe_compose(self, event, count, do_compose):
         live = {k: a for k, a in self.parts.items() if a is not None}
@@ -353,6 +355,23 @@ class TightestAccountant(PrivacyAccountant):
 
     def get_delta(self, target_epsilon: float) -> float:
         return min(float(a.get_delta(target_epsilon)) for a in self.parts.values() if a is not None)
+
+
+#: the releases whose replace-one pair is the add/remove pair at the relation's Δ: additive
+#: noise on the query, unsampled
+_ADDITIVE = (dp_event.GaussianDpEvent, dp_event.LaplaceDpEvent, dp_event.DiscreteLaplaceDpEvent)
+
+
+def _additive_only(event: dp_event.DpEvent) -> bool:
+    """Whether ``event`` composes only unsampled additive-noise releases (an allow-list: any
+    other event, or one with sampling, is not given to PLD as the add/remove pair)."""
+    if isinstance(event, dp_event.NoOpDpEvent):
+        return True
+    if isinstance(event, dp_event.SelfComposedDpEvent):
+        return _additive_only(event.event)
+    if isinstance(event, dp_event.ComposedDpEvent):
+        return all(_additive_only(e) for e in event.events)
+    return type(event) in _ADDITIVE
 
 
 def _holds(event: dp_event.DpEvent, kind: type) -> bool:
@@ -545,6 +564,7 @@ class PrivacyLedger:
         statement: str = "",
         randomness: str = "seeded",
         releases: list[str] | None = None,
+        declared: dict[str, dp_event.DpEvent] | None = None,
     ):
         if accountant not in ACCOUNTANTS:
             raise ConfigError("accountant", f"unknown accountant {accountant!r}", ACCOUNTANTS)
@@ -563,6 +583,8 @@ class PrivacyLedger:
             raise ConfigError("randomness", f"unknown {randomness!r}", RANDOMNESS_STATEMENTS)
         self.randomness = randomness
         self.releases = list(releases or [])
+        #: label -> event of every declared release (None: charges are not checked against it)
+        self.declared = declared
         self.entries: list[LedgerEntry] = []
         self.notes: list[str] = []
         self._accountants: dict[str, PrivacyAccountant] = {}
@@ -599,6 +621,7 @@ class PrivacyLedger:
         Under parallel composition an event in scope ``"run"`` touches every scope's data, so it is
         composed into every scope (and checked against the budget in each).
         """
+        self._check_declared(event, label)
         if self.composition == "sequential":
             keys = [RUN_SCOPE]
         elif scope == RUN_SCOPE:
@@ -613,6 +636,22 @@ class PrivacyLedger:
         entry = LedgerEntry(round=round, scope=scope, label=label, event=event, epsilon_after=would)
         self.entries.append(entry)
         return entry
+
+    def _check_declared(self, event: dp_event.DpEvent, label: str) -> None:
+        """UnaccountedNoise unless the charge is a declared release's event, or that event
+        composed several times: a release the plan did not declare cannot be charged."""
+        if self.declared is None:
+            return
+        if label not in self.declared:
+            raise UnaccountedNoise(
+                f"the charge {label!r} is not a release the plan declares ({sorted(self.declared)})"
+            )
+        own = self.declared[label]
+        repeated = isinstance(event, dp_event.SelfComposedDpEvent) and event.event == own
+        if event != own and not repeated:
+            raise UnaccountedNoise(
+                f"the charge {label!r} carries {event}, not its declared event {own}"
+            )
 
     def charge_all(self, charges: list[tuple[str, str, Any]], *, round: int) -> list[LedgerEntry]:
         """Charge ``(scope, label, event)`` triples in order, all or nothing: if one would exceed

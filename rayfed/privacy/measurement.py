@@ -245,6 +245,10 @@ class Measurement:
     sampling:
         A Poisson sampling rate < 1 makes the event a subsampled one; the step then draws the
         sample with :meth:`sample` before the release.
+    shared:
+        A release whose noise several members draw in shares (distributed noise, each member's
+        message carrying the release's event under scope ``"run"``): one charge covers the
+        members' messages of one phase. Any other release needs a charge per message.
     """
 
     label: str
@@ -253,11 +257,20 @@ class Measurement:
     relation: Neighbours
     declared: Declared | None = None
     sampling: float = 1.0
+    shared: bool = False
     _sens: float = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
         if not 0 < self.sampling <= 1:
             raise ValueError(f"{self.label}: a sampling rate is in (0, 1], got {self.sampling}")
+        local = self.mechanism.norm == 0 and not isinstance(self.mechanism, BlackBox)
+        if local and self.relation.kind == "add_or_remove_one":
+            # a randomized report of a user who is absent is not "a null user's report": the
+            # radius rule does not bound it (a count of reports reveals the user)
+            raise ValueError(
+                f"{self.label}: a per-bit or per-report randomizer is accounted for replace-one "
+                "neighbours only"
+            )
         sens = (
             float(self.declared.value)
             if self.declared is not None
@@ -310,6 +323,9 @@ class Measurement:
         step (``part_of``: the declared release, carried by another message, that this draw is
         a share of). ``options`` go to the mechanism (a randomizer's or algorithm's own)."""
 
+        if part_of is self:
+            raise ValueError(f"{self.label}: a draw is not a share of its own release")
+
         def draw(values):
             return self.mechanism.draw(
                 noise, values, self._sens, round=round, ident=ident, ids=ids, **options
@@ -323,7 +339,7 @@ class Measurement:
         else:
             release = draw(values)
         event = self.event
-        noise.register(event, release, part_of=part_of)
+        noise.register(event, release, part_of=part_of, shared=self.shared)
         return release, event
 
     def _noiseless(self, values):

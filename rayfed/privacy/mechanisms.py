@@ -146,11 +146,13 @@ def share_noise(
     noise_multiplier: float,
     share: float,
     round: int = 0,
+    regenerate: bool = False,
 ) -> np.ndarray:
     """The (users x width) N(0, share·σ²) shares of :func:`distributed_gaussian`, keyed by (round,
-    user id): a user regenerates its own share with the same arguments (to cancel it later)."""
+    user id): a user regenerates its own share with the same arguments and ``regenerate=True``
+    (to cancel it later)."""
     sd = math.sqrt(share) * noise_multiplier * _positive("l2_sensitivity", l2_sensitivity)
-    return sd * noise.user_normal("gaussian-share", round, ids, width)
+    return sd * noise.user_normal("gaussian-share", round, ids, width, again=regenerate)
 
 
 def distributed_gaussian(

@@ -145,8 +145,15 @@ class NoiseSource:
         self.events: list[dp_event.DpEvent] = []
         self._elsewhere: list[bool] = []  # per event: part of a release another message carries
         self._samples: list[float] = []  # rates of the step's Poisson samples not yet used
+        self._keyed: dict[tuple[str, int], np.ndarray] = {}  # users drawn per (purpose, round)
         #: the noiseless probe of a sensitivity test (None in every real run)
         self.probe = _PROBE if randomness == "seeded" else None
+        if self.probe is not None and not os.environ.get("PYTEST_CURRENT_TEST"):
+            raise RuntimeError("the noiseless probe exists for tests only (pytest is not running)")
+        #: the declared releases this step drew shares of (``part_of``), for the federation to
+        #: check that a message of the round carries each; the events of shared releases drawn
+        self.parts: list = []
+        self.shared: list = []
         #: a short digest of every mechanism's release and every secret drawn, in draw order: two
         #: runs drew the same noise and keys iff these agree (in memory only, never written out)
         self.fingerprints: list[str] = []
@@ -197,31 +204,57 @@ class NoiseSource:
         out = Cipher(algorithms.AES(key), modes.ECB()).encryptor().update(counters.tobytes())
         return np.frombuffer(out, dtype=np.uint64).reshape(ids.size, 2 * blocks)[:, :n]
 
-    def user_uniform(self, purpose: str, round: int, ids: np.ndarray, n: int = 1) -> np.ndarray:
+    def user_uniform(
+        self, purpose: str, round: int, ids: np.ndarray, n: int = 1, *, again: bool = False
+    ) -> np.ndarray:
         """``(len(ids), n)`` uniforms in [0, 1) keyed by user id: in a seeded run a user's draws are
-        the same whichever cohort hosts it. There is no draw counter here: two draws in one round
-        must use two purposes (each mechanism has its own)."""
+        the same whichever cohort hosts it. There is no draw counter here, so a user's second
+        draw of one (purpose, round) would repeat its first — two releases sharing one noise, whose
+        difference is noise-free: refused unless ``again`` says the repeat is deliberate (a user
+        regenerating its own share to cancel it)."""
 
         def finish(u: np.ndarray, out: np.ndarray) -> None:
             np.multiply(u, 2.0**-53, out=out)
 
-        return self._keyed_floats(purpose, round, ids, n, finish)
+        return self._keyed_floats(purpose, round, ids, n, finish, again)
 
-    def user_normal(self, purpose: str, round: int, ids: np.ndarray, n: int = 1) -> np.ndarray:
-        """``(len(ids), n)`` standard normals keyed by user id (inverse CDF of open uniforms)."""
+    def user_normal(
+        self, purpose: str, round: int, ids: np.ndarray, n: int = 1, *, again: bool = False
+    ) -> np.ndarray:
+        """``(len(ids), n)`` standard normals keyed by user id (inverse CDF of open uniforms);
+        a repeat is refused as in :meth:`user_uniform`."""
 
         def finish(u: np.ndarray, out: np.ndarray) -> None:
             u += 0.5
             u *= 2.0**-53
             ndtri(u, out=out)
 
-        return self._keyed_floats(purpose, round, ids, n, finish)
+        return self._keyed_floats(purpose, round, ids, n, finish, again)
 
-    def _keyed_floats(self, purpose: str, round: int, ids: np.ndarray, n: int, finish):
+    def _first_keyed_draw(self, purpose: str, round: int, ids: np.ndarray, again: bool) -> None:
+        """Record the users drawn under (purpose, round); UnaccountedNoise if one was drawn
+        before and ``again`` is not set."""
+        key = (purpose, int(round))
+        done = self._keyed.get(key)
+        fresh = np.unique(ids)
+        if done is not None and not again:
+            reused = np.intersect1d(done, fresh, assume_unique=True)
+            if reused.size:
+                raise UnaccountedNoise(
+                    f"{self.name}: user {int(reused[0])} draws keyed noise of purpose {purpose!r} "
+                    f"twice in round {round}: two releases would share one noise (give each "
+                    "release its own purpose)"
+                )
+        self._keyed[key] = fresh if done is None else np.union1d(done, fresh)
+
+    def _keyed_floats(
+        self, purpose: str, round: int, ids: np.ndarray, n: int, finish, again: bool = False
+    ):
         """``(len(ids), n)`` floats: ``finish(u, out)`` maps each chunk's 53-bit integers ``u``
         (as floats) into its rows of the output. Chunks of ids keep the temporaries in cache;
         a user's draws do not depend on the chunk (the golden runs hold bit for bit)."""
         ids = np.asarray(ids, dtype=np.uint64)
+        self._first_keyed_draw(purpose, round, ids, again)
         out = np.empty((ids.size, max(n, 0)), dtype=np.float64)
         per_chunk = max(1, _CHUNK_WORDS // max(n, 1))
         for a in range(0, ids.size, per_chunk):
@@ -256,25 +289,44 @@ class NoiseSource:
         return raw
 
     def poisson_sample(
-        self, rate: float, size: int, *, round: int = 0, ident=None, purpose: str = "sample"
+        self,
+        rate: float,
+        size: int,
+        *,
+        round: int = 0,
+        ident=None,
+        purpose: str = "sample",
+        ids: np.ndarray | None = None,
     ) -> np.ndarray:
-        """A Poisson sample: a boolean mask over ``size`` units, each in with probability
-        ``rate``. It backs one subsampled event registered later in this step."""
-        mask = self.generator(purpose, round, ident).random(size) < rate
+        """A Poisson sample: a boolean mask over ``size`` units (or the users ``ids``, each keyed
+        by its id, so a user's membership does not depend on its cohort), each in with
+        probability ``rate``. It backs one subsampled event registered later in this step; an
+        empty population backs nothing."""
+        if (size if ids is None else len(ids)) < 1:
+            raise UnaccountedNoise(f"{self.name}: a Poisson sample of no units backs no release")
+        if ids is None:
+            mask = self.generator(purpose, round, ident).random(size) < rate
+        else:
+            mask = self.user_uniform(purpose, round, ids)[:, 0] < rate
         self._samples.append(float(rate))
         return mask
 
     # --- the step's events ---------------------------------------------------------------------
     def begin_step(self) -> None:
         self.events, self._elsewhere, self._samples = [], [], []
+        self.parts, self.shared = [], []
 
-    def register(self, event: dp_event.DpEvent, release: Any = None, *, part_of=None) -> None:
+    def register(
+        self, event: dp_event.DpEvent, release: Any = None, *, part_of=None, shared: bool = False
+    ) -> None:
         """Called by every mechanism with the event it drew under and its release.
 
         ``part_of`` is the declared release (a :class:`~rayfed.privacy.measurement.Measurement`)
         this draw is a share of, when another message carries that release's event (LFL's
-        Round 2 replaces Round 1's shares). Every sampling rate the event claims must be backed
-        by a Poisson sample drawn in this step (:meth:`poisson_sample`), one sample per claim.
+        Round 2 replaces Round 1's shares). ``shared``: the draw is one member's share of a
+        release declared shared (one charge for the members' messages). Every sampling rate the
+        event claims must be backed by a Poisson sample drawn in this step
+        (:meth:`poisson_sample`), one sample per claim.
         """
         from rayfed.privacy.measurement import Measurement
 
@@ -289,6 +341,10 @@ class NoiseSource:
             self._samples.remove(rate)
         self.events.append(event)
         self._elsewhere.append(part_of is not None)
+        if part_of is not None:
+            self.parts.append(part_of)
+        if shared:
+            self.shared.append(event)
         self._fingerprint(release)
 
     def _fingerprint(self, drawn: Any) -> None:

@@ -88,6 +88,7 @@ def lfl_round2_step(
         noise_multiplier=noise["z"],
         share=noise["zeta1"],
         round=round,
+        regenerate=True,
     )
     values, _ = gaussian(
         ctx.noise,
