@@ -141,7 +141,11 @@ class KaryResponse:
 class LocalReport:
     """An ε-LDP randomizer run by every user on its own value: ``perturb(values, eps=ε, u=U,
     **options)`` with U the (users x ``width``) uniforms keyed by user id. One neighbour changes
-    Δ₀ users' reports (one, for one user's value): the event is (ε, 0) composed Δ₀ times."""
+    Δ₀ users' reports (one, for one user's value): the event is (ε, 0) composed Δ₀ times.
+
+    A report's form is the randomizer's own (a float, an index, a dict of fields); the aggregator
+    reads that form, and a report has no noiseless value of it. Without noise (the sensitivity
+    check) it is drawn as in a run: the check compares the randomizer's inputs per user."""
 
     epsilon: float
     perturb: Callable
@@ -149,6 +153,7 @@ class LocalReport:
     norm: ClassVar[int] = 0
     #: Δ₀ counts the users (rows) whose report changes, not entries
     per_row: ClassVar[bool] = True
+    drawn_without_noise: ClassVar[bool] = True
 
     def event(self, sens: float) -> dp_event.DpEvent:
         return _times(EpsilonDeltaDpEvent(mech._positive("epsilon", self.epsilon), 0.0), sens)
@@ -156,9 +161,6 @@ class LocalReport:
     def draw(self, noise: NoiseSource, values, sens: float, *, round: int, ident, ids, **options):
         u = noise.user_uniform("ldp-report", round, ids, self.width)
         return self.perturb(values, eps=self.epsilon, u=u, **options)
-
-    def noiseless(self, values):
-        return np.asarray(values, dtype=np.float64)
 
     def describe(self) -> str:
         return f"ε-LDP report per user ({getattr(self.perturb, '__name__', 'randomizer')}), ε = {self.epsilon:.4g}"
