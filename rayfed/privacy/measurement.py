@@ -346,3 +346,36 @@ class Measurement:
             f"{self.label}: {self.mechanism.describe()}{sampled}, "
             f"Δ{norm} = {self._sens:.4g} ({why})"
         )
+
+
+# --- ldp-bitvector ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class CodeResponse:
+    """Binary randomized response on every bit of codes encoded a block at a time (ldp-bitvector's
+    BV codes): ``values`` is a code source (:class:`rayfed.ldp.bitvector.RecordCodes`,
+    ``PairCodes``) whose ``blocks()`` yield (coin keys, bits) and whose ``pack`` assembles the
+    noisy blocks, so the whole bit tensor never exists at once in a run; as an array it is every
+    bit (the sensitivity check counts the bits a neighbour changes). Each bit is kept with
+    ``keep_probability``, its coin keyed by the block's keys (as :class:`RandomizedResponse`
+    with ids): the event is the per-bit RR composed over the Δ₀ bits one neighbour changes."""
+
+    keep_probability: float
+    norm: ClassVar[int] = 0
+
+    def event(self, sens: float) -> dp_event.DpEvent:
+        return _times(mech.binary_rr_event(self.keep_probability), sens)
+
+    def draw(self, noise: NoiseSource, values, sens: float, *, round: int, ident, ids):
+        q = self.keep_probability
+        return values.pack(
+            mech.draw_binary_rr(noise, bits, keep_probability=q, round=round, ident=ident, ids=keys)
+            for keys, bits in values.blocks()
+        )
+
+    def noiseless(self, values):
+        return values.pack(bits for _, bits in values.blocks())
+
+    def describe(self) -> str:
+        return (
+            f"binary randomized response on BV codes, keep probability {self.keep_probability:.4g}"
+        )
