@@ -31,6 +31,7 @@ from rayfed.privacy.ledger import (
 )
 from rayfed.privacy.measurement import (
     BlackBox,
+    CodeResponse,
     Declared,
     DiscreteLaplace,
     Gaussian,
@@ -92,6 +93,7 @@ __all__ = [
     "OneHot",
     "PrivacyDeclaration",
     "RandomizedResponse",
+    "CodeResponse",
     "enforce",
     "event_from_dict",
     "sensitivity",

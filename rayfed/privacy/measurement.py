@@ -141,7 +141,11 @@ class KaryResponse:
 class LocalReport:
     """An ε-LDP randomizer run by every user on its own value: ``perturb(values, eps=ε, u=U,
     **options)`` with U the (users x ``width``) uniforms keyed by user id. One neighbour changes
-    Δ₀ users' reports (one, for one user's value): the event is (ε, 0) composed Δ₀ times."""
+    Δ₀ users' reports (one, for one user's value): the event is (ε, 0) composed Δ₀ times.
+
+    A report's form is the randomizer's own (a float, an index, a dict of fields); the aggregator
+    reads that form, and a report has no noiseless value of it. Without noise (the sensitivity
+    check) it is drawn as in a run: the check compares the randomizer's inputs per user."""
 
     epsilon: float
     perturb: Callable
@@ -149,6 +153,7 @@ class LocalReport:
     norm: ClassVar[int] = 0
     #: Δ₀ counts the users (rows) whose report changes, not entries
     per_row: ClassVar[bool] = True
+    drawn_without_noise: ClassVar[bool] = True
 
     def event(self, sens: float) -> dp_event.DpEvent:
         return _times(EpsilonDeltaDpEvent(mech._positive("epsilon", self.epsilon), 0.0), sens)
@@ -156,9 +161,6 @@ class LocalReport:
     def draw(self, noise: NoiseSource, values, sens: float, *, round: int, ident, ids, **options):
         u = noise.user_uniform("ldp-report", round, ids, self.width)
         return self.perturb(values, eps=self.epsilon, u=u, **options)
-
-    def noiseless(self, values):
-        return np.asarray(values, dtype=np.float64)
 
     def describe(self) -> str:
         return f"ε-LDP report per user ({getattr(self.perturb, '__name__', 'randomizer')}), ε = {self.epsilon:.4g}"
@@ -359,4 +361,37 @@ class Measurement:
         return (
             f"{self.label}: {self.mechanism.describe()}{sampled}, "
             f"Δ{norm} = {self._sens:.4g} ({why})"
+        )
+
+
+# --- ldp-bitvector ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class CodeResponse:
+    """Binary randomized response on every bit of codes encoded a block at a time (ldp-bitvector's
+    BV codes): ``values`` is a code source (:class:`rayfed.ldp.bitvector.RecordCodes`,
+    ``PairCodes``) whose ``blocks()`` yield (coin keys, bits) and whose ``pack`` assembles the
+    noisy blocks, so the whole bit tensor never exists at once in a run; as an array it is every
+    bit (the sensitivity check counts the bits a neighbour changes). Each bit is kept with
+    ``keep_probability``, its coin keyed by the block's keys (as :class:`RandomizedResponse`
+    with ids): the event is the per-bit RR composed over the Δ₀ bits one neighbour changes."""
+
+    keep_probability: float
+    norm: ClassVar[int] = 0
+
+    def event(self, sens: float) -> dp_event.DpEvent:
+        return _times(mech.binary_rr_event(self.keep_probability), sens)
+
+    def draw(self, noise: NoiseSource, values, sens: float, *, round: int, ident, ids):
+        q = self.keep_probability
+        return values.pack(
+            mech.draw_binary_rr(noise, bits, keep_probability=q, round=round, ident=ident, ids=keys)
+            for keys, bits in values.blocks()
+        )
+
+    def noiseless(self, values):
+        return values.pack(bits for _, bits in values.blocks())
+
+    def describe(self) -> str:
+        return (
+            f"binary randomized response on BV codes, keep probability {self.keep_probability:.4g}"
         )

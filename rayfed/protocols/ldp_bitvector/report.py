@@ -25,7 +25,8 @@ VERTICAL_NOTE = (
 )
 
 
-def notes(cfg: LdpBitvectorConfig, params: Params) -> list[str]:
+def notes(cfg: LdpBitvectorConfig, params: Params, epsilon_per_record: float) -> list[str]:
+    """The run's notes; ``epsilon_per_record`` is the declared ε of one record's codes."""
     if cfg.method in BASELINES:
         return [
             f"{cfg.method} is a baseline run by one trusted party on the raw data; it is not "
@@ -40,7 +41,7 @@ def notes(cfg: LdpBitvectorConfig, params: Params) -> list[str]:
         f"the paper claims ({eps:g}, {bv.paper_delta(eps, cfg.bits):.3g})-LDP per value "
         f"(Thm 4, Eq. 10); that δ is wrong: two codes {k_max} bits apart have hockey-stick δ "
         f"{bv.hockey_stick(eps, k_max):.3g} at ε={eps:g}; the guarantee is pure "
-        f"{k_max * eps:g}-LDP per value, {params.dims * k_max * eps:g} per record",
+        f"{k_max * eps:g}-LDP per value, {epsilon_per_record:g} per record",
         ANCHORS_NOTE,
     ]
     if cfg.partition == "vertical":
@@ -79,6 +80,10 @@ def outcome(
     if truth is not None:
         metrics["nmi"] = float(normalized_mutual_info_score(truth, labels))
         headline += f"; NMI {metrics['nmi']:.3f}"
+    if params.clipped is not None:
+        metrics["clipped"] = params.clipped.count
+        if params.clipped.count:
+            headline += f"; {params.clipped.statement()}"
     return Outcome(
         tables={"labels": pa.table({"record": np.arange(len(labels)), "cluster": labels})},
         metrics=metrics,
