@@ -395,3 +395,90 @@ class CodeResponse:
         return (
             f"binary randomized response on BV codes, keep probability {self.keep_probability:.4g}"
         )
+
+
+# --- hfl-kmeans: discrete Laplace on padded ring words, in split shares, or sampled jointly -------
+@dataclass(frozen=True)
+class PaddedDiscreteLaplace:
+    """DLap(a), a = ε/Δ₁, added to words of Z_2^``ring_bits``: a padded aggregate whose adder
+    cannot read it (the pads cancel when the clients unpad, so the noise lands on the sum): ε-DP.
+    A neighbour moves the words by the sum's change mod 2^b, so the sensitivity check measures
+    the words' difference in the ring (``modulus``)."""
+
+    epsilon: float
+    ring_bits: int
+    norm: ClassVar[int] = 1
+
+    @property
+    def modulus(self) -> int:
+        return 1 << self.ring_bits
+
+    def event(self, sens: float) -> dp_event.DpEvent:
+        return mech.discrete_laplace_event(_integer(sens), self.epsilon)
+
+    def draw(self, noise: NoiseSource, values, sens: float, *, round: int, ident, ids):
+        words = np.asarray(values)
+        a = self.event(sens).noise_parameter
+        noisy = mech.draw_discrete_laplace(noise, words, a=a, round=round, ident=ident)
+        return noisy.astype(words.dtype)  # two's complement: mod 2^b
+
+    def noiseless(self, values):
+        return np.array(values, copy=True)
+
+    def describe(self) -> str:
+        return f"discrete Laplace on words of Z_2^{self.ring_bits}, ε = {self.epsilon:.4g}"
+
+
+@dataclass(frozen=True)
+class SplitDiscreteLaplace:
+    """One party's 1/``parts`` share of DLap(a), a = ε/Δ₁: NB(1/parts, p) − NB(1/parts, p),
+    p = 1 − e^−a. Any ``parts`` shares add up to exactly DLap(a), so the release that sums them
+    is ε-DP while ``parts`` of the parties that add one keep theirs secret. The event is the
+    release's; a party whose share another's message carries draws with ``part_of``."""
+
+    epsilon: float
+    parts: int
+    norm: ClassVar[int] = 1
+
+    def event(self, sens: float) -> dp_event.DpEvent:
+        return mech.discrete_laplace_event(_integer(sens), self.epsilon)
+
+    def draw(self, noise: NoiseSource, values, sens: float, *, round: int, ident, ids):
+        a = self.event(sens).noise_parameter
+        return mech.draw_split_discrete_laplace(
+            noise, values, a=a, parts=self.parts, round=round, ident=ident
+        )
+
+    def noiseless(self, values):
+        return np.asarray(values).astype(np.int64)
+
+    def describe(self) -> str:
+        return f"discrete Laplace in 1/{self.parts} shares, ε = {self.epsilon:.4g}"
+
+
+@dataclass(frozen=True)
+class JointDiscreteLaplace:
+    """A party's additive ``share`` (ring words: an option of the draw) of discrete Laplace noise
+    the parties sampled together in an MPC (:mod:`rayfed.secagg.mpc`), whose realised parameter
+    is ``noise_parameter`` a' and whose truncation is within total variation ``tail`` of an
+    a'-DP sampler (``sampler``: the MPC's plan of the coins): (a'·Δ₁, (1 + e^ε)·tail)-DP."""
+
+    noise_parameter: float
+    tail: float
+    sampler: Any = field(default=None, compare=False)
+    norm: ClassVar[int] = 1
+
+    def event(self, sens: float) -> dp_event.DpEvent:
+        return mech.joint_discrete_laplace_event(_integer(sens), self.noise_parameter, self.tail)
+
+    def draw(self, noise: NoiseSource, values, sens: float, *, round: int, ident, ids, share):
+        return mech.add_noise_share(values, share)
+
+    def noiseless(self, values):
+        return np.asarray(values).astype(np.int64)
+
+    def describe(self) -> str:
+        return (
+            f"discrete Laplace sampled jointly in shares, a' = {self.noise_parameter:.4g} per "
+            f"unit, truncation {self.tail:.3g}"
+        )

@@ -247,18 +247,29 @@ def split_discrete_laplace(
     share that another party's message carries the event for names it in ``part_of``.
     """
     event = discrete_laplace_event(l1_sensitivity, epsilon)
+    release = draw_split_discrete_laplace(
+        noise, values, a=event.noise_parameter, parts=parts, round=round, ident=ident
+    )
+    return _drawn(noise, release, event, part_of)
+
+
+def draw_split_discrete_laplace(
+    noise: NoiseSource, values, *, a: float, parts: int, round: int = 0, ident=None
+):
+    """Integer ``values`` + one 1/``parts`` share of DLap(a) (the draw alone: nothing
+    registered)."""
     if not (isinstance(parts, (int, np.integer)) and parts >= 1):
         raise ConfigError("parts", f"must be an integer >= 1, got {parts!r}")
     values = np.asarray(values)
     if not np.issubdtype(values.dtype, np.integer):
         raise ConfigError("values", "the discrete Laplace mechanism needs integer values")
-    p = -math.expm1(-event.noise_parameter)
+    p = -math.expm1(-a)
     gen = noise.generator("split-discrete-laplace", round, ident)
     shape = 1.0 / int(parts)
     draw = gen.negative_binomial(shape, p, size=values.shape) - gen.negative_binomial(
         shape, p, size=values.shape
     )
-    return _drawn(noise, values.astype(np.int64) + draw, event, part_of)
+    return values.astype(np.int64) + draw
 
 
 def joint_discrete_laplace_event(
@@ -298,6 +309,12 @@ def joint_discrete_laplace(
     carries the event for names that release in ``part_of``.
     """
     event = joint_discrete_laplace_event(l1_sensitivity, noise_parameter, tail)
+    return _drawn(noise, add_noise_share(values, share), event, part_of)
+
+
+def add_noise_share(values, share):
+    """Integer ``values`` + a party's additive noise ``share`` (ring words) mod 2^64, as int64
+    (the draw of :func:`joint_discrete_laplace` alone: nothing registered)."""
     values, share = np.asarray(values), np.asarray(share)
     if not (
         np.issubdtype(values.dtype, np.integer) and np.issubdtype(share.dtype, np.unsignedinteger)
@@ -306,7 +323,7 @@ def joint_discrete_laplace(
             "values", "joint discrete Laplace needs integer values and ring-word shares"
         )
     words = values.astype(np.int64).view(np.uint64) + share.astype(np.uint64)
-    return _drawn(noise, words.view(np.int64), event, part_of)
+    return words.view(np.int64)
 
 
 def rr_keep_probability(epsilon: float) -> float:

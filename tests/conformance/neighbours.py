@@ -203,11 +203,29 @@ def neighbouring_plans(plan) -> list[tuple[str, Any, Any]]:
 
 
 # --- the comparison --------------------------------------------------------------------------------
-def _distance(a: np.ndarray, b: np.ndarray, norm: int) -> float:
-    d = np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64)
+def _distance(a: np.ndarray, b: np.ndarray, norm: int, modulus: int | None = None) -> float:
+    if modulus is None:
+        d = np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64)
+    else:
+        d = _ring_difference(a, b, modulus)
     if norm == 0:
         return float(np.count_nonzero(d))
     return float(np.linalg.norm(d.ravel(), ord=norm))
+
+
+def _ring_difference(a: np.ndarray, b: np.ndarray, modulus: int) -> np.ndarray:
+    """a − b for words of Z_modulus (modulus 2^b, b <= 64), as the signed residue nearest 0: the
+    distance of two padded aggregates under the same pads is their sums' change, whatever wraps
+    (computed in integers: words near 2^64 do not fit a float exactly)."""
+    bits = modulus.bit_length() - 1
+    assert modulus == 1 << bits and bits <= 64, f"a ring of words is Z_2^b, b <= 64: {modulus}"
+    diff = np.asarray(a).astype(np.uint64) - np.asarray(b).astype(np.uint64)  # mod 2^64
+    if bits < 64:
+        diff &= np.uint64(modulus - 1)
+        signed = diff.astype(np.int64)
+        signed[signed >= modulus // 2] -= modulus
+        return signed.astype(np.float64)
+    return diff.view(np.int64).astype(np.float64)
 
 
 def _padded(a: np.ndarray, rows: int) -> np.ndarray:
@@ -272,6 +290,7 @@ def moves(d: Probe, d_prime: Probe) -> list[tuple[str, float, float]]:
         else:
             x, y = np.asarray(a[0].values), np.asarray(b[0].values)
             rows = max(x.shape[0], y.shape[0]) if x.ndim else 0
-            moved = _distance(_padded(x, rows), _padded(y, rows), m.mechanism.norm)
+            modulus = getattr(m.mechanism, "modulus", None)  # words of a ring (padded sums)
+            moved = _distance(_padded(x, rows), _padded(y, rows), m.mechanism.norm, modulus)
         out.append((str(group), moved, m.sensitivity))
     return out

@@ -76,9 +76,12 @@ class HflKmeansConfig:
     )
     sensitivity: Literal["corrected", "thesis"] = option(
         "corrected",
-        "AMN centroid sensitivity: corrected (2B/(M(⌈c_min/M⌉+1)), one point's true effect) or "
-        "thesis (B·E/c_min: about half of it; the ledger records the ε that noise really buys)",
-        when={"aggregation": ("amn",), "noise": ("laplace",)},
+        "corrected: noise calibrated to what one point really moves (a size-constrained "
+        "assignment re-routes up to k - 1 other points: sums (2k-1)·d·B, AMN centroids k-1 "
+        "replacements + 1 addition); thesis: the thesis's Δ^Σ = B·E, Δ^C = E, Δ^μ = B·E/c_min "
+        "(one point moves only its own clusters): its noise, with the ε it really buys in the "
+        "ledger",
+        when={"noise": ("laplace",)},
     )
     masking: Literal["shared-seed", "pairwise", "none"] = option(
         "shared-seed",
@@ -132,7 +135,9 @@ class HflKmeansConfig:
         source="file",
     )
     out_of_bounds: Literal["error", "clip"] = option(
-        "error", "a data value outside its declared bounds: error, or clip it"
+        "error",
+        "a data value outside its declared bounds: error (refused, naming the column), or clip "
+        "it to the bounds (counted and stated in the headline)",
     )
     evaluate: bool = option(
         True, "add WCSS, silhouette and empty clusters on the union (raw data: not private)"

@@ -11,13 +11,14 @@ import pyarrow as pa
 
 from rayfed import rng
 from rayfed.data import horizontal, load_table, require_clean
-from rayfed.data.scaling import check_bounds, declared_bounds, features_of, to_unit
+from rayfed.data.scaling import declared_bounds, features_of, to_unit
 from rayfed.errors import ConfigError, DataError
-from rayfed.privacy import Budget, Neighbours, PrivacyDeclaration
+from rayfed.privacy import Budget, Clipped, DataDomain, Field, Interval, PrivacyDeclaration, enforce
 from rayfed.protocols.base import Plan
 from rayfed.protocols.hfl_kmeans.config import HflKmeansConfig
 from rayfed.protocols.hfl_kmeans.params import (
     DEALER,
+    RELATION,
     Params,
     Setup,
     derive_setup,
@@ -40,45 +41,70 @@ def plan(cfg: HflKmeansConfig, seed: int) -> Plan:
         )
     table, features, lo, hi = _load(cfg, seed)
     require_clean(table, features, numeric=True)
-    x_raw = features_of(table, features)
-    check_bounds(x_raw, features, lo, hi, cfg.out_of_bounds)
-    n, d = x_raw.shape
+    x, clipped = _enforce(features_of(table, features), features, lo, hi, cfg.out_of_bounds)
+    n, d = x.shape
     if n < cfg.clients * cfg.k:
         raise DataError(
             "data.path" if cfg.data.path else "users",
             f"{n} rows for {cfg.clients} clients and k = {cfg.k}",
             f"at least {cfg.clients * cfg.k} rows, or fewer clients / clusters",
         )
-    setup = derive_setup(cfg, n, d)
+    setup = derive_setup(cfg, n, d)  # N is public (spec A3): the plan's, not learned at runtime
     overflow_check(setup, cfg.assignment, cfg.aggregation, cfg.topology)
     rows = table.select(features)
+    if any(c.count for c in clipped):  # the clients hold the clipped values, not the raw ones
+        rows = pa.table({c: x[:, j] for j, c in enumerate(features)})
     if cfg.shuffle:
         rows = rows.take(rng.stream(seed, "partition", 0, "hfl-kmeans").permutation(n))
     blocks = horizontal(rows, cfg.clients)
     _check_feasible(setup, [t.num_rows for t in blocks.values()], cfg.assignment)
     meta = {"columns": features, "lo": lo.tolist(), "hi": hi.tolist()}
-    evaluation = None
-    if cfg.evaluate:
-        evaluation = {"x": np.clip(to_unit(x_raw, lo, hi), -1.0, 1.0)}
+    evaluation = {"x": to_unit(x, lo, hi)} if cfg.evaluate else None
     private = cfg.noise != "none"
     budget = Budget(
         setup.t_max * setup.epsilon_per_iteration, setup.t_max * setup.delta_per_iteration
+    )
+    fields = tuple(
+        Field((c,), Interval(float(a), float(b))) for c, a, b in zip(features, lo, hi, strict=True)
     )
     return Plan(
         privacy=PrivacyDeclaration(
             budget=budget if private else Budget.none(),
             accountant="pure",
-            relation=Neighbours("add_or_remove_one", "data point"),
+            relation=RELATION,
             composition="parallel" if _local_ring(cfg) else "sequential",
-            statement=_statement(cfg),
+            statement=_statement(cfg, setup),
+            measurements=setup.measurements,
             requested_epsilon=cfg.epsilon if private else None,
+            # each row a data point, held by one client (horizontal)
+            data=DataDomain(fields, members="parties", partition="horizontal"),
         ),
         parties={p: (block, meta) for p, block in blocks.items()},
         cohorts=_dealer(setup),
         rounds=setup.t_max + 2,
         evaluation=evaluation,
-        params=Params(features=features, lo=lo, hi=hi),
+        params=Params(features=features, lo=lo, hi=hi, setup=setup, clipped=clipped),
     )
+
+
+def _enforce(
+    x: np.ndarray, features: list[str], lo: np.ndarray, hi: np.ndarray, policy: str
+) -> tuple[np.ndarray, tuple[Clipped, ...]]:
+    """Every column inside its declared bounds: clipped and counted (``out_of_bounds=clip``) or
+    refused naming ``bounds.<column>`` (``error``) — where the data enters, never later."""
+    out, clipped = np.empty_like(x), []
+    for j, col in enumerate(features):
+        out[:, j : j + 1], c = enforce(
+            x[:, j : j + 1],
+            Interval(float(lo[j]), float(hi[j])),
+            "clip" if policy == "clip" else "refuse",
+            "bounds",
+            "out_of_bounds",
+            columns=[col],
+            widen=f"widen bounds.{col}",
+        )
+        clipped.append(c)
+    return out, tuple(clipped)
 
 
 def _dealer(setup: Setup) -> dict[str, tuple[pa.Table, dict]]:
@@ -151,32 +177,44 @@ def _check_feasible(setup: Setup, sizes: list[int], assignment: str) -> None:
             )
 
 
-def _statement(cfg: HflKmeansConfig) -> str:
+def _statement(cfg: HflKmeansConfig, setup: Setup) -> str:
     if cfg.noise == "none":
         return "not private: a non-private baseline (masked, but the clients see exact sums)"
     if _local_ring(cfg):
-        return (
-            "ε-DP per client by its own local noise (add/remove one point); parallel over the "
-            "clients' disjoint rows"
+        base = "ε-DP per client by its own local noise; parallel over the clients' disjoint rows"
+    elif cfg.topology == "ring" and cfg.ring_noise == "mpc":
+        base = (
+            "(ε, δ)-DP towards every client and any coalition of up to M - 1 clients, "
+            "sequential over the iterations; assumes the dealer of the MPC's correlated "
+            "randomness is honest and colludes with no client and not with the driver, which "
+            "relays the clients' opening shares (δ: the truncation of the jointly sampled noise)"
         )
-    if cfg.topology == "ring" and cfg.ring_noise == "mpc":
-        return (
-            "(ε, δ)-DP (add/remove one point) towards every client and any coalition of up to "
-            "M - 1 clients, sequential over the iterations; assumes the dealer of the MPC's "
-            "correlated randomness is honest and colludes with no client and not with the "
-            "driver, which relays the clients' opening shares (δ: the truncation of the jointly "
-            "sampled noise)"
+    elif cfg.topology == "ring":
+        base = (
+            "ε-DP against any coalition of up to M - honest_clients clients, sequential over "
+            "the iterations; assumes the others keep their noise shares and pairwise secrets"
         )
-    if cfg.topology == "ring":
-        return (
-            "ε-DP (add/remove one point) against any coalition of up to M - honest_clients "
-            "clients, sequential over the iterations; assumes the others keep their noise shares "
-            "and pairwise secrets"
+    else:
+        base = (
+            "ε-DP towards every client, sequential over the iterations; assumes the server "
+            "draws its noise honestly and colludes with no client"
         )
-    return (
-        "ε-DP towards every client (add/remove one point), sequential over the iterations; "
-        "assumes the server draws its noise honestly and colludes with no client"
-    )
+    parts = [
+        base,
+        "N (hence t_max, c_min, c_max and ε^(m)) is a public input, not protected (spec A3)",
+    ]
+    if cfg.assignment == "constrained":
+        parts.append(
+            "the size-constrained assignment's sensitivity counts the up to k - 1 points one "
+            "point displaces; it assumes the min-cost flow's optimum is unique up to "
+            "exchanging equal points (exact cost ties are broken by the solver)"
+        )
+    if setup.claimed_epsilon is not None:
+        parts.append(
+            "sensitivity=thesis: the thesis's noise (one point moves only its own clusters), "
+            "so the ε is the larger one that noise buys, not the requested one"
+        )
+    return "; ".join(parts)
 
 
 def _local_ring(cfg: HflKmeansConfig) -> bool:
