@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
+from dp_accounting import dp_event
 
 from rayfed.actors.base import MessageMeta
 from rayfed.actors.cohort import UserCohortActor
@@ -254,6 +255,17 @@ class Group:
         )
 
 
+def _composes(carried, event) -> bool:
+    """Whether the carried event is ``event`` or composes it."""
+    if carried == event:
+        return True
+    if isinstance(carried, dp_event.SelfComposedDpEvent):
+        return _composes(carried.event, event)
+    if isinstance(carried, dp_event.ComposedDpEvent):
+        return any(_composes(c, event) for c in carried.events)
+    return False
+
+
 class Federation:
     """The members of one run: a coordinator, parties and user cohorts, and what crosses between them.
 
@@ -318,8 +330,10 @@ class Federation:
             else RayBackend(seed=seed, randomness=randomness, actors=actors)
         )
         self._privacy = privacy
-        #: events carried by the messages of each round (a share's release must be among them)
+        #: events carried by the messages of each round, and the shares drawn (part_of) in it:
+        #: at the round's end each share's release must be among the carried events
         self._carried: dict[int, list] = {}
+        self._shares: dict[int, list] = {}
         self._actor_options = actor_options or {}
         self.faults = Faults(faults, cohort_restarts=cohort_restarts)
         self.transcript = Transcript()
@@ -461,6 +475,7 @@ class Federation:
         started = time.perf_counter()
         self._await_restarts()
         yield
+        self._check_shares(number)
         self.timings.append(
             {
                 "round": number,
@@ -559,23 +574,25 @@ class Federation:
             one_release = meta.scope == RUN_SCOPE and meta.shared
             if not (one_release and item in dp_items):
                 dp_items.append(item)
+        declared = {m.label: m.event for m in self._privacy.measurements}
         for meta in metas:
-            self._check_shares(meta)
+            for label, event in meta.shares_of:
+                if declared.get(label) != event:
+                    raise UnaccountedNoise(
+                        f"round {self.round_no}: {meta.sender} drew a share of {label!r}, which "
+                        "the plan does not declare with that event"
+                    )
+                self._shares.setdefault(self.round_no, []).append((meta.sender, label, event))
         if dp_items:
             self._ledger("verify_charged", dp_items)
 
-    def _check_shares(self, meta) -> None:
-        """UnaccountedNoise unless every release a message's step drew a share of (``part_of``) is
-        declared and carried by a message of this round."""
-        declared = {m.label: m.event for m in self._privacy.measurements}
-        for label, event in meta.shares_of:
-            if declared.get(label) != event:
+    def _check_shares(self, number: int) -> None:
+        """At the end of a round: UnaccountedNoise unless every release a step drew a share of
+        (``part_of``) is carried — itself or composed with others — by a message of the round."""
+        carried = self._carried.get(number, [])
+        for sender, label, event in self._shares.pop(number, []):
+            if not any(_composes(c, event) for c in carried):
                 raise UnaccountedNoise(
-                    f"round {self.round_no}: {meta.sender} drew a share of {label!r}, which the "
-                    "plan does not declare with that event"
-                )
-            if event not in self._carried.get(self.round_no, []):
-                raise UnaccountedNoise(
-                    f"round {self.round_no}: {meta.sender} drew a share of {label!r}, but no "
-                    "message of the round carries that release"
+                    f"round {number}: {sender} drew a share of {label!r}, but no message of the "
+                    "round carries that release"
                 )

@@ -291,7 +291,8 @@ def test_two_whole_releases_under_scope_run_need_two_charges(backend):
 
 def test_a_share_names_a_declared_release_carried_in_its_round(backend):
     """part_of: a share of a release that a message of the round carries passes; a share of an
-    undeclared release, or of one no message carries, is refused; a draw is no share of itself."""
+    undeclared release, or of one no message of the round carries, is refused (at the round's
+    end), and so is a step that carries a release and draws a share of it too."""
     with make_fed(backend, epsilon=2.0) as fed:
         fed.charge([WHOLE.charge("run")])
         fed.parties.run(carry_or_share, WHOLE, WHOLE, phase="release and share")
@@ -300,14 +301,19 @@ def test_a_share_names_a_declared_release_carried_in_its_round(backend):
         fed.charge([WHOLE.charge("run")])
         with pytest.raises(UnaccountedNoise, match="does not declare"):
             fed.parties.run(carry_or_share, WHOLE, stranger, phase="release and share")
-    with make_fed(backend, epsilon=2.0) as fed:
-        fed.charge([WHOLE.charge("run")])
-        with pytest.raises(UnaccountedNoise, match="no message of the round carries"):
+    with (
+        make_fed(backend, epsilon=2.0) as fed,
+        pytest.raises(UnaccountedNoise, match="no message of the round carries"),
+    ):
+        with fed.round(0):
+            fed.charge([WHOLE.charge("run")])
             fed.parties.run(carry_or_share, WHOLE, OTHER, phase="release and share")
-    source = NoiseSource.seeded(1, "p0")
+    source = NoiseSource.seeded(1, "p0")  # the review's case: a second copy under one charge
     source.begin_step()
-    with pytest.raises(ValueError, match="not a share of its own release"):
-        WHOLE(source, np.array([1.0]), part_of=WHOLE)
+    _, event = WHOLE(source, np.array([1.0]))
+    WHOLE(source, np.array([1.0]), part_of=WHOLE)
+    with pytest.raises(UnaccountedNoise, match="draws a share of it for elsewhere"):
+        source.check_all_carried([event])
 
 
 def test_a_message_charged_once_cannot_be_sent_twice(backend):

@@ -638,19 +638,26 @@ class PrivacyLedger:
         return entry
 
     def _check_declared(self, event: dp_event.DpEvent, label: str) -> None:
-        """UnaccountedNoise unless the charge is a declared release's event, or that event
-        composed several times: a release the plan did not declare cannot be charged."""
+        """UnaccountedNoise unless the charge is made of declared releases' events (one, one
+        composed several times, or several composed in one message): a release the plan did
+        not declare cannot be charged."""
         if self.declared is None:
             return
-        if label not in self.declared:
+        known = list(self.declared.values())  # a composed event (a list inside) has no hash
+
+        def declared(e: dp_event.DpEvent) -> bool:
+            if e in known:
+                return True
+            if isinstance(e, dp_event.SelfComposedDpEvent):
+                return declared(e.event)
+            if isinstance(e, dp_event.ComposedDpEvent):
+                return bool(e.events) and all(declared(sub) for sub in e.events)
+            return False
+
+        if not declared(event):
             raise UnaccountedNoise(
-                f"the charge {label!r} is not a release the plan declares ({sorted(self.declared)})"
-            )
-        own = self.declared[label]
-        repeated = isinstance(event, dp_event.SelfComposedDpEvent) and event.event == own
-        if event != own and not repeated:
-            raise UnaccountedNoise(
-                f"the charge {label!r} carries {event}, not its declared event {own}"
+                f"the charge {label!r} carries {event}, which is not made of the releases the "
+                f"plan declares ({sorted(self.declared)})"
             )
 
     def charge_all(self, charges: list[tuple[str, str, Any]], *, round: int) -> list[LedgerEntry]:

@@ -325,9 +325,6 @@ class Measurement:
         step (``part_of``: the declared release, carried by another message, that this draw is
         a share of). ``options`` go to the mechanism (a randomizer's or algorithm's own)."""
 
-        if part_of is self:
-            raise ValueError(f"{self.label}: a draw is not a share of its own release")
-
         def draw(values):
             return self.mechanism.draw(
                 noise, values, self._sens, round=round, ident=ident, ids=ids, **options

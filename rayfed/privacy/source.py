@@ -357,6 +357,13 @@ class NoiseSource:
         every draw (but shares of a release another message carries) in some carried event, as
         often as it was drawn, and every carried event made only of draws of this step — so a
         message cannot carry one charge for two draws, nor claim a draw it never made."""
+        shares = [m.event for m in self.parts]
+        if any(event in shares for event in carried):
+            # a share belongs to a release *another* message carries: a step that carries the
+            # release itself would release a second noisy copy under one charge
+            raise UnaccountedNoise(
+                f"{self.name}: a step carries a release and draws a share of it for elsewhere"
+            )
         pool = [
             e for e, elsewhere in zip(self.events, self._elsewhere, strict=True) if not elsewhere
         ]
