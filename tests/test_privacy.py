@@ -486,3 +486,62 @@ def test_two_releases_never_share_a_users_keyed_noise():
     b(source, np.ones((4, 2)), ids=ids, round=4)  # another round: fresh
     c = Measurement("c", Gaussian(2.0, purpose="another"), Interval(0, 1), relation)
     c(source, np.ones((4, 2)), ids=ids, round=3)  # another purpose: fresh
+
+
+def test_tightest_gives_pld_the_add_remove_pair_only_for_unsampled_additive_releases():
+    """Under replace-one, an unsampled Gaussian goes to PLD as the add/remove pair at Δ (the
+    exact Gaussian loss, Balle–Wang, written in calibration.gaussian_delta); a mixture of
+    Gaussians (sampling in its fields) is not the add/remove pair and gets no PLD (the review's
+    ε 0.91 where the truth is ~11)."""
+    from dp_accounting.privacy_accountant import NeighboringRelation
+    from scipy import optimize
+
+    from rayfed.privacy.calibration import gaussian_delta
+    from rayfed.privacy.ledger import TightestAccountant
+
+    replace = NeighboringRelation.REPLACE_ONE
+    acc = TightestAccountant(replace)
+    acc.compose(dp_event.GaussianDpEvent(2.0))
+    exact = optimize.brentq(lambda e: gaussian_delta(2.0, e) - 1e-5, 0, 50)
+    assert acc.used(1e-5) == "pld"
+    assert exact <= acc.get_epsilon(1e-5) <= exact * 1.001
+    mixture = dp_event.MixtureOfGaussiansDpEvent(1.0, (10.0, 11.0), (0.99, 0.01))
+    assert not TightestAccountant(replace).supports(dp_event.SelfComposedDpEvent(mixture, 200))
+
+
+def test_per_bit_and_per_report_randomizers_are_refused_under_add_remove():
+    from rayfed.privacy import KaryResponse, Measurement, Neighbours, OneHot, RandomizedResponse
+
+    add = Neighbours("add_or_remove_one", "user")
+    for mechanism in (RandomizedResponse(0.75), KaryResponse(4, 1.0)):
+        with pytest.raises(ValueError, match="replace-one neighbours only"):
+            Measurement("r", mechanism, OneHot(4), add)
+
+
+def test_a_domain_holds_no_nan_and_counts_it_outside():
+    from rayfed.errors import DataError
+    from rayfed.privacy import Interval, enforce
+
+    for policy in ("clip", "refuse"):
+        with pytest.raises(DataError, match="NaN"):
+            enforce(np.array([0.5, np.nan]), Interval(0, 1), policy, "data.x", "out_of_domain")
+    assert Interval(0, 1).clip(np.array([0.5, np.nan, 2.0]))[1] == 2
+
+
+def test_a_sample_backs_a_release_only_with_units_and_can_be_keyed_by_user():
+    source = _step()
+    with pytest.raises(UnaccountedNoise, match="no units"):
+        source.poisson_sample(0.5, 0)
+    ids = np.arange(10, 20)
+    a = source.poisson_sample(0.5, 0, ids=ids, purpose="user-sample")
+    b = _step().poisson_sample(0.5, 0, ids=ids[::-1], purpose="user-sample")[::-1]
+    assert np.array_equal(a, b)  # a user's membership is its own, wherever it is hosted
+
+
+def test_the_noiseless_probe_is_refused_outside_a_test(monkeypatch):
+    from rayfed.privacy import source
+
+    monkeypatch.setattr(source, "_PROBE", object())
+    monkeypatch.delenv("PYTEST_CURRENT_TEST")
+    with pytest.raises(RuntimeError, match="tests only"):
+        NoiseSource.seeded(1)

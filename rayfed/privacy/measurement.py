@@ -334,7 +334,8 @@ class Measurement:
             exact = (
                 draw if getattr(self.mechanism, "drawn_without_noise", False) else self._noiseless
             )
-            release = noise.probe.observe(self, noise.name, values, ids, exact)
+            share = part_of is not None
+            release = noise.probe.observe(self, noise.name, values, ids, exact, share=share)
         else:
             release = draw(values)
         event = self.event

@@ -34,6 +34,8 @@ class Seen:
     values: np.ndarray
     ids: np.ndarray | None
     release: Any
+    #: a share of one release several actors draw (part_of, or a shared measurement)
+    share: bool = False
 
 
 class Probe:
@@ -45,12 +47,13 @@ class Probe:
         self.replay = replay
         self._calls: Counter = Counter()
 
-    def observe(self, m: Measurement, actor: str, values, ids, noiseless):
+    def observe(self, m: Measurement, actor: str, values, ids, noiseless, share=False):
         key = (actor, m.label, self._calls[(actor, m.label)])
         self._calls[(actor, m.label)] += 1
         exact = np.array(values, copy=True)
         release = noiseless(values)
-        self.seen[key] = Seen(m, exact, None if ids is None else np.array(ids), release)
+        ids = None if ids is None else np.array(ids)
+        self.seen[key] = Seen(m, exact, ids, release, share or m.shared)
         if self.replay is None:
             return release
         if key not in self.replay:
@@ -105,6 +108,16 @@ def _unit_rows(table: pa.Table, name: str, data: DataDomain, unit: Unit) -> np.n
     return np.flatnonzero(table.column(data.key).to_numpy() == unit.value)
 
 
+def _largest_unit(members: dict, data: DataDomain) -> Unit:
+    """The unit holding the most rows (a cap on rows per unit is exercised where one exists);
+    without a key every unit is one row: the last."""
+    if data.key is None:
+        return _last_unit(members, data)
+    keys = np.concatenate([t.column(data.key).to_numpy() for t, _ in members.values()])
+    values, counts = np.unique(keys, return_counts=True)
+    return Unit(values[np.argmax(counts)])
+
+
 def _last_unit(members: dict, data: DataDomain) -> Unit:
     """The last unit: no other unit's position moves when it changes or goes."""
     held = {name: t for name, (t, _) in members.items() if t.num_rows}
@@ -152,8 +165,9 @@ def _without(plan, data: DataDomain, unit) -> dict:
     return out
 
 
-def _with_new_unit(plan, data: DataDomain, unit) -> dict:
-    """D with a copy of the unit's rows appended, as a new unit at the farthest point."""
+def _with_new_unit(plan, data: DataDomain, unit, new_key=None) -> dict:
+    """D with a copy of the unit's rows appended, as a new unit (``new_key``) at the farthest
+    point."""
     out = {}
     for name, (table, meta) in _members(plan, data).items():
         rows = _unit_rows(table, name, data, unit)
@@ -163,7 +177,7 @@ def _with_new_unit(plan, data: DataDomain, unit) -> dict:
         extra = table.take(pa.array(rows))
         if data.key is not None:
             new_id = np.full(
-                extra.num_rows, unit.value + 1, dtype=extra.column(data.key).type.to_pandas_dtype()
+                extra.num_rows, new_key, dtype=extra.column(data.key).type.to_pandas_dtype()
             )
             i = extra.schema.get_field_index(data.key)
             extra = extra.set_column(
@@ -175,12 +189,31 @@ def _with_new_unit(plan, data: DataDomain, unit) -> dict:
     return out
 
 
+def outside_domain(plan) -> list[str]:
+    """The member columns whose values lie outside their declared field's domain."""
+    data = plan.privacy.data
+    found = []
+    for name, (table, _) in _members(plan, data).items():
+        for field in _fields_of(table, data):
+            x = np.column_stack([table.column(c).to_numpy() for c in field.columns]).astype(float)
+            domain = field.domain
+            if isinstance(domain, OneHot):
+                bad = (x < 0) | (x > domain.size - 1) | (x != np.round(x))
+            elif isinstance(domain, Interval):
+                bad = ~((x >= domain.low) & (x <= domain.high))
+            else:
+                bad = ~(np.linalg.norm(x, ord=domain.p, axis=1) <= domain.bound * (1 + 1e-12))
+            if np.any(bad):
+                found.append(f"{name}: {field.columns}")
+    return found
+
+
 def neighbouring_plans(plan) -> list[tuple[str, Any, Any]]:
     """``(name, plan of D, plan of D′)`` pairs from the plan's declared relation and data."""
     privacy = plan.privacy
     data, relation = privacy.data, privacy.relation
     members = _members(plan, data)
-    unit = _last_unit(members, data)
+    last, unit = _last_unit(members, data), _largest_unit(members, data)
     pairs = []
     if relation.kind == "replace_one":
         low = _placed(plan, data, unit, lambda name, f: _corners(f)[0])
@@ -197,20 +230,28 @@ def neighbouring_plans(plan) -> list[tuple[str, Any, Any]]:
         far = _placed(plan, data, unit, lambda name, f: _farthest(f))
         pairs.append(("moved to the farthest point", original, far))
     else:
-        pairs.append(("removed", members, _without(plan, data, unit)))
-        pairs.append(("added at the farthest point", members, _with_new_unit(plan, data, unit)))
+        pairs.append(("removed", members, _without(plan, data, last)))
+        new_key = None if data.key is None else last.value + 1
+        added = _with_new_unit(plan, data, unit, new_key)
+        pairs.append(("added at the farthest point", members, added))
     return [(n, _with_members(plan, data, a), _with_members(plan, data, b)) for n, a, b in pairs]
 
 
 # --- the comparison --------------------------------------------------------------------------------
-def _distance(a: np.ndarray, b: np.ndarray, norm: int, modulus: int | None = None) -> float:
+def _difference(a, b, modulus: int | None = None) -> np.ndarray:
     if modulus is None:
-        d = np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64)
-    else:
-        d = _ring_difference(a, b, modulus)
+        return np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64)
+    return _ring_difference(a, b, modulus)
+
+
+def _norm(d: np.ndarray, norm: int) -> float:
     if norm == 0:
         return float(np.count_nonzero(d))
-    return float(np.linalg.norm(d.ravel(), ord=norm))
+    return float(np.linalg.norm(np.asarray(d).ravel(), ord=norm))
+
+
+def _distance(a: np.ndarray, b: np.ndarray, norm: int, modulus: int | None = None) -> float:
+    return _norm(_difference(a, b, modulus), norm)
 
 
 def _ring_difference(a: np.ndarray, b: np.ndarray, modulus: int) -> np.ndarray:
@@ -260,10 +301,12 @@ def _per_user_move(a: list[Seen], b: list[Seen], mechanism) -> float:
         )
     width = next(iter((rows_a or rows_b).values())).shape
     zero = np.zeros(width)
-    diff = [rows_a.get(u, zero) - rows_b.get(u, zero) for u in users]
+    diff = np.array([rows_a.get(u, zero) - rows_b.get(u, zero) for u in users])
     if mechanism.norm == 0:
-        return float(sum(np.count_nonzero(d) for d in diff))
-    return float(np.linalg.norm(np.sum(diff, axis=0).ravel(), ord=mechanism.norm))
+        return float(np.count_nonzero(diff))
+    # every changed row counts, summed or not: ‖vec d‖ >= ‖Σ d‖, so rows whose changes cancel
+    # in the sum cannot hide a move
+    return float(np.linalg.norm(diff.ravel(), ord=mechanism.norm))
 
 
 def moves(d: Probe, d_prime: Probe) -> list[tuple[str, float, float]]:
@@ -272,15 +315,23 @@ def moves(d: Probe, d_prime: Probe) -> list[tuple[str, float, float]]:
     assert set(d.seen) == set(d_prime.seen), "the two runs made different releases"
     out = []
     groups: dict[tuple, list] = {}
-    for key, seen in sorted(d.seen.items()):
+    # a release drawn in shares (or per user) is one release over every actor that drew it
+    joint = {(k[1], k[2]) for k, seen in d.seen.items() if seen.share or seen.ids is not None}
+    for key in sorted(d.seen):
         actor, label, call = key
-        group = (label, call) if seen.ids is not None else key
+        group = (label, call) if (label, call) in joint else key
         groups.setdefault(group, []).append(key)
     for group, keys in groups.items():
         m = d.seen[keys[0]].measurement
         a, b = [d.seen[k] for k in keys], [d_prime.seen[k] for k in keys]
+        modulus = getattr(m.mechanism, "modulus", None)  # words of a ring (padded sums)
         if a[0].ids is not None:
             moved = _per_user_move(a, b, m.mechanism)
+        elif len(keys) > 1 or a[0].share:  # one release drawn in shares: its sum moved
+            change = sum(
+                _difference(x.values, y.values, modulus) for x, y in zip(a, b, strict=True)
+            )
+            moved = _norm(change, m.mechanism.norm)
         elif getattr(m.mechanism, "per_row", False):  # rows by position: count those changed
             x, y = np.atleast_1d(a[0].values), np.atleast_1d(b[0].values)
             common = min(len(x), len(y))

@@ -13,7 +13,7 @@ statement) is caught: see ``test_sensitivity_check_catches_a_misdeclared_relatio
 from __future__ import annotations
 
 import pytest
-from neighbours import Probe, moves, neighbouring_plans
+from neighbours import Probe, moves, neighbouring_plans, outside_domain
 
 import rayfed
 from rayfed.api import _prepare, _reconcile, execute, resolve
@@ -49,6 +49,10 @@ def check(name: str, options: dict) -> list[tuple[str, str, float, float]]:
     if not plan.privacy.private:
         return []
     assert plan.privacy.data is not None, f"{name} declares no data domain"
+    # the declared domain is the config's, not the data's: another seed's data, the same domain
+    other = _prepared(name, {**options, "seed": options.get("seed", 0) + 1})[3]
+    assert other.privacy.data == plan.privacy.data, "the data domain depends on the data"
+    assert not outside_domain(plan), f"data outside its declared domain: {outside_domain(plan)}"
     excess = []
     pairs = neighbouring_plans(plan)
     assert pairs
@@ -90,3 +94,29 @@ def test_sensitivity_check_catches_a_misdeclared_relation(misdeclared):
     assert all(moved == pytest.approx(2.0) and delta == 1.0 for _, _, moved, delta in excess)
     assert not check(misdeclared, {"honest": True})
     assert rayfed.run(misdeclared, backend="local", out_dir=None).privacy.epsilon == 1.0
+
+
+@pytest.mark.parametrize(
+    "mutant,caught",
+    [
+        ("mutant-data-domain", "the data domain depends on the data"),
+        ("mutant-unenforced", "data outside its declared domain"),
+        ("mutant-cancelling-rows", "moved"),
+        ("mutant-two-party-sum", "moved"),
+    ],
+)
+def test_the_check_catches_what_a_review_found_it_missed(mutant, caught, monkeypatch):
+    """tests/conformance/mutants.py: a domain read off the data, data never enforced, per-user
+    rows whose changes cancel in their sum, one release drawn in shares by two parties that
+    each hold every user — each passed an earlier version of this check; each fails it now."""
+    from mutants import MUTANTS
+
+    from rayfed.protocols import REGISTRY
+
+    monkeypatch.setitem(REGISTRY, mutant, ("mutants", MUTANTS[mutant]))
+    if caught == "moved":
+        excess = check(mutant, {})
+        assert excess and all(moved > delta for _, _, moved, delta in excess)
+    else:
+        with pytest.raises(AssertionError, match=caught):
+            check(mutant, {})
