@@ -16,6 +16,7 @@ from rayfed.privacy.domain import (
     Interval,
     Neighbours,
     OneHot,
+    Unbounded,
     enforce,
     sensitivity,
 )
@@ -39,6 +40,7 @@ from rayfed.privacy.measurement import (
     Laplace,
     LocalReport,
     Measurement,
+    PublicMap,
     RandomizedResponse,
 )
 from rayfed.privacy.mechanisms import (
@@ -92,8 +94,10 @@ __all__ = [
     "Neighbours",
     "OneHot",
     "PrivacyDeclaration",
+    "PublicMap",
     "RandomizedResponse",
     "CodeResponse",
+    "Unbounded",
     "enforce",
     "event_from_dict",
     "sensitivity",
