@@ -42,6 +42,7 @@ from rayfed.privacy.measurement import (
     Measurement,
     PublicMap,
     RandomizedResponse,
+    Subroutine,
 )
 from rayfed.privacy.mechanisms import (
     binary_randomized_response,
@@ -97,6 +98,7 @@ __all__ = [
     "PublicMap",
     "RandomizedResponse",
     "CodeResponse",
+    "Subroutine",
     "Unbounded",
     "enforce",
     "event_from_dict",

@@ -286,7 +286,7 @@ class Measurement:
     def __post_init__(self):
         if not 0 < self.sampling <= 1:
             raise ValueError(f"{self.label}: a sampling rate is in (0, 1], got {self.sampling}")
-        local = self.mechanism.norm == 0 and not isinstance(self.mechanism, BlackBox)
+        local = self.mechanism.norm == 0 and not isinstance(self.mechanism, (BlackBox, Subroutine))
         if local and self.relation.kind == "add_or_remove_one":
             # a randomized report of a user who is absent is not "a null user's report": the
             # radius rule does not bound it (a count of reports reveals the user)
@@ -512,3 +512,33 @@ class JointDiscreteLaplace:
             f"discrete Laplace sampled jointly in shares, a' = {self.noise_parameter:.4g} per "
             f"unit, truncation {self.tail:.3g}"
         )
+
+
+# --- vfl-primitives (Alg. 3's local clustering; vfl-kmeans' DPLSF alike) ------------------------
+@dataclass(frozen=True)
+class Subroutine:
+    """A DP algorithm on one unit's rows that draws all its noise from the step's source through
+    the mechanisms' draw_* functions (registering nothing), ``algorithm(noise, values, round=...,
+    **options)``, and whose event for one unit is ``dp_event`` — its own composition of those
+    draws, which may depend on data-dependent choices the event bounds (DPLSF charges every tree
+    level, however deep it grew). The measurement registers that event once. Its privacy for one
+    unit is the algorithm's own argument: a measurement of it declares Δ₀ = 1 with the reason.
+    Without noise (the sensitivity check) it runs as drawn, and the check compares its inputs."""
+
+    algorithm: Callable
+    dp_event: Any
+    norm: ClassVar[int] = 0
+    per_row: ClassVar[bool] = True
+    drawn_without_noise: ClassVar[bool] = True
+
+    def event(self, sens: float) -> dp_event.DpEvent:
+        if _integer(sens) != 1:
+            raise ValueError("a DP subroutine is DP for one unit: Δ₀ = 1")
+        return self.dp_event
+
+    def draw(self, noise: NoiseSource, values, sens: float, *, round: int, ident, ids, **options):
+        return self.algorithm(noise, values, round=round, **options)
+
+    def describe(self) -> str:
+        function = getattr(self.algorithm, "func", self.algorithm)  # a functools.partial's
+        return f"DP subroutine {getattr(function, '__name__', 'algorithm')}"
