@@ -393,6 +393,10 @@ def test_vfl_kmeans_inapplicable_options(out_dir, options, field):
         ("vfl-primitives", {"radius": -1.0}, "radius"),
         ("vfl-primitives", {"dims": 0}, "dims"),
         ("vfl-primitives", {"users": 0}, "users"),
+        ("vfl-primitives", {"task": "lowrank", "row_radius": 0.0}, "row_radius"),
+        ("vfl-primitives", {"task": "l2-moment", "value_bounds": [1.0]}, "value_bounds"),
+        ("vfl-primitives", {"task": "l2-moment", "neighbours": "paper", "nu": -1.0}, "nu"),
+        ("vfl-primitives", {"task": "lowrank", "nu": 2.0}, "nu"),  # user-level: not read
         ("ldp-bitvector", {"restarts": 0}, "restarts"),
         ("ldp-bitvector", {"min_samples": 0}, "min_samples"),
         ("ldp-bitvector", {"rsp_dims": 0}, "rsp_dims"),

@@ -18,12 +18,24 @@ from rayfed.ldp.patterns import (
     product_sums,
     public_sample,
     raw_counts,
-    rr_event,
+    rr_measurement,
 )
-from rayfed.privacy import Budget, NoiseSource, PrivacyLedger, binary_randomized_response
+from rayfed.privacy import (
+    Budget,
+    Neighbours,
+    NoiseSource,
+    PrivacyLedger,
+    binary_randomized_response,
+)
 from rayfed.protocols.pattern_count.plan import synthetic_table
 
 M_USERS, SIZE, V = 2000, 3, 2
+RELATION = Neighbours("replace_one", "user's value", at_one_party=True)
+
+
+def rr_event(eps_prime: float) -> dp_event.DpEvent:
+    """The event of one party's release: randomized response on its one-hot values."""
+    return rr_measurement("rr", eps_prime, SIZE, RELATION).event
 
 
 def _data(m=M_USERS, parties=V, size=SIZE):

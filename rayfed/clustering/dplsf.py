@@ -24,6 +24,7 @@ from rayfed.privacy import (
     laplace,
     laplace_event,
 )
+from rayfed.privacy.mechanisms import draw_discrete_laplace, draw_laplace
 
 DEPTH = 20
 COUNT_SHARE = 0.2
@@ -113,31 +114,82 @@ def dplsf(
     when the tree stops early: where it stops depends on the noisy counts, so the algorithm's
     privacy loss is that of the full depth (the count of draws is data-dependent, the charge not).
     """
+    return _dplsf(
+        noise,
+        x,
+        k,
+        epsilon,
+        round=round,
+        replace_one=replace_one,
+        depth=depth,
+        count_share=count_share,
+        leaf_threshold=leaf_threshold,
+        register=True,
+    )
+
+
+def dplsf_centers(
+    noise: NoiseSource,
+    x: np.ndarray,
+    *,
+    k: int,
+    epsilon: float,
+    round: int = 0,
+    replace_one: bool = False,
+    leaf_threshold: str = "coordinate",
+) -> np.ndarray:
+    """The k centers of :func:`dplsf`, the same draws, but registering nothing: the algorithm a
+    :class:`~rayfed.privacy.measurement.Subroutine` measurement runs, which registers the whole
+    :func:`dplsf_event` once."""
+    return _dplsf(
+        noise,
+        x,
+        k,
+        epsilon,
+        round=round,
+        replace_one=replace_one,
+        depth=DEPTH,
+        count_share=COUNT_SHARE,
+        leaf_threshold=leaf_threshold,
+        register=False,
+    )[0]
+
+
+def _dplsf(
+    noise, x, k, epsilon, *, round, replace_one, depth, count_share, leaf_threshold, register
+):
+    """:func:`dplsf`; with ``register=False`` every draw goes through the mechanisms' draw_*
+    functions (nothing registered with the step), else through the mechanisms (each registers)."""
     if replace_one:
-        centers, event, info = dplsf(
+        centers, event, info = _dplsf(
             noise,
             x,
             k,
             epsilon / 2,
             round=round,
+            replace_one=False,
             depth=depth,
             count_share=count_share,
             leaf_threshold=leaf_threshold,
+            register=register,
         )
         return centers, dp_event.SelfComposedDpEvent(event, 2), info
     n, d = x.shape
     eps_level, eps_sum = budgets(epsilon, depth, count_share)
+    count = _count_noise(noise, eps_level, round, register)
     gen = noise.generator("clustering", round, "dplsf")
     bits = (x @ gen.standard_normal((d, depth)) < 0).astype(np.int64)
-    root, count_event = discrete_laplace(
-        noise, np.array([n]), l1_sensitivity=1, epsilon=eps_level, round=round
-    )
+    root, count_event = count(np.array([n]))
     theta = threshold(d, eps_sum, int(root[0]), k, leaf_threshold)
     tree = _Tree(n)
-    levels = _grow(noise, tree, bits, root, theta, eps_level, round=round)
+    levels = _grow(count, tree, bits, root, theta)
     weights = np.concatenate(tree.leaf_counts) if tree.leaf_counts else np.zeros(0)
     sums = _leaf_sums(tree, x, weights.size)
-    noisy_sums, sum_event = laplace(noise, sums, l1_sensitivity=d, epsilon=eps_sum, round=round)
+    if register:
+        noisy_sums, sum_event = laplace(noise, sums, l1_sensitivity=d, epsilon=eps_sum, round=round)
+    else:
+        sum_event = laplace_event(d, eps_sum)
+        noisy_sums = draw_laplace(noise, sums, scale=float(d) / float(eps_sum), round=round)
     means = np.clip(noisy_sums / np.maximum(weights, 1.0)[:, None], -1.0, 1.0)
     weights = np.maximum(weights, 1.0)
     centers = weighted_kmeans(means, weights, k, gen)
@@ -148,9 +200,23 @@ def dplsf(
     return centers, event, info
 
 
-def _grow(noise, tree: _Tree, bits, root, theta: float, eps_level: float, *, round: int) -> int:
+def _count_noise(noise: NoiseSource, eps_level: float, round: int, register: bool):
+    """counts -> (noisy counts, event): one tree level's discrete-Laplace counts (ℓ₁ sensitivity
+    1), through the mechanism (registered) or its draw alone."""
+    event = discrete_laplace_event(1, eps_level)
+
+    def count(values):
+        if register:
+            return discrete_laplace(noise, values, l1_sensitivity=1, epsilon=eps_level, round=round)
+        return draw_discrete_laplace(noise, values, a=event.noise_parameter, round=round), event
+
+    return count
+
+
+def _grow(count, tree: _Tree, bits, root, theta: float) -> int:
     """Split the tree level by level: a node whose noisy count reaches 3θ branches, and a child
-    whose noisy count falls below θ is dropped with its points. Returns the count levels drawn."""
+    whose noisy count falls below θ is dropped with its points (``count``: the level's noisy
+    counts, :func:`_count_noise`). Returns the count levels drawn."""
     nodes, counts = np.zeros(1, dtype=np.int64), root.astype(np.float64)
     levels = 1
     for level in range(bits.shape[1]):
@@ -165,7 +231,7 @@ def _grow(noise, tree: _Tree, bits, root, theta: float, eps_level: float, *, rou
         order = np.argsort(children)
         slot = order[np.searchsorted(children[order], child_of)]
         true = np.bincount(slot, minlength=children.size)
-        noisy, _ = discrete_laplace(noise, true, l1_sensitivity=1, epsilon=eps_level, round=round)
+        noisy, _ = count(true)
         levels += 1
         kept = (noisy >= theta).reshape(-1, 2)
         barren = ~kept.any(axis=1)

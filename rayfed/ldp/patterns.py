@@ -42,16 +42,6 @@ def keep_probability(eps_prime: float) -> float:
     return 0.5 + eps_prime
 
 
-def rr_event(
-    eps_prime: float,
-):  # TODO(calibration): removed once vfl-primitives uses rr_measurement
-    from dp_accounting import dp_event
-
-    from rayfed.privacy import binary_rr_event
-
-    return dp_event.SelfComposedDpEvent(event=binary_rr_event(keep_probability(eps_prime)), count=2)
-
-
 def rr_measurement(label: str, eps_prime: float, size: int, relation: Neighbours) -> Measurement:
     """One party's release: binary RR on its users' one-hot values over ``size`` values (a value
     outside the domain is the all-zero vector, within the same Hamming distance). Replacing a

@@ -16,6 +16,7 @@ from rayfed.privacy.domain import (
     Interval,
     Neighbours,
     OneHot,
+    Unbounded,
     enforce,
     sensitivity,
 )
@@ -39,7 +40,9 @@ from rayfed.privacy.measurement import (
     Laplace,
     LocalReport,
     Measurement,
+    PublicMap,
     RandomizedResponse,
+    Subroutine,
 )
 from rayfed.privacy.mechanisms import (
     binary_randomized_response,
@@ -92,8 +95,11 @@ __all__ = [
     "Neighbours",
     "OneHot",
     "PrivacyDeclaration",
+    "PublicMap",
     "RandomizedResponse",
     "CodeResponse",
+    "Subroutine",
+    "Unbounded",
     "enforce",
     "event_from_dict",
     "sensitivity",

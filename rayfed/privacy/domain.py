@@ -7,7 +7,9 @@ of the domain. The sensitivity of a sum of contributions in the ℓp norm then f
 (:func:`sensitivity`):
 
 * add or remove one unit: the domain's radius, sup ‖x‖_p;
-* replace one unit: the domain's diameter, sup ‖x − y‖_p.
+* replace one unit: the domain's diameter, sup ‖x − y‖_p;
+* replace one unit by one at most ``within`` away (a bounded replacement, as the event-level or
+  ν-bounded neighbours of some papers): the smaller of the diameter and that distance.
 
 p is 1 or 2 for additive noise (Laplace, Gaussian), or 0 for mechanisms that randomise each
 coordinate of a released vector on its own (randomized response over bits, one local report per
@@ -188,7 +190,30 @@ class Bits:
         return f"{self.width} bits"
 
 
-Domain = Interval | Ball | OneHot | Bits
+@dataclass(frozen=True)
+class Unbounded:
+    """Any vector of R^dim: no bound at all. Its radius and diameter are infinite, so only a
+    bounded replacement (:attr:`Neighbours.within`) gives a release on it a sensitivity — a
+    relation such as a paper's "one entry moves by at most 1" on otherwise unbounded data."""
+
+    dim: int = 1
+
+    def __post_init__(self):
+        if self.dim < 1:
+            raise ValueError(f"dim must be >= 1, got {self.dim}")
+
+    def radius(self, p: int) -> float:
+        _norm_of(p)
+        return float(self.dim) if p == 0 else math.inf
+
+    def diameter(self, p: int) -> float:
+        return self.radius(p)
+
+    def describe(self) -> str:
+        return "R" if self.dim == 1 else f"R^{self.dim}"
+
+
+Domain = Interval | Ball | OneHot | Bits | Unbounded
 
 
 @dataclass(frozen=True)
@@ -196,19 +221,31 @@ class Neighbours:
     """The neighbour relation: one ``unit`` added or removed, or replaced by another of its
     domain. ``at_one_party``: the unit's data changes at one party only ("DP in VFL", where
     parties hold column blocks of the same users). ``kind`` is what the sensitivity rule and the
-    accountant read; ``unit`` names what is protected in the statement."""
+    accountant read; ``unit`` names what is protected in the statement.
+
+    ``within``: a bounded replacement — the unit's data moves by at most this ℓ2 distance (for
+    one value, |x − x′| <= within). A weaker relation than a replacement anywhere in the domain
+    (a paper's event-level or ν-bounded neighbours): a protocol offering it names it as such.
+    """
 
     kind: Literal["add_or_remove_one", "replace_one"]
     unit: str
     at_one_party: bool = False
+    within: float | None = None
 
     def __post_init__(self):
         if self.kind not in KINDS:
             raise ValueError(f"a neighbour relation is one of {KINDS}, got {self.kind!r}")
+        if self.within is not None:
+            if self.kind != "replace_one":
+                raise ValueError("a bounded move (within) is a replacement: kind='replace_one'")
+            if not (math.isfinite(self.within) and self.within > 0):
+                raise ValueError(f"within is a finite distance > 0, got {self.within}")
 
     def describe(self) -> str:
         verb = "added or removed" if self.kind == "add_or_remove_one" else "replaced"
-        return f"one {self.unit} {verb}" + (" at one party" if self.at_one_party else "")
+        moved = f", moved by at most {self.within:g}" if self.within is not None else ""
+        return f"one {self.unit} {verb}" + (" at one party" if self.at_one_party else "") + moved
 
 
 @dataclass(frozen=True)
@@ -241,10 +278,15 @@ class DataDomain:
 
 def sensitivity(domain: Domain, relation: Neighbours, p: int) -> float:
     """The ℓp sensitivity of a sum of contributions in ``domain`` under ``relation``: the
-    domain's radius for add/remove, its diameter for replace."""
+    domain's radius for add/remove, its diameter for replace — or, for a bounded replacement
+    (``relation.within`` = w, an ℓ2 distance), the smaller of the diameter and w in ℓ2, w·√dim
+    in ℓ1 (‖v‖₁ <= √dim·‖v‖₂); in ℓ0 a move of any size may change every coordinate."""
     if relation.kind == "add_or_remove_one":
         return domain.radius(p)
-    return domain.diameter(p)
+    if relation.within is None or p == 0:
+        return domain.diameter(p)
+    moved = relation.within if p == 2 else relation.within * math.sqrt(getattr(domain, "dim", 1))
+    return min(domain.diameter(p), moved)
 
 
 @dataclass(frozen=True)

@@ -231,6 +231,23 @@ class Declared:
 
 
 @dataclass(frozen=True)
+class PublicMap:
+    """A public, data-independent linear map the query applies to each unit's contribution
+    before the sum (a shared random sketch, a fixed projection), with ``norm`` bounding how far
+    it moves the output per unit of the contribution's move, in the mechanism's norm — for a
+    sketch G·A, replacing row i of A by one ‖v‖ away moves G·A by ‖G[:, i]‖₂·‖v‖ in Frobenius
+    norm, so ``norm`` is a bound on G's column norms. The sensitivity is the domain's, times
+    ``norm``; the reason says where the bound comes from."""
+
+    norm: float
+    reason: str
+
+    def __post_init__(self):
+        if not (math.isfinite(self.norm) and self.norm > 0) or not self.reason.strip():
+            raise ValueError("a public map's norm is a finite value > 0 with its reason")
+
+
+@dataclass(frozen=True)
 class Measurement:
     """One release: ``label`` names it (in the ledger, the transcript and the statement).
 
@@ -251,6 +268,9 @@ class Measurement:
         A release whose noise several members draw in shares (distributed noise, each member's
         message carrying the release's event under scope ``"run"``): one charge covers the
         members' messages of one phase. Any other release needs a charge per message.
+    through:
+        A public linear map applied to each unit's contribution (:class:`PublicMap`): the
+        derived sensitivity is scaled by its norm.
     """
 
     label: str
@@ -260,12 +280,13 @@ class Measurement:
     declared: Declared | None = None
     sampling: float = 1.0
     shared: bool = False
+    through: PublicMap | None = None
     _sens: float = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
         if not 0 < self.sampling <= 1:
             raise ValueError(f"{self.label}: a sampling rate is in (0, 1], got {self.sampling}")
-        local = self.mechanism.norm == 0 and not isinstance(self.mechanism, BlackBox)
+        local = self.mechanism.norm == 0 and not isinstance(self.mechanism, (BlackBox, Subroutine))
         if local and self.relation.kind == "add_or_remove_one":
             # a randomized report of a user who is absent is not "a null user's report": the
             # radius rule does not bound it (a count of reports reveals the user)
@@ -273,11 +294,20 @@ class Measurement:
                 f"{self.label}: a per-bit or per-report randomizer is accounted for replace-one "
                 "neighbours only"
             )
+        if self.declared is not None and self.through is not None:
+            raise ValueError(f"{self.label}: a declared sensitivity includes any public map")
         sens = (
             float(self.declared.value)
             if self.declared is not None
             else sensitivity(self.domain, self.relation, self.mechanism.norm)
         )
+        if not math.isfinite(sens):
+            raise ValueError(
+                f"{self.label}: the sensitivity is unbounded under {self.relation.describe()} on "
+                f"{self.domain.describe()}: declare bounds on the data, or bound the move"
+            )
+        if self.through is not None:
+            sens *= self.through.norm
         if not sens > 0:
             raise ValueError(
                 f"{self.label}: the sensitivity is 0 under {self.relation.describe()} on "
@@ -355,6 +385,8 @@ class Measurement:
             if self.declared is not None
             else f"{self.relation.describe()}, {self.domain.describe()}"
         )
+        if self.through is not None:
+            why += f"; × {self.through.norm:.4g}: {self.through.reason}"
         sampled = f", Poisson-sampled at q = {self.sampling:.4g}" if self.sampling < 1 else ""
         return (
             f"{self.label}: {self.mechanism.describe()}{sampled}, "
@@ -480,3 +512,33 @@ class JointDiscreteLaplace:
             f"discrete Laplace sampled jointly in shares, a' = {self.noise_parameter:.4g} per "
             f"unit, truncation {self.tail:.3g}"
         )
+
+
+# --- vfl-primitives (Alg. 3's local clustering; vfl-kmeans' DPLSF alike) ------------------------
+@dataclass(frozen=True)
+class Subroutine:
+    """A DP algorithm on one unit's rows that draws all its noise from the step's source through
+    the mechanisms' draw_* functions (registering nothing), ``algorithm(noise, values, round=...,
+    **options)``, and whose event for one unit is ``dp_event`` — its own composition of those
+    draws, which may depend on data-dependent choices the event bounds (DPLSF charges every tree
+    level, however deep it grew). The measurement registers that event once. Its privacy for one
+    unit is the algorithm's own argument: a measurement of it declares Δ₀ = 1 with the reason.
+    Without noise (the sensitivity check) it runs as drawn, and the check compares its inputs."""
+
+    algorithm: Callable
+    dp_event: Any
+    norm: ClassVar[int] = 0
+    per_row: ClassVar[bool] = True
+    drawn_without_noise: ClassVar[bool] = True
+
+    def event(self, sens: float) -> dp_event.DpEvent:
+        if _integer(sens) != 1:
+            raise ValueError("a DP subroutine is DP for one unit: Δ₀ = 1")
+        return self.dp_event
+
+    def draw(self, noise: NoiseSource, values, sens: float, *, round: int, ident, ids, **options):
+        return self.algorithm(noise, values, round=round, **options)
+
+    def describe(self) -> str:
+        function = getattr(self.algorithm, "func", self.algorithm)  # a functools.partial's
+        return f"DP subroutine {getattr(function, '__name__', 'algorithm')}"

@@ -8,7 +8,10 @@ those of D: they are public), at the last unit, so that no other unit's position
 * replace one unit: D holds the unit at one corner of the declared domain, D′ at the opposite
   one — at one party only if the relation says so;
 * add or remove one unit: D′ is D without the unit, and D″ is D with a unit at the domain's
-  farthest point appended.
+  farthest point appended;
+* a bounded replacement (``relation.within`` = w): D′ is D with the unit's data moved by w (its
+  first column of each field, at one party if the relation says so) — the relation bounds the
+  move, not the domain.
 
 The D′ run replays D's releases (:class:`Probe` with ``replay``), so every release of D′ is
 computed under the same history as D's: the adaptive notion of sensitivity.
@@ -24,7 +27,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from rayfed.privacy import Ball, DataDomain, Field, Interval, OneHot
+from rayfed.privacy import Ball, DataDomain, Field, Interval, OneHot, Unbounded
 from rayfed.privacy.measurement import Measurement
 
 
@@ -197,6 +200,8 @@ def outside_domain(plan) -> list[str]:
         for field in _fields_of(table, data):
             x = np.column_stack([table.column(c).to_numpy() for c in field.columns]).astype(float)
             domain = field.domain
+            if isinstance(domain, Unbounded):  # no bound: only a bounded move protects it
+                continue
             if isinstance(domain, OneHot):
                 bad = (x < 0) | (x > domain.size - 1) | (x != np.round(x))
             elif isinstance(domain, Interval):
@@ -208,6 +213,30 @@ def outside_domain(plan) -> list[str]:
     return found
 
 
+def _moved(plan, data: DataDomain, unit, party, by: float) -> dict:
+    """The members with the unit's data moved by ``by`` (ℓ2) along the first column of each of
+    its fields — at ``party`` only, or everywhere (None)."""
+    out = {}
+    for name, (table, meta) in _members(plan, data).items():
+        rows = _unit_rows(table, name, data, unit)
+        if rows.size and party in (None, name):
+            for field in _fields_of(table, data):
+                col = field.columns[0]
+                point = table.column(col).to_numpy()[rows].astype(np.float64) + by
+                if pa.types.is_integer(table.schema.field(col).type):
+                    point = np.round(point)  # an integer moved by an integer stays one
+                table = _set_rows(table, rows, col, point)
+        out[name] = (table, meta)
+    return out
+
+
+def _set_rows(table: pa.Table, rows: np.ndarray, col: str, values: np.ndarray) -> pa.Table:
+    i = table.schema.get_field_index(col)
+    array = table.column(col).to_numpy().copy()
+    array[rows] = values
+    return table.set_column(i, col, pa.array(array, type=table.schema.field(col).type))
+
+
 def neighbouring_plans(plan) -> list[tuple[str, Any, Any]]:
     """``(name, plan of D, plan of D′)`` pairs from the plan's declared relation and data."""
     privacy = plan.privacy
@@ -215,7 +244,13 @@ def neighbouring_plans(plan) -> list[tuple[str, Any, Any]]:
     members = _members(plan, data)
     last, unit = _last_unit(members, data), _largest_unit(members, data)
     pairs = []
-    if relation.kind == "replace_one":
+    if relation.within is not None:
+        for party in members if relation.at_one_party else [None]:
+            moved = _moved(plan, data, unit, party, relation.within)
+            pairs.append(
+                (f"{party or 'every party'}: moved by {relation.within:g}", members, moved)
+            )
+    elif relation.kind == "replace_one":
         low = _placed(plan, data, unit, lambda name, f: _corners(f)[0])
         if relation.at_one_party:
             for party in members:
