@@ -166,6 +166,14 @@ class Settings:
 
 
 @dataclass(frozen=True)
+class Evaluation:
+    """Ground truth (``evaluate``): every point in the unit cube, for the WCSS and silhouette of
+    the released centroids. Not private; never sent to an actor."""
+
+    x: np.ndarray
+
+
+@dataclass(frozen=True)
 class Params:
     """The feature columns in order and their declared bounds (the centroids' data units), the
     public setup of the planned N, and what entering the domain clipped."""

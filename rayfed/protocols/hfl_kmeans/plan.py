@@ -19,6 +19,7 @@ from rayfed.protocols.hfl_kmeans.config import HflKmeansConfig
 from rayfed.protocols.hfl_kmeans.params import (
     DEALER,
     RELATION,
+    Evaluation,
     Params,
     Setup,
     derive_setup,
@@ -59,7 +60,7 @@ def plan(cfg: HflKmeansConfig, seed: int) -> Plan:
     blocks = horizontal(rows, cfg.clients)
     _check_feasible(setup, [t.num_rows for t in blocks.values()], cfg.assignment)
     meta = {"columns": features, "lo": lo.tolist(), "hi": hi.tolist()}
-    evaluation = {"x": to_unit(x, lo, hi)} if cfg.evaluate else None
+    evaluation = Evaluation(x=to_unit(x, lo, hi)) if cfg.evaluate else None
     private = cfg.noise != "none"
     budget = Budget(
         setup.t_max * setup.epsilon_per_iteration, setup.t_max * setup.delta_per_iteration

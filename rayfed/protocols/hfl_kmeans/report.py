@@ -13,7 +13,7 @@ from rayfed.clustering.constrained import empty_clusters, silhouette, wcss
 from rayfed.data.scaling import from_unit
 from rayfed.protocols.base import Outcome
 from rayfed.protocols.hfl_kmeans.config import HflKmeansConfig
-from rayfed.protocols.hfl_kmeans.params import Params, Setup
+from rayfed.protocols.hfl_kmeans.params import Evaluation, Params, Setup
 
 MASKING = {
     "shared-seed": "uploads and aggregates are one-time-padded in Z_2^{b} with pads every "
@@ -123,7 +123,7 @@ def outcome(
     setup: Setup,
     centers: np.ndarray,
     seconds: float,
-    evaluation: dict | None,
+    evaluation: Evaluation | None,
 ) -> Outcome:
     data_centers = from_unit(centers, params.lo, params.hi)
     table = pa.table(
@@ -141,7 +141,7 @@ def outcome(
     if clips:
         headline += "; " + ", ".join(clips)
     if evaluation is not None:
-        x = evaluation["x"]
+        x = evaluation.x
         score, labels = wcss(x, centers)
         gen = rng.stream(0, "evaluation", 0, "silhouette")
         sil, used = silhouette(x, labels, gen, cfg.silhouette_points)

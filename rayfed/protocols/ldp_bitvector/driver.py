@@ -36,7 +36,8 @@ def drive(fed, cfg: LdpBitvectorConfig, plan: Plan) -> Outcome:
             out = _encode_and_collect(fed, cfg, params)
     for note in report.notes(cfg, params, plan.privacy.budget.epsilon):
         fed.note(note)
-    return report.outcome(cfg, params, out, plan.privacy.budget.epsilon, plan.evaluation)
+    truth = plan.evaluation.labels if plan.evaluation is not None else None
+    return report.outcome(cfg, params, out, plan.privacy.budget.epsilon, truth)
 
 
 def _eps(cfg: LdpBitvectorConfig) -> float | None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from rayfed.privacy import Clipped, Measurement
 
 
@@ -17,6 +19,14 @@ class Clustering:
     dbscan_eps: float
     min_samples: int
     linkage: str
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """Ground truth (a labelled data set): every record's true label, for the clustering's
+    scores. Not private; never sent to an actor."""
+
+    labels: np.ndarray
 
 
 @dataclass(frozen=True)

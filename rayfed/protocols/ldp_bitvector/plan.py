@@ -25,7 +25,7 @@ from rayfed.privacy import (
 )
 from rayfed.protocols.base import Plan
 from rayfed.protocols.ldp_bitvector.config import BASELINES, LdpBitvectorConfig
-from rayfed.protocols.ldp_bitvector.params import Clustering, Params
+from rayfed.protocols.ldp_bitvector.params import Clustering, Evaluation, Params
 from rayfed.protocols.ldp_bitvector.steps import MAX_ATTRIBUTES
 from rayfed.sizing import machine_memory
 
@@ -87,7 +87,7 @@ def plan(cfg: LdpBitvectorConfig, seed: int) -> Plan:
         ),
         parties=parties,
         rounds=1,
-        evaluation=table.column(label).to_numpy() if label else None,
+        evaluation=Evaluation(labels=table.column(label).to_numpy()) if label else None,
         params=Params(
             order=order,
             records=n,

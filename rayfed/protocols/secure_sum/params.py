@@ -5,11 +5,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import pyarrow as pa
 
 from rayfed.dropout import DropoutSchedule
 from rayfed.privacy import Clipped
 from rayfed.protocols.secure_sum.config import SecureSumConfig
 from rayfed.secagg import FixedPoint, SecAggParams, check_params, find_params
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """Ground truth: a data file's raw rows (None for synthetic inputs, which the reference
+    regenerates), for the raw and clipped plaintext sums. Never sent to an actor."""
+
+    table: pa.Table | None
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from rayfed.errors import ConfigError, DataError
 from rayfed.privacy import Clipped, Interval, PrivacyDeclaration, enforce
 from rayfed.protocols.base import Plan
 from rayfed.protocols.secure_sum.config import SecureSumConfig
-from rayfed.protocols.secure_sum.params import Params, secagg_params
+from rayfed.protocols.secure_sum.params import Evaluation, Params, secagg_params
 from rayfed.protocols.secure_sum.report import STATEMENTS
 from rayfed.secagg import FixedPoint, SecAggParams
 from rayfed.sizing import default_cohorts
@@ -50,7 +50,7 @@ def plan(cfg: SecureSumConfig, seed: int) -> Plan:
         cohorts={name: (t, {}) for name, t in cohorts.items()},
         rounds=cfg.rounds,
         cohort_restarts=cfg.rounds,  # a cohort's state lives for one round: restart it
-        evaluation={"table": table if columns else None},  # the raw values: both references
+        evaluation=Evaluation(table=table if columns else None),  # the raw values: both references
         params=Params(
             registry=np.sort(table.column(key).to_numpy()),
             secagg=secagg,

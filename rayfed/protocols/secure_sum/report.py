@@ -63,7 +63,7 @@ def reference(
         _lost_at(cfg, plan, spec, kill, faults),
     )
     if params.columns:
-        table = plan.evaluation["table"]
+        table = plan.evaluation.table
         keys = table.column(cfg.data.key).to_numpy()
         order = np.argsort(keys)
         rows = order[np.searchsorted(keys[order], survivors)]

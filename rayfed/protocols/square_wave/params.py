@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from rayfed.dropout import DropoutSchedule
 from rayfed.privacy import Clipped, Measurement
 
@@ -27,6 +29,16 @@ class Estimator:
     branching: int
     wave_ratio: float = 1.0  # General Wave's top/bottom ratio: 1 = SW, 0 = the triangle
     structured: bool = False  # M as its structured O(d) product instead of a dense array
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """Ground truth from the raw values (``evaluate``): the true histogram over the buckets, the
+    mean and the variance. Not private; never sent to an actor."""
+
+    histogram: np.ndarray
+    mean: float
+    variance: float
 
 
 @dataclass(frozen=True)

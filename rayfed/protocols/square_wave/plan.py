@@ -28,7 +28,7 @@ from rayfed.privacy import (
 )
 from rayfed.protocols.base import Plan
 from rayfed.protocols.square_wave.config import MOMENT_METHODS, SW_METHODS, SquareWaveConfig
-from rayfed.protocols.square_wave.params import Estimator, Params
+from rayfed.protocols.square_wave.params import Estimator, Evaluation, Params
 from rayfed.protocols.square_wave.report import statement
 from rayfed.sizing import default_cohorts
 
@@ -64,11 +64,11 @@ def plan(cfg: SquareWaveConfig, seed: int) -> Plan:
     )
     evaluation = None
     if cfg.evaluate:
-        evaluation = {
-            "histogram": true_histogram(values, cfg.buckets),
-            "mean": float(values.mean()),
-            "variance": float(values.var()),
-        }
+        evaluation = Evaluation(
+            histogram=true_histogram(values, cfg.buckets),
+            mean=float(values.mean()),
+            variance=float(values.var()),
+        )
     moments = cfg.method in MOMENT_METHODS
     parts = (("mean", "variance") if cfg.moments == "both" else (None,)) if moments else ()
     rounds = max(1, len(parts))

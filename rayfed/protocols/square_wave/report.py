@@ -13,7 +13,7 @@ from rayfed.ldp import metrics
 from rayfed.ldp import square_wave as sw
 from rayfed.protocols.base import Outcome
 from rayfed.protocols.square_wave.config import RANGE_ONLY, SW_METHODS, SquareWaveConfig
-from rayfed.protocols.square_wave.params import Params
+from rayfed.protocols.square_wave.params import Evaluation, Params
 
 STATEMENT = (
     "ε-LDP: every user sends one report computed from its own value alone; "
@@ -63,7 +63,7 @@ def notes(cfg: SquareWaveConfig, lost: set[str] = frozenset()) -> list[str]:
 
 
 def histogram_outcome(
-    cfg: SquareWaveConfig, params: Params, out: dict, evaluation: dict | None
+    cfg: SquareWaveConfig, params: Params, out: dict, evaluation: Evaluation | None
 ) -> Outcome:
     d = cfg.buckets
     est = np.asarray(out["estimate"])
@@ -92,7 +92,7 @@ def histogram_outcome(
     headline = f"{method}: {d}-bucket distribution of {params.users:,} users at ε={cfg.epsilon:g}"
     result.update(_clipped(params))
     if evaluation is not None:
-        truth = evaluation["histogram"]
+        truth = evaluation.histogram
         columns["true"] = truth
         scores = _scores(cfg, truth, est)
         result.update(scores)
@@ -149,7 +149,10 @@ def population(
 
 
 def moments_outcome(
-    cfg: SquareWaveConfig, params: Params, results: dict[str, float], evaluation: dict | None
+    cfg: SquareWaveConfig,
+    params: Params,
+    results: dict[str, float],
+    evaluation: Evaluation | None,
 ) -> Outcome:
     metrics_: dict[str, Any] = {
         "method": cfg.method,
@@ -161,10 +164,10 @@ def moments_outcome(
         metrics_["variance"] = results["variance"]
     headline = f"{cfg.method}: mean {results['mean']:.4f}"
     if evaluation is not None:
-        metrics_["mean_error"] = abs(results["mean"] - evaluation["mean"])
+        metrics_["mean_error"] = abs(results["mean"] - evaluation.mean)
         headline += f" (error {metrics_['mean_error']:.2e})"
         if "variance" in results:
-            metrics_["variance_error"] = abs(results["variance"] - evaluation["variance"])
+            metrics_["variance_error"] = abs(results["variance"] - evaluation.variance)
     if "variance" in results:
         headline += f", variance {results['variance']:.4f}"
     metrics_.update(_clipped(params))
