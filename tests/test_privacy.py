@@ -545,3 +545,21 @@ def test_the_noiseless_probe_is_refused_outside_a_test(monkeypatch):
     monkeypatch.delenv("PYTEST_CURRENT_TEST")
     with pytest.raises(RuntimeError, match="tests only"):
         NoiseSource.seeded(1)
+
+
+def test_a_local_report_refuses_an_input_outside_its_domain():
+    """The review's mutant: square-wave's variance half without the μ̃ clamp fed 2(v − μ̃)² − 1
+    up to 8.5 into a randomizer declared on [−1, 1], whose ε then did not hold (SR's ratio
+    exceeded e^ε). The measurement refuses such an input: a protocol defect, never clipped."""
+    from rayfed.privacy import Interval, LocalReport, Measurement, Neighbours
+
+    def identity(values, *, eps, u):
+        return np.asarray(values) + 0 * u[:, 0]
+
+    m = Measurement(
+        "half", LocalReport(1.0, identity, 1), Interval(-1, 1), Neighbours("replace_one", "user")
+    )
+    source = _step()
+    m(source, np.array([-1.0, 0.3, 1.0]), ids=np.arange(3))
+    with pytest.raises(ValueError, match="outside its declared domain"):
+        m(_step(), np.array([0.2, 8.5]), ids=np.arange(2))

@@ -27,7 +27,7 @@ import numpy as np
 from dp_accounting import dp_event
 
 from rayfed.privacy import mechanisms as mech
-from rayfed.privacy.domain import Domain, Neighbours, sensitivity
+from rayfed.privacy.domain import Domain, Interval, Neighbours, sensitivity
 from rayfed.privacy.ledger import EpsilonDeltaDpEvent
 from rayfed.privacy.source import NoiseSource
 
@@ -286,6 +286,8 @@ class Measurement:
     def __post_init__(self):
         if not 0 < self.sampling <= 1:
             raise ValueError(f"{self.label}: a sampling rate is in (0, 1], got {self.sampling}")
+        if isinstance(self.mechanism, LocalReport) and not isinstance(self.domain, Interval):
+            raise ValueError(f"{self.label}: a per-user report's domain is an Interval of values")
         local = self.mechanism.norm == 0 and not isinstance(self.mechanism, (BlackBox, Subroutine))
         if local and self.relation.kind == "add_or_remove_one":
             # a randomized report of a user who is absent is not "a null user's report": the
@@ -355,6 +357,9 @@ class Measurement:
         step (``part_of``: the declared release, carried by another message, that this draw is
         a share of). ``options`` go to the mechanism (a randomizer's or algorithm's own)."""
 
+        if isinstance(self.mechanism, LocalReport):
+            self._check_inputs(values)
+
         def draw(values):
             return self.mechanism.draw(
                 noise, values, self._sens, round=round, ident=ident, ids=ids, **options
@@ -371,6 +376,18 @@ class Measurement:
         event = self.event
         noise.register(event, release, part_of=part_of, shared=self.shared)
         return release, event
+
+    def _check_inputs(self, values) -> None:
+        """A local randomizer's ε holds only for inputs in its declared domain: an input outside
+        it is a defect of the protocol that computed it (refused, not clipped)."""
+        x = np.asarray(values, dtype=np.float64)
+        low, high = self.domain.low, self.domain.high
+        if x.size and not ((x >= low) & (x <= high)).all():
+            raise ValueError(
+                f"{self.label}: a report's input lies outside its declared domain "
+                f"{self.domain.describe()} (range [{np.nanmin(x):.4g}, {np.nanmax(x):.4g}]); its "
+                "ε holds only inside it"
+            )
 
     def _noiseless(self, values):
         exact = getattr(self.mechanism, "noiseless", None)

@@ -120,9 +120,18 @@ def _releases(cfg: SquareWaveConfig, parts: tuple[str | None, ...]) -> dict[str,
     label = f"{cfg.method} report per user (ε-LDP)"
     return {
         "distribution": Measurement(
-            label, LocalReport(cfg.epsilon, perturb, width), Interval(0.0, 1.0), RELATION
+            label, LocalReport(cfg.epsilon, perturb, width), _report_domain(cfg), RELATION
         )
     }
+
+
+def _report_domain(cfg: SquareWaveConfig) -> Interval:
+    """What a user's randomizer takes: its value in [0, 1] (continuous SW, a General Wave), or
+    the index of its value's bucket (discrete SW, the hierarchies: d buckets; CFO: its bins)."""
+    if cfg.method in SW_METHODS and cfg.bucketize != "br":
+        return Interval(0.0, 1.0)
+    categories = cfg.bins if cfg.method == "cfo" else cfg.buckets
+    return Interval(0.0, float(categories - 1))
 
 
 def _randomizer(cfg: SquareWaveConfig):
