@@ -76,6 +76,11 @@ TAIL = 1e-18
 #: the high atoms' mass per key is at most this over M (so K terms leave P(Bin >= K) ~ 1e-11)
 HIGH_MASS = 0.02
 TERMS = 5
+#: the grid of the high ties' summed losses (split onto it as the bulk is: second-order error)
+HIGH_STEP = 1e-3
+#: default δ the rarest high ties and the smallest sums of k of them may add, counted whole
+#: rather than composed (calibrate uses 1e-6·δ)
+NEGLIGIBLE = 1e-15
 #: grid steps per ε_u = ln(1 + 1/n_p), the largest loss of a key without a tie
 STEPS_PER_UNIT = 4
 
@@ -114,9 +119,9 @@ def _on_grid(loss: np.ndarray, mass: np.ndarray, step: float) -> tuple[np.ndarra
     on_a = np.exp(a - loss) - np.exp(a - b)
     on_a = np.clip(on_a / -np.expm1(a - b), 0.0, 1.0)
     offset = int(low.min())
-    pmf = np.zeros(int(low.max()) + 2 - offset)
-    np.add.at(pmf, low - offset, mass * on_a)
-    np.add.at(pmf, low + 1 - offset, mass * (1.0 - on_a))
+    size = int(low.max()) + 2 - offset
+    pmf = np.bincount(low - offset, weights=mass * on_a, minlength=size)
+    pmf += np.bincount(low + 1 - offset, weights=mass * (1.0 - on_a), minlength=size)
     return pmf, offset
 
 
@@ -179,7 +184,15 @@ class JointSketchLoss:
     user added or removed (module docstring): ``delta(ε)`` and ``epsilon(δ)`` of the whole release,
     upper bounds."""
 
-    def __init__(self, phantoms: int, floor: int, gamma: float, parties: int, keys: int):
+    def __init__(
+        self,
+        phantoms: int,
+        floor: int,
+        gamma: float,
+        parties: int,
+        keys: int,
+        negligible: float = NEGLIGIBLE,
+    ):
         self.phantoms, self.floor, self.gamma = int(phantoms), int(floor), float(gamma)
         self.parties, self.keys = int(parties), int(keys)
         log_p0, log_ratio, tail1, tail0 = statistic(phantoms, floor, gamma, parties)
@@ -194,19 +207,34 @@ class JointSketchLoss:
         bulk = log_ratio <= cut
         pmf, offset = _on_grid(log_ratio[bulk], mass1[bulk], step)
         high_loss, high_mass = log_ratio[~bulk], mass1[~bulk]
+        beta = float(high_mass.sum())
+        # the rarest high atoms (of mass <= negligible/(2·terms·M) in all) count as infinite losses
+        prune = negligible / (2 * TERMS)
+        order = np.argsort(high_mass)
+        rare = order[: int(np.searchsorted(np.cumsum(high_mass[order]), prune / m))]
+        tail1 += float(high_mass[rare].sum())
+        high_loss, high_mass = np.delete(high_loss, rare), np.delete(high_mass, rare)
         terms = min(TERMS, m + 1)
         self._bulk = _Composed(pmf, offset, step, [m - k for k in range(terms)])
-        # k high atoms together: their summed losses rounded up to the grid (pessimistic), merged
+        # k high atoms together: their summed losses split onto a grid of HIGH_STEP (as the bulk:
+        # pessimistic), merged; the smallest sums, of mass <= prune/C(M, k), counted whole in δ
         self._high = [(np.zeros(1), np.ones(1), 0.0)]  # (losses, masses, pruned mass)
         for k in range(1, terms):
             losses, masses, _ = self._high[-1]
-            index = np.ceil((losses[:, None] + high_loss[None, :]) / step).astype(np.int64).ravel()
-            masses = (masses[:, None] * high_mass[None, :]).ravel()
-            small = masses * comb(m, k) < 1e-22
-            index, where = np.unique(index[~small], return_inverse=True)
-            merged = np.bincount(where, weights=masses[~small], minlength=index.size)
-            self._high.append((index * step, merged, float(masses[small].sum())))
-        self._remainder = float(binom.sf(terms - 1, m, high_mass.sum())) if terms <= m else 0.0
+            pmf_k, low = _on_grid(
+                (losses[:, None] + high_loss[None, :]).ravel(),
+                (masses[:, None] * high_mass[None, :]).ravel(),
+                HIGH_STEP,
+            )
+            index = np.flatnonzero(pmf_k)
+            merged = pmf_k[index]
+            order = np.argsort(merged)
+            small = order[: int(np.searchsorted(np.cumsum(merged[order]), prune / comb(m, k)))]
+            keep = np.ones(index.size, dtype=bool)
+            keep[small] = False
+            losses = (index[keep] + low) * HIGH_STEP
+            self._high.append((losses, merged[keep], float(merged[small].sum())))
+        self._remainder = float(binom.sf(terms - 1, m, beta)) if terms <= m else 0.0
         self._infinite = -math.expm1(m * math.log1p(-tail1))
         # addition: losses −log L under P0, those below −cut raised to −cut
         pmf_add, offset_add = _on_grid(np.maximum(-log_ratio, -cut), np.exp(log_p0), step)
@@ -224,7 +252,7 @@ class JointSketchLoss:
         return min(1.0, max(removal, addition))
 
     def epsilon(self, delta: float) -> float:
-        """The smallest ε (to 1e-5) with δ(ε) <= ``delta``."""
+        """The smallest ε (to a relative 1e-6) with δ(ε) <= ``delta``."""
         if not 0 < delta < 1:
             raise ValueError(f"δ must be in (0, 1), got {delta}")
         low, high = 0.0, 1.0
@@ -232,18 +260,10 @@ class JointSketchLoss:
             low, high = high, 2 * high
             if high > 1e4:
                 return math.inf
-        while high - low > 1e-5 * max(1.0, high):
+        while high - low > 1e-6 * high:
             mid = (low + high) / 2
             low, high = (low, mid) if self.delta(mid) <= delta else (mid, high)
         return high
-
-
-@functools.lru_cache(maxsize=16)
-def joint_loss(eps_prime: float, gamma: float, parties: int, keys: int) -> JointSketchLoss:
-    """The joint loss of sketches with ε′'s phantom count and floor (cached per process)."""
-    return JointSketchLoss(
-        fm.phantom_count(eps_prime), fm.alpha_min(eps_prime, gamma), gamma, parties, keys
-    )
 
 
 @dataclass(frozen=True)
@@ -271,7 +291,8 @@ def calibrate(
     def holds(eps_prime: float) -> bool:
         key = (fm.phantom_count(eps_prime), fm.alpha_min(eps_prime, gamma))
         if key not in seen:
-            seen[key] = JointSketchLoss(*key, gamma, parties, keys).delta(epsilon) <= delta
+            loss = JointSketchLoss(*key, gamma, parties, keys, negligible=1e-6 * delta)
+            seen[key] = loss.delta(epsilon) <= delta
         return seen[key]
 
     guess = fm.sketch_epsilon(epsilon / parties, delta / parties, keys)  # Lemma 1's, a start
@@ -287,5 +308,15 @@ def calibrate(
     while high / low > 1 + rtol:
         mid = math.sqrt(low * high)
         low, high = (mid, high) if holds(mid) else (low, mid)
-    loss = JointSketchLoss(fm.phantom_count(low), fm.alpha_min(low, gamma), gamma, parties, keys)
-    return Calibration(low, loss.phantoms, loss.floor, loss.epsilon(delta), delta)
+    phantoms, floor = fm.phantom_count(low), fm.alpha_min(low, gamma)
+    loss = JointSketchLoss(phantoms, floor, gamma, parties, keys, negligible=1e-6 * delta)
+    # δ(ε) <= δ holds: the charge is ε, or the smaller ε the bound finds for δ
+    return Calibration(low, phantoms, floor, min(epsilon, loss.epsilon(delta)), delta)
+
+
+@functools.lru_cache(maxsize=64)
+def evaluate(eps_prime: float, delta: float, keys: int, parties: int, gamma: float) -> Calibration:
+    """The joint (ε, δ) of sketches with ε′'s phantom count and floor (e.g. Lemma 1's ε′)."""
+    phantoms, floor = fm.phantom_count(eps_prime), fm.alpha_min(eps_prime, gamma)
+    loss = JointSketchLoss(phantoms, floor, gamma, parties, keys, negligible=1e-6 * delta)
+    return Calibration(eps_prime, phantoms, floor, loss.epsilon(delta), delta)
