@@ -92,6 +92,26 @@ def dp_sketch(
     return np.maximum(np.maximum(real, phantom_max(n_p, gamma, real.shape, rng)), floor)
 
 
+def dp_sketches(
+    noise,
+    labels: np.ndarray,
+    *,
+    round: int,
+    k: int,
+    hash_words,
+    rows: np.ndarray,
+    keys: int,
+    phantoms: int,
+    floor: int,
+    gamma: float,
+) -> np.ndarray:
+    """DPFMPS-Gen (Alg. 3): the M x k DP FM sketches of the partition ``labels`` of the users
+    named ``rows`` (hashed by ``hash_words``), the phantoms from the source's ``sketch`` stream
+    (the algorithm of the protocol's sketch measurement: it registers nothing itself)."""
+    real = cluster_max_hash(hash_words, rows, np.asarray(labels), k, keys, gamma)
+    return dp_sketch(real, phantoms, floor, gamma, noise.generator("sketch", round))
+
+
 # --- estimators ---------------------------------------------------------------------------------
 def estimate(values: np.ndarray, gamma: float, estimator: str = "corrected") -> np.ndarray:
     """Cardinality of the set behind M sketch values (axis 0), with either estimator."""

@@ -4,6 +4,7 @@ starts."""
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -22,8 +23,8 @@ from rayfed.privacy import (
     Clipped,
     DataDomain,
     Declared,
+    EpsilonDeltaDpEvent,
     Field,
-    FMSketches,
     Interval,
     KaryResponse,
     Laplace,
@@ -31,6 +32,7 @@ from rayfed.privacy import (
     Neighbours,
     OneHot,
     PrivacyDeclaration,
+    Subroutine,
     enforce,
 )
 from rayfed.protocols.base import Plan
@@ -94,6 +96,7 @@ def plan(cfg: VflKmeansConfig, seed: int) -> Plan:
                     for j, c in enumerate(features)
                 ),
                 key=cfg.data.key,
+                partition="vertical",  # every party holds its columns of every user
             ),
         ),
         parties=parties,
@@ -150,27 +153,29 @@ def _releases(
     encoding, sketch = ENCODING[cfg.method], None
     if encoding == "fm":
         sketch = _calibration(cfg, split, len(groups))
+        sketches = functools.partial(
+            fm.dp_sketches,
+            keys=cfg.sketches,
+            phantoms=sketch.phantoms,
+            floor=sketch.floor,
+            gamma=cfg.gamma,
+        )
         membership = Measurement(
             "FM membership sketches",
-            FMSketches(
-                sketch.epsilon,
-                sketch.delta,
-                sketch.eps_prime,
-                sketch.phantoms,
-                sketch.floor,
-                cfg.gamma,
-                cfg.sketches,
-                len(groups),
-            ),
+            Subroutine(sketches, EpsilonDeltaDpEvent(sketch.epsilon, sketch.delta)),
             OneHot(k_plan),
             relation,
             declared=Declared(
                 1,
-                "one user added or removed changes one user's label at every party, whose hash "
-                "enters one entry per key at each; the (ε, δ) is that of all parties' sketches "
-                "together, from the exact per-key privacy loss of the worst case (the user alone "
-                "in its cluster at every party) composed over the M keys",
+                f"ε′ = {sketch.eps_prime:.4g}: n_p = {sketch.phantoms:,} phantoms, α_min = "
+                f"{sketch.floor}, M = {cfg.sketches} keys shared by the {len(groups)} parties. "
+                "One user added or removed changes one user's label at every party, whose hash "
+                "enters one entry per key at each: all parties' sketches together are "
+                f"({sketch.epsilon:.4g}, {sketch.delta:.3g})-DP, the exact per-key privacy loss "
+                "of the worst case (the user alone in its cluster at every party) composed over "
+                "the M keys",
             ),
+            shared=True,  # every party's matrix carries the one charge
         )
     elif encoding == "histogram":  # a user is in one of the k' clusters
         membership = Measurement(

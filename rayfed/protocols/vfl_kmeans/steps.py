@@ -76,13 +76,15 @@ def fm_step(ctx: StepContext, *, k: int, release: Measurement, round: int) -> Me
     are one release, charged once (run scope)."""
     labels = ctx.state["labels"]
     key = ctx.state["hash_key"]
+    rows = np.arange(labels.size, dtype=np.uint64)
     sketch, event = release(
         ctx.noise,
         labels,
         round=round,
-        ids=np.arange(labels.size, dtype=np.uint64),
+        ids=rows,
         k=k,
         hash_words=lambda ids, n: groupkey.keyed_words(key, ids, n, np.uint32),
+        rows=rows,
     )
     return Message("fm_sketches", sketch, dp_event=event, scope=RUN_SCOPE)
 
