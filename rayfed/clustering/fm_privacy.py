@@ -207,7 +207,6 @@ class JointSketchLoss:
         bulk = log_ratio <= cut
         pmf, offset = _on_grid(log_ratio[bulk], mass1[bulk], step)
         high_loss, high_mass = log_ratio[~bulk], mass1[~bulk]
-        beta = float(high_mass.sum())
         # the rarest high atoms (of mass <= negligible/(2·terms·M) in all) count as infinite losses
         prune = negligible / (2 * TERMS)
         order = np.argsort(high_mass)
@@ -217,10 +216,16 @@ class JointSketchLoss:
         terms = min(TERMS, m + 1)
         self._bulk = _Composed(pmf, offset, step, [m - k for k in range(terms)])
         # k high atoms together: their summed losses split onto a grid of HIGH_STEP (as the bulk:
-        # pessimistic), merged; the smallest sums, of mass <= prune/C(M, k), counted whole in δ
-        self._high = [(np.zeros(1), np.ones(1), 0.0)]  # (losses, masses, pruned mass)
-        for k in range(1, terms):
-            losses, masses, _ = self._high[-1]
+        # pessimistic), merged; the smallest sums, of mass <= prune/C(M, k), are counted whole in
+        # δ — and so is every k-tuple extending a pruned (k−1)-tuple (its mass times β)
+        beta = float(high_mass.sum())
+        self._high = [(np.zeros(1), np.ones(1), 0.0)]  # (losses, masses, mass counted whole)
+        for k in range(1, terms if high_loss.size else 1):
+            losses, masses, whole = self._high[-1]
+            whole *= beta
+            if not losses.size:
+                self._high.append((losses, masses, whole))
+                continue
             pmf_k, low = _on_grid(
                 (losses[:, None] + high_loss[None, :]).ravel(),
                 (masses[:, None] * high_mass[None, :]).ravel(),
@@ -232,9 +237,9 @@ class JointSketchLoss:
             small = order[: int(np.searchsorted(np.cumsum(merged[order]), prune / comb(m, k)))]
             keep = np.ones(index.size, dtype=bool)
             keep[small] = False
-            losses = (index[keep] + low) * HIGH_STEP
-            self._high.append((losses, merged[keep], float(merged[small].sum())))
-        self._remainder = float(binom.sf(terms - 1, m, beta)) if terms <= m else 0.0
+            whole += float(merged[small].sum())
+            self._high.append(((index[keep] + low) * HIGH_STEP, merged[keep], whole))
+        self._remainder = float(binom.sf(terms - 1, m, beta)) if terms <= m and beta else 0.0
         self._infinite = -math.expm1(m * math.log1p(-tail1))
         # addition: losses −log L under P0, those below −cut raised to −cut
         pmf_add, offset_add = _on_grid(np.maximum(-log_ratio, -cut), np.exp(log_p0), step)
@@ -244,9 +249,9 @@ class JointSketchLoss:
     def delta(self, epsilon: float) -> float:
         """δ(ε) of the M keys, the larger of removal and addition (an upper bound)."""
         removal = self._infinite + self._remainder
-        for k, (losses, masses, pruned) in enumerate(self._high):
+        for k, (losses, masses, whole) in enumerate(self._high):
             removal += comb(self.keys, k) * (
-                float(np.dot(masses, self._bulk(self.keys - k, epsilon - losses))) + pruned
+                float(np.dot(masses, self._bulk(self.keys - k, epsilon - losses))) + whole
             )
         addition = self._infinite_add + float(self._add(self.keys, epsilon))
         return min(1.0, max(removal, addition))
