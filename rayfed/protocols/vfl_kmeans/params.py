@@ -27,6 +27,17 @@ class Split:
 
 
 @dataclass(frozen=True)
+class Evaluation:
+    """Ground truth, from the raw data (never sent to an actor): the unit-scaled features as the
+    parties see them (within their bounds, or clipped to them) and each user's reference label
+    (the data's label column, or central k-means) for the loss, V-measure and intersection
+    error."""
+
+    x: np.ndarray
+    reference: np.ndarray
+
+
+@dataclass(frozen=True)
 class Releases:
     """Every release of a run, built in plan: the noisy user count n̂, each party's (or the
     curator's) DPLSF, and the parties' membership encoding — the FM sketches (one release of all

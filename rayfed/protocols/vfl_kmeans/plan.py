@@ -38,6 +38,7 @@ from rayfed.privacy import (
 from rayfed.protocols.base import Plan
 from rayfed.protocols.vfl_kmeans.config import ENCODING, FM_METHODS, VflKmeansConfig
 from rayfed.protocols.vfl_kmeans.params import (
+    Evaluation,
     Params,
     Releases,
     Split,
@@ -325,7 +326,7 @@ def _checked_split(
     return split, k_plan
 
 
-def _evaluation(cfg, table, x_raw, lo, hi, label_col, seed) -> dict:
+def _evaluation(cfg, table, x_raw, lo, hi, label_col, seed) -> Evaluation:
     """The unit-scaled data (as the parties see it: within its bounds, or clipped to them) and the
     reference labels (from the data, or central k-means) for the loss and V-measure: raw data,
     not private."""
@@ -335,7 +336,7 @@ def _evaluation(cfg, table, x_raw, lo, hi, label_col, seed) -> dict:
     else:
         gen = rng.stream(seed, "clustering", 0, "reference")
         reference = nearest(x, weighted_kmeans(x, np.ones(len(x)), cfg.k, gen))
-    return {"x": x, "reference": reference}
+    return Evaluation(x, reference)
 
 
 def _budget(cfg: VflKmeansConfig, split: Split, releases: Releases) -> Budget:

@@ -12,7 +12,7 @@ from rayfed.clustering import fm, nearest, normalised_loss, v_measure
 from rayfed.data.scaling import from_unit
 from rayfed.protocols.base import Outcome
 from rayfed.protocols.vfl_kmeans.config import ENCODING, VflKmeansConfig
-from rayfed.protocols.vfl_kmeans.params import Params
+from rayfed.protocols.vfl_kmeans.params import Evaluation, Params
 from rayfed.protocols.vfl_kmeans.steps import ServerOutput
 
 CENTRAL_NOTE = "central DP: one trusted curator holds every column (a comparator, not VFL)"
@@ -73,7 +73,7 @@ def outcome(
     cfg: VflKmeansConfig,
     params: Params,
     out: ServerOutput,
-    evaluation: dict | None,
+    evaluation: Evaluation | None,
     n_hat: float,
     k_prime: int,
     rule: str,
@@ -134,11 +134,11 @@ def outcome(
 
 
 def _scores(
-    params: Params, out: ServerOutput, evaluation: dict, centers: np.ndarray, k_prime: int
+    params: Params, out: ServerOutput, evaluation: Evaluation, centers: np.ndarray, k_prime: int
 ) -> tuple[dict[str, float], np.ndarray | None]:
     """Loss, V-measure and (with a grid) the intersection error against the grid's true weights,
     which are returned too: all from the raw data, not private."""
-    x, reference = evaluation["x"], evaluation["reference"]
+    x, reference = evaluation.x, evaluation.reference
     scores = {"loss": normalised_loss(x, centers), "v_measure": v_measure(reference, x, centers)}
     if out.weights is None:
         return scores, None
