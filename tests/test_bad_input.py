@@ -303,7 +303,7 @@ def test_vfl_kmeans_data_outside_declared_bounds(out_dir, csv_file):
         data={"path": path},
         bounds={"a": [0, 1], "b": [0, 1]},
     )
-    assert "1 value(s)" in err.problem and "out_of_bounds=clip" in err.allowed
+    assert "1 of 3 values" in err.problem and "out_of_bounds=clip" in err.allowed
 
 
 def test_vfl_kmeans_missing_bounds(out_dir, csv_file):
@@ -326,8 +326,26 @@ def test_vfl_kmeans_grid_beyond_memory_limit(out_dir):
 
 
 def test_vfl_kmeans_lemma1_condition(out_dir):
-    err = expect(ConfigError, "epsilon", out_dir, "vfl-kmeans", epsilon=100.0, delta=0.4)
-    assert "Lemma 1" in err.problem
+    """The paper's calibration of the sketches needs Lemma 1's ε2 <= 2 ln(1/δ2); the joint one
+    does not (it is computed from the mechanism)."""
+    err = expect(
+        ConfigError,
+        "epsilon",
+        out_dir,
+        "vfl-kmeans",
+        epsilon=100.0,
+        delta=0.4,
+        sketch_calibration="lemma1",
+    )
+    assert "Lemma 1" in err.problem and "sketch_calibration=joint" in err.allowed
+    expect(
+        ConfigError,
+        "sketch_calibration",
+        out_dir,
+        "vfl-kmeans",
+        method="ind-lap",
+        sketch_calibration="lemma1",
+    )
 
 
 def test_vfl_kmeans_file_errors_name_the_field(out_dir, csv_file):

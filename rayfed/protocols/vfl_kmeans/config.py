@@ -69,6 +69,14 @@ class VflKmeansConfig:
         "FM cardinality estimator: corrected (bias-corrected harmonic mean); literal (the paper's "
         "formula, biased x1.5-2.2: shown for comparison only)",
     )
+    sketch_calibration: Literal["joint", "lemma1"] = option(
+        "joint",
+        "FM sketches' ε′: joint (the fewest phantoms that keep all parties' sketches together "
+        "within their share (bε/2, δ) — they share the hash keys); lemma1 (the paper's "
+        "ε′ = ε2/(4·sqrt(M·ln 1/δ2)), which composes the parties as independent: the run charges "
+        "and reports the true joint ε of that noise, above the ε requested)",
+        when={"method": FM_METHODS},
+    )
     count_fraction: float = option(
         0.02, "1 - b: share of ε spent on the noisy user count n̂", above=0, below=1
     )
@@ -118,8 +126,10 @@ class VflKmeansConfig:
         "data file: declared [low, high] of every feature column (mapped to [-1, 1])",
         source="file",
     )
-    out_of_bounds: Literal["error", "clip"] = option(
-        "error", "a data value outside its declared bounds: error, or clip it to the bounds"
+    out_of_bounds: Literal["error", "refuse", "clip"] = option(
+        "error",
+        "a data value outside its declared bounds: error (refuse: the same) stops the run naming "
+        "the column; clip clips it to the bounds, counted in the headline and the metrics",
     )
     label: str | None = option(
         None,
