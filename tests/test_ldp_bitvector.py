@@ -63,6 +63,39 @@ def test_privacy_statement_is_the_true_guarantee():
     assert "12800 per record" in note and "at most 12800 bits" in p.statement
 
 
+def test_decomposition_note_states_the_per_value_guarantee_of_bobs_pair_codes():
+    """In the decomposition one of Bob's values enters u and v of all n - 1 pairs of its record,
+    so its codes can differ in 2·(n - 1)·pair_k_max bits: the per-value ε is the per-record one
+    (before, the note quoted the attribute anchors' k_max, unused in this mode: "64-LDP per
+    value"). The note and metrics["k_max"] quote the pair codes' k_max; the numbers are
+    recomputed here from Bob's anchors."""
+    from rayfed.ldp import bitvector as bv
+
+    proto = rayfed.protocols.get_protocol("ldp-bitvector")
+    options = dict(
+        bits=64, records=40, partition="vertical-decomposition", epsilon=0.5, half_width=40.0
+    )
+    plan = proto.plan(proto.Config(**options), 0)
+    meta = plan.parties[plan.params.order[1]][1]
+    lo, top = meta["pair_range"]
+    pair_k_max = int(
+        np.count_nonzero(
+            ~bv.encode(np.array([lo, top]), meta["pair_anchors"], meta["pair_t"]).all(axis=0)
+        )
+    )
+    bits = 2 * 39 * pair_k_max
+    result = run(seed=0, **options)
+    assert result.privacy.epsilon == pytest.approx(bits * 0.5)
+    assert plan.params.k_max < 64 == pair_k_max  # the attribute anchors' k_max (t = 40) differs
+    assert result.metrics["k_max"] == pair_k_max
+    note = next(n for n in result.privacy.notes if "the paper claims" in n)
+    assert f"two codes {pair_k_max} bits apart" in note
+    assert f"hockey-stick δ {bv.hockey_stick(0.5, pair_k_max):.3g}" in note
+    assert f"2·39·{pair_k_max} = {bits} bits" in note
+    assert f"pure {bits * 0.5:g}-LDP per value of Bob's, the same per record" in note
+    assert f"{pair_k_max * 0.5:g}-LDP per value" not in note
+
+
 def _reach(anchors: np.ndarray, t: float, low: float, high: float) -> int:
     """Bits of one code that differ between some two values of [low, high], by brute force: each
     anchor's bit evaluated on a grid holding the ends and every anchor's interval edges."""
