@@ -198,6 +198,45 @@ def test_decomposition_pair_codes_cover_negative_inner_products():
     assert d[0, 1] ** 2 == pytest.approx(exact[0, 1] ** 2, abs=40 * resolution)
 
 
+def test_decomposition_one_record_flips_more_than_one_code_per_pair():
+    """Bob's Δ₀ counts both codes (u and v) of each of the n - 1 pairs a record enters: 2·(n-1)·
+    pair_k_max bits. The sensitivity check's neighbour (digits) moves 2,000 of its 4,992 bits, so
+    it cannot catch Δ₀ halved to (n-1)·s; adversarial data can: every other record at the U
+    corner, the moved one from the L corner to the U corner. Then u goes from d_B·U² to 2·d_B·U²
+    (half the bits) and v from 0 to 2·d_B·U² (every bit) in each pair: more than (n-1)·s bits
+    flip, within Δ₀. The codes are computed here by hand (u, v pair by pair, bit = |w - r| <= t)
+    and checked against the protocol's encoder."""
+    from rayfed.ldp import bitvector as bv
+
+    proto = rayfed.protocols.get_protocol("ldp-bitvector")
+    n, s, low, high = 40, 64, 0.0, 50.0
+    cfg = proto.Config(bits=s, records=n, partition="vertical-decomposition", low=low, high=high)
+    plan = proto.plan(cfg, 0)
+    bob = plan.params.order[1]
+    meta = plan.parties[bob][1]
+    anchors, t, d_b = meta["pair_anchors"], meta["pair_t"], len(meta["columns"])
+    delta0 = plan.params.releases[bob].sensitivity
+
+    def codes(x):
+        """(pairs, 2, s): the bits of u and v of every pair i < j, in triu order."""
+        out = []
+        for i in range(n):
+            for j in range(i + 1, n):
+                u = sum(x[i, k] ** 2 for k in range(d_b)) + sum(x[j, k] ** 2 for k in range(d_b))
+                v = 2 * sum(x[i, k] * x[j, k] for k in range(d_b))
+                out.append([np.abs(w - anchors) <= t for w in (u, v)])
+        return np.array(out)
+
+    before = np.full((n, d_b), high)
+    before[-1] = low
+    after = np.full((n, d_b), high)
+    by_hand = codes(before)
+    assert np.array_equal(by_hand, np.asarray(bv.PairCodes(*bv.pair_sums(before), anchors, t)))
+    flipped = int(np.count_nonzero(by_hand != codes(after)))
+    assert (n - 1) * s < flipped <= delta0 == 2 * (n - 1) * meta["pair_k_max"]
+    assert flipped == 3627  # the reviewer's count (independent script): 0.73 of Δ₀
+
+
 def test_horizontal_and_vertical_give_the_same_codes():
     """Every (record, attribute) draws its own keyed noise, so splitting by rows or columns over
     any number of custodians gives the same distance matrix and clusters."""
