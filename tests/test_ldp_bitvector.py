@@ -145,10 +145,11 @@ def test_out_of_domain_clip_counts_and_states_the_clipped_values(tmp_path):
     options = dict(bounds=[0, 10], k=3, bits=64, seed=2)
     with pytest.raises(DataError) as info:
         run(data={"path": str(path)}, **options)
-    assert "10 of 400 values" in info.value.problem
+    assert info.value.field == "data.a"  # the first column holding values outside, as secure-sum
+    assert "7 of 200 values of column 'a' and 3 of 200 values of column 'b'" in info.value.problem
     result = run(data={"path": str(path)}, out_of_domain="clip", **options)
     assert result.metrics["clipped"] == 10
-    assert "10 of 400 feature values clipped to [0, 10]" in result.headline
+    assert "10 of 400 data values clipped to [0, 10] (a: 7, b: 3)" in result.headline
     reference = run(data={"path": str(by_hand)}, out_of_domain="clip", **options)
     assert reference.metrics["clipped"] == 0 and "clipped" not in reference.headline
     assert result.tables["labels"].equals(reference.tables["labels"])
@@ -291,7 +292,7 @@ def test_bad_input(tmp_path):
     pacsv.write_csv(pa.table({"a": [1.0, 2.0, 30.0], "b": ["x", "y", "z"]}), path)
     with pytest.raises(DataError, match="out_of_domain=clip") as info:
         run(data={"path": str(path), "columns": {"p0": ["a"]}}, bounds=[0, 10], k=2)
-    assert info.value.field == "feature" and "1 of 3 values" in info.value.problem
+    assert info.value.field == "data.a" and "1 of 3 values of column 'a'" in info.value.problem
     with pytest.raises(DataError, match="not numeric"):
         run(data={"path": str(path)}, bounds=[0, 100], k=2)
     with pytest.raises(ConfigError, match="bounds"):
