@@ -202,7 +202,7 @@ def test_decomposition_pair_codes_cover_negative_inner_products():
 def test_decomposition_one_record_flips_more_than_one_code_per_pair():
     """Bob's Δ₀ counts both codes (u and v) of each of the n - 1 pairs a record enters: 2·(n-1)·
     pair_k_max bits. The sensitivity check's neighbour (digits) moves 2,000 of its 4,992 bits, so
-    it cannot catch Δ₀ halved to (n-1)·s; adversarial data can: every other record at the U
+    it cannot catch Δ₀ halved to (n-1)·s; adversarial data can: all other records at the U
     corner, the moved one from the L corner to the U corner. Then u goes from d_B·U² to 2·d_B·U²
     (half the bits) and v from 0 to 2·d_B·U² (every bit) in each pair: more than (n-1)·s bits
     flip, within Δ₀. The codes are computed here by hand (u, v pair by pair, bit = |w - r| <= t)
