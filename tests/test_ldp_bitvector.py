@@ -63,6 +63,39 @@ def test_privacy_statement_is_the_true_guarantee():
     assert "12800 per record" in note and "at most 12800 bits" in p.statement
 
 
+def test_decomposition_note_states_the_per_value_guarantee_of_bobs_pair_codes():
+    """In the decomposition one of Bob's values enters u and v of all n - 1 pairs of its record,
+    so its codes can differ in 2·(n - 1)·pair_k_max bits: the per-value ε is the per-record one
+    (before, the note quoted the attribute anchors' k_max, unused in this mode: "64-LDP per
+    value"). The note and metrics["k_max"] quote the pair codes' k_max; the numbers are
+    recomputed here from Bob's anchors."""
+    from rayfed.ldp import bitvector as bv
+
+    proto = rayfed.protocols.get_protocol("ldp-bitvector")
+    options = dict(
+        bits=64, records=40, partition="vertical-decomposition", epsilon=0.5, half_width=40.0
+    )
+    plan = proto.plan(proto.Config(**options), 0)
+    meta = plan.parties[plan.params.order[1]][1]
+    lo, top = meta["pair_range"]
+    pair_k_max = int(
+        np.count_nonzero(
+            ~bv.encode(np.array([lo, top]), meta["pair_anchors"], meta["pair_t"]).all(axis=0)
+        )
+    )
+    bits = 2 * 39 * pair_k_max
+    result = run(seed=0, **options)
+    assert result.privacy.epsilon == pytest.approx(bits * 0.5)
+    assert plan.params.k_max < 64 == pair_k_max  # the attribute anchors' k_max (t = 40) differs
+    assert result.metrics["k_max"] == pair_k_max
+    note = next(n for n in result.privacy.notes if "the paper claims" in n)
+    assert f"two codes {pair_k_max} bits apart" in note
+    assert f"hockey-stick δ {bv.hockey_stick(0.5, pair_k_max):.3g}" in note
+    assert f"2·39·{pair_k_max} = {bits} bits" in note
+    assert f"pure {bits * 0.5:g}-LDP per value of Bob's, the same per record" in note
+    assert f"{pair_k_max * 0.5:g}-LDP per value" not in note
+
+
 def _reach(anchors: np.ndarray, t: float, low: float, high: float) -> int:
     """Bits of one code that differ between some two values of [low, high], by brute force: each
     anchor's bit evaluated on a grid holding the ends and every anchor's interval edges."""
@@ -112,10 +145,11 @@ def test_out_of_domain_clip_counts_and_states_the_clipped_values(tmp_path):
     options = dict(bounds=[0, 10], k=3, bits=64, seed=2)
     with pytest.raises(DataError) as info:
         run(data={"path": str(path)}, **options)
-    assert "10 of 400 values" in info.value.problem
+    assert info.value.field == "data.a"  # the first column holding values outside, as secure-sum
+    assert "7 of 200 values of column 'a' and 3 of 200 values of column 'b'" in info.value.problem
     result = run(data={"path": str(path)}, out_of_domain="clip", **options)
     assert result.metrics["clipped"] == 10
-    assert "10 of 400 feature values clipped to [0, 10]" in result.headline
+    assert "10 of 400 data values clipped to [0, 10] (a: 7, b: 3)" in result.headline
     reference = run(data={"path": str(by_hand)}, out_of_domain="clip", **options)
     assert reference.metrics["clipped"] == 0 and "clipped" not in reference.headline
     assert result.tables["labels"].equals(reference.tables["labels"])
@@ -163,6 +197,45 @@ def test_decomposition_pair_codes_cover_negative_inner_products():
     resolution = plan.params.pair_mu / s  # one bit of the Hamming distance, in R² units
     assert np.abs(d.astype(np.float64) ** 2 - exact**2).max() <= 40 * resolution
     assert d[0, 1] ** 2 == pytest.approx(exact[0, 1] ** 2, abs=40 * resolution)
+
+
+def test_decomposition_one_record_flips_more_than_one_code_per_pair():
+    """Bob's Δ₀ counts both codes (u and v) of each of the n - 1 pairs a record enters: 2·(n-1)·
+    pair_k_max bits. The sensitivity check's neighbour (digits) moves 2,000 of its 4,992 bits, so
+    it cannot catch Δ₀ halved to (n-1)·s; adversarial data can: all other records at the U
+    corner, the moved one from the L corner to the U corner. Then u goes from d_B·U² to 2·d_B·U²
+    (half the bits) and v from 0 to 2·d_B·U² (every bit) in each pair: more than (n-1)·s bits
+    flip, within Δ₀. The codes are computed here by hand (u, v pair by pair, bit = |w - r| <= t)
+    and checked against the protocol's encoder."""
+    from rayfed.ldp import bitvector as bv
+
+    proto = rayfed.protocols.get_protocol("ldp-bitvector")
+    n, s, low, high = 40, 64, 0.0, 50.0
+    cfg = proto.Config(bits=s, records=n, partition="vertical-decomposition", low=low, high=high)
+    plan = proto.plan(cfg, 0)
+    bob = plan.params.order[1]
+    meta = plan.parties[bob][1]
+    anchors, t, d_b = meta["pair_anchors"], meta["pair_t"], len(meta["columns"])
+    delta0 = plan.params.releases[bob].sensitivity
+
+    def codes(x):
+        """(pairs, 2, s): the bits of u and v of every pair i < j, in triu order."""
+        out = []
+        for i in range(n):
+            for j in range(i + 1, n):
+                u = sum(x[i, k] ** 2 for k in range(d_b)) + sum(x[j, k] ** 2 for k in range(d_b))
+                v = 2 * sum(x[i, k] * x[j, k] for k in range(d_b))
+                out.append([np.abs(w - anchors) <= t for w in (u, v)])
+        return np.array(out)
+
+    before = np.full((n, d_b), high)
+    before[-1] = low
+    after = np.full((n, d_b), high)
+    by_hand = codes(before)
+    assert np.array_equal(by_hand, np.asarray(bv.PairCodes(*bv.pair_sums(before), anchors, t)))
+    flipped = int(np.count_nonzero(by_hand != codes(after)))
+    assert (n - 1) * s < flipped <= delta0 == 2 * (n - 1) * meta["pair_k_max"]
+    assert flipped == 3627  # the reviewer's count (independent script): 0.73 of Δ₀
 
 
 def test_horizontal_and_vertical_give_the_same_codes():
@@ -219,7 +292,7 @@ def test_bad_input(tmp_path):
     pacsv.write_csv(pa.table({"a": [1.0, 2.0, 30.0], "b": ["x", "y", "z"]}), path)
     with pytest.raises(DataError, match="out_of_domain=clip") as info:
         run(data={"path": str(path), "columns": {"p0": ["a"]}}, bounds=[0, 10], k=2)
-    assert info.value.field == "feature" and "1 of 3 values" in info.value.problem
+    assert info.value.field == "data.a" and "1 of 3 values of column 'a'" in info.value.problem
     with pytest.raises(DataError, match="not numeric"):
         run(data={"path": str(path)}, bounds=[0, 100], k=2)
     with pytest.raises(ConfigError, match="bounds"):

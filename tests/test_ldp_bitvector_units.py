@@ -618,6 +618,27 @@ def test_max_differing_bits_bounds_every_pair_on_a_grid(t, low, high):
         assert k_max < S  # some anchors in [U - t, L + t] cover the whole range
 
 
+def test_max_differing_bits_decides_coverage_with_the_encoder_itself():
+    """An anchor's bit cannot differ on [L, U] iff the encoder sets it at both ends (the rounding
+    of x - r is monotone in x, so |x - r| <= t then holds in between). Testing r - t <= L and
+    r + t >= U instead rounds differently: an anchor placed at U - t or L + t, give or take a few
+    ulps, can pass it while the encoder gives L and U different bits — Δ₀ one bit short. Found
+    by search: L = 27.39…, U = 54.37…, t = 14.04…, r = 40.33… (U - t to within an ulp)."""
+    low, high, t, r = 27.39233746429086, 54.37831097354025, 14.045841970386068, 40.33246900315418
+    ends = np.abs(np.array([low, high]) - r) <= t  # the encoding, written out
+    assert ends.tolist() == [True, False]
+    assert bv.max_differing_bits(np.array([r]), t, low, high) == 1
+    gen = _gen("kmax-edges")
+    for _ in range(2000):
+        low = gen.uniform(-100, 100)
+        high = low + gen.uniform(0.01, 100)
+        t = gen.uniform((high - low) / 2, high - low)
+        edge = gen.choice([high - t, low + t])
+        r = edge + np.arange(-3, 4) * np.spacing(edge)
+        bits = np.abs(np.array([low, high])[:, None] - r[None, :]) <= t
+        assert bv.max_differing_bits(r, t, low, high) == np.count_nonzero(~bits.all(axis=0))
+
+
 # --- kCluster -----------------------------------------------------------------------------------------
 def _blobs(gen, per=30):
     centers = np.array([[0.0, 0.0], [30.0, 0.0], [0.0, 30.0]])

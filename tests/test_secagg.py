@@ -929,6 +929,24 @@ def test_the_raw_sum_is_the_clipped_sum_without_the_clip():
     assert raw_sum(np.array([[1e306], [-0.5]]), 16).tolist() == [(int(1e306) << 16) - (1 << 15)]
 
 
+def test_the_raw_sum_of_integers_is_exact_and_reads_back_rounded_once():
+    """Integer inputs are added as integers (cast to float64, 2^62 + 1 became 2^62 and the 1 was
+    lost); to_float rounds an exact grid sum once — its integer may be beyond float64 while the
+    sum is not (2e304·2^16) — and gives ±inf where the sum itself is beyond float64's range."""
+    from rayfed.secagg.reference import to_float
+
+    ints = np.array([[2**62 + 1], [-(2**62)], [1]], dtype=np.int64)
+    assert raw_sum(ints, 16).tolist() == [2 << 16]
+    assert raw_sum(np.array([[3, -1], [2, 5]]), 4).tolist() == [5 << 4, 4 << 4]
+    assert raw_sum(np.array([[2**62], [2**62]], dtype=np.int64), 2).tolist() == [2**65]
+    big = raw_sum(np.array([[1e304], [1e304], [0.5]]), 16)
+    assert to_float(big, 16).tolist() == [2e304]  # (2e304·2^16 + 2^15) / 2^16, rounded once
+    over = raw_sum(np.array([[1.5e308, -1.5e308], [1.5e308, -1.5e308]]), 16)
+    assert to_float(over, 16).tolist() == [np.inf, -np.inf]
+    small = raw_sum(np.array([[0.25, -3.0], [0.5, 0.75]]), 3)  # int64: the float64 path
+    assert small.dtype == np.int64 and to_float(small, 3).tolist() == [0.75, -2.25]
+
+
 def test_the_finder_takes_the_smallest_degree_and_largest_threshold():
     """Not circular: one step smaller degree or one larger threshold breaks a bound."""
     p = find_params(1000, dropout=0.3, corrupt=0.05, sigma=40, eta=30)

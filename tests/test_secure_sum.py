@@ -448,3 +448,51 @@ def test_data_inside_the_domain_runs_unchanged_under_either_policy(tmp_path):
     with pytest.raises(ConfigError) as err:  # synthetic inputs are drawn in [-clip, clip]
         rayfed.run("secure-sum", backend="local", out_dir=None, users=10, out_of_domain="clip")
     assert err.value.field == "out_of_domain"
+
+
+def _one_column(tmp_path, values, name="v.csv"):
+    """A data file of one value column ``v`` (read back as written) and its run options."""
+    path = tmp_path / name
+    pacsv.write_csv(pa.table({"uid": np.arange(len(values)), "v": values}), path)
+    assert pacsv.read_csv(path)["v"].equals(pa.chunked_array([values]))
+    return dict(backend="local", out_dir=None, data={"path": str(path), "key": "uid"})
+
+
+def test_huge_clipped_values_report_their_raw_sum(tmp_path):
+    """Two values of 1e304 clipped to [-1, 1]: the run used to crash after the protocol ran
+    (the raw sum's grid integer, 2e304·2^16, beyond float64, was converted before scaling); the
+    raw plaintext sum is the exact one, rounded once: 2e304 + 0.5 + 0.25 - 0.75 (on the grid)."""
+    from fractions import Fraction
+
+    v = np.array([1e304, 1e304, 0.5, 0.25, -0.75, 0.0])
+    result = rayfed.run("secure-sum", out_of_domain="clip", **_one_column(tmp_path, v))
+    table = result.tables["sum"]
+    raw = float(sum(Fraction(x) for x in v))  # exact, rounded once
+    assert table["plaintext_sum"].to_pylist() == [raw] and raw == 2e304
+    assert table["clipped_sum"].to_pylist() == table["secure_sum"].to_pylist() == [2.0]
+    assert result.metrics["exact"] and result.metrics["clipping_gap"] == pytest.approx(2e304)
+    assert "raw plaintext sum 2e+304" in result.headline
+    assert "beyond float64" not in result.headline
+
+
+def test_a_raw_sum_beyond_float64_is_stated_not_crashed(tmp_path):
+    """Two values of 1.5e308: their raw sum, 3e308, is beyond float64's range (1.8e308): the
+    table holds inf and the headline says so; the secure (clipped) sum is exact."""
+    v = np.array([1.5e308, 1.5e308, -0.5, 0.25, 0.0, 0.0])
+    result = rayfed.run("secure-sum", out_of_domain="clip", **_one_column(tmp_path, v))
+    table = result.tables["sum"]
+    assert table["plaintext_sum"].to_pylist() == [np.inf]
+    assert table["clipped_sum"].to_pylist() == table["secure_sum"].to_pylist() == [1.75]
+    assert result.metrics["exact"] and result.metrics["raw_sum_beyond_float64"] == 1
+    assert "the raw plaintext sum lies beyond float64's range in 1 coordinate" in result.headline
+
+
+def test_integer_values_beyond_2_53_are_summed_exactly(tmp_path):
+    """An integer column with values beyond 2^53: the raw plaintext sum adds the integers
+    exactly (cast to float64 first, 2^62 + 1 and -2^62 cancelled to 0 and the 1 was lost)."""
+    v = np.array([2**62 + 1, -(2**62), 3, -2, 0], dtype=np.int64)
+    result = rayfed.run("secure-sum", out_of_domain="clip", **_one_column(tmp_path, v))
+    table = result.tables["sum"]
+    assert table["plaintext_sum"].to_pylist() == [2.0]  # 2^62 + 1 - 2^62 + 3 - 2
+    assert table["clipped_sum"].to_pylist() == table["secure_sum"].to_pylist() == [0.0]
+    assert result.metrics["exact"] and "raw plaintext sum 2)" in result.headline

@@ -416,6 +416,9 @@ def max_differing_bits(r: np.ndarray, t: float, low: float, high: float) -> int:
     """An upper bound on the bits two values in [L, U] can differ in, for these anchors: every
     anchor whose interval [r - t, r + t] does not cover all of [L, U] (x and y can then fall on
     different sides of it). With t = (U - L)/2 that is every anchor: two values can differ in all s
-    bits (x = L and x = U have complementary codes)."""
-    covers = (r - t <= low) & (r + t >= high)
+    bits (x = L and x = U have complementary codes). Coverage is decided by the encoder itself:
+    its bit is set at both ends (then at every x in between, since the rounding of x - r is
+    monotone in x); testing r - t <= L and r + t >= U instead rounds differently and can call an
+    anchor at U - t (to within an ulp) covering while L and U get different bits."""
+    covers = encode(np.array([low, high], dtype=float), np.asarray(r, dtype=float), t).all(axis=0)
     return int(np.count_nonzero(~covers))

@@ -12,6 +12,8 @@ user would compute, kept beside it so that what clipping changed is visible.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from rayfed.dropout import NEVER
@@ -71,7 +73,12 @@ def exact_sum(inputs: np.ndarray, clip: float, frac_bits: int) -> np.ndarray:
 def raw_sum(inputs: np.ndarray, frac_bits: int) -> np.ndarray:
     """Σ_users round(x·2^f) per coordinate, as exact integers, with no clip: the plaintext sum of
     the raw inputs on the same grid. It equals :func:`exact_sum` when every input lies in
-    [-clip, clip]; the difference is what clipping changed."""
+    [-clip, clip]; the difference is what clipping changed. Integer inputs are added as integers
+    (a float64 cast would round those beyond 2^53)."""
+    if np.issubdtype(np.asarray(inputs).dtype, np.integer):
+        ints = np.asarray(inputs).astype(object) * (1 << frac_bits)  # Python integers: exact
+        bound = len(ints) * int(np.max(np.abs(ints), initial=0))
+        return ints.astype(np.int64).sum(axis=0) if bound < 2**62 else ints.sum(axis=0)
     x = np.asarray(inputs, dtype=np.float64)
     with np.errstate(over="ignore"):  # an overflow is handled below
         scaled = np.rint(x * 2.0**frac_bits)
@@ -87,6 +94,22 @@ def raw_sum(inputs: np.ndarray, frac_bits: int) -> np.ndarray:
         return np.array(ints, dtype=object).reshape(x.shape).sum(axis=0)
     largest = int(np.max(np.abs(scaled))) if scaled.size else 0
     return _integer_sum(scaled, len(x) * largest)
+
+
+def to_float(total: np.ndarray, frac_bits: int) -> np.ndarray:
+    """The nearest float64 of each exact grid sum ``total``·2^-f: int64 sums by ``ldexp``, Python
+    integers (beyond int64) by exact division, rounded once — their integer may lie beyond
+    float64 while the sum does not; a sum beyond float64's range is ±inf."""
+    total = np.asarray(total)
+    if total.dtype != object:
+        return np.ldexp(total.astype(np.float64), -frac_bits)
+    out = np.empty(total.shape)
+    for i, v in np.ndenumerate(total):
+        try:
+            out[i] = int(v) / (1 << frac_bits)  # Python's int division rounds correctly
+        except OverflowError:
+            out[i] = math.inf if v > 0 else -math.inf
+    return out
 
 
 def _integer_sum(scaled: np.ndarray, bound: int) -> np.ndarray:

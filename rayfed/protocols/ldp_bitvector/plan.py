@@ -301,15 +301,21 @@ def _load(
     cfg: LdpBitvectorConfig,
 ) -> tuple[pa.Table, list[str], str | None, list[float], Clipped]:
     """(table with a 'record' column, feature columns, label column, declared bounds, what the
-    bounds clipped). A feature value outside the bounds is refused, or clipped to them and
-    counted (``out_of_domain``)."""
+    bounds clipped). A feature value outside the bounds is refused (a DataError naming its
+    column, ``data.<column>``), or clipped to them and counted per column (``out_of_domain``)."""
     if cfg.data.path is None:
         table, features, label, bounds = _digits(cfg)
     else:
         table, features, label, bounds = _from_file(cfg)
-    domain = Interval(float(bounds[0]), float(bounds[1]))
+    domain = Interval(float(bounds[0]), float(bounds[1]), len(features))
     x, clipped = enforce(
-        features_of(table, features), domain, cfg.out_of_domain, "feature", "out_of_domain"
+        features_of(table, features),
+        domain,
+        cfg.out_of_domain,
+        field="data",
+        option="out_of_domain",
+        columns=features,
+        widen="widen bounds",
     )
     if clipped.count:
         for j, c in enumerate(features):

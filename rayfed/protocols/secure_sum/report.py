@@ -22,7 +22,13 @@ from rayfed.protocols.secure_sum.params import Params
 from rayfed.protocols.secure_sum.steps import synthetic_inputs
 from rayfed.secagg import AggregationResult, RoundSpec
 from rayfed.secagg.graph import NeighbourGraph
-from rayfed.secagg.reference import PHASE_INDEX, exact_sum, expected_survivors, raw_sum
+from rayfed.secagg.reference import (
+    PHASE_INDEX,
+    exact_sum,
+    expected_survivors,
+    raw_sum,
+    to_float,
+)
 
 STATEMENTS = {
     "secure": "no differential privacy: the server learns the exact sum of the survivors' inputs and, under "
@@ -51,8 +57,9 @@ def reference(
     sum — from the dropout schedule, the round's graph (``graph_seed``: in secure mode the server's
     draw or the PKI's beacon, published with the key table) and the cohorts planned to die — and
     the exact integer sums of their inputs, clipped (what the protocol must decode to) and raw
-    (read from the file as given, not from the users' clipped table). A cohort that died
-    unplanned makes the round unverifiable (not exact)."""
+    (read from the file as given, not from the users' clipped table; column by column, so an
+    integer column is added as integers). A cohort that died unplanned makes the round
+    unverifiable (not exact)."""
     params: Params = plan.params
     registry = params.registry
     survivors = expected_survivors(
@@ -67,11 +74,14 @@ def reference(
         keys = table.column(cfg.data.key).to_numpy()
         order = np.argsort(keys)
         rows = order[np.searchsorted(keys[order], survivors)]
-        x = np.column_stack([table.column(c).to_numpy()[rows] for c in params.columns])
+        cols = [table.column(c).to_numpy()[rows] for c in params.columns]
+        x = np.column_stack(cols)
+        raw = np.concatenate([raw_sum(col[:, None], cfg.frac_bits) for col in cols])
     else:
         ctx = StepContext(name="evaluation", role="driver", seed=seed)
         x = synthetic_inputs(ctx, spec.round, survivors, params.dim, cfg.clip)
-    return survivors, exact_sum(x, cfg.clip, cfg.frac_bits), raw_sum(x, cfg.frac_bits)
+        raw = raw_sum(x, cfg.frac_bits)
+    return survivors, exact_sum(x, cfg.clip, cfg.frac_bits), raw
 
 
 def _lost_at(
@@ -134,8 +144,8 @@ def outcome(
     """The last round's sum next to the raw plaintext sum and the clipped one it must equal, every
     round's check, and the metrics (what the domain check clipped among them)."""
     secagg = params.secagg
-    plaintext = np.ldexp(raw.astype(np.float64), -cfg.frac_bits)
-    clipped = np.ldexp(reference.astype(np.float64), -cfg.frac_bits)
+    plaintext = to_float(raw, cfg.frac_bits)  # ±inf where the raw sum is beyond float64
+    clipped = to_float(reference, cfg.frac_bits)
     metrics = {
         "exact": all(row["exact"] for row in rows),
         "mode": cfg.mode,
@@ -159,6 +169,8 @@ def outcome(
         "clipped": params.clipped.to_dict() if params.clipped else None,
         # the last round: the largest |raw plaintext sum - clipped sum| over the coordinates
         "clipping_gap": float(np.max(np.abs(plaintext - clipped), initial=0.0)),
+        # coordinates whose raw plaintext sum lies beyond float64's range (±inf in the table)
+        "raw_sum_beyond_float64": int(np.count_nonzero(np.isinf(plaintext))),
     }
     tables = {
         "sum": pa.table(
@@ -199,6 +211,12 @@ def headline(
             raw = (
                 f"the raw plaintext sum differs by up to {metrics['clipping_gap']:.6g} in a "
                 "coordinate (sum table: plaintext_sum beside clipped_sum)"
+            )
+        beyond = metrics["raw_sum_beyond_float64"]
+        if beyond:
+            raw += (
+                f"; the raw plaintext sum lies beyond float64's range in {beyond} coordinate(s): "
+                "±inf in the sum table"
             )
         verdict += f" for the clipped values ({clipped.statement()}: {raw})"
     text = (
