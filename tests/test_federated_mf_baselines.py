@@ -12,7 +12,7 @@ from scipy import optimize, stats
 import rayfed
 from rayfed.errors import ConfigError
 from rayfed.mf import baselines
-from rayfed.privacy import NoiseSource, l2_laplace_vectors
+from rayfed.privacy import Ball, Gaussian, Measurement, Neighbours, NoiseSource, l2_laplace_vectors
 from rayfed.privacy.calibration import (
     advanced_composition_epsilon,
     advanced_composition_noise_multiplier,
@@ -85,6 +85,12 @@ def test_l2_laplace_norms_are_gamma_and_directions_isotropic():
 
 
 # --- ObjPertb's V-solve against independent solvers -----------------------------------------------
+def sgld_release(z: float, sensitivity: float, rate: float, unit: str) -> Measurement:
+    """DP-SGLD's step as the plan builds it: the Gaussian on the gradient sum at Δ₂ = L."""
+    relation = Neighbours("add_or_remove_one", unit)
+    return Measurement("sgld", Gaussian(z), Ball(sensitivity), relation, sampling=rate)
+
+
 def _problem(seed=3, n=30, m=6, p=4):
     gen = np.random.default_rng(seed)
     u = baselines.project(gen.uniform(0, 1, (n, p)), 5.0)
@@ -118,10 +124,8 @@ def test_sgld_moves_each_row_by_sqrt_eta_over_zl_times_its_gradient():
                 round=0,
                 step=eta,
                 rate=1.0,
-                z=z,
-                sensitivity=sens,
+                release=sgld_release(z, sens, 1.0, "rating"),
                 bound=bound,
-                unit="rating",
                 sampled="user",
             )
         )
@@ -267,17 +271,15 @@ def test_sgld_step_adds_exactly_n_0_eta_noise():
         round=0,
         step=eta,
         rate=0.1,
-        z=3.0,
-        sensitivity=baselines.sgld_sensitivity(5.0),
+        release=sgld_release(3.0, baselines.sgld_sensitivity(5.0), 0.1, "user"),
         bound=5.0,
-        unit="user",
         sampled="user",
     )
     shrink = 1 - eta / 2 * baselines.SGLD_PRIOR
     moves = np.concatenate([(u1 - shrink * u).ravel(), (v1 - shrink * v).ravel()])
     assert abs(moves.mean()) < 5 * math.sqrt(eta / moves.size)
     assert abs(moves.std() / math.sqrt(eta) - 1) < 5 / math.sqrt(2 * moves.size)
-    assert event.count == 1 and event.event.sampling_probability == 0.1
+    assert event.sampling_probability == 0.1 and event.event.noise_multiplier == 3.0
 
 
 # --- end to end ------------------------------------------------------------------------------------

@@ -259,8 +259,12 @@ class NoiseSource:
         self, rate: float, size: int, *, round: int = 0, ident=None, purpose: str = "sample"
     ) -> np.ndarray:
         """A Poisson sample: a boolean mask over ``size`` units, each in with probability
-        ``rate``. It backs one subsampled event registered later in this step."""
+        ``rate``. It backs one subsampled event registered later in this step. Under the
+        noiseless probe of a sensitivity test, the probe may widen it (``probe.sampled``: every
+        unit in, so a release's sensitivity is measured with the changed unit in the sample)."""
         mask = self.generator(purpose, round, ident).random(size) < rate
+        if self.probe is not None and hasattr(self.probe, "sampled"):
+            mask = self.probe.sampled(mask)
         self._samples.append(float(rate))
         return mask
 

@@ -3,12 +3,19 @@ every release's exact query value — the pieces of the empirical sensitivity ch
 (``test_sensitivity.py``).
 
 Neighbours are built from the plan's member tables after planning (the plan's parameters stay
-those of D: they are public), at the last unit, so that no other unit's position moves:
+those of D: they are public), at the last unit, so that no other unit's position moves (with no
+key, each row is a unit: the last row of every member, one unit per member where members hold
+different units):
 
 * replace one unit: D holds the unit at one corner of the declared domain, D′ at the opposite
   one — at one party only if the relation says so;
-* add or remove one unit: D′ is D without the unit, and D″ is D with a unit at the domain's
-  farthest point appended.
+* add or remove one unit: D′ is D without the unit; and the unit added back at the domain's
+  farthest point to D′ (under the same id and in the same place: a plan's public parameters —
+  its count of users, a registry of ids — stay those of D, so the unit added must be one they
+  already name).
+
+Under the probe every Poisson sample holds every unit (:meth:`Probe.sampled`): a sampled
+release's sensitivity is that of its sum with the changed unit in it.
 
 The D′ run replays D's releases (:class:`Probe` with ``replay``), so every release of D′ is
 computed under the same history as D's: the adaptive notion of sensitivity.
@@ -44,6 +51,11 @@ class Probe:
         self.seen: dict[tuple, Seen] = {}
         self.replay = replay
         self._calls: Counter = Counter()
+
+    @staticmethod
+    def sampled(mask: np.ndarray) -> np.ndarray:
+        """A Poisson sample under the probe: every unit in (the worst case for a release)."""
+        return np.ones_like(mask, dtype=bool)
 
     def observe(self, m: Measurement, actor: str, values, ids, noiseless):
         key = (actor, m.label, self._calls[(actor, m.label)])
@@ -88,15 +100,15 @@ def _farthest(field: Field) -> np.ndarray:
 
 
 def _unit_rows(table: pa.Table, key: str | None, unit) -> np.ndarray:
-    if key is None:
-        return np.array([unit]) if unit < table.num_rows else np.array([], dtype=np.int64)
+    if key is None:  # each row a unit: the member's last
+        return np.arange(table.num_rows)[-1:]
     return np.flatnonzero(table.column(key).to_numpy() == unit)
 
 
 def _last_unit(members: dict, key: str | None):
     tables = [t for t, _ in members.values() if t.num_rows]
     if key is None:
-        return min(t.num_rows for t in tables) - 1
+        return None  # every member's last row (_unit_rows)
     return max(np.max(t.column(key).to_numpy()) for t in tables)
 
 
@@ -136,29 +148,6 @@ def _without(plan, data: DataDomain, unit) -> dict:
     return out
 
 
-def _with_new_unit(plan, data: DataDomain, unit) -> dict:
-    """D with a copy of the unit's rows appended, as a new unit at the farthest point."""
-    out = {}
-    for name, (table, meta) in _members(plan, data).items():
-        rows = _unit_rows(table, data.key, unit)
-        if not rows.size:
-            out[name] = (table, meta)
-            continue
-        extra = table.take(pa.array(rows))
-        if data.key is not None:
-            new_id = np.full(
-                extra.num_rows, unit + 1, dtype=extra.column(data.key).type.to_pandas_dtype()
-            )
-            i = extra.schema.get_field_index(data.key)
-            extra = extra.set_column(
-                i, data.key, pa.array(new_id, type=extra.schema.field(data.key).type)
-            )
-        for field in _fields_of(table, data):
-            extra = _set(extra, np.arange(extra.num_rows), field.columns, _farthest(field))
-        out[name] = (pa.concat_tables([table, extra]), meta)
-    return out
-
-
 def neighbouring_plans(plan) -> list[tuple[str, Any, Any]]:
     """``(name, plan of D, plan of D′)`` pairs from the plan's declared relation and data."""
     privacy = plan.privacy
@@ -181,8 +170,10 @@ def neighbouring_plans(plan) -> list[tuple[str, Any, Any]]:
         far = _placed(plan, data, unit, lambda name, f: _farthest(f))
         pairs.append(("moved to the farthest point", original, far))
     else:
-        pairs.append(("removed", members, _without(plan, data, unit)))
-        pairs.append(("added at the farthest point", members, _with_new_unit(plan, data, unit)))
+        without = _without(plan, data, unit)
+        far = _placed(plan, data, unit, lambda name, f: _farthest(f))
+        pairs.append(("removed", members, without))
+        pairs.append(("added at the farthest point", without, far))
     return [(n, _with_members(plan, data, a), _with_members(plan, data, b)) for n, a, b in pairs]
 
 

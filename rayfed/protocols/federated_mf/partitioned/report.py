@@ -18,7 +18,8 @@ LOCAL_NOTE = (
 )
 RATING_GAP_NOTE = (
     "per-rating in HFL has a gap (spec §7.8): the pre-trained u_i depends on all of the user's "
-    "ratings; per-user (privacy_unit=user) is sound"
+    "ratings, so the guarantee holds given the pre-trained U only; pretrain_steps=0 closes it, "
+    "and per-user (privacy_unit=user) is sound"
 )
 
 
@@ -139,10 +140,16 @@ def outcome(
             delta=params.delta, trim=params.trim, baseline=dict(params.baseline.__dict__)
         )
     guarantee = f"per-{params.privacy_unit} DP" if private else "not private"
+    if params.rating_gap:
+        guarantee += " given the pre-trained U (the thesis's relation, spec §7.8)"
     headline = (
         f"{cfg.setting.upper()} {params.method} test MSE {test_mse:.4f} ({len(parts)} parties, "
         f"{guarantee})"
     )
+    if params.clipped is not None:
+        metrics["clipped"] = params.clipped.to_dict()
+        if params.clipped.count:
+            headline += f"; {params.clipped.statement()}"
     table = pa.table(
         {
             "party": list(parts),
