@@ -302,7 +302,7 @@ def test_baselines_run_end_to_end_and_their_noise_matters(method, extra):
     MSE 1.207); at ε = 0.01 both are far worse. Measured at seed 0 (seeds 0-3): DP-SGLD 0.580
     (0.54-0.66) and 2.21 (2.2-3.2), ObjPertb 0.423 (0.39-0.51) and 12.4 (12.4-13.9). The
     ledger holds one event per round (SGLD) or V-solve (ObjPertb); ObjPertb spends exactly ε,
-    DP-SGLD's RDP ε is below its advanced-composition target."""
+    DP-SGLD's tight ε (PLD and RDP, the smaller) is below its advanced-composition target."""
     options = {**LEARNABLE, "method": method, **extra}
     trivial = _trivial_mse(options)
     rounds = extra.get("iterations", extra.get("objpert_alternations"))
@@ -315,7 +315,7 @@ def test_baselines_run_end_to_end_and_their_noise_matters(method, extra):
             assert result.privacy.epsilon == pytest.approx(epsilon, rel=1e-12)
             assert result.privacy.delta == 0
         else:
-            assert result.privacy.accountant == "rdp"
+            assert result.privacy.accountant == "tightest"
             assert result.privacy.epsilon < epsilon
     assert any("implemented from the spec's summary" in n for n in result.privacy.notes)
 

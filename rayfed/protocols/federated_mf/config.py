@@ -86,7 +86,7 @@ class FederatedMFConfig:
         when={**PRIVATE, **NOT_OBJPERT},
     )
     accountant: Literal["tightest", "rdp"] = option(
-        "rdp",
+        "tightest",
         "what the Gaussian noise is calibrated against and the ledger composes with: tightest "
         "(PLD and RDP side by side, the smaller ε) or rdp (the thesis's accountant: more noise "
         "for the same ε). DP-SGLD keeps its papers' advanced-composition calibration either way; "

@@ -57,7 +57,7 @@ class PartitionedParams:
 class SgldParams:
     """DP-SGLD (spec §2.10): the step size η, the gradient bound L of one rating (θL per user: the
     sensitivity), the temperature τ = 2q/(z√η·L) and the z the papers' advanced composition gives
-    (the run's ``z``; the RDP accountant proves a smaller ε for it)."""
+    (the run's ``z``; the ledger's accountant proves a smaller ε for it)."""
 
     step: float
     sensitivity: float

@@ -6,12 +6,18 @@ from __future__ import annotations
 import pyarrow as pa
 
 from rayfed.protocols.base import Outcome
-from rayfed.protocols.federated_mf.config import FederatedMFConfig
+from rayfed.protocols.federated_mf.config import FederatedMFConfig, calibration_accountant
 from rayfed.protocols.federated_mf.partitioned.params import (
     ObjPertParams,
     PartitionedParams,
     SgldParams,
 )
+
+#: how the notes name the accountants
+ACCOUNTANTS = {
+    "tightest": "tightest accountant (PLD and RDP side by side, the smaller ε)",
+    "rdp": "RDP accountant",
+}
 
 LOCAL_NOTE = (
     "local non-private SGD baseline: each party trains on its own data only; nothing is released"
@@ -49,7 +55,7 @@ def baseline_notes(cfg: FederatedMFConfig, params: PartitionedParams) -> list[st
             f"in the SGLD papers (Gaussian (ε0, δ0) per step, amplified by sampling at "
             f"q = {cfg.sampling_rate:g}, {cfg.iterations * cfg.local_steps} steps) for "
             f"ε = {baseline.target_epsilon:g}; the ledger charges the true events of its steps "
-            "and the RDP accountant proves the ε this run reports"
+            f"and the {ACCOUNTANTS[cfg.accountant]} proves the ε this run reports"
             + ("" if params.faithful_epsilon else ", below that target"),
             f"DP-SGLD: step η = {baseline.step:g}, temperature τ = {baseline.temperature:.4g}, "
             f"L = {baseline.sensitivity:.4g}; releases the last sample (U, V) (each round's U "
@@ -108,7 +114,8 @@ def vfl_noise_note(cfg: FederatedMFConfig, params: PartitionedParams) -> str:
         f"noise multiplier z = {params.z:.4g} (σ = z·Δ, Δ = {params.delta_joint:.4g} joint, "
         f"{params.delta_v:.4g} fine-tuning) for "
         f"{cfg.iterations}x{cfg.local_steps}+{cfg.finetune_steps} "
-        f"steps at η = {cfg.sampling_rate:g}, δ = {params.delta:.3g}"
+        f"steps at η = {cfg.sampling_rate:g}, δ = {params.delta:.3g}, calibrated with the "
+        + ACCOUNTANTS[calibration_accountant(cfg)]
     )
 
 
