@@ -12,10 +12,20 @@ import rayfed
 from rayfed.actors.base import StepContext
 from rayfed.errors import ConfigError
 from rayfed.mf.lfl import effective_variance, noise_shares, worst_case_variance
-from rayfed.privacy import NoiseSource, share_noise
+from rayfed.privacy import Ball, Measurement, Neighbours, NoiseSource, share_noise
+from rayfed.privacy.measurement import DistributedGaussianShare, ReplacementShare
 from rayfed.protocols.federated_mf.lfl.steps import lfl_round1_inputs, lfl_round2_step
 
 SMALL = dict(users=300, items=40, iterations=3, backend="local", out_dir=None, secagg_mode="dealer")
+
+
+def lfl_releases(sigma: float, zeta1: float, quorum: int, zeta2: float, width: int):
+    """Round 1's and Round 2's measurements at Δ₂ = 1 (a row in the unit ball), as the plan
+    builds them."""
+    share = DistributedGaussianShare(sigma, zeta1, quorum, zeta2)
+    user = Neighbours("add_or_remove_one", "user")
+    round1 = Measurement("round 1", share, Ball(1.0, 2, width), user)
+    return round1, Measurement("round 2", ReplacementShare(share), Ball(1.0, 2, width), user)
 
 
 @pytest.mark.parametrize("omega", [0.3, 0.6])
@@ -48,11 +58,14 @@ def test_aggregate_noise_variance_is_f_sigma_squared():
     n, omega, sigma, d, dropout = 60, 0.3, 3.0, 20_000, 0.3
     ids = np.arange(n)
     z1, z2, beta = noise_shares("faithful", "lfl", n, omega, n)
-    noise = dict(z=sigma, sensitivity=1.0, zeta1=z1, quorum=n, zeta2=z2)
+    round1, round2 = lfl_releases(sigma, z1, n, z2, d)
     ctx = StepContext(name="c0", role="cohort", seed=5, state={"ids": ids})
     # Round-1 shares of U1 = everyone, as the cohort's mechanism drew them
     share = share_noise(ctx.noise, ids, d, l2_sensitivity=1.0, noise_multiplier=sigma, share=z1)
-    msg = lfl_round2_step(ctx, ids, round=0, shapes=(d, 1), noise=noise, zeta2=z2, dropout=dropout)
+    ctx.noise.begin_step()
+    msg = lfl_round2_step(
+        ctx, ids, round=0, width=d, release=round2, round1=round1, zeta2=z2, dropout=dropout
+    )
     u2 = len(msg.payload["ids"])
     assert 0 < u2 < n  # some Round-2 dropouts happened
     total = share.sum(axis=0) + beta * msg.payload["values"].sum(axis=0)
@@ -79,8 +92,8 @@ def test_the_seed_holder_can_strip_round_one_noise_only_in_a_seeded_run(randomne
         state={"ids": ids, "u": u},
         randomness=randomness,
     )
-    noise = dict(z=sigma, sensitivity=1.0, zeta1=zeta1, quorum=30, zeta2=zeta1)
-    inputs, _ = lfl_round1_inputs(ctx, 0, ids, v, noise)
+    round1, _ = lfl_releases(sigma, zeta1, 30, zeta1, m * p)
+    inputs, _ = lfl_round1_inputs(ctx, 0, ids, v, round1)
     attack = share_noise(
         NoiseSource.seeded(9, "coordinator"),
         ids,
@@ -126,8 +139,14 @@ def test_ldp_level_noise_is_worse_than_lfl_and_stage_one_only():
     while LDP-level noise is worse than both by > 0.3 on every seed. Bounds: 3 sd of the per-seed
     difference (0.23). The baselines an LFL run reports were computed in the same run: they equal
     the separate baseline runs exactly."""
-    kw = dict(
-        backend="local", out_dir=None, secagg_mode="dealer", users=2000, items=200, iterations=10
+    kw = dict(  # the margins were measured under the RDP calibration (accountant=rdp)
+        backend="local",
+        out_dir=None,
+        secagg_mode="dealer",
+        users=2000,
+        items=200,
+        iterations=10,
+        accountant="rdp",
     )
     run = rayfed.run("federated-mf", **kw).metrics
     lfl = run["test_mse"]
@@ -227,7 +246,9 @@ def test_the_consistency_round_changes_nothing_for_an_honest_server():
     assert "consistency" not in {r["phase"] for r in plain.transcript.to_pylist()}
 
 
-VFL = dict(setting="vfl", iterations=100, backend="local", out_dir=None)
+#: the orderings' margins were measured under the RDP calibration (accountant=rdp), which also
+#: keeps these T = 100 runs fast; the tight calibration only lowers the noise
+VFL = dict(setting="vfl", iterations=100, backend="local", out_dir=None, accountant="rdp")
 
 
 @pytest.mark.parametrize("unit,epsilon", [("rating", 1.0), ("user", 4.0)])
@@ -259,7 +280,13 @@ def test_setting_and_method_must_match():
 def test_hfl_after_fine_tuning_beats_local_non_private_sgd():
     """Spec check E7 (per-user, θ = 10, s = 2): HFL-SGDMF after fine-tuning below the local line."""
     kw = dict(
-        setting="hfl", iterations=100, privacy_unit="user", trim=10, backend="local", out_dir=None
+        setting="hfl",
+        iterations=100,
+        privacy_unit="user",
+        trim=10,
+        backend="local",
+        out_dir=None,
+        accountant="rdp",  # as VFL's above
     )
     hfl = rayfed.run("federated-mf", method="hfl", **kw)
     local = rayfed.run("federated-mf", method="local", **kw)
@@ -279,7 +306,10 @@ def test_reproduction_job_small(tmp_path, capsys):
     job = runpy.run_path(
         str(Path(__file__).resolve().parents[1] / "jobs" / "federated_mf_repro.py")
     )
-    assert job["main"](["--small", "--backend", "local", "--out", str(tmp_path)]) == 0
+    # the thesis's RDP calibration: a tenth of the time (the tight ledger composes PLDs every
+    # round); the default's accounting is tests/test_federated_mf_tight.py's
+    argv = ["--small", "--backend", "local", "--accountant", "rdp", "--out", str(tmp_path)]
+    assert job["main"](argv) == 0
     record = json.loads((tmp_path / "federated_mf_repro.json").read_text())
     assert {r["setting"] for r in record["rows"]} == {"vfl", "hfl", "lfl"}
     assert all(record["orderings"].values()), record["orderings"]
@@ -455,12 +485,12 @@ SMALL_PARTS = dict(users=200, items=30, backend="local", out_dir=None)
 def test_noise_none_draws_no_noise_and_claims_no_guarantee(setting, monkeypatch):
     """noise=none runs the federated rounds without drawing noise: a Gaussian draw fails the run,
     the ledger is empty and the result says it is not private; the DP run does draw."""
-    import rayfed.mf.training as training
+    import rayfed.privacy.mechanisms as mechanisms
 
     def refuse(*args, **kwargs):
         raise AssertionError("noise drawn")
 
-    monkeypatch.setattr(training, "gaussian", refuse)
+    monkeypatch.setattr(mechanisms, "draw_gaussian", refuse)  # every Gaussian measurement's draw
     kw = dict(setting=setting, iterations=2, users=200, items=30, backend="local", out_dir=None)
     plain = rayfed.run("federated-mf", noise="none", **kw)
     assert plain.privacy.entries == [] and plain.privacy.private is False
@@ -547,7 +577,9 @@ def test_vfl_non_private_federated_approaches_central_sgd_and_dp_approaches_it()
     each step at least 2.5 seed-to-seed sd; gap(10^4)/gap(1) 0.39-0.44 against 0.5, the tightest
     (a fixed seed, so the check is deterministic)."""
 
-    def vfl(**kw):
+    def vfl(**kw):  # the margins were measured under the RDP calibration
+        if "noise" not in kw:
+            kw["accountant"] = "rdp"
         return rayfed.run("federated-mf", setting="vfl", **C3, **kw).metrics
 
     federated = vfl(noise="none", vfl_lr=2.0, vfl_lr_end=0.2)
@@ -559,3 +591,35 @@ def test_vfl_non_private_federated_approaches_central_sgd_and_dp_approaches_it()
         for e in (1.0, 64.0, 1e4)
     ]
     assert gap[0] > gap[1] > gap[2] > 0 and gap[2] < 0.5 * gap[0]
+
+
+@pytest.mark.parametrize("setting", ["lfl", "vfl", "hfl"])
+def test_ratings_outside_zero_r_are_refused_or_clipped_and_counted(setting, tmp_path):
+    """Every sensitivity bound needs ratings in [0, R]: by default a rating outside is refused,
+    naming the ratings and both fixes; with out_of_domain=clip it is clipped, counted in the
+    headline and the metrics (2 of the 40 ratings here), and the run is the one on the clipped
+    file."""
+    import pyarrow.csv as pacsv
+
+    gen = np.random.default_rng(1)
+    users, items = np.repeat(np.arange(10), 4), np.tile(np.arange(4), 10)
+    ratings = gen.uniform(1, 5, users.size).round(1)
+    ratings[[3, 17]] = [7.5, -1.0]
+    path, clean = tmp_path / "r.csv", tmp_path / "clean.csv"
+    pacsv.write_csv(pa.table({"user_id": users, "item_id": items, "rating": ratings}), path)
+    clipped_values = np.clip(ratings, 0, 5)
+    pacsv.write_csv(pa.table({"user_id": users, "item_id": items, "rating": clipped_values}), clean)
+    # δ = 1e-5: the default 1/|ratings| = 1/40 exceeds the sampling rate, where any z is (0, η)-DP
+    kw = dict(setting=setting, iterations=1, delta=1e-5, backend="local", out_dir=None, seed=0)
+    if setting != "lfl":
+        kw.update(local_steps=1, parties=2)
+    with pytest.raises(rayfed.DataError) as err:
+        rayfed.run("federated-mf", data={"path": str(path)}, **kw)
+    assert err.value.field == "rating" and "out_of_domain=clip" in str(err.value)
+    assert "bound >=" in str(err.value)
+    clipped = rayfed.run("federated-mf", data={"path": str(path)}, out_of_domain="clip", **kw)
+    assert "2 of 40 rating values clipped to [0, 5]" in clipped.headline
+    assert clipped.metrics["clipped"]["count"] == 2 and clipped.metrics["clipped"]["total"] == 40
+    reference = rayfed.run("federated-mf", data={"path": str(clean)}, **kw)
+    assert clipped.metrics["test_mse"] == reference.metrics["test_mse"]
+    assert reference.metrics["clipped"]["count"] == 0 and "clipped" not in reference.headline

@@ -192,6 +192,7 @@ PLD_INTERVAL = 1e-4
 #: 1e-4 is two million), and an ε that large gains nothing from a tighter bound
 PLD_EPSILON_CAP = 100.0
 _LEAF_PLDS: dict = {}
+_SELF_COMPOSED: dict = {}
 _COMPOSED_EPSILONS: dict = {}
 
 
@@ -259,6 +260,15 @@ class MemoPldAccountant(PrivacyAccountant):
                 _LEAF_PLDS[key] = acc._pld
         return _LEAF_PLDS[key]
 
+    def _self_composed(self, event: dp_event.DpEvent, n: int):
+        """The leaf's PLD composed ``n`` times, built once per process: a ledger charges the same
+        round's event (n = its steps) every round."""
+        key = (event, self.neighboring_relation, self.interval, n)
+        if key not in _SELF_COMPOSED:
+            leaf = self._leaf_pld(event)
+            _SELF_COMPOSED[key] = leaf.self_compose(n) if n > 1 else leaf
+        return _SELF_COMPOSED[key]
+
     def _composed(self):
         """The composed PLD: the last one, composed with what was charged since, if every count
         only grew (a ledger's accountant only ever adds)."""
@@ -268,8 +278,7 @@ class MemoPldAccountant(PrivacyAccountant):
         for leaf in sorted(self.counts, key=repr):
             n = self.counts[leaf] - counts.get(leaf, 0)
             if n:
-                part = self._leaf_pld(leaf)
-                part = part.self_compose(n) if n > 1 else part
+                part = self._self_composed(leaf, n)
                 total = part if total is None else total.compose(part)
         self._last = (dict(self.counts), total)
         return total

@@ -28,7 +28,8 @@ from dp_accounting import dp_event
 
 from rayfed.privacy import mechanisms as mech
 from rayfed.privacy.domain import Domain, Interval, Neighbours, sensitivity
-from rayfed.privacy.ledger import EpsilonDeltaDpEvent
+from rayfed.privacy.ledger import EpsilonDeltaDpEvent, UnitInSampledGroupGaussianDpEvent
+from rayfed.privacy.shuffling import ShuffledDpEvent
 from rayfed.privacy.source import NoiseSource
 
 
@@ -559,3 +560,200 @@ class Subroutine:
     def describe(self) -> str:
         function = getattr(self.algorithm, "func", self.algorithm)  # a functools.partial's
         return f"DP subroutine {getattr(function, '__name__', 'algorithm')}"
+
+
+# --- federated-mf: LFL's distributed Gaussian and its Round-2 replacement, per-rating DP-SGD with
+# users sampled, GD-DR's one-bit reports, ObjPertb's objective perturbation ---------------------
+@dataclass(frozen=True)
+class DistributedGaussianShare:
+    """Each user (a row, keyed by its id) adds its share N(0, share·σ²), σ = zΔ₂, to its row of a
+    sum that at least ``quorum`` users' rows make up (LFL Round 1, inside secure aggregation). The
+    event is the aggregate's (:func:`~rayfed.privacy.mechanisms.distributed_gaussian_event`):
+    against a server that may also see each share replaced by N(0, replacement·σ²) (Round 2),
+    its best estimate keeps variance F·σ², and the event credits z·sqrt(min(1, F))."""
+
+    noise_multiplier: float
+    share: float
+    quorum: int
+    replacement: float = 0.0
+    norm: ClassVar[int] = 2
+
+    def event(self, sens: float) -> dp_event.DpEvent:
+        return mech.distributed_gaussian_event(
+            self.noise_multiplier,
+            share=self.share,
+            quorum=self.quorum,
+            replacement=self.replacement,
+        )
+
+    def shares(
+        self, noise: NoiseSource, ids, width: int, sens: float, *, round: int, again: bool = False
+    ):
+        """The users' shares (a user regenerates its own with the same arguments and
+        ``again=True``: the keyed draw's deliberate repeat)."""
+        return mech.share_noise(
+            noise,
+            ids,
+            width,
+            l2_sensitivity=sens,
+            noise_multiplier=self.noise_multiplier,
+            share=self.share,
+            round=round,
+            regenerate=again,
+        )
+
+    def draw(self, noise: NoiseSource, values, sens: float, *, round: int, ident, ids):
+        values = np.asarray(values, dtype=np.float64)
+        return values + self.shares(noise, ids, values.shape[1], sens, round=round)
+
+    def describe(self) -> str:
+        return (
+            f"distributed Gaussian, noise multiplier z = {self.noise_multiplier:.4g}, a share "
+            f"{self.share:.4g}·σ² per user, at least {self.quorum} users (event credits "
+            f"z·sqrt(min(1, F)), F with Round-2 replacements {self.replacement:.4g}·σ²)"
+        )
+
+
+@dataclass(frozen=True)
+class ReplacementShare:
+    """LFL Round 2: a Round-1 survivor's −ξ_i + ξ'_i, ξ_i its own Round-1 share regenerated and
+    ξ'_i ~ N(0, ζ2·σ²) keyed by its id (``replacement`` = ζ2, from the realised |U1|, a draw
+    option). Part of the Round-1 release (its event is that release's, which covers the
+    replacement): drawn with ``part_of`` = the Round-1 measurement. The query is the zero row —
+    the message carries no data."""
+
+    round1: DistributedGaussianShare
+    purpose: str = "replacement"
+    norm: ClassVar[int] = 2
+
+    def event(self, sens: float) -> dp_event.DpEvent:
+        return self.round1.event(sens)
+
+    def draw(self, noise: NoiseSource, values, sens, *, round: int, ident, ids, replacement):
+        values = np.asarray(values, dtype=np.float64)
+        xi = self.round1.shares(noise, ids, values.shape[1], sens, round=round, again=True)
+        sigma = math.sqrt(replacement) * self.round1.noise_multiplier * sens
+        return mech.draw_gaussian(
+            noise, values - xi, sigma=sigma, round=round, ids=ids, purpose=self.purpose
+        )
+
+    def describe(self) -> str:
+        return (
+            "Round-2 replacement of each survivor's share by N(0, ζ2·σ²), ζ2 from |U1|: part of "
+            "the Round-1 release, whose event covers it"
+        )
+
+
+@dataclass(frozen=True)
+class GroupSampledGaussian:
+    """N(0, (zΔ₂)²) on a sum over a Poisson sample of *groups* at ``sampling_probability`` when
+    the protected unit is one member of a group (one rating of a sampled user): the event is
+    :class:`~rayfed.privacy.ledger.UnitInSampledGroupGaussianDpEvent` (no amplification of ε),
+    registered whole after the step's sample at that rate (drawn as :class:`Gaussian`)."""
+
+    noise_multiplier: float
+    sampling_probability: float
+    purpose: str = "gaussian"
+    norm: ClassVar[int] = 2
+
+    def event(self, sens: float) -> dp_event.DpEvent:
+        return UnitInSampledGroupGaussianDpEvent(
+            self.sampling_probability, mech._positive("noise_multiplier", self.noise_multiplier)
+        )
+
+    def draw(self, noise: NoiseSource, values, sens: float, *, round: int, ident, ids):
+        return Gaussian(self.noise_multiplier, self.purpose).draw(
+            noise, values, sens, round=round, ident=ident, ids=ids
+        )
+
+    def describe(self) -> str:
+        return (
+            f"Gaussian, noise multiplier z = {self.noise_multiplier:.4g}, on a sum over users "
+            f"Poisson-sampled at q = {self.sampling_probability:.4g} (one member of a sampled "
+            "group: ε not amplified)"
+        )
+
+
+@dataclass(frozen=True)
+class OneBitReport:
+    """Each user's entry x of its private vector of ``size`` entries, at its own data-independent
+    sampled index (``index``, a draw option: :func:`~rayfed.privacy.mechanisms.one_bit_index`),
+    reported with Duchi, Jordan and Wainwright's one-bit mechanism: ±B, x clipped to
+    [−``bound``, ``bound``], ε-LDP (GD-DR). The reports reach the server only as the multiset of
+    at least ``users`` reports (a trusted shuffler): the event is the shuffled one at ``delta``
+    (Feldman et al. 2021). One user's report changes: Δ₀ = 1."""
+
+    epsilon: float
+    size: int
+    bound: float
+    users: int
+    delta: float
+    norm: ClassVar[int] = 0
+    per_row: ClassVar[bool] = True
+    drawn_without_noise: ClassVar[bool] = True
+
+    def event(self, sens: float) -> dp_event.DpEvent:
+        if _integer(sens) != 1:
+            raise ValueError("a one-bit report is ε-LDP for one user's report: Δ₀ = 1")
+        local = EpsilonDeltaDpEvent(mech._positive("epsilon", self.epsilon), 0.0)
+        return ShuffledDpEvent(local, self.users, self.delta)
+
+    def index(self, noise: NoiseSource, ids, *, round: int) -> np.ndarray:
+        """Each user's sampled entry (data-independent, from its keyed stream: the draw
+        recomputes the same)."""
+        return mech.one_bit_index(noise, ids, self.size, round=round)
+
+    def draw(self, noise: NoiseSource, values, sens: float, *, round: int, ident, ids, index):
+        return mech.draw_one_bit(
+            noise,
+            values,
+            index=index,
+            size=self.size,
+            bound=self.bound,
+            epsilon=self.epsilon,
+            ids=ids,
+            round=round,
+        )
+
+    def describe(self) -> str:
+        return (
+            f"one-bit report per user (Duchi et al.), ε0 = {self.epsilon:.4g}, entries clipped "
+            f"to ±{self.bound:.4g}, shuffled among at least {self.users} users at δ' = "
+            f"{self.delta:.3g}"
+        )
+
+
+@dataclass(frozen=True)
+class ObjectivePerturbation:
+    """Objective perturbation (Chaudhuri, Monteleoni & Sarwate 2011): ``solve(b)``, the exact
+    minimiser of a per-block objective with ⟨b_k, ·⟩ added to each of the ``len(values)`` blocks,
+    b_k ∝ exp(−‖b‖/``scale``) in R^``width`` (a draw option, with ``solve``). ``values`` are the
+    blocks' data terms; ε-DP for a neighbour that changes at most ``blocks`` of them, by the
+    caller's proof for its ``scale`` (:func:`rayfed.mf.baselines.objpert_scale`): Δ₀ counts the
+    blocks a neighbour changes. Without noise (the sensitivity check) it runs as drawn; the
+    check counts the changed blocks."""
+
+    epsilon: float
+    scale: float
+    blocks: int
+    norm: ClassVar[int] = 0
+    per_row: ClassVar[bool] = True
+    drawn_without_noise: ClassVar[bool] = True
+
+    def event(self, sens: float) -> dp_event.DpEvent:
+        if _integer(sens) > self.blocks:
+            raise ValueError(
+                f"the objective perturbation is ε-DP for {self.blocks} changed blocks, not {sens}"
+            )
+        return EpsilonDeltaDpEvent(mech._positive("epsilon", self.epsilon), 0.0)
+
+    def draw(self, noise: NoiseSource, values, sens, *, round: int, ident, ids, solve, width):
+        return mech.draw_objective_perturbation(
+            noise, solve, rows=len(values), width=width, scale=self.scale, round=round, ident=ident
+        )
+
+    def describe(self) -> str:
+        return (
+            f"objective perturbation, ε = {self.epsilon:.4g} for at most {self.blocks} changed "
+            f"blocks (‖b‖ ~ Gamma(width, {self.scale:.4g}))"
+        )

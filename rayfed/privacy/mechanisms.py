@@ -482,10 +482,21 @@ def objective_perturbation(
     (a proof is about the objective, which only the caller knows: see
     :func:`rayfed.mf.baselines.objpert_scale`); the event is that (ε, 0)."""
     event = objective_perturbation_event(epsilon)
+    release = draw_objective_perturbation(
+        noise, solve, rows=rows, width=width, scale=scale, round=round, ident=ident
+    )
+    return _drawn(noise, release, event)
+
+
+def draw_objective_perturbation(
+    noise: NoiseSource, solve, *, rows: int, width: int, scale: float, round: int = 0, ident=None
+):
+    """``solve(b)`` for the random linear terms b of :func:`objective_perturbation` (the draw
+    alone: nothing registered)."""
     b = l2_laplace_vectors(
         noise.generator("objective-perturbation", round, ident), rows, width, scale
     )
-    return _drawn(noise, solve(b), event)
+    return solve(b)
 
 
 def one_bit_scale(epsilon: float, bound: float, size: int) -> float:
@@ -508,11 +519,39 @@ def sampled_one_bit(
     x = c and x = -c differ by the factor e^ε, so each report is ε-LDP (event: pure ε). The index
     and the sign's coin come from the user's keyed stream."""
     event = EpsilonDeltaDpEvent(_positive("epsilon", epsilon), 0.0)
-    c = _positive("bound", bound)
-    scale = one_bit_scale(event.epsilon, c, size)
+    index = one_bit_index(noise, ids, size, round=round)
+    release = draw_one_bit(
+        noise,
+        entry(index),
+        index=index,
+        size=size,
+        bound=bound,
+        epsilon=event.epsilon,
+        ids=ids,
+        round=round,
+    )
+    return _drawn(noise, release, event)
+
+
+def one_bit_index(noise: NoiseSource, ids, size: int, *, round: int = 0) -> np.ndarray:
+    """Each user's (a row of ``ids``) uniformly sampled entry index of :func:`sampled_one_bit`,
+    from its keyed stream: data-independent, and the same each time it is asked for."""
     u = noise.user_uniform("ldp-report", round, ids, 2)
-    index = np.minimum((u[:, 0] * size).astype(np.int64), int(size) - 1)
-    x = np.clip(np.asarray(entry(index), dtype=np.float64), -c, c)
-    e = math.exp(event.epsilon)
+    return np.minimum((u[:, 0] * size).astype(np.int64), int(size) - 1)
+
+
+def draw_one_bit(
+    noise: NoiseSource, x, *, index, size: int, bound: float, epsilon: float, ids, round: int = 0
+):
+    """The one-bit reports (index, ±B) of :func:`sampled_one_bit` for each user's entry ``x`` at
+    its sampled ``index`` (:func:`one_bit_index`), ``x`` clipped to [-c, c] (the draw alone:
+    nothing registered). The sign's coin is the second uniform of the user's keyed stream."""
+    c = _positive("bound", bound)
+    scale = one_bit_scale(epsilon, c, size)
+    u = noise.user_uniform("ldp-report", round, ids, 2)
+    if not np.array_equal(index, np.minimum((u[:, 0] * size).astype(np.int64), int(size) - 1)):
+        raise ValueError("a one-bit report's index is the user's own sampled one (one_bit_index)")
+    x = np.clip(np.asarray(x, dtype=np.float64), -c, c)
+    e = math.exp(epsilon)
     plus = u[:, 1] < 0.5 + x * (e - 1.0) / (2.0 * c * (e + 1.0))
-    return _drawn(noise, (index, np.where(plus, scale, -scale)), event)
+    return index, np.where(plus, scale, -scale)

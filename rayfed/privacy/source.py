@@ -301,13 +301,17 @@ class NoiseSource:
         """A Poisson sample: a boolean mask over ``size`` units (or the users ``ids``, each keyed
         by its id, so a user's membership does not depend on its cohort), each in with
         probability ``rate``. It backs one subsampled event registered later in this step; an
-        empty population backs nothing."""
+        empty population backs nothing. Under the noiseless probe of a sensitivity test, the
+        probe may widen it (``probe.sampled``: every unit in, so a release's sensitivity is
+        measured with the changed unit in the sample)."""
         if (size if ids is None else len(ids)) < 1:
             raise UnaccountedNoise(f"{self.name}: a Poisson sample of no units backs no release")
         if ids is None:
             mask = self.generator(purpose, round, ident).random(size) < rate
         else:
             mask = self.user_uniform(purpose, round, ids)[:, 0] < rate
+        if self.probe is not None and hasattr(self.probe, "sampled"):
+            mask = self.probe.sampled(mask)
         self._samples.append(float(rate))
         return mask
 

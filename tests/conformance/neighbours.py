@@ -3,15 +3,23 @@ every release's exact query value — the pieces of the empirical sensitivity ch
 (``test_sensitivity.py``).
 
 Neighbours are built from the plan's member tables after planning (the plan's parameters stay
-those of D: they are public), at the last unit, so that no other unit's position moves:
+those of D: they are public). A unit is moved where it lies — the unit with the most rows for a
+replacement, the last unit for a removal (so no other unit's position moves); with no key each
+row is a unit, in one member where members hold different units (horizontal data) or in every
+member (vertical data):
 
 * replace one unit: D holds the unit at one corner of the declared domain, D′ at the opposite
   one — at one party only if the relation says so;
-* add or remove one unit: D′ is D without the unit, and D″ is D with a unit at the domain's
-  farthest point appended;
+* add or remove one unit: D′ is D without the unit; and the unit added back at the domain's
+  farthest point to D′ (under the same id and in the same place: a plan's public parameters —
+  its count of users, a registry of ids — stay those of D, so the unit added must be one they
+  already name);
 * a bounded replacement (``relation.within`` = w): D′ is D with the unit's data moved by w (its
   first column of each field, at one party if the relation says so) — the relation bounds the
   move, not the domain.
+
+Under the probe every Poisson sample holds every unit (:meth:`Probe.sampled`): a sampled
+release's sensitivity is that of its sum with the changed unit in it.
 
 The D′ run replays D's releases (:class:`Probe` with ``replay``), so every release of D′ is
 computed under the same history as D's: the adaptive notion of sensitivity.
@@ -49,6 +57,11 @@ class Probe:
         self.seen: dict[tuple, Seen] = {}
         self.replay = replay
         self._calls: Counter = Counter()
+
+    @staticmethod
+    def sampled(mask: np.ndarray) -> np.ndarray:
+        """A Poisson sample under the probe: every unit in (the worst case for a release)."""
+        return np.ones_like(mask, dtype=bool)
 
     def observe(self, m: Measurement, actor: str, values, ids, noiseless, share=False):
         key = (actor, m.label, self._calls[(actor, m.label)])
@@ -168,30 +181,6 @@ def _without(plan, data: DataDomain, unit) -> dict:
     return out
 
 
-def _with_new_unit(plan, data: DataDomain, unit, new_key=None) -> dict:
-    """D with a copy of the unit's rows appended, as a new unit (``new_key``) at the farthest
-    point."""
-    out = {}
-    for name, (table, meta) in _members(plan, data).items():
-        rows = _unit_rows(table, name, data, unit)
-        if not rows.size:
-            out[name] = (table, meta)
-            continue
-        extra = table.take(pa.array(rows))
-        if data.key is not None:
-            new_id = np.full(
-                extra.num_rows, new_key, dtype=extra.column(data.key).type.to_pandas_dtype()
-            )
-            i = extra.schema.get_field_index(data.key)
-            extra = extra.set_column(
-                i, data.key, pa.array(new_id, type=extra.schema.field(data.key).type)
-            )
-        for field in _fields_of(table, data):
-            extra = _set(extra, np.arange(extra.num_rows), field.columns, _farthest(field))
-        out[name] = (pa.concat_tables([table, extra]), meta)
-    return out
-
-
 def outside_domain(plan) -> list[str]:
     """The member columns whose values lie outside their declared field's domain."""
     data = plan.privacy.data
@@ -265,10 +254,10 @@ def neighbouring_plans(plan) -> list[tuple[str, Any, Any]]:
         far = _placed(plan, data, unit, lambda name, f: _farthest(f))
         pairs.append(("moved to the farthest point", original, far))
     else:
-        pairs.append(("removed", members, _without(plan, data, last)))
-        new_key = None if data.key is None else last.value + 1
-        added = _with_new_unit(plan, data, unit, new_key)
-        pairs.append(("added at the farthest point", members, added))
+        without = _without(plan, data, last)
+        far = _placed(plan, data, last, lambda name, f: _farthest(f))
+        pairs.append(("removed", members, without))
+        pairs.append(("added at the farthest point", without, far))
     return [(n, _with_members(plan, data, a), _with_members(plan, data, b)) for n, a, b in pairs]
 
 

@@ -217,12 +217,35 @@ def _rdp_epsilon(composed: dp_event.DpEvent, relation, delta: float) -> float:
 
 def _pld_epsilon(composed: dp_event.DpEvent, relation, delta: float) -> float:
     """PLD's ε; for replace-one neighbours without sampling, the add/remove pair at the charged
-    distance (rayfed's events measure noise against the relation's own Δ, as RDP does)."""
+    distance (rayfed's events measure noise against the relation's own Δ, as RDP does). The
+    group-sampled Gaussians (dp-accounting does not know them) get the PLD of their dominating
+    pair written here: no loss with probability 1 − q, the Gaussian's with probability q (the
+    tagged mixture), composed with the rest."""
     if relation == NeighboringRelation.REPLACE_ONE:
         relation = NeighboringRelation.ADD_OR_REMOVE_ONE
     acc = pld.PLDAccountant(neighboring_relation=relation)
-    acc.compose(composed)
-    return acc.get_epsilon(delta)
+    acc.compose(_without_group_sampled(composed))
+    total = acc._pld
+    for event, count in sorted(_group_sampled_counts(composed).items(), key=repr):
+        gaussian = pld.privacy_loss_distribution.from_gaussian_mechanism(event.noise_multiplier)
+        mixture = gaussian.compute_mixture(
+            pld.privacy_loss_distribution.identity(), event.sampling_probability
+        )
+        total = total.compose(mixture.self_compose(count) if count > 1 else mixture)
+    return total.get_epsilon_for_delta(delta)
+
+
+def _group_sampled_counts(event: dp_event.DpEvent, count: int = 1, out=None) -> dict:
+    """Each group-sampled Gaussian ``event`` composes, with how often."""
+    out = {} if out is None else out
+    if isinstance(event, dp_event.SelfComposedDpEvent):
+        _group_sampled_counts(event.event, count * event.count, out)
+    elif isinstance(event, dp_event.ComposedDpEvent):
+        for sub in event.events:
+            _group_sampled_counts(sub, count, out)
+    elif isinstance(event, UnitInSampledGroupGaussianDpEvent):
+        out[event] = out.get(event, 0) + count
+    return out
 
 
 def _compose(events: list, report) -> float:
@@ -239,14 +262,10 @@ def _compose(events: list, report) -> float:
             .compose(composed)
             .get_epsilon(report.budget_delta)
         )
-    values = [_rdp_epsilon(composed, relation, report.budget_delta)]
-    if not _holds_group_sampled(composed):
-        values.append(_pld_epsilon(composed, relation, report.budget_delta))
-    return min(values)
-
-
-def _holds_group_sampled(event: dp_event.DpEvent) -> bool:
-    return _without_group_sampled(event) != event
+    return min(
+        _rdp_epsilon(composed, relation, report.budget_delta),
+        _pld_epsilon(composed, relation, report.budget_delta),
+    )
 
 
 @pytest.mark.parametrize("name,i", CASES)

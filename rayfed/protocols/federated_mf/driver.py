@@ -26,4 +26,4 @@ def _central(fed, cfg: FederatedMFConfig, plan: Plan) -> Outcome:
     fed.note(report.CENTRAL_NOTE)
     if cfg.setting == "lfl":
         return lfl_report.outcome(cfg, plan.params, plan.privacy.budget.epsilon, test_mse, [], {})
-    return report.central_outcome(cfg, test_mse)
+    return report.central_outcome(cfg, test_mse, plan.params.clipped)

@@ -21,15 +21,30 @@ from rayfed import mf, rng
 from rayfed.data import load_table, require_columns
 from rayfed.errors import ConfigError
 from rayfed.mf import baselines
-from rayfed.privacy import Budget, Neighbours, PrivacyDeclaration, gaussian_noise_multiplier
-from rayfed.privacy.calibration import advanced_composition_noise_multiplier, sampled_steps_event
+from rayfed.privacy import (
+    Ball,
+    Budget,
+    Declared,
+    Gaussian,
+    Measurement,
+    Neighbours,
+    PrivacyDeclaration,
+    gaussian_noise_multiplier,
+)
+from rayfed.privacy.calibration import advanced_composition_noise_multiplier
 from rayfed.privacy.ledger import make_accountant
+from rayfed.privacy.measurement import GroupSampledGaussian, ObjectivePerturbation
 from rayfed.protocols.base import Plan
 from rayfed.protocols.federated_mf import ratings as ratings_data
-from rayfed.protocols.federated_mf.config import BASELINES, FederatedMFConfig
+from rayfed.protocols.federated_mf.config import (
+    BASELINES,
+    FederatedMFConfig,
+    calibration_accountant,
+)
 from rayfed.protocols.federated_mf.partitioned.params import (
     ObjPertParams,
     PartitionedParams,
+    PartitionedReleases,
     SgldParams,
 )
 
@@ -42,7 +57,7 @@ NOT_PRIVATE = (
 def plan(cfg: FederatedMFConfig, seed: int) -> Plan:
     vfl = cfg.setting == "vfl"
     gen = rng.stream(seed, "synthetic", 0, "federated-mf")
-    ratings = ratings_data.load(cfg, gen)
+    ratings, clipped = ratings_data.load(cfg, gen)
     train, test = mf.split(ratings, cfg.test_fraction, gen, by_user=True)
     axis = ratings.m if vfl else ratings.n
     _check_parties(cfg, axis, vfl)
@@ -61,19 +76,28 @@ def plan(cfg: FederatedMFConfig, seed: int) -> Plan:
     compose_all = per_user and vfl
     theta = cfg.resolved_trim() if per_user else 1
     if cfg.resolved_method() in BASELINES:
-        return _plan_baseline(cfg, delta, parties, train, test, ratings)
+        return _plan_baseline(cfg, delta, parties, train, test, ratings, clipped)
     z = _noise_multiplier(cfg, delta, n_parties if compose_all else 1, vfl) if private else None
+    delta_joint = theta * 2 * math.sqrt(2) * cfg.bound**1.5
+    delta_v = theta * 2 * cfg.bound**1.5
+    releases = (
+        _releases(cfg, z, theta, delta_joint, delta_v, vfl)
+        if private and cfg.noisy_method()
+        else PartitionedReleases()
+    )
     # VFL publishes V_Fk after κ more noisy steps; HFL's Stage 3 is local and never published
-    steps = cfg.iterations * cfg.local_steps + (cfg.finetune_steps if vfl else 0)
-    true_eps = _faithful_epsilon(cfg, z, steps, delta) if private else None
+    steps = {"local": cfg.iterations * cfg.local_steps, "finetune": cfg.finetune_steps}
+    true_eps = _faithful_epsilon(cfg, releases, steps, delta) if private else None
     return Plan(
         privacy=PrivacyDeclaration(
             budget=Budget(true_eps or cfg.epsilon, delta) if private else Budget.none(),
-            accountant="rdp",
+            accountant=cfg.accountant,
             relation=Neighbours("add_or_remove_one", unit or "rating"),
             composition="sequential" if compose_all else "parallel",
-            statement=_statement(unit, vfl) + TAKEN_AS_PUBLIC if private else NOT_PRIVATE,
+            statement=_statement(cfg, unit, vfl) + TAKEN_AS_PUBLIC if private else NOT_PRIVATE,
+            measurements=releases.all(),
             requested_epsilon=cfg.epsilon if true_eps else None,
+            data=ratings_data.data_domain(cfg, "parties", per_user) if private else None,
         ),
         parties=parties,
         rounds=cfg.iterations,
@@ -86,14 +110,50 @@ def plan(cfg: FederatedMFConfig, seed: int) -> Plan:
             m=ratings.m,
             delta=delta,
             z=z,
-            delta_joint=theta * 2 * math.sqrt(2) * cfg.bound**1.5,
-            delta_v=theta * 2 * cfg.bound**1.5,
+            delta_joint=delta_joint,
+            delta_v=delta_v,
             mean=float(train.rating.mean()),
             shares={name: meta["m_share"] for name, (_, meta) in parties.items()},
             sampled=sampled_unit(cfg),
             faithful_epsilon=true_eps,
+            releases=releases,
+            clipped=clipped,
+            rating_gap=private and rating_gap(cfg),
         ),
     )
+
+
+def _releases(
+    cfg: FederatedMFConfig, z: float, theta: int, delta_joint: float, delta_v: float, vfl: bool
+) -> PartitionedReleases:
+    """Every published DP-SGD step's gradient sums. One rating's gradient row lies in a ball:
+    (∇u_i, ∇v_j) = −2(x − ⟨u_i, v_j⟩)(v_j, u_i) with x and ⟨u_i, v_j⟩ in [0, R] and every row in
+    𝒰/𝒱 (‖·‖² <= R, the projection Π keeps them there), so ‖(∇u_i, ∇v_j)‖ <= 2√2·R^{3/2} and
+    ‖∇v_j‖ <= 2R^{3/2}; a user trimmed to θ ratings per party adds θ of them (triangle
+    inequality): the ball of θ times that radius."""
+    unit, p = cfg.resolved_unit(), cfg.rank
+    rows = f"a user's <= {theta} gradient rows" if unit == "user" else "one rating's gradient row"
+    if vfl:
+        joint = Ball(delta_joint, 2, (theta + 1) * p)
+        local = _sampled_gaussian(cfg, f"DP-SGD step on (U, V_Fk): {rows}", z, joint)
+        v_only = Ball(delta_v, 2, theta * p)
+        finetune = _sampled_gaussian(cfg, f"fine-tuning step on V_Fk: {rows}", z, v_only)
+        return PartitionedReleases(local=local, finetune=finetune if cfg.finetune_steps else None)
+    v_only = Ball(delta_v, 2, theta * p)
+    given = " (u_i taken as given)" if rating_gap(cfg) else ""
+    label = f"DP-SGD step on V: {rows}{given}"
+    return PartitionedReleases(local=_sampled_gaussian(cfg, label, z, v_only))
+
+
+def _sampled_gaussian(cfg: FederatedMFConfig, label: str, z: float, domain: Ball) -> Measurement:
+    """One DP-SGD step's Gaussian release on a Poisson sample at η: the subsampled Gaussian when
+    the protected unit is what is sampled; for one rating of a sampled user (mode=faithful) the
+    group-sampled event, which gets no amplification of ε."""
+    relation = Neighbours("add_or_remove_one", cfg.resolved_unit())
+    q = cfg.sampling_rate
+    if sampled_unit(cfg) == cfg.resolved_unit() or q >= 1:
+        return Measurement(label, Gaussian(z), domain, relation, sampling=min(q, 1.0))
+    return Measurement(label, GroupSampledGaussian(z, q), domain, relation)
 
 
 def sampled_unit(cfg: FederatedMFConfig) -> str:
@@ -103,22 +163,28 @@ def sampled_unit(cfg: FederatedMFConfig) -> str:
     return "rating" if cfg.resolved_unit() == "rating" and cfg.mode == "corrected" else "user"
 
 
-def _faithful_epsilon(cfg: FederatedMFConfig, z: float, steps: int, delta: float) -> float | None:
-    """The true ε of a faithful per-rating run's ``steps`` DP-SGD releases per party (they compose
-    in parallel), which its ledger is declared with; None when the nominal ε holds."""
-    unit, sampled = cfg.resolved_unit(), sampled_unit(cfg)
-    if unit == sampled:
+def _faithful_epsilon(
+    cfg: FederatedMFConfig, releases: PartitionedReleases, steps: dict[str, int], delta: float
+) -> float | None:
+    """The true ε of a faithful per-rating run: each party's releases, ``steps[name]`` draws of
+    each (they compose in parallel across parties), under the ledger's own accountant (budget
+    and report agree), which its ledger is declared with; None when the nominal ε holds."""
+    if cfg.resolved_unit() == sampled_unit(cfg):
         return None
-    event = sampled_steps_event(z, steps, cfg.sampling_rate, unit=unit, sampled=sampled)
-    acc = make_accountant("rdp", "add_or_remove_one").compose(event)
+    acc = make_accountant(cfg.accountant, "add_or_remove_one")
+    for name, release in (("local", releases.local), ("finetune", releases.finetune)):
+        if release is not None and steps.get(name):
+            acc.compose(release.charge(name, times=steps[name])[2])
     return float(acc.get_epsilon(delta)) * (1 + 1e-9)  # the ledger's rounding must not refuse it
 
 
-def _plan_baseline(cfg: FederatedMFConfig, delta: float, parties, train, test, ratings) -> Plan:
+def _plan_baseline(
+    cfg: FederatedMFConfig, delta: float, parties, train, test, ratings, clipped
+) -> Plan:
     """DP-SGLD or ObjPertb on the one party's ratings (spec §2.10): the whole run composes
-    sequentially (one party); DP-SGLD's Gaussian events under RDP, ObjPertb's pure ε_k events
-    under basic composition. Both trim per user; ObjPertb trims per rating too (a rating reaches
-    all of its user's items through u_i: :func:`rayfed.mf.baselines.objpert_blocks`)."""
+    sequentially (one party); DP-SGLD's Gaussian events under the run's accountant, ObjPertb's
+    pure ε_k events under basic composition. Both trim per user; ObjPertb trims per rating too (a
+    rating reaches all of its user's items through u_i: :func:`rayfed.mf.baselines.objpert_blocks`)."""
     unit = cfg.resolved_unit()
     sgld = cfg.resolved_method() == "dp-sgld"
     trim = cfg.resolved_trim() if unit == "user" or not sgld else None
@@ -128,7 +194,6 @@ def _plan_baseline(cfg: FederatedMFConfig, delta: float, parties, train, test, r
         z = advanced_composition_noise_multiplier(
             cfg.epsilon, delta, steps=steps, sampling_rate=cfg.sampling_rate
         )
-        true_eps = _faithful_epsilon(cfg, z, steps, delta)
         sensitivity = (trim or 1) * baselines.sgld_sensitivity(cfg.bound)
         baseline = SgldParams(
             step=cfg.sgld_step,
@@ -137,6 +202,14 @@ def _plan_baseline(cfg: FederatedMFConfig, delta: float, parties, train, test, r
                 z, cfg.sgld_step, cfg.sampling_rate, sensitivity
             ),
             target_epsilon=cfg.epsilon,
+        )
+        rows = (
+            f"a user's <= {trim} gradient rows" if unit == "user" else "one rating's gradient row"
+        )
+        gradient = Ball(sensitivity, 2, ((trim or 1) + 1) * cfg.rank)
+        release = _sampled_gaussian(cfg, f"SGLD step on (U, V): {rows}", z, gradient)
+        true_eps = _faithful_epsilon(
+            cfg, PartitionedReleases(local=release), {"local": steps}, delta
         )
     else:
         z = None
@@ -151,14 +224,17 @@ def _plan_baseline(cfg: FederatedMFConfig, delta: float, parties, train, test, r
             scale=scale,
             epsilon_prime=eps_prime,
         )
+        release = _objpert_release(cfg, unit, trim, epsilon_k, scale)
     return Plan(
         privacy=PrivacyDeclaration(
             budget=Budget(true_eps or cfg.epsilon, delta if sgld else 0.0),
-            accountant="rdp" if sgld else "pure",
+            accountant=cfg.accountant if sgld else "pure",
             relation=Neighbours("add_or_remove_one", unit),
             composition="sequential",
             statement=_baseline_statement(unit, sgld) + TAKEN_AS_PUBLIC,
+            measurements=(release,),
             requested_epsilon=cfg.epsilon if true_eps else None,
+            data=ratings_data.data_domain(cfg, "parties", unit == "user"),
         ),
         parties=parties,
         rounds=cfg.iterations if sgld else cfg.objpert_alternations,
@@ -178,7 +254,31 @@ def _plan_baseline(cfg: FederatedMFConfig, delta: float, parties, train, test, r
             baseline=baseline,
             sampled=sampled_unit(cfg),
             faithful_epsilon=true_eps,
+            releases=PartitionedReleases(local=release),
+            clipped=clipped,
         ),
+    )
+
+
+def _objpert_release(
+    cfg: FederatedMFConfig, unit: str, trim: int, epsilon_k: float, scale: float
+) -> Measurement:
+    """ObjPertb's V-solve: ε_k-DP for a neighbour that changes at most the item blocks of
+    :func:`rayfed.mf.baselines.objpert_blocks` (no domain rule counts them: declared, with the
+    argument's reason)."""
+    blocks, _ = baselines.objpert_blocks(unit, trim)
+    reason = (
+        f"a user's <= {trim} kept ratings change the data terms of <= {trim} items"
+        if unit == "user"
+        else f"a rating moves u_i, which enters each of its user's <= {trim} kept items, and may "
+        "swap one kept rating: <= θ + 1 items' data terms change"
+    )
+    return Measurement(
+        "V-solve by objective perturbation",
+        ObjectivePerturbation(epsilon_k, scale, blocks),
+        Ball(baselines.objpert_gradient_bound(cfg.bound), 2, cfg.rank),
+        Neighbours("add_or_remove_one", unit),
+        declared=Declared(float(blocks), reason),
     )
 
 
@@ -221,7 +321,11 @@ def _noise_multiplier(cfg: FederatedMFConfig, delta: float, composed: int, vfl: 
     # VFL publishes V_Fk after κ more noisy steps; HFL's Stage 3 is local and never published
     steps = cfg.iterations * cfg.local_steps + (cfg.finetune_steps if vfl else 0)
     return gaussian_noise_multiplier(
-        cfg.epsilon, delta, steps=steps * composed, sampling_rate=cfg.sampling_rate
+        cfg.epsilon,
+        delta,
+        steps=steps * composed,
+        sampling_rate=cfg.sampling_rate,
+        accountant=calibration_accountant(cfg),
     )
 
 
@@ -247,8 +351,28 @@ def _deal(
     return parties
 
 
-def _statement(unit: str, vfl: bool) -> str:
+def rating_gap(cfg: FederatedMFConfig) -> bool:
+    """Whether a run's per-rating guarantee holds only given the pre-trained U (spec §7.8): HFL
+    pre-trains each u_i on all of user i's ratings (Stage 1), so one rating also reaches, through
+    u_i, the gradient rows of the user's other ratings, which Δ does not cover. Without
+    pre-training (pretrain_steps=0) u_i is data-independent and the gap is closed."""
+    return cfg.setting == "hfl" and cfg.resolved_unit() == "rating" and cfg.pretrain_steps > 0
+
+
+#: the thesis's weaker relation for per-rating HFL, named as such (spec §7.8)
+GIVEN_U = "given the pre-trained user embeddings U (the thesis's per-rating relation, spec §7.8)"
+
+
+def _statement(cfg: FederatedMFConfig, unit: str, vfl: bool) -> str:
     if not vfl:
+        if rating_gap(cfg):
+            return (
+                f"per-rating DP in HFL {GIVEN_U}: Stage 1 pre-trains u_i on all of user i's "
+                "ratings and a rating's influence through u_i on the user's other gradient rows "
+                "is not covered (pretrain_steps=0 closes the gap; privacy_unit=user is sound); "
+                "users are disjoint across parties, so parties compose in parallel; only the "
+                "Stage-2 uploads and the published V count"
+            )
         return (
             f"per-{unit} DP in HFL: users are disjoint across parties, so parties "
             "compose in parallel; only the Stage-2 uploads and the published V count"
