@@ -98,6 +98,8 @@ class RandomizedResponse:
 
     keep_probability: float
     norm: ClassVar[int] = 0
+    #: randomises each coordinate (bit, report) on its own: replace-one neighbours only
+    randomizes_each: ClassVar[bool] = True
 
     def event(self, sens: float) -> dp_event.DpEvent:
         return _times(mech.binary_rr_event(self.keep_probability), sens)
@@ -122,6 +124,8 @@ class KaryResponse:
     k: int
     epsilon: float
     norm: ClassVar[int] = 0
+    #: randomises each coordinate (bit, report) on its own: replace-one neighbours only
+    randomizes_each: ClassVar[bool] = True
 
     def event(self, sens: float) -> dp_event.DpEvent:
         return _times(mech.kary_rr_event(self.k, self.epsilon), sens)
@@ -152,6 +156,8 @@ class LocalReport:
     perturb: Callable
     width: int
     norm: ClassVar[int] = 0
+    #: randomises each coordinate (bit, report) on its own: replace-one neighbours only
+    randomizes_each: ClassVar[bool] = True
     #: Δ₀ counts the users (rows) whose report changes, not entries
     per_row: ClassVar[bool] = True
     drawn_without_noise: ClassVar[bool] = True
@@ -289,8 +295,9 @@ class Measurement:
             raise ValueError(f"{self.label}: a sampling rate is in (0, 1], got {self.sampling}")
         if isinstance(self.mechanism, LocalReport) and not isinstance(self.domain, Interval):
             raise ValueError(f"{self.label}: a per-user report's domain is an Interval of values")
-        local = self.mechanism.norm == 0 and not isinstance(self.mechanism, (BlackBox, Subroutine))
-        if local and self.relation.kind == "add_or_remove_one":
+        if getattr(self.mechanism, "randomizes_each", False) and self.relation.kind == (
+            "add_or_remove_one"
+        ):
             # a randomized report of a user who is absent is not "a null user's report": the
             # radius rule does not bound it (a count of reports reveals the user)
             raise ValueError(
@@ -425,6 +432,8 @@ class CodeResponse:
 
     keep_probability: float
     norm: ClassVar[int] = 0
+    #: randomises each coordinate (bit, report) on its own: replace-one neighbours only
+    randomizes_each: ClassVar[bool] = True
 
     def event(self, sens: float) -> dp_event.DpEvent:
         return _times(mech.binary_rr_event(self.keep_probability), sens)

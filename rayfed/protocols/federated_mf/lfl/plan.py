@@ -128,14 +128,17 @@ def _releases(
         report = OneBitReport(gddr.epsilon0, k * cfg.rank, gddr.clip, gddr.quorum, gddr.step_delta)
         entry = Interval(-gddr.clip, gddr.clip)
         return LflReleases(
-            reports=Measurement("GD-DR one-bit reports", report, entry, GDDR_RELATION)
+            reports=Measurement("GD-DR one-bit reports", report, entry, GDDR_RELATION, shared=True)
         )
     if method not in ("lfl", "ldp"):
         return LflReleases()
     noise = round1_noise(cfg.mode, method, n, cfg.omega, z, sensitivity)
     row = Ball(sensitivity, 2, m * cfg.rank)
     share = DistributedGaussianShare(z, noise["zeta1"], noise["quorum"], noise["zeta2"])
-    round1 = Measurement("Round 1: gradient rows with Gaussian shares", share, row, RELATION)
+    # every cohort's message carries the one release's event (its users' shares): one charge
+    round1 = Measurement(
+        "Round 1: gradient rows with Gaussian shares", share, row, RELATION, shared=True
+    )
     if noise["zeta2"] == 0:  # the LDP-level baseline: no replacement round
         return LflReleases(round1=round1)
     round2 = Measurement("Round 2: replacement shares", ReplacementShare(share), row, RELATION)
