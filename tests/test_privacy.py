@@ -563,3 +563,30 @@ def test_a_local_report_refuses_an_input_outside_its_domain():
     m(source, np.array([-1.0, 0.3, 1.0]), ids=np.arange(3))
     with pytest.raises(ValueError, match="outside its declared domain"):
         m(_step(), np.array([0.2, 8.5]), ids=np.arange(2))
+
+
+def test_a_subroutines_event_is_refused_under_another_relation():
+    """The review's mutant: a DPLSF charged as one add/remove run under a replace-one relation
+    passes the sensitivity check (which sees Δ₀ = 1 row) while its replace-one loss is twice
+    the charge. A Subroutine names the relation its event holds for; another is refused."""
+    from rayfed.privacy import Declared, Interval, Measurement, Neighbours, Subroutine
+
+    sub = Subroutine(lambda noise, x, round: x, dp_event.LaplaceDpEvent(2.0), "add_or_remove_one")
+    declared = Declared(1, "one point added or removed")
+    Measurement(
+        "dp", sub, Interval(0, 1), Neighbours("add_or_remove_one", "point"), declared=declared
+    )
+    with pytest.raises(ValueError, match="holds for add_or_remove_one neighbours"):
+        Measurement(
+            "dp", sub, Interval(0, 1), Neighbours("replace_one", "point"), declared=declared
+        )
+
+
+def test_a_bounded_move_on_a_domain_without_dimension_takes_its_diameter():
+    """Neighbours.within on a one-hot or bit domain: its ℓ1 move is the diameter (a category
+    swap moves two entries by 1: Δ₁ = 2), not the move's length."""
+    from rayfed.privacy import Bits, Neighbours, OneHot, sensitivity
+
+    within = Neighbours("replace_one", "value", within=1.5)
+    assert sensitivity(OneHot(4), within, 1) == 2.0
+    assert sensitivity(Bits(8), Neighbours("replace_one", "v", within=2.0), 1) == 8.0

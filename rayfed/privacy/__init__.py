@@ -31,7 +31,6 @@ from rayfed.privacy.ledger import (
     event_to_dict,
 )
 from rayfed.privacy.measurement import (
-    BlackBox,
     CodeResponse,
     Declared,
     DiscreteLaplace,
@@ -79,7 +78,6 @@ __all__ = [
     "RANDOMNESS",
     "Ball",
     "Bits",
-    "BlackBox",
     "Budget",
     "Clipped",
     "DataDomain",
@@ -97,6 +95,7 @@ __all__ = [
     "PrivacyDeclaration",
     "PublicMap",
     "RandomizedResponse",
+    "Subroutine",
     "CodeResponse",
     "Subroutine",
     "Unbounded",

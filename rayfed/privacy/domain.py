@@ -285,7 +285,9 @@ def sensitivity(domain: Domain, relation: Neighbours, p: int) -> float:
         return domain.radius(p)
     if relation.within is None or p == 0:
         return domain.diameter(p)
-    moved = relation.within if p == 2 else relation.within * math.sqrt(getattr(domain, "dim", 1))
+    if not hasattr(domain, "dim"):  # one-hot, bits: a bounded move is no tighter a bound
+        return domain.diameter(p)
+    moved = relation.within if p == 2 else relation.within * math.sqrt(domain.dim)
     return min(domain.diameter(p), moved)
 
 

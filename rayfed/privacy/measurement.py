@@ -173,34 +173,6 @@ class LocalReport:
         return f"ε-LDP report per user ({getattr(self.perturb, '__name__', 'randomizer')}), ε = {self.epsilon:.4g}"
 
 
-@dataclass(frozen=True)
-class BlackBox:
-    """An (ε, δ)-DP algorithm for one unit's rows, ``algorithm(values, gen, **options)``, every
-    random choice from a Generator of ``purpose`` (a DP subroutine with no finer event). Its
-    privacy for one unit is the caller's argument: a measurement of it declares Δ₀ = 1 with the
-    reason. Without noise (the sensitivity check) it runs as drawn."""
-
-    epsilon: float
-    delta: float
-    algorithm: Callable
-    purpose: str
-    norm: ClassVar[int] = 0
-    per_row: ClassVar[bool] = True
-    drawn_without_noise: ClassVar[bool] = True
-
-    def event(self, sens: float) -> dp_event.DpEvent:
-        if _integer(sens) != 1:
-            raise ValueError("a black-box (ε, δ) algorithm is DP for one unit: Δ₀ = 1")
-        return EpsilonDeltaDpEvent(mech._positive("epsilon", self.epsilon), float(self.delta))
-
-    def draw(self, noise: NoiseSource, values, sens: float, *, round: int, ident, ids, **options):
-        return self.algorithm(values, noise.generator(self.purpose, round, ident), **options)
-
-    def describe(self) -> str:
-        name = getattr(self.algorithm, "__name__", "algorithm")
-        return f"({self.epsilon:.4g}, {self.delta:.3g})-DP {name}"
-
-
 def _integer(sens: float) -> int:
     if not float(sens).is_integer():
         raise ValueError(f"an integer mechanism needs an integer sensitivity, got {sens}")
@@ -213,15 +185,7 @@ def _times(event: dp_event.DpEvent, count: float) -> dp_event.DpEvent:
     return event if n == 1 else dp_event.SelfComposedDpEvent(event, n)
 
 
-Mechanism = (
-    Laplace
-    | Gaussian
-    | DiscreteLaplace
-    | RandomizedResponse
-    | KaryResponse
-    | LocalReport
-    | BlackBox
-)
+Mechanism = Laplace | Gaussian | DiscreteLaplace | RandomizedResponse | KaryResponse | LocalReport
 
 
 # --- the measurement ----------------------------------------------------------------------------
@@ -303,6 +267,12 @@ class Measurement:
             raise ValueError(
                 f"{self.label}: a per-bit or per-report randomizer is accounted for replace-one "
                 "neighbours only"
+            )
+        own = getattr(self.mechanism, "for_relation", None)
+        if own is not None and own != self.relation.kind:
+            raise ValueError(
+                f"{self.label}: its subroutine's event holds for {own} neighbours, the release's "
+                f"relation is {self.relation.kind}"
             )
         if self.declared is not None and self.through is not None:
             raise ValueError(f"{self.label}: a declared sensitivity includes any public map")
@@ -554,6 +524,9 @@ class Subroutine:
 
     algorithm: Callable
     dp_event: Any
+    #: the neighbour relation ``dp_event`` holds for ("add_or_remove_one" or "replace_one"): a
+    #: measurement of another relation is refused (an add/remove event is not a replace-one one)
+    for_relation: str
     norm: ClassVar[int] = 0
     per_row: ClassVar[bool] = True
     drawn_without_noise: ClassVar[bool] = True

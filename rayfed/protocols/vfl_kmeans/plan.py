@@ -163,7 +163,11 @@ def _releases(
         )
         membership = Measurement(
             "FM membership sketches",
-            Subroutine(sketches, EpsilonDeltaDpEvent(sketch.epsilon, sketch.delta)),
+            Subroutine(
+                sketches,
+                EpsilonDeltaDpEvent(sketch.epsilon, sketch.delta),
+                for_relation=relation.kind,
+            ),
             OneHot(k_plan),
             relation,
             declared=Declared(

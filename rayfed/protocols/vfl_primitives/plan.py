@@ -415,6 +415,7 @@ def _clustering_params(cfg, groups, relation, common) -> ClusteringParams:
             Subroutine(
                 functools.partial(dplsf_centers, epsilon=cfg.epsilon / 2, replace_one=True),
                 dplsf_event(cfg.epsilon / 2, len(cols), replace_one=True),
+                for_relation="replace_one",
             ),
             Ball(1.0, 2, len(cols)),
             relation,
