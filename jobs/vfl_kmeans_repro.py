@@ -6,7 +6,7 @@ Needs rayfed installed where it runs (cluster.yaml installs it on every node):
     python jobs/vfl_kmeans_repro.py                  # synthetic n=20,000, m=8, k=5; S=2,4; ε=0.5..4
     python jobs/vfl_kmeans_repro.py --reps 10        # more repetitions (seeds 0..reps-1)
     python jobs/vfl_kmeans_repro.py --data users.csv --key id --bounds '{"a":[0,1],"b":[0,9]}' \\
-        --columns '{"p0":["a"],"p1":["b"]}'          # any CSV/Parquet with a column split
+        --columns '{"p0":["a"],"p1":["b"]}' --delta 1e-6  # any CSV/Parquet, a public δ
     python jobs/vfl_kmeans_repro.py --small          # 2,000 users, two ε values (tests)
 
 The DPFMPS runs reproduce the paper with its sketch noise (Lemma 1's ε′,
@@ -38,7 +38,7 @@ from rayfed.clustering.fm_privacy import calibrate
 from rayfed.data.scaling import features_of
 from rayfed.privacy import Interval, Laplace, Measurement, Neighbours, NoiseSource
 from rayfed.protocols.vfl_kmeans.config import VflKmeansConfig
-from rayfed.protocols.vfl_kmeans.params import choose_k_prime, split_budget
+from rayfed.protocols.vfl_kmeans.params import choose_k_prime, public_delta, split_budget
 from rayfed.protocols.vfl_kmeans.plan import random_split, synthetic_table
 from rayfed.secagg import groupkey
 
@@ -140,6 +140,8 @@ def sweep(args, epsilons, parties_list) -> list[dict]:
             opts = dict(data_options(args), parties=parties, backend=args.backend, out_dir=None)
             if method.startswith("dpfmps"):
                 opts["sketch_calibration"] = PAPER_SKETCHES
+                if args.data:  # a file has no declared size: the sketches' δ is given
+                    opts["delta"] = args.delta
             opts.update(extra)
             if math.isfinite(eps):
                 opts["epsilon"] = eps
@@ -171,7 +173,7 @@ def ablation(args, parties: int, eps: float) -> dict:
         groups = random_split(features, parties, seed)
         x = features_of(table, features)
         positions = [[features.index(c) for c in cols] for cols in groups.values()]
-        delta = 1.0 / len(x)
+        delta = public_delta(cfg)  # 1/users, the declared size
         split = split_budget(cfg, parties, delta)
         k_prime, _ = choose_k_prime(cfg, len(x), parties, split, delta)
         gen = rng.stream(seed, "test", 0, "ablation")
@@ -489,6 +491,12 @@ def main(argv: list[str] | None = None) -> int:
         "--bounds", default="{}", help="JSON column -> [low, high] (required with --data)"
     )
     p.add_argument("--label", help="reference label column for the V-measure")
+    p.add_argument(
+        "--delta",
+        type=float,
+        default=1e-6,
+        help="the FM sketches' public δ with --data (synthetic data: 1/users, the paper's 1/n)",
+    )
     args = p.parse_args(argv)
     if args.small:
         args.epsilons, args.parties, args.reps, args.users = "1,4", "2", 2, 2000

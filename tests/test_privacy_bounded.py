@@ -90,6 +90,7 @@ def _dplsf_release(eps: float, d: int) -> Measurement:
         Subroutine(
             functools.partial(dplsf_centers, epsilon=eps, replace_one=True),
             dplsf_event(eps, d, replace_one=True),
+            for_relation=REPLACE.kind,
         ),
         Ball(1.0, 2, d),
         REPLACE,

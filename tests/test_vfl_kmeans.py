@@ -8,6 +8,7 @@ noisy tree), so each comparison averages several seeds and states the standard e
 
 from __future__ import annotations
 
+import importlib
 import json
 
 import numpy as np
@@ -18,6 +19,12 @@ import pytest
 import rayfed
 from rayfed.clustering import fm
 from rayfed.clustering.fm_privacy import calibrate
+from rayfed.config import DataConfig
+from rayfed.protocols.vfl_kmeans.config import VflKmeansConfig
+from rayfed.protocols.vfl_kmeans.params import server_params
+
+#: the module (the package's ``plan`` attribute is the function)
+vfl_plan = importlib.import_module("rayfed.protocols.vfl_kmeans.plan")
 
 PAPER_S2 = {  # Table 2 of the paper: normalised loss, synthetic, S = 2
     1.0: {"dpfmps-2pest": 0.7193, "ind-lap": 1.1724, "ldp-agg-2pest": 1.2716},
@@ -165,7 +172,8 @@ def test_ledger_totals_equal_the_declared_budget():
     assert p.neighboring_relation.lower().startswith("add")
     assert any("charged as one release" in note for note in p.notes)
     assert "jointly" in p.statement and "alone in its cluster" in p.statement
-    assert "δ = 1/n treats the number of users n as public" in p.statement
+    assert "δ = 0.00025 is public (1/users, the synthetic data's declared size)" in p.statement
+    assert "none is read from the data, and n reaches the server only as n̂" in p.statement
     ind = run("ind-lap", epsilon=2.0, users=4000).privacy
     assert (ind.epsilon, ind.delta) == (pytest.approx(2.0), 0.0)
     ldp = run("ldp-agg-2pest", epsilon=2.0, users=4000).privacy
@@ -229,6 +237,77 @@ def test_out_of_bounds_values_are_clipped_and_counted_or_refused(tmp_path):
     assert "clipped" in inside.headline  # the baselines see the same clipped data
 
 
+def _with_one_more_user(monkeypatch):
+    """The synthetic generator's table with one user added (id n, at the corner (1, …, 1)): the
+    add/remove neighbour of the table the same options make."""
+    make = vfl_plan.synthetic_table
+
+    def plus_one(users, dims, k, spread, seed):
+        table = make(users, dims, k, spread, seed)
+        user = {"user_id": [users], **{f"x{j}": [1.0] for j in range(dims)}, "label": [0]}
+        return pa.concat_tables([table, pa.table(user, schema=table.schema)])
+
+    monkeypatch.setattr(vfl_plan, "synthetic_table", plus_one)
+
+
+def _sent_to_server(cfg: VflKmeansConfig):
+    """What the plan fixes before any actor starts and the server is given or charged: its
+    parameters (n_p among them), the declared releases' events and the budget."""
+    p = vfl_plan.plan(cfg, 0)
+    params = server_params(cfg, p.params.split, p.params.releases)
+    return params, [m.event for m in p.privacy.measurements], p.privacy.budget, p.params.users
+
+
+def test_neighbouring_datasets_give_the_server_the_same_parameters(monkeypatch):
+    """n and n + 1 users (one user added, the same options) give the server the same n_p and
+    every other parameter, and the same declared releases: δ is public (1/users, the synthetic
+    data's declared size), not 1/n counted from the data — at n = 2002 δ = 1/n gave n_p = 782
+    and its neighbour's 1/2003 gave 783. Both runs are charged the same events, within ε = 1."""
+    cfg = VflKmeansConfig(users=2002, sketches=256)
+    d = _sent_to_server(cfg)
+    _with_one_more_user(monkeypatch)
+    d_prime = _sent_to_server(cfg)
+    assert (d[3], d_prime[3]) == (2002, 2003)  # the neighbour has one more user
+    assert d[0] == d_prime[0] and d[0].phantoms == 782
+    assert d[1:3] == d_prime[1:3]
+    sketch = calibrate(0.49, 1 / 2002, 256, 2, 1.0)  # δ = 1/users, the declared size
+    assert d_prime[0].phantoms == sketch.phantoms
+    runs = [run(users=2002, sketches=256)]
+    monkeypatch.undo()
+    runs.append(run(users=2002, sketches=256))
+    assert [r.metrics["users"] for r in runs] == [2003, 2002]
+    assert runs[0].privacy.entries == runs[1].privacy.entries  # the same events charged
+    for r in runs:
+        assert r.privacy.epsilon <= 1.0 and r.privacy.delta == pytest.approx(1 / 2002)
+        assert "δ = 0.0004995 is public" in r.privacy.statement
+
+
+def test_a_data_file_needs_a_public_delta_for_the_sketches(tmp_path):
+    """A data file has no declared size: the sketches' δ must be given (δ = 1/n from the file
+    would tell the server n through n_p); a file of n and one of n + 1 users then give the server
+    the same parameters (k' from the formula, which reads δ, included)."""
+    gen = np.random.default_rng(3)
+    n = 600
+    x = gen.uniform(-1, 1, (n + 1, 2))
+    paths = []
+    for rows in (n, n + 1):
+        path = tmp_path / f"users{rows}.csv"
+        pacsv.write_csv(pa.table({"id": np.arange(rows), "a": x[:rows, 0], "b": x[:rows, 1]}), path)
+        paths.append(str(path))
+    options = dict(k=2, k_prime_rule="formula", sketches=256, bounds={"a": [-1, 1], "b": [-1, 1]})
+    with pytest.raises(rayfed.ConfigError, match="delta"):
+        run(data={"path": paths[0], "key": "id"}, **options)
+    sent = [
+        _sent_to_server(VflKmeansConfig(delta=1e-4, data=DataConfig(path=p, key="id"), **options))
+        for p in paths
+    ]
+    assert (sent[0][3], sent[1][3]) == (n, n + 1)
+    assert sent[0][:3] == sent[1][:3]
+    assert sent[0][0].phantoms == calibrate(0.49, 1e-4, 256, 2, 1.0).phantoms
+    result = run(delta=1e-4, data={"path": paths[1], "key": "id"}, **options)
+    assert result.privacy.epsilon <= 1.0 and result.privacy.delta == pytest.approx(1e-4)
+
+
 def test_literal_estimator_collapses_to_uniform_weights():
     """§2.8: with the paper's literal FM estimator every cell's estimate is negative, so the spec's
     clip-and-rescale gives uniform weights (intersection error ≈ 1.60, IND's level); the corrected
@@ -269,6 +348,7 @@ def test_data_file_with_bounds_key_and_split(tmp_path):
         k=3,
         k_prime=3,
         epsilon=8.0,
+        delta=1e-5,  # public: a data file has no declared size
         sketches=1024,
         key_agreement="secure",
         label="segment",

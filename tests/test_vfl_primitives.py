@@ -534,6 +534,60 @@ def test_data_outside_the_declared_bounds_is_clipped_and_counted_or_refused(tmp_
     assert info.value.field == "data.columns.p0"
 
 
+def _held(table: pa.Table, columns: list[str]) -> np.ndarray:
+    return np.column_stack([table.column(c).to_numpy() for c in columns])
+
+
+def test_integer_columns_hold_their_clipped_values(tmp_path):
+    """A data file's integer columns clipped into a row ball or non-integer bounds hold the
+    clipped values (float64): cast back to integers they were truncated — a block (-3, 3)
+    clipped to radius 2.5 is (-1.77, 1.77) and the servers held (-1, 1); labels clipped to
+    [-1.5, 1.5] were held as {-1, 0, 1}. Clipped into integer bounds they stay integers."""
+    from rayfed.config import DataConfig
+    from rayfed.protocols.vfl_primitives.config import VflPrimitivesConfig
+    from rayfed.protocols.vfl_primitives.plan import plan
+
+    gen = np.random.default_rng(0)
+    a, y = gen.integers(-3, 4, (200, 4)), gen.integers(-5, 6, 200)
+    a[0, :2] = [-3, 3]
+    counts = gen.integers(0, 6, (200, 2))
+    path = tmp_path / "ints.csv"
+    columns = {**{c: a[:, j] for j, c in enumerate("abcd")}, "e": counts[:, 0], "f": counts[:, 1]}
+    pacsv.write_csv(pa.table({**columns, "y": y}), path)
+    data = DataConfig(path=str(path), columns={"p0": ["a", "b"], "p1": ["c", "d"]})
+    cfg = VflPrimitivesConfig(
+        task="regression", label="y", data=data, row_radius=2.5, label_bounds=[-1.5, 1.5]
+    )
+    p = plan(cfg, 0)
+    for j, party in enumerate(("p0", "p1")):
+        block = a[:, 2 * j : 2 * j + 2].astype(np.float64)
+        norms = np.linalg.norm(block, axis=1)
+        expected = block * np.minimum(1.0, 2.5 / norms, where=norms > 0, out=np.ones(200))[:, None]
+        assert (norms > 2.5).sum() > 10  # the test clips many rows
+        held = p.parties[party][0]
+        cols = ["ab", "cd"][j]
+        assert all(held.schema.field(c).type == pa.float64() for c in cols)
+        np.testing.assert_allclose(_held(held, list(cols)), expected, rtol=1e-15)
+    corner = _held(p.parties["p0"][0], ["a", "b"])[0]  # (-3, 3) at radius 2.5
+    np.testing.assert_allclose(corner, [-1.7677669529663689, 1.7677669529663689], rtol=1e-15)
+    labels = p.parties["labels"][0].column("y")
+    assert labels.type == pa.float64()
+    np.testing.assert_array_equal(labels.to_numpy(), np.clip(y, -1.5, 1.5))
+    assert set(labels.to_numpy().tolist()) >= {-1.5, 1.5}
+
+    # integer bounds: the clipped integers stay integers (l1-moment), non-integer ones do not (l2)
+    data = DataConfig(path=str(path), columns={"p0": ["e"], "p1": ["f"]})
+    moments = plan(VflPrimitivesConfig(task="l1-moment", data=data, value_bounds=[0, 2]), 0)
+    held = moments.parties["p0"][0].column("e")
+    assert held.type == pa.int64()
+    np.testing.assert_array_equal(held.to_numpy(), np.clip(counts[:, 0], 0, 2))
+    data = DataConfig(path=str(path), columns={"p0": ["a"], "p1": ["b"]})
+    l2 = plan(VflPrimitivesConfig(task="l2-moment", data=data, value_bounds=[-2.5, 2.5]), 0)
+    held = l2.parties["p1"][0].column("b")
+    assert held.type == pa.float64()
+    np.testing.assert_array_equal(held.to_numpy(), np.clip(a[:, 1], -2.5, 2.5))
+
+
 def test_ray_equals_local(ray_cluster):
     options = dict(task="kmeans", users=5000, seed=3)
     on_ray = rayfed.run("vfl-primitives", out_dir=None, **options)

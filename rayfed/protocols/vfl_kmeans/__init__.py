@@ -30,8 +30,10 @@ sketch matrices are one release, charged once at its share (ε_FM, δ) = (S·ε2
 phantoms n_p and the floor α_min) is calibrated against the exact joint privacy loss of that
 release (:mod:`rayfed.clustering.fm_privacy`), not composed per party from Lemma 1 as the paper
 does (``sketch_calibration=lemma1`` keeps the paper's noise and charges what it costs jointly).
-Every release is a Measurement built in plan; data outside its declared bounds is refused or
-clipped and counted (``out_of_bounds``).
+δ is public, never counted from the data (the server is sent n_p, a function of δ): ``delta``, or
+1/users — the synthetic data's declared size; a data file needs ``delta`` given. Every release is
+a Measurement built in plan; data outside its declared bounds is refused or clipped and counted
+(``out_of_bounds``).
 
 The maths is in :mod:`rayfed.clustering` (DPLSF, FM sketches and the grid estimators, the k'
 rule) and the parties' hash keys come from :mod:`rayfed.secagg.keys`; this package is config,

@@ -42,7 +42,9 @@ class VflKmeansConfig:
     epsilon: float = option(1.0, "total privacy budget ε over all parties and phases", above=0)
     delta: float | None = option(
         None,
-        "total δ (FM sketches only); default 1/n as the paper",
+        "total δ (FM sketches only), public: the server is sent the phantom count it sets. "
+        "Default 1/users (synthetic data: its declared size, as the paper's δ = 1/n); a data "
+        "file needs it given (1/n counted from the file would tell the server n)",
         at_least=0,
         below=1,
         when={"method": FM_METHODS},
@@ -144,7 +146,15 @@ class VflKmeansConfig:
     def validate(self) -> None:
         check_budget(self.epsilon, 0.0 if self.delta is None else self.delta)
         if self.delta == 0 and self.method in FM_METHODS:
-            raise ConfigError("delta", "FM sketches need δ > 0", "e.g. 1/n (the default)")
+            raise ConfigError("delta", "FM sketches need δ > 0", "e.g. 1/users (the default)")
+        if self.delta is None and self.method in FM_METHODS and self.data.path is not None:
+            raise ConfigError(
+                "delta",
+                f"{self.method} with a data file needs a public δ for its FM sketches: the server "
+                "is sent their phantom count, a function of δ, so δ = 1/n counted from the file "
+                "would tell it n (which the add/remove-one guarantee protects)",
+                "delta=1/N for a public bound N on the number of users (e.g. --set delta=1e-6)",
+            )
         check_party_split(self)
 
 

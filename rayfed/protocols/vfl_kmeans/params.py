@@ -60,8 +60,9 @@ class Releases:
 @dataclass(frozen=True)
 class Params:
     """The parties in order and the global positions of each one's columns, every feature in
-    global order with its declared bounds, the number of users, δ and its split, the k' planned
-    from n (the driver replays the rule with n̂), the releases and what was clipped."""
+    global order with its declared bounds, the number of users (the analyst's: never sent), the
+    sketches' public δ (:func:`public_delta`; None without sketches) and the budget split, the k'
+    planned from n (the driver replays the rule with n̂), the releases and what was clipped."""
 
     order: list[str]
     positions: list[list[int]]
@@ -69,7 +70,7 @@ class Params:
     lo: np.ndarray
     hi: np.ndarray
     users: int
-    delta: float
+    delta: float | None
     split: Split
     k_plan: int = 0
     releases: Releases = Releases()
@@ -78,8 +79,9 @@ class Params:
 
 @dataclass(frozen=True)
 class ServerParams:
-    """The public parameters the server needs to weigh the grid (not δ: the default δ = 1/n would
-    tell it n; it is sent the phantom count n_p instead)."""
+    """The public parameters the server needs to weigh the grid. The phantom count n_p is a
+    function of public options only (ε, b, S, M, γ and the public δ of :func:`public_delta`),
+    never of the data: neighbouring datasets give the server the same parameters."""
 
     method: str
     eps2: float
@@ -91,7 +93,17 @@ class ServerParams:
     projection: str
 
 
-def split_budget(cfg: VflKmeansConfig, parties: int, delta: float) -> Split:
+def public_delta(cfg: VflKmeansConfig) -> float | None:
+    """The sketches' total δ (None without sketches): the option, or 1/users — the synthetic
+    data's declared size, a run option (the paper's δ = 1/n). Never counted from the data: n_p
+    depends on δ and reaches the server (a data file has no declared size: validate refuses one
+    without ``delta``)."""
+    if cfg.method not in FM_METHODS:
+        return None
+    return cfg.delta if cfg.delta is not None else 1.0 / cfg.users
+
+
+def split_budget(cfg: VflKmeansConfig, parties: int, delta: float | None) -> Split:
     """ε0 = (1-b)ε, ε1 = ε2 = bε/2S, δ2 = δ/S (LDP-AGG: ε0 = 0; central: ε1 = ε). The parties'
     sketches are charged together: (S·ε2, S·δ2) = (bε/2, δ)."""
     eps = cfg.epsilon
@@ -102,14 +114,15 @@ def split_budget(cfg: VflKmeansConfig, parties: int, delta: float) -> Split:
     if cfg.method == "ldp-agg-2pest":
         return Split(0.0, eps / (2 * parties), eps / (2 * parties), 0.0)
     rest = (1.0 - cfg.count_fraction) * eps
-    fm_delta = delta / parties if cfg.method in FM_METHODS else 0.0
+    fm_delta = delta / parties if cfg.method in FM_METHODS and delta is not None else 0.0
     return Split(cfg.count_fraction * eps, rest / (2 * parties), rest / (2 * parties), fm_delta)
 
 
 def choose_k_prime(
-    cfg: VflKmeansConfig, n_hat: float, parties: int, split: Split, delta: float
+    cfg: VflKmeansConfig, n_hat: float, parties: int, split: Split, delta: float | None
 ) -> tuple[int, str]:
-    """(k', how it was chosen)."""
+    """(k', how it was chosen). The formula reads the sketches' public δ, or — methods without
+    sketches — the paper's δ = 1/n as 1/n̂ (post-processing of the released n̂)."""
     if cfg.method == "vfl-nonprivate":
         return cfg.k, "k' = k (non-private VFL)"
     if cfg.k_prime != "auto":
@@ -118,6 +131,7 @@ def choose_k_prime(
         kp = fm.k_prime_from_table(n_hat, parties, cfg.epsilon)
         if kp is not None:
             return kp, "Table 5.1"
+    delta = 1.0 / n_hat if delta is None else delta
     kp = max(2, fm.k_prime_formula(n_hat, cfg.k, parties, split.eps2, delta, cfg.sketches))
     return kp, "formula (§2.10)"
 

@@ -44,6 +44,7 @@ from rayfed.protocols.vfl_kmeans.params import (
     Split,
     check_grid,
     choose_k_prime,
+    public_delta,
     split_budget,
 )
 
@@ -63,7 +64,7 @@ def plan(cfg: VflKmeansConfig, seed: int) -> Plan:
     table, x_raw, clipped = _checked_features(cfg, table, features, lo, hi)
     n, m = x_raw.shape
     central = cfg.method.startswith("central")
-    delta = 1.0 / n if cfg.delta is None else cfg.delta
+    delta = public_delta(cfg)  # never 1/n: n_p, a function of δ, reaches the server
     if central:
         groups = {CURATOR: list(features)}
     split, k_plan = _checked_split(cfg, len(groups), n, m, delta)
@@ -88,7 +89,7 @@ def plan(cfg: VflKmeansConfig, seed: int) -> Plan:
             accountant="pure",
             relation=relation,
             composition="sequential",
-            statement=_statement(cfg, releases),
+            statement=_statement(cfg, releases, delta),
             measurements=releases.declared(),
             requested_epsilon=cfg.epsilon if _lemma1(cfg) else None,
             data=DataDomain(
@@ -305,7 +306,7 @@ def _checked_features(
 
 
 def _checked_split(
-    cfg: VflKmeansConfig, parties: int, n: int, m: int, delta: float
+    cfg: VflKmeansConfig, parties: int, n: int, m: int, delta: float | None
 ) -> tuple[Split, int]:
     """The budget split and the k' planned from n, once the grid of that k' fits (the driver
     checks the grid again with the k' of the noisy n̂) and, for the paper's calibration of the
@@ -357,7 +358,7 @@ def _budget(cfg: VflKmeansConfig, split: Split, releases: Releases) -> Budget:
     return Budget(split.eps0 + parties * split.eps1 + sketch.epsilon, sketch.delta)
 
 
-def _statement(cfg: VflKmeansConfig, releases: Releases) -> str:
+def _statement(cfg: VflKmeansConfig, releases: Releases, delta: float | None) -> str:
     if cfg.method in ("vfl-nonprivate", "central-kmeans"):
         return "not private: a non-private baseline"
     if cfg.method.startswith("central"):
@@ -382,6 +383,10 @@ def _statement(cfg: VflKmeansConfig, releases: Releases) -> str:
         )
         if _lemma1(cfg):
             statement += " (the paper's Lemma 1 noise, which the paper charges as less)"
-        if cfg.delta is None:
-            statement += "; δ = 1/n treats the number of users n as public"
+        source = "given" if cfg.delta is not None else "1/users, the synthetic data's declared size"
+        statement += (
+            f"; δ = {delta:.4g} is public ({source}), as are ε, M, γ and the phantom count "
+            f"n_p = {sketch.phantoms:,} and floor α_min = {sketch.floor} set from them: none is "
+            "read from the data, and n reaches the server only as n̂"
+        )
     return statement

@@ -21,7 +21,7 @@ CENTRAL_NOTE = "central DP: one trusted curator holds every column (a comparator
 def notes(
     cfg: VflKmeansConfig, params: Params, k_prime: int, rule: str, *, evaluated: bool
 ) -> list[str]:
-    n, s = params.users, len(params.order)
+    s = len(params.order)
     out = [c.statement() for c in params.clipped]
     if ENCODING[cfg.method] == "fm":
         out += _sketch_notes(cfg, params)
@@ -29,9 +29,9 @@ def notes(
         out.append("not private: every user's local label reaches the server")
     if cfg.delta is None and ENCODING[cfg.method] == "fm":
         out.append(
-            f"δ = 1/n = {1 / n:.3g}, the paper's setting: it treats the data size n as public "
-            "(the phantom count n_p the server is sent depends on δ); give delta explicitly to "
-            "keep n private"
+            f"δ = 1/users = {params.delta:.4g} (the paper's δ = 1/n at the synthetic data's "
+            "declared size, a public option): the phantom count n_p the server is sent depends "
+            "on δ, so it is never counted from the data"
         )
     out.append(f"k' = {k_prime} ({rule}); {s} parties, grid of {k_prime**s:,} cells")
     if evaluated:

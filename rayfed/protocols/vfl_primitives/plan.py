@@ -235,7 +235,7 @@ def enforce_domain(
         )
         out.append(clipped)
         if clipped.count:
-            table = _replaced(table, columns, values)
+            table = _replaced(table, columns, values, integral=_integral(lo, hi))
     else:
         for party, cols in groups.items():
             block, clipped = enforce(
@@ -247,8 +247,8 @@ def enforce_domain(
                 widen="raise row_radius",
             )
             out.append(clipped)
-            if clipped.count:
-                table = _replaced(table, cols, block)
+            if clipped.count:  # a row scaled onto the ball: no longer integers
+                table = _replaced(table, cols, block, integral=False)
     if label is not None:
         lo, hi = label_bounds(cfg)
         b, clipped = enforce(
@@ -261,18 +261,31 @@ def enforce_domain(
         )
         out.append(clipped)
         if clipped.count:
-            table = _replaced(table, [label], b[:, None])
+            table = _replaced(table, [label], b[:, None], integral=_integral(lo, hi))
     return table, tuple(out)
 
 
-def _replaced(table: pa.Table, columns: list[str], values: np.ndarray) -> pa.Table:
-    """``table`` with ``columns`` holding ``values`` (integer columns stay integers: their
-    bounds are integers)."""
+def _integral(lo: float, hi: float) -> bool:
+    """An interval clip keeps integers integers when both its bounds are integers."""
+    return float(lo).is_integer() and float(hi).is_integer()
+
+
+def _replaced(
+    table: pa.Table, columns: list[str], values: np.ndarray, *, integral: bool
+) -> pa.Table:
+    """``table`` with ``columns`` holding the clipped ``values``: an integer column stays
+    integer only where the clip keeps integers (``integral``: an interval with integer
+    bounds), else it becomes float64 — a cast back would truncate the clipped values."""
     for i, col in enumerate(columns):
         kind = table.schema.field(col).type
         column = values[:, i]
-        array = pa.array(column.astype(np.int64) if pa.types.is_integer(kind) else column)
-        table = table.set_column(table.schema.get_field_index(col), col, array.cast(kind))
+        if pa.types.is_integer(kind) and integral:
+            array = pa.array(column.astype(np.int64)).cast(kind)
+        elif pa.types.is_integer(kind):
+            array = pa.array(column.astype(np.float64))
+        else:
+            array = pa.array(column).cast(kind)
+        table = table.set_column(table.schema.get_field_index(col), col, array)
     return table
 
 
