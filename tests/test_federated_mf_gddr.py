@@ -75,7 +75,7 @@ def test_one_bit_sign_probabilities_differ_by_e_to_the_epsilon_at_the_extremes(e
     c, grid = 1.5, 200_000
     noise = NoiseSource.seeded(0, "cohort")
     u = np.column_stack([np.zeros(grid), (np.arange(grid) + 0.5) / grid])
-    noise.user_uniform = lambda purpose, round, ids, n: u  # the coins, laid out on a grid
+    noise.user_uniform = lambda purpose, round, ids, n, again=False: u  # coins on a grid
     share = {}
     for x in (c, -c):
         (_, y), _ = sampled_one_bit(

@@ -548,7 +548,8 @@ def draw_one_bit(
     nothing registered). The sign's coin is the second uniform of the user's keyed stream."""
     c = _positive("bound", bound)
     scale = one_bit_scale(epsilon, c, size)
-    u = noise.user_uniform("ldp-report", round, ids, 2)
+    # the same keyed draw as the index's (one_bit_index), regenerated for the sign's coin
+    u = noise.user_uniform("ldp-report", round, ids, 2, again=True)
     if not np.array_equal(index, np.minimum((u[:, 0] * size).astype(np.int64), int(size) - 1)):
         raise ValueError("a one-bit report's index is the user's own sampled one (one_bit_index)")
     x = np.clip(np.asarray(x, dtype=np.float64), -c, c)

@@ -166,6 +166,10 @@ def _gddr(cfg: FederatedMFConfig, n: int, m: int, delta: float, seed: int) -> Gd
 
 
 def _privacy(cfg: FederatedMFConfig, budget: Budget, releases: LflReleases) -> PrivacyDeclaration:
+    if not releases.all():  # Stage 1 only, central SGD: references that release nothing noisy
+        return PrivacyDeclaration.none(
+            f"the {cfg.resolved_method()} reference adds no DP noise: not a private release"
+        )
     return PrivacyDeclaration(
         budget=budget,
         accountant=cfg.accountant,

@@ -68,7 +68,8 @@ def plan(cfg: FederatedMFConfig, seed: int) -> Plan:
     else:
         owner, n_parties = gen.integers(0, cfg.parties, axis), cfg.parties
     parties = _deal(ratings, train, test, owner, n_parties, vfl)
-    private = cfg.private()
+    # the central and HFL-local references add no DP noise, whatever `noise` says: no budget
+    private = cfg.private() and cfg.noisy_method()
     unit = cfg.resolved_unit() if private else None
     per_user = unit == "user"
     # per-user VFL: a user's ratings span every party, so every party's releases compose (the
@@ -81,9 +82,7 @@ def plan(cfg: FederatedMFConfig, seed: int) -> Plan:
     delta_joint = theta * 2 * math.sqrt(2) * cfg.bound**1.5
     delta_v = theta * 2 * cfg.bound**1.5
     releases = (
-        _releases(cfg, z, theta, delta_joint, delta_v, vfl)
-        if private and cfg.noisy_method()
-        else PartitionedReleases()
+        _releases(cfg, z, theta, delta_joint, delta_v, vfl) if private else PartitionedReleases()
     )
     # VFL publishes V_Fk after κ more noisy steps; HFL's Stage 3 is local and never published
     steps = {"local": cfg.iterations * cfg.local_steps, "finetune": cfg.finetune_steps}
