@@ -1,0 +1,129 @@
+"""hfl-kmeans: the assignments' ties. The displacement bounds of the size-constrained assignment
+(rayfed.clustering.dplloyd) hold where the min-cost flow's optimum is unique up to exchanging
+equal points; these tests put the flow where it was not (coinciding centroids, rounded costs) and
+check that one added or removed point still moves the counts by at most E and the sums by at most
+the declared bound.
+
+References are computed here by hand or by brute force, never by the code under test.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from ortools.graph.python import min_cost_flow
+
+from rayfed.clustering import dplloyd
+from rayfed.clustering.constrained import (
+    cluster_sums,
+    cost_centers,
+    cost_scale,
+    flow_assign,
+    flow_costs,
+    offset_direction,
+)
+
+
+def _moves(x, centers, lo, hi, e, gen):
+    """(counts ℓ1, sums ℓ1 / d) between x and each of its neighbours: the far corner added, a
+    random point removed."""
+    k, d = centers.shape
+    s0, c0 = cluster_sums(x, flow_assign(x, centers, lo, hi, e), k)
+    for x1 in (np.vstack([x, -np.ones((1, d))]), np.delete(x, int(gen.integers(len(x))), 0)):
+        s1, c1 = cluster_sums(x1, flow_assign(x1, centers, lo, hi, e), k)
+        yield int(np.abs(c1 - c0).sum()), float(np.abs(s1 - s0).sum() / d)
+
+
+def test_coinciding_centroids_move_no_more_than_the_bound():
+    """Two centroids at the same point (both truncated to the box's corner, say) cost every point
+    the same: without a tie-breaker the flow's optimum is far from unique and a neighbour's
+    assignment re-routes points freely (the counts moved by 177, the sums by 104·d·B, against
+    E = 1 and 2k - 1 = 5). Over 60 instances at E = 1 and E = 2, every neighbour stays within
+    counts_sensitivity and sums_sensitivity."""
+    gen = np.random.default_rng(0)
+    centers = np.array([[1.0, 1.0], [1.0, 1.0], [-0.3, -0.5]])
+    k = len(centers)
+    worst = {1: (0, 0.0), 2: (0, 0.0)}
+    for _ in range(60):
+        n = int(gen.integers(40, 200))
+        x = np.clip(gen.normal(0.5, 0.4, (n, 2)), -1, 1)
+        for e in (1, 2):
+            for counts, sums in _moves(x, centers, n // 6, n, e, gen):
+                worst[e] = (max(worst[e][0], counts), max(worst[e][1], sums))
+    for e, (counts, sums) in worst.items():
+        assert counts <= dplloyd.counts_sensitivity("constrained", k, e), (e, counts)
+        assert sums <= dplloyd.sums_sensitivity("constrained", k, e) + 1e-9, (e, sums)
+
+
+def test_centroids_closer_than_the_rounding_move_no_more_than_the_bound():
+    """Two distinct centroids 2^-24 apart: every point's costs to them differ by less than 2^-22,
+    which integer costs at 2^20 per unit rounded to a tie for most points. The flow's costs must
+    tell them apart: the neighbours stay within the bounds."""
+    gen = np.random.default_rng(1)
+    centers = np.array([[0.5, 0.5], [0.5 + 2.0**-24, 0.5], [-0.3, -0.5]])
+    worst = (0, 0.0)
+    for _ in range(40):
+        n = int(gen.integers(40, 200))
+        x = np.clip(gen.normal(0.5, 0.4, (n, 2)), -1, 1)
+        for counts, sums in _moves(x, centers, n // 6, n, 1, gen):
+            worst = (max(worst[0], counts), max(worst[1], sums))
+    assert worst[0] <= 1 and worst[1] <= 5 + 1e-9, worst
+
+
+def test_flow_costs_use_the_int64_range_the_solver_accepts():
+    """The integer costs are squared distances to the shifted centroids x the largest power of
+    two the solver takes: S1's per-client flow (k = 15, max 500 points) gets 2^45 (not 2^20);
+    E·(nodes + 1)·(largest cost) stays below 2^61 (OR-Tools refuses max cost·(nodes + 1) >=
+    2^63), and the solver solves the extreme instance — k·max_size points at the corner
+    farthest from every centroid — at that scale, where twice the scale is refused."""
+    centers = np.array([[1.0, 1.0]] * 14 + [[0.0, 0.0]])
+    scale = cost_scale(centers, 500, 1, 1.0)
+    assert scale == 2.0**45
+    shifted = cost_centers(centers)
+    reach = ((1 + np.abs(shifted)) ** 2).sum(axis=1).max()
+    nodes = 15 * 500 + 2 * 15 + 2
+    assert (nodes + 1) * reach * scale < 2.0**61 <= 2 * (nodes + 1) * reach * scale
+    far = -np.ones((15 * 500, 2))
+    rows, cols = flow_assign(far, centers, 0, 500)
+    assert np.bincount(cols, minlength=15).tolist() == [500] * 15
+    cost = flow_costs(far, centers, 500)
+    assert cost.max() == np.rint(((-1 - shifted) ** 2).sum(axis=1).max() * scale)
+    solver = min_cost_flow.SimpleMinCostFlow()  # the same graph at twice the costs: refused
+    n, k = len(far), 15
+    tails = np.concatenate([np.repeat(np.arange(n), k), n + np.arange(k)])
+    heads = np.concatenate([np.tile(n + np.arange(k), n), np.full(k, n + k)])
+    caps = np.concatenate([np.ones(n * k, np.int64), np.full(k, 500, np.int64)])
+    costs = np.concatenate([2 * cost.ravel(), np.zeros(k, np.int64)])
+    solver.add_arcs_with_capacity_and_unit_cost(tails, heads, caps, costs)
+    supplies = np.concatenate([np.ones(n, np.int64), np.zeros(k, np.int64), [-n]])
+    solver.set_nodes_supplies(np.arange(n + k + 1), supplies)
+    assert solver.solve() == solver.BAD_COST_RANGE
+
+
+def test_a_points_cost_depends_on_its_value_and_the_centroids_only():
+    """The same point costs the same whatever the other rows are (its neighbours share the cost
+    function): each entry equals the one computed for that point alone, at the scale of the
+    public inputs (k, max_size, E, the centroids)."""
+    gen = np.random.default_rng(3)
+    x, centers = gen.uniform(-1, 1, (300, 3)), gen.uniform(-1, 1, (5, 3))
+    cost = flow_costs(x, centers, 100, 2)
+    scale = cost_scale(centers, 100, 2, 1.0)
+    shifted = cost_centers(centers)
+    for j in (0, 17, 299):
+        alone = flow_costs(x[j : j + 1], centers, 100, 2)
+        assert (alone[0] == cost[j]).all()
+        want = [round(float(((x[j] - c) ** 2).sum()) * scale) for c in shifted]
+        assert np.abs(cost[j] - want).max() <= 1
+
+
+def test_the_offsets_are_public_distinct_and_small():
+    """Centroid i is shifted by (i + 1)·2^-16·u, u a fixed unit vector ∝ (√2, √3, √5, …): the
+    shifts are distinct (coinciding centroids separate), none is zero (a centroid on a data
+    point's grid would cost that point 0), and the largest is k·2^-16."""
+    u = np.sqrt([2.0, 3.0, 5.0, 7.0])
+    np.testing.assert_allclose(offset_direction(4), u / np.linalg.norm(u), rtol=1e-15)
+    centers = np.zeros((4, 4))
+    shifts = cost_centers(centers)
+    np.testing.assert_allclose(
+        shifts, np.arange(1, 5)[:, None] * 2.0**-16 * u / np.linalg.norm(u), rtol=1e-15
+    )
+    assert len(np.unique(shifts, axis=0)) == 4
