@@ -10,6 +10,7 @@ References are computed here by hand or by brute force, never by the code under 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from ortools.graph.python import min_cost_flow
 
 from rayfed.clustering import dplloyd
@@ -21,6 +22,9 @@ from rayfed.clustering.constrained import (
     flow_costs,
     offset_direction,
 )
+from rayfed.errors import ConfigError
+from rayfed.protocols.hfl_kmeans.config import HflKmeansConfig
+from rayfed.protocols.hfl_kmeans.plan import plan
 
 
 def _moves(x, centers, lo, hi, e, gen):
@@ -127,3 +131,34 @@ def test_the_offsets_are_public_distinct_and_small():
         shifts, np.arange(1, 5)[:, None] * 2.0**-16 * u / np.linalg.norm(u), rtol=1e-15
     )
     assert len(np.unique(shifts, axis=0)) == 4
+
+
+def test_truncation_runs_only_where_the_corrected_constrained_bound_is_not_claimed():
+    """Truncation puts two centroids on one point with positive probability (8 of 24 client
+    assignments at ε = 0.25 on the synthetic example), where data placed on the tie break the
+    unique-optimum assumption even with the offsets (u is public): refused with the corrected
+    constrained calibration (test_hfl_kmeans's BAD_INPUT); allowed without noise, with the
+    unconstrained assignment, and with sensitivity=thesis, whose statement says its ε is then
+    no guarantee."""
+    base = dict(users=600, k=3)
+    with pytest.raises(ConfigError) as err:
+        plan(_config(**base, centroid_post="trunc"), seed=0)
+    assert err.value.field == "centroid_post" and "fold or none" in str(err.value)
+    with pytest.raises(ConfigError) as err:
+        plan(_config(**base, sum_post="trunc", count_post="trunc"), seed=0)
+    assert err.value.field == "sum_post"
+    plan(_config(**base, sum_post="trunc"), seed=0)  # counts stay noisy: no coincidence
+    for options in (dict(noise="none"), dict(assignment="unconstrained")):
+        p = plan(_config(**base, centroid_post="trunc", **options), seed=0)
+        assert "truncation" not in p.privacy.statement
+    thesis = plan(_config(**base, centroid_post="trunc", sensitivity="thesis"), seed=0)
+    assert "the ε is not a guarantee" in thesis.privacy.statement
+    plain = plan(_config(**base), seed=0)
+    assert "public offsets (i + 1)·2^-16·u" in plain.privacy.statement
+    assert "neither excluded nor charged" in plain.privacy.statement
+
+
+def _config(**options) -> HflKmeansConfig:
+    cfg = HflKmeansConfig(**options)
+    cfg.validate()
+    return cfg

@@ -207,9 +207,21 @@ def _statement(cfg: HflKmeansConfig, setup: Setup) -> str:
     if cfg.assignment == "constrained":
         parts.append(
             "the size-constrained assignment's sensitivity counts the up to k - 1 points one "
-            "point displaces; it assumes the min-cost flow's optimum is unique up to "
-            "exchanging equal points (exact cost ties are broken by the solver)"
+            "point displaces; it assumes the min-cost flow's optimum unique up to exchanging "
+            "equal points: public offsets (i + 1)·2^-16·u separate coinciding centroids in the "
+            "flow's integer costs, but an exact tie of those costs (distinct points re-routed "
+            "at zero total cost: an exact linear relation, to within the costs' rounding, "
+            "between the points and the noisy centroids) is neither excluded nor charged"
         )
+        if cfg.noise != "none" and (
+            cfg.centroid_post == "trunc"
+            or (cfg.aggregation == "nma" and cfg.sum_post == cfg.count_post == "trunc")
+        ):
+            parts.append(
+                "truncation puts two centroids on one point with positive probability, where "
+                "points placed on the tie break that assumption: the ε is not a guarantee "
+                "(refused with sensitivity=corrected)"
+            )
     if setup.claimed_epsilon is not None:
         parts.append(
             "sensitivity=thesis: the thesis's noise (one point moves only its own clusters), "

@@ -64,8 +64,13 @@ def notes(cfg: HflKmeansConfig, setup: Setup) -> list[str]:
             "thesis's analysis (§6.2.1, §6.3.1) does not count; the corrected sensitivities do: "
             "sums (2k - 1)·d·B at E = 1, counts E, AMN centroids k - 1 replacements and one "
             "addition. The bound assumes the flow's optimum is unique up to exchanging equal "
-            "points: an exact tie of the integer costs between distinct points lets the solver "
-            "re-route them at no cost, outside it"
+            "points. The flow's costs are squared distances to the centroids shifted by public "
+            "offsets (i + 1)·2^-16·u (u ∝ (√2, √3, √5, …)), in integers as fine as the "
+            "solver's int64 range allows: coinciding centroids no longer tie every point, and "
+            "centroid truncation (which makes them coincide often) is refused. An exact tie of "
+            "the integer costs — distinct points re-routed at zero total cost, which needs an "
+            "exact linear relation between the points and the noisy centroids to within the "
+            "rounding — is not excluded; there, the solver's choice is outside the bound"
         )
         if cfg.aggregation == "nma" and setup.claimed_epsilon is None:
             e = setup.contribution
