@@ -15,6 +15,7 @@ from scipy.sparse import coo_matrix, vstack
 from scipy.stats import chisquare
 from sklearn.metrics import silhouette_score
 
+from rayfed.clustering import squared_distances
 from rayfed.clustering.constrained import (
     assign,
     cluster_sums,
@@ -30,7 +31,6 @@ from rayfed.clustering.constrained import (
     post_process,
     silhouette,
     sphere_packing,
-    squared_distances,
     wcss,
 )
 from rayfed.errors import ConfigError

@@ -14,7 +14,7 @@ import math
 import numpy as np
 from ortools.graph.python import min_cost_flow
 
-from rayfed.clustering import nearest, squared_distances
+from rayfed.clustering import nearest
 from rayfed.errors import ConfigError
 
 ASSIGNMENTS = ("constrained", "unconstrained", "non-exclusive")
@@ -49,14 +49,25 @@ def assign(
 
 def nearest_members(x: np.ndarray, centers: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
     """Constrained non-exclusive (§3.1(2)): each cluster independently takes its ``size`` nearest
-    points; a point may join several clusters or none."""
+    points; a point may join several clusters or none. Ties in distance are broken by a strict
+    order of the values (then the coordinates in turn), never by position: an added or removed
+    point then changes a cluster's members by at most one swap (equal points are
+    interchangeable)."""
     n, k = len(x), len(centers)
     size = min(size, n)
     if size == 0:
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    d2 = squared_distances(x, centers)
-    rows = np.argpartition(d2, size - 1, axis=0)[:size] if size < n else np.indices((n, k))[0]
-    return rows.T.ravel(), np.repeat(np.arange(k), size)
+    if size == n:
+        return np.tile(np.arange(n), k), np.repeat(np.arange(k), n)
+    values = tuple(x.T[::-1])  # np.lexsort sorts by its last key first
+    rows = [np.lexsort((*values, d2))[:size] for d2 in _distances(x, centers)]
+    return np.sort(np.stack(rows), axis=1).ravel(), np.repeat(np.arange(k), size)
+
+
+def _distances(x: np.ndarray, centers: np.ndarray):
+    """Each centroid's (n,) squared distances, every entry from its own point alone."""
+    for c in centers:
+        yield ((x - c) ** 2).sum(axis=1)
 
 
 def flow_assign(
