@@ -19,7 +19,7 @@ import pytest
 from rayfed.actors.base import StepContext
 from rayfed.clustering import dplloyd
 from rayfed.clustering.constrained import assign, cluster_sums
-from rayfed.errors import DataError
+from rayfed.errors import ConfigError, DataError
 from rayfed.privacy import (
     Interval,
     NoiseSource,
@@ -317,6 +317,29 @@ def test_the_public_setup_is_the_plans():
     p = plan(cfg, seed=1)
     assert p.params.setup == derive_setup(cfg, 600, 2)
     assert sum(t.num_rows for t, _ in p.parties.values()) == 600
+
+
+@pytest.mark.parametrize(
+    "sizes,field",
+    [
+        # 30 rows per client, ⌈20/2⌉ = 10 per cluster: k·10 = 30 fills D but not D minus a point
+        (dict(min_size=20, max_size=22), "min_size"),
+        # ⌊20/2⌋ = 10 per cluster at most: k·10 = 30 holds D but not D plus a point
+        (dict(min_size=6, max_size=20), "max_size"),
+    ],
+)
+def test_a_config_whose_neighbour_cannot_be_assigned_is_refused(sizes, field):
+    """The constrained assignment must be feasible on D's neighbours too (an abort that one point
+    decides breaks DP): every client needs one row of slack, k·⌈c_min/M⌉ <= E·(N_l - 1) and
+    N_l + 1 <= k·⌊c_max/M⌋. Refused in plan, naming the bound; one row more of slack runs, and
+    the sensitivity check's neighbours (a point removed, a point added) run too."""
+    cfg = HflKmeansConfig(users=60, k=3, clients=2, **sizes)
+    with pytest.raises(ConfigError) as err:
+        plan(cfg, seed=0)
+    assert err.value.field == field and "one row" in str(err.value)
+    fits = dict(min_size=18, max_size=22) if field == "min_size" else dict(min_size=6, max_size=22)
+    plan(HflKmeansConfig(users=60, k=3, clients=2, **fits), seed=0)
+    assert not check("hfl-kmeans", {"users": 60, "k": 3, "clients": 2, **fits})
 
 
 # --- 5. the empirical sensitivity check catches the thesis's sums bound ---------------------------

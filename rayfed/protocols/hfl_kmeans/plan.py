@@ -152,8 +152,10 @@ def _load(cfg: HflKmeansConfig, seed: int) -> tuple[pa.Table, list[str], np.ndar
 
 def _check_feasible(setup: Setup, sizes: list[int], assignment: str) -> None:
     """Every client's constrained assignment must have a solution (§3.1: k·c_min <= E·N_l and
-    N_l <= k·c_max), and a non-exclusive cluster must find its ⌈c_min/M⌉ points (the sensitivity
-    assumes that size); checked before any actor starts."""
+    N_l <= k·c_max) on D and on its neighbours — a point removed or added at any client — since
+    an abort that one point decides would break DP: one row of slack, k·c_min <= E·(N_l - 1)
+    and N_l + 1 <= k·c_max. A non-exclusive cluster must find its ⌈c_min/M⌉ points (the
+    sensitivity assumes that size). Checked before any actor starts."""
     b, k, e = setup.bounds, setup.k, setup.contribution
     if b.c_min > b.c_max:
         raise ConfigError(
@@ -169,12 +171,22 @@ def _check_feasible(setup: Setup, sizes: list[int], assignment: str) -> None:
     if assignment != "constrained":
         return
     for n_l in sizes:
-        if k * b.client_min > e * n_l or n_l > k * b.client_max:
+        bounds = f"(per-client bounds of c_min={b.c_min}, c_max={b.c_max})"
+        if k * b.client_min > e * (n_l - 1):
             raise ConfigError(
                 "min_size",
-                f"a client with {n_l} rows cannot fill {k} clusters of {b.client_min}.."
-                f"{b.client_max} rows each (per-client bounds of c_min={b.c_min}, c_max={b.c_max})",
-                "lower min_size, raise max_size, or fewer clients",
+                f"a client with {n_l} rows cannot fill {k} clusters of at least {b.client_min} "
+                f"rows each once one row is removed {bounds}: every client needs one row of "
+                "slack, since an abort that one point decides is not DP",
+                f"min_size <= {setup.clients * ((e * (n_l - 1)) // k)}, or fewer clients",
+            )
+        if n_l + 1 > k * b.client_max:
+            raise ConfigError(
+                "max_size",
+                f"a client with {n_l} rows cannot fit into {k} clusters of at most "
+                f"{b.client_max} rows each once one row is added {bounds}: every client needs "
+                "one row of slack, since an abort that one point decides is not DP",
+                f"max_size >= {setup.clients * -(-(n_l + 1) // k)}, or more clients",
             )
 
 
