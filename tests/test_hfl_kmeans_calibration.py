@@ -362,3 +362,41 @@ def test_the_sensitivity_check_passes_the_corrected_and_fails_the_thesis_bound(m
     assert excess and all("cluster sums" in release for _, release, _, _ in excess)
     assert all(delta == 2 * GRID and moved > delta for _, _, moved, delta in excess)
     assert max(moved for _, _, moved, _ in excess) == 148368
+
+
+#: a configuration whose neighbours displace points (the review's search): 45 rows per client,
+#: k = 4 clusters of 9..14 rows, so the added or removed point's augmenting path re-routes others
+DISPLACING = {"users": 90, "k": 4, "clients": 2, "seed": 1, "min_size": 18, "max_size": 28}
+
+
+def _sums_two_e(assignment, k, e):
+    """A calibration that counts one swap in and out (2E) where the path moves up to 2k - 1."""
+    return 2 * e if assignment == "constrained" else dplloyd.sums_sensitivity(assignment, k, e)
+
+
+def _amn_own_cluster(assignment, k, d, e, clients, client_min, scale):
+    """AMN's bound before the path was counted: only the cluster gaining the point moves."""
+    return e * d * (int(2.0 / (clients * (client_min + 1)) * scale) + 1)
+
+
+@pytest.mark.parametrize(
+    "aggregation,weak",
+    [
+        pytest.param("nma", ("sums_sensitivity", _sums_two_e), id="nma-sums-at-2E"),
+        pytest.param("amn", ("centroid_sensitivity_grid", _amn_own_cluster), id="amn-own-cluster"),
+    ],
+)
+def test_the_sensitivity_check_passes_where_neighbours_displace_points(
+    aggregation, weak, monkeypatch
+):
+    """The registered examples barely exercise the displacement (and never AMN's path term);
+    here they do: the corrected calibration passes the check, and one that ignores the path
+    fails it — NMA's sums counted at 2E (they move by 2.45·d·2^16, within 2k - 1 = 7), AMN's
+    centroids at one cluster gaining the point (they move by 1.18 times that; the thesis's
+    Δ^μ = B/c_min, smaller still, fails too)."""
+    options = {**DISPLACING, "aggregation": aggregation}
+    assert not check("hfl-kmeans", options)
+    monkeypatch.setattr(dplloyd, *weak)
+    excess = check("hfl-kmeans", options)
+    release = "cluster sums" if aggregation == "nma" else "cluster centroids"
+    assert excess and all(release in r and moved > delta for _, r, moved, delta in excess)
