@@ -9,6 +9,8 @@ References are computed here by hand or by brute force, never by the code under 
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 from ortools.graph.python import min_cost_flow
@@ -197,3 +199,48 @@ def test_non_exclusive_takes_the_smallest_values_among_equal_distances():
     y = np.array([[0.0, 1.0], [0.0, -1.0], [1.0, 0.0], [-1.0, 0.0]])
     rows, _ = nearest_members(y, np.zeros((1, 2)), 2)
     assert sorted(map(tuple, y[rows].tolist())) == [(-1.0, 0.0), (0.0, -1.0)]
+
+
+def _brute_optima(x, centers, lo, hi, e):
+    """Every optimal E-exclusive assignment by enumeration (each point in 1..E clusters, sizes
+    in lo..hi), as sets of (point, cluster); costs are the squared distances to the flow's
+    shifted centroids, compared to 1e-12."""
+    k = len(centers)
+    shifted = cost_centers(centers)
+    cost = ((x[:, None, :] - shifted[None]) ** 2).sum(axis=2)
+    choices = [s for r in range(1, e + 1) for s in itertools.combinations(range(k), r)]
+    best, optima = np.inf, []
+    for pick in itertools.product(choices, repeat=len(x)):
+        sizes = np.bincount([i for s in pick for i in s], minlength=k)
+        if sizes.min() < lo or sizes.max() > hi:
+            continue
+        total = sum(cost[j, list(s)].sum() for j, s in enumerate(pick))
+        pairs = {(j, i) for j, s in enumerate(pick) for i in s}
+        if total < best - 1e-12:
+            best, optima = total, [pairs]
+        elif total <= best + 1e-12:
+            optima.append(pairs)
+    return optima
+
+
+def test_at_e_2_one_added_point_moves_the_counts_by_2():
+    """E = 2, clusters at -0.82, -0.80 and 0.10 of 1..5 members, D = {0.25, 0.69, 0.42, 0.24}:
+    the two lowest points are forced into the far clusters 0 and 1 (counts 1, 1, 2). The added
+    point -1 joins both far clusters (its two memberships), which frees 0.24 and 0.25 to join
+    cluster 2: counts 1, 1, 4. Both optima are unique (brute force), and the counts move by
+    2 = E — the counts' sensitivity must be E, not 1 (the sums move by 2.98·d·B, within 2kE)."""
+    x = np.array([[0.25], [0.69], [0.42], [0.24]])
+    centers = np.array([[-0.82], [-0.80], [0.10]])
+    counts, sums = [], []
+    for data in (x, np.vstack([x, [[-1.0]]])):
+        rows, cols = flow_assign(data, centers, 1, 5, 2)
+        (optimum,) = _brute_optima(data, centers, 1, 5, 2)  # unique
+        assert set(zip(rows.tolist(), cols.tolist(), strict=True)) == optimum
+        s, c = cluster_sums(data, (rows, cols), 3)
+        counts.append(c)
+        sums.append(s)
+    assert counts[0].tolist() == [1, 1, 2] and counts[1].tolist() == [1, 1, 4]
+    moved = int(np.abs(counts[1] - counts[0]).sum())
+    assert moved == 2 == dplloyd.counts_sensitivity("constrained", 3, 2)
+    assert np.abs(sums[1] - sums[0]).sum() == pytest.approx(2.98)
+    assert 2.98 <= dplloyd.sums_sensitivity("constrained", 3, 2)
