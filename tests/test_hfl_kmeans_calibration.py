@@ -36,6 +36,7 @@ from rayfed.privacy.measurement import (
 from rayfed.protocols.hfl_kmeans.config import HflKmeansConfig
 from rayfed.protocols.hfl_kmeans.params import RELATION, derive_setup
 from rayfed.protocols.hfl_kmeans.plan import plan
+from rayfed.protocols.hfl_kmeans.report import notes
 from rayfed.protocols.hfl_kmeans.steps import unit_features
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "conformance"))
@@ -317,6 +318,19 @@ def test_the_public_setup_is_the_plans():
     p = plan(cfg, seed=1)
     assert p.params.setup == derive_setup(cfg, 600, 2)
     assert sum(t.num_rows for t, _ in p.parties.values()) == 600
+
+
+def test_the_statement_says_what_a_public_n_leaves_the_noise_to_protect():
+    """Under add/remove neighbours a public N discloses whether a point is present: the
+    statement (and the report's note) say that the noise protects a point's value, and that the
+    guarantee holds for the parameters planned from D's N."""
+    p = plan(HflKmeansConfig(users=600, k=3), seed=1)
+    statement = p.privacy.statement
+    assert "N itself discloses whether a point is present" in statement
+    assert "what the noise protects is a point's value" in statement
+    assert "the parameters planned from this N" in statement
+    note = notes(HflKmeansConfig(users=600, k=3), p.params.setup)[1]
+    assert "N itself discloses whether a point is present" in note and "N = 600" in note
 
 
 @pytest.mark.parametrize(

@@ -214,7 +214,10 @@ def _statement(cfg: HflKmeansConfig, setup: Setup) -> str:
         )
     parts = [
         base,
-        "N (hence t_max, c_min, c_max and ε^(m)) is a public input, not protected (spec A3)",
+        "N (hence t_max, c_min, c_max and ε^(m)) is a public input, not protected (spec A3): "
+        "under add/remove neighbours N itself discloses whether a point is present, so what "
+        "the noise protects is a point's value, and the guarantee holds for the parameters "
+        "planned from this N",
     ]
     if cfg.assignment == "constrained":
         parts.append(

@@ -42,7 +42,10 @@ def notes(cfg: HflKmeansConfig, setup: Setup) -> list[str]:
         masking.replace("{b}", str(setup.ring_bits)),
         f"N = {setup.n} is a public input of the run, as the thesis treats it (spec §1.1, A3): "
         "t_max, c_min, c_max and ε^(m) derive from it, and the guarantee does not protect the "
-        "number of rows (the clients do not send their row counts)",
+        "number of rows (the clients do not send their row counts). Under add/remove "
+        "neighbours N itself discloses whether a point is present: what the noise protects is "
+        "a point's value, and the ε holds for the parameters planned from this N (a neighbour "
+        "with one point more or less is compared under the same t_max, sizes and noise)",
     ]
     if cfg.noise == "none":
         return [*out, "noise=none: not private; the clients see exact aggregates"]
