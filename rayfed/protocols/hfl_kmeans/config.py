@@ -64,7 +64,12 @@ class HflKmeansConfig:
     count_post: Literal[POSTS] = option(
         "none", "post-processing of the noisy counts (NMA)", when={"aggregation": ("nma",)}
     )
-    centroid_post: Literal[POSTS] = option("fold", "post-processing of the centroids")
+    centroid_post: Literal[POSTS] = option(
+        "fold",
+        "post-processing of the centroids; trunc (and sum_post with count_post trunc) is refused "
+        "with the constrained assignment's corrected calibration: it puts two centroids on one "
+        "point, where the flow's costs tie",
+    )
     iterations: int | Literal["auto"] = option(
         "auto", "t_max; auto: the thesis's rule from N (private) or 7 (non-private)", at_least=1
     )
