@@ -704,6 +704,9 @@ BAD_INPUT = {
     "non-exclusive-empty": (dict(assignment="non-exclusive", min_size=0), "min_size"),
     "non-exclusive-too-big": (dict(assignment="non-exclusive", min_size=6000), "min_size"),
     "unread-sum-post-amn": (dict(aggregation="amn", sum_post="fold"), "sum_post"),
+    # truncation puts two centroids on one point: the flow's costs tie (test_hfl_kmeans_ties)
+    "trunc-centroids-constrained": (dict(centroid_post="trunc"), "centroid_post"),
+    "trunc-sums-and-counts-constrained": (dict(sum_post="trunc", count_post="trunc"), "sum_post"),
     "unread-rho-amn": (dict(aggregation="amn", rho=0.3), "rho"),
     "unread-epsilon-nonprivate": (dict(noise="none", epsilon=1.0), "epsilon"),
     "unread-min-size-unconstrained": (dict(assignment="unconstrained", min_size=10), "min_size"),

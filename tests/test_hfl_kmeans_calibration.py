@@ -19,7 +19,7 @@ import pytest
 from rayfed.actors.base import StepContext
 from rayfed.clustering import dplloyd
 from rayfed.clustering.constrained import assign, cluster_sums
-from rayfed.errors import DataError
+from rayfed.errors import ConfigError, DataError
 from rayfed.privacy import (
     Interval,
     NoiseSource,
@@ -36,6 +36,7 @@ from rayfed.privacy.measurement import (
 from rayfed.protocols.hfl_kmeans.config import HflKmeansConfig
 from rayfed.protocols.hfl_kmeans.params import RELATION, derive_setup
 from rayfed.protocols.hfl_kmeans.plan import plan
+from rayfed.protocols.hfl_kmeans.report import notes
 from rayfed.protocols.hfl_kmeans.steps import unit_features
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "conformance"))
@@ -319,6 +320,42 @@ def test_the_public_setup_is_the_plans():
     assert sum(t.num_rows for t, _ in p.parties.values()) == 600
 
 
+def test_the_statement_says_what_a_public_n_leaves_the_noise_to_protect():
+    """Under add/remove neighbours a public N discloses whether a point is present: the
+    statement (and the report's note) say that the noise protects a point's value, and that the
+    guarantee holds for the parameters planned from D's N."""
+    p = plan(HflKmeansConfig(users=600, k=3), seed=1)
+    statement = p.privacy.statement
+    assert "N itself discloses whether a point is present" in statement
+    assert "what the noise protects is a point's value" in statement
+    assert "the parameters planned from this N" in statement
+    note = notes(HflKmeansConfig(users=600, k=3), p.params.setup)[1]
+    assert "N itself discloses whether a point is present" in note and "N = 600" in note
+
+
+@pytest.mark.parametrize(
+    "sizes,field",
+    [
+        # 30 rows per client, ⌈20/2⌉ = 10 per cluster: k·10 = 30 fills D but not D minus a point
+        (dict(min_size=20, max_size=22), "min_size"),
+        # ⌊20/2⌋ = 10 per cluster at most: k·10 = 30 holds D but not D plus a point
+        (dict(min_size=6, max_size=20), "max_size"),
+    ],
+)
+def test_a_config_whose_neighbour_cannot_be_assigned_is_refused(sizes, field):
+    """The constrained assignment must be feasible on D's neighbours too (an abort that one point
+    decides breaks DP): every client needs one row of slack, k·⌈c_min/M⌉ <= E·(N_l - 1) and
+    N_l + 1 <= k·⌊c_max/M⌋. Refused in plan, naming the bound; one row more of slack runs, and
+    the sensitivity check's neighbours (a point removed, a point added) run too."""
+    cfg = HflKmeansConfig(users=60, k=3, clients=2, **sizes)
+    with pytest.raises(ConfigError) as err:
+        plan(cfg, seed=0)
+    assert err.value.field == field and "one row" in str(err.value)
+    fits = dict(min_size=18, max_size=22) if field == "min_size" else dict(min_size=6, max_size=22)
+    plan(HflKmeansConfig(users=60, k=3, clients=2, **fits), seed=0)
+    assert not check("hfl-kmeans", {"users": 60, "k": 3, "clients": 2, **fits})
+
+
 # --- 5. the empirical sensitivity check catches the thesis's sums bound ---------------------------
 SPLIT_EXAMPLE = {  # the registered example 3: its added corner point displaces others
     "users": 2000,
@@ -339,3 +376,41 @@ def test_the_sensitivity_check_passes_the_corrected_and_fails_the_thesis_bound(m
     assert excess and all("cluster sums" in release for _, release, _, _ in excess)
     assert all(delta == 2 * GRID and moved > delta for _, _, moved, delta in excess)
     assert max(moved for _, _, moved, _ in excess) == 148368
+
+
+#: a configuration whose neighbours displace points (the review's search): 45 rows per client,
+#: k = 4 clusters of 9..14 rows, so the added or removed point's augmenting path re-routes others
+DISPLACING = {"users": 90, "k": 4, "clients": 2, "seed": 1, "min_size": 18, "max_size": 28}
+
+
+def _sums_two_e(assignment, k, e):
+    """A calibration that counts one swap in and out (2E) where the path moves up to 2k - 1."""
+    return 2 * e if assignment == "constrained" else dplloyd.sums_sensitivity(assignment, k, e)
+
+
+def _amn_own_cluster(assignment, k, d, e, clients, client_min, scale):
+    """AMN's bound before the path was counted: only the cluster gaining the point moves."""
+    return e * d * (int(2.0 / (clients * (client_min + 1)) * scale) + 1)
+
+
+@pytest.mark.parametrize(
+    "aggregation,weak",
+    [
+        pytest.param("nma", ("sums_sensitivity", _sums_two_e), id="nma-sums-at-2E"),
+        pytest.param("amn", ("centroid_sensitivity_grid", _amn_own_cluster), id="amn-own-cluster"),
+    ],
+)
+def test_the_sensitivity_check_passes_where_neighbours_displace_points(
+    aggregation, weak, monkeypatch
+):
+    """The registered examples barely exercise the displacement (and never AMN's path term);
+    here they do: the corrected calibration passes the check, and one that ignores the path
+    fails it — NMA's sums counted at 2E (they move by 2.45·d·2^16, within 2k - 1 = 7), AMN's
+    centroids at one cluster gaining the point (they move by 1.18 times that; the thesis's
+    Δ^μ = B/c_min, smaller still, fails too)."""
+    options = {**DISPLACING, "aggregation": aggregation}
+    assert not check("hfl-kmeans", options)
+    monkeypatch.setattr(dplloyd, *weak)
+    excess = check("hfl-kmeans", options)
+    release = "cluster sums" if aggregation == "nma" else "cluster centroids"
+    assert excess and all(release in r and moved > delta for _, r, moved, delta in excess)

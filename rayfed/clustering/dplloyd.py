@@ -86,7 +86,9 @@ def centroid_sensitivity_thesis(c_min: int, contribution: int, constrained: bool
 # ℓ1 <= 2dB, count unchanged) or, the last one, one addition (<= dB, count + 1). Per unit path the
 # sums move by at most (2k − 1)·d·B (E = 1; 2k·d·B when it ends at the escape node) and the counts
 # by 1. A cycle moves points around clusters at zero cost: it exists only where D's (or D''s)
-# optimum is not unique up to exchanging equal points, and the bound assumes it does not.
+# optimum is not unique up to exchanging equal points, and the bound assumes it does not
+# (constrained.flow_costs shifts the centroids by public offsets so that coinciding ones do not
+# tie every point; an exact tie of its integer costs remains possible and is not excluded).
 def sums_sensitivity(assignment: str, k: int, contribution: int) -> int:
     """The ℓ1 change of the k·d cluster sums one added or removed point can cause, in units of
     d·B: 1 (unconstrained: its own cluster), 2k (non-exclusive: each cluster keeps its size, so

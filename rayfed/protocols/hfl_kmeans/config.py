@@ -64,7 +64,12 @@ class HflKmeansConfig:
     count_post: Literal[POSTS] = option(
         "none", "post-processing of the noisy counts (NMA)", when={"aggregation": ("nma",)}
     )
-    centroid_post: Literal[POSTS] = option("fold", "post-processing of the centroids")
+    centroid_post: Literal[POSTS] = option(
+        "fold",
+        "post-processing of the centroids; trunc (and sum_post with count_post trunc) is refused "
+        "with the constrained assignment's corrected calibration: it puts two centroids on one "
+        "point, where the flow's costs tie",
+    )
     iterations: int | Literal["auto"] = option(
         "auto", "t_max; auto: the thesis's rule from N (private) or 7 (non-private)", at_least=1
     )
@@ -157,6 +162,24 @@ class HflKmeansConfig:
             raise ConfigError("min_size", f"{self.min_size} > max_size = {self.max_size}")
         if self.assignment == "non-exclusive" and self.min_size == 0:
             raise ConfigError("min_size", "non-exclusive clusters of 0 points are empty", ">= 1")
+        if self._truncation_ties():
+            field, what = (
+                ("centroid_post", "centroid_post=trunc clips two centroids to one point")
+                if self.centroid_post == "trunc"
+                else (
+                    "sum_post",
+                    "sum_post=trunc with count_post=trunc clips two clusters' sums and counts "
+                    "to one centroid",
+                )
+            )
+            raise ConfigError(
+                field,
+                f"{what} with positive probability; every point then costs nearly the same in "
+                "both clusters and the size-constrained assignment's sensitivity (which assumes "
+                "the flow's optimum unique) fails on data placed on the tie",
+                "fold or none; or assignment=unconstrained; or sensitivity=thesis (its ε not "
+                "a guarantee then)",
+            )
         if self.init in DATA_INITS and self.noise != "none":
             raise ConfigError(
                 "init",
@@ -186,6 +209,16 @@ class HflKmeansConfig:
                 "ring_noise=mpc runs with pairwise masks (no single client's pad over the ring)",
                 "pairwise",
             )
+
+    def _truncation_ties(self) -> bool:
+        """A post-processing that maps noisy values to a bound, so that two centroids coincide
+        with positive probability, under the constrained assignment's corrected calibration."""
+        if self.noise == "none" or self.assignment != "constrained":
+            return False
+        if self.sensitivity != "corrected":
+            return False
+        both = self.aggregation == "nma" and self.sum_post == self.count_post == "trunc"
+        return self.centroid_post == "trunc" or both
 
 
 def resolve_randomness(cfg: HflKmeansConfig, randomness: str) -> tuple[HflKmeansConfig, str]:

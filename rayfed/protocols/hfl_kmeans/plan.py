@@ -152,8 +152,10 @@ def _load(cfg: HflKmeansConfig, seed: int) -> tuple[pa.Table, list[str], np.ndar
 
 def _check_feasible(setup: Setup, sizes: list[int], assignment: str) -> None:
     """Every client's constrained assignment must have a solution (§3.1: k·c_min <= E·N_l and
-    N_l <= k·c_max), and a non-exclusive cluster must find its ⌈c_min/M⌉ points (the sensitivity
-    assumes that size); checked before any actor starts."""
+    N_l <= k·c_max) on D and on its neighbours — a point removed or added at any client — since
+    an abort that one point decides would break DP: one row of slack, k·c_min <= E·(N_l - 1)
+    and N_l + 1 <= k·c_max. A non-exclusive cluster must find its ⌈c_min/M⌉ points (the
+    sensitivity assumes that size). Checked before any actor starts."""
     b, k, e = setup.bounds, setup.k, setup.contribution
     if b.c_min > b.c_max:
         raise ConfigError(
@@ -169,12 +171,22 @@ def _check_feasible(setup: Setup, sizes: list[int], assignment: str) -> None:
     if assignment != "constrained":
         return
     for n_l in sizes:
-        if k * b.client_min > e * n_l or n_l > k * b.client_max:
+        bounds = f"(per-client bounds of c_min={b.c_min}, c_max={b.c_max})"
+        if k * b.client_min > e * (n_l - 1):
             raise ConfigError(
                 "min_size",
-                f"a client with {n_l} rows cannot fill {k} clusters of {b.client_min}.."
-                f"{b.client_max} rows each (per-client bounds of c_min={b.c_min}, c_max={b.c_max})",
-                "lower min_size, raise max_size, or fewer clients",
+                f"a client with {n_l} rows cannot fill {k} clusters of at least {b.client_min} "
+                f"rows each once one row is removed {bounds}: every client needs one row of "
+                "slack, since an abort that one point decides is not DP",
+                f"min_size <= {setup.clients * ((e * (n_l - 1)) // k)}, or fewer clients",
+            )
+        if n_l + 1 > k * b.client_max:
+            raise ConfigError(
+                "max_size",
+                f"a client with {n_l} rows cannot fit into {k} clusters of at most "
+                f"{b.client_max} rows each once one row is added {bounds}: every client needs "
+                "one row of slack, since an abort that one point decides is not DP",
+                f"max_size >= {setup.clients * -(-(n_l + 1) // k)}, or more clients",
             )
 
 
@@ -202,14 +214,29 @@ def _statement(cfg: HflKmeansConfig, setup: Setup) -> str:
         )
     parts = [
         base,
-        "N (hence t_max, c_min, c_max and ε^(m)) is a public input, not protected (spec A3)",
+        "N (hence t_max, c_min, c_max and ε^(m)) is a public input, not protected (spec A3): "
+        "under add/remove neighbours N itself discloses whether a point is present, so what "
+        "the noise protects is a point's value, and the guarantee holds for the parameters "
+        "planned from this N",
     ]
     if cfg.assignment == "constrained":
         parts.append(
             "the size-constrained assignment's sensitivity counts the up to k - 1 points one "
-            "point displaces; it assumes the min-cost flow's optimum is unique up to "
-            "exchanging equal points (exact cost ties are broken by the solver)"
+            "point displaces; it assumes the min-cost flow's optimum unique up to exchanging "
+            "equal points: public offsets (i + 1)·2^-16·u separate coinciding centroids in the "
+            "flow's integer costs, but an exact tie of those costs (distinct points re-routed "
+            "at zero total cost: an exact linear relation, to within the costs' rounding, "
+            "between the points and the noisy centroids) is neither excluded nor charged"
         )
+        if cfg.noise != "none" and (
+            cfg.centroid_post == "trunc"
+            or (cfg.aggregation == "nma" and cfg.sum_post == cfg.count_post == "trunc")
+        ):
+            parts.append(
+                "truncation puts two centroids on one point with positive probability, where "
+                "points placed on the tie break that assumption: the ε is not a guarantee "
+                "(refused with sensitivity=corrected)"
+            )
     if setup.claimed_epsilon is not None:
         parts.append(
             "sensitivity=thesis: the thesis's noise (one point moves only its own clusters), "

@@ -42,7 +42,10 @@ def notes(cfg: HflKmeansConfig, setup: Setup) -> list[str]:
         masking.replace("{b}", str(setup.ring_bits)),
         f"N = {setup.n} is a public input of the run, as the thesis treats it (spec §1.1, A3): "
         "t_max, c_min, c_max and ε^(m) derive from it, and the guarantee does not protect the "
-        "number of rows (the clients do not send their row counts)",
+        "number of rows (the clients do not send their row counts). Under add/remove "
+        "neighbours N itself discloses whether a point is present: what the noise protects is "
+        "a point's value, and the ε holds for the parameters planned from this N (a neighbour "
+        "with one point more or less is compared under the same t_max, sizes and noise)",
     ]
     if cfg.noise == "none":
         return [*out, "noise=none: not private; the clients see exact aggregates"]
@@ -64,15 +67,20 @@ def notes(cfg: HflKmeansConfig, setup: Setup) -> list[str]:
             "thesis's analysis (§6.2.1, §6.3.1) does not count; the corrected sensitivities do: "
             "sums (2k - 1)·d·B at E = 1, counts E, AMN centroids k - 1 replacements and one "
             "addition. The bound assumes the flow's optimum is unique up to exchanging equal "
-            "points: an exact tie of the integer costs between distinct points lets the solver "
-            "re-route them at no cost, outside it"
+            "points. The flow's costs are squared distances to the centroids shifted by public "
+            "offsets (i + 1)·2^-16·u (u ∝ (√2, √3, √5, …)), in integers as fine as the "
+            "solver's int64 range allows: coinciding centroids no longer tie every point, and "
+            "centroid truncation (which makes them coincide often) is refused. An exact tie of "
+            "the integer costs — distinct points re-routed at zero total cost, which needs an "
+            "exact linear relation between the points and the noisy centroids to within the "
+            "rounding — is not excluded; there, the solver's choice is outside the bound"
         )
         if cfg.aggregation == "nma" and setup.claimed_epsilon is None:
             e = setup.contribution
             factor = dplloyd.sums_sensitivity(cfg.assignment, setup.k, e) / e
             out.append(
                 f"NMA: at the true ε the size bound costs {factor:g} times the sums' noise of "
-                "one point's own clusters; on S1 and Iris assignment=unconstrained gives 2-3.6x "
+                "one point's own clusters; on S1 and Iris assignment=unconstrained gives 1.9-3.6x "
                 "lower WCSS at the same ε (docs/protocols/hfl-kmeans.md)"
             )
     if setup.claimed_epsilon is not None:
