@@ -312,8 +312,9 @@ def test_the_group_sampled_event_is_carried_only_as_drawn_whole_after_its_sample
 
 # --- per-rating HFL's gap (spec §7.8), seen on neighbouring datasets -----------------------------
 def _item_rows_moved(options: dict) -> dict[str, tuple[int, set[int]]]:
-    """Per party: (the item of its last training rating, the rows of V's gradient sum that moved
-    in its first DP-SGD release when that rating is removed), noiseless (the sensitivity check's
+    """For the party holding the removed rating (the check's last unit): (the item of its last
+    training rating, the rows of V's gradient sum that moved in its first DP-SGD release when
+    that rating is removed), noiseless (the sensitivity check's
     probe and neighbours, every unit in the sample), D′ replaying D's releases."""
     import sys
 
@@ -333,6 +334,8 @@ def _item_rows_moved(options: dict) -> dict[str, tuple[int, set[int]]]:
         execute(proto, cfg, run_opts, removed_plan)
     out = {}
     for (party, label, call), seen in d.seen.items():
+        if removed_plan.parties[party][0].equals(d_plan.parties[party][0]):
+            continue  # the rating removed is another party's (each rating lies at one party)
         if call == 0:
             diff = (seen.values - removed.seen[(party, label, 0)].values).reshape(-1, cfg.rank)
             item = int(plan.parties[party][0].column("item")[-1].as_py())
