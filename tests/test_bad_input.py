@@ -300,6 +300,7 @@ def test_vfl_kmeans_data_outside_declared_bounds(out_dir, csv_file):
         "bounds.a",
         out_dir,
         "vfl-kmeans",
+        delta=1e-5,  # a data file needs a public δ (the sketches)
         data={"path": path},
         bounds={"a": [0, 1], "b": [0, 1]},
     )
@@ -308,12 +309,13 @@ def test_vfl_kmeans_data_outside_declared_bounds(out_dir, csv_file):
 
 def test_vfl_kmeans_missing_bounds(out_dir, csv_file):
     path = csv_file({"a": [0.1, 0.2], "b": [0.3, 0.4]})
-    expect(ConfigError, "bounds", out_dir, "vfl-kmeans", data={"path": path})
+    expect(ConfigError, "bounds", out_dir, "vfl-kmeans", data={"path": path}, delta=1e-5)
     err = expect(
         ConfigError,
         "bounds.b",
         out_dir,
         "vfl-kmeans",
+        delta=1e-5,  # a data file needs a public δ (the sketches)
         data={"path": path, "columns": {"p0": ["a"], "p1": ["b"]}},
         bounds={"a": [0, 1]},
     )
@@ -352,13 +354,20 @@ def test_vfl_kmeans_file_errors_name_the_field(out_dir, csv_file):
     path = csv_file({"id": [1, 2, 3], "a": [0.1, 0.2, 0.3], "b": [0.3, 0.4, 0.5]})
     bounds = {"a": [0, 1], "b": [0, 1]}
     expect(
-        DataError, "bounds.zz", out_dir, "vfl-kmeans", data={"path": path}, bounds={"zz": [0, 1]}
+        DataError,
+        "bounds.zz",
+        out_dir,
+        "vfl-kmeans",
+        data={"path": path},
+        bounds={"zz": [0, 1]},
+        delta=1e-5,
     )
     err = expect(
         ConfigError,
         "data.columns.p0",
         out_dir,
         "vfl-kmeans",
+        delta=1e-5,  # a data file needs a public δ (the sketches)
         data={"path": path, "key": "id", "columns": {"p0": ["id", "a"], "p1": ["b"]}},
         bounds=bounds | {"id": [0, 9]},
     )
@@ -368,6 +377,7 @@ def test_vfl_kmeans_file_errors_name_the_field(out_dir, csv_file):
         "parties",
         out_dir,
         "vfl-kmeans",
+        delta=1e-5,  # a data file needs a public δ (the sketches)
         parties=3,
         data={"path": path, "columns": {"p0": ["a"], "p1": ["b"]}},
         bounds=bounds,

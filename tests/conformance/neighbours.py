@@ -13,7 +13,8 @@ member (vertical data):
 * add or remove one unit: D′ is D without the unit; and the unit added back at the domain's
   farthest point to D′ (under the same id and in the same place: a plan's public parameters —
   its count of users, a registry of ids — stay those of D, so the unit added must be one they
-  already name);
+  already name); where rows are units by position, also D with a new row at the farthest point
+  appended;
 * a bounded replacement (``relation.within`` = w): D′ is D with the unit's data moved by w (its
   first column of each field, at one party if the relation says so) — the relation bounds the
   move, not the domain.
@@ -181,6 +182,21 @@ def _without(plan, data: DataDomain, unit) -> dict:
     return out
 
 
+def _appended(plan, data: DataDomain, unit: Unit) -> dict:
+    """D with a copy of the unit's row appended at the domain's farthest point (its member's
+    last row: no other row's position moves)."""
+    out = {}
+    for name, (table, meta) in _members(plan, data).items():
+        rows = _unit_rows(table, name, data, unit)
+        if rows.size:
+            extra = table.take(pa.array(rows))
+            for field in _fields_of(table, data):
+                extra = _set(extra, np.arange(extra.num_rows), field.columns, _farthest(field))
+            table = pa.concat_tables([table, extra])
+        out[name] = (table, meta)
+    return out
+
+
 def outside_domain(plan) -> list[str]:
     """The member columns whose values lie outside their declared field's domain."""
     data = plan.privacy.data
@@ -257,7 +273,9 @@ def neighbouring_plans(plan) -> list[tuple[str, Any, Any]]:
         without = _without(plan, data, last)
         far = _placed(plan, data, last, lambda name, f: _farthest(f))
         pairs.append(("removed", members, without))
-        pairs.append(("added at the farthest point", without, far))
+        pairs.append(("added back at the farthest point", without, far))
+        if data.key is None:  # rows by position: a new row names no unit the plan must know
+            pairs.append(("a new row at the farthest point", members, _appended(plan, data, last)))
     return [(n, _with_members(plan, data, a), _with_members(plan, data, b)) for n, a, b in pairs]
 
 
