@@ -560,7 +560,7 @@ class Federation:
         self.timings.append(
             {"round": self.round_no, "phase": phase, "role": role, "seconds": seconds}
         )
-        dp_items = []
+        dp_items, shared_items = [], []
         metas = [replies.metas[name] for name in sorted(replies.metas)]
         metas = [meta for meta in metas if meta is not None]
         carried = self._carried.setdefault(self.round_no, [])
@@ -570,10 +570,14 @@ class Federation:
             if meta.dp_event is None:
                 continue
             carried.append(meta.dp_event)
-            # the members' shares of one declared shared release use one charge
-            one_release = meta.scope == RUN_SCOPE and meta.shared
-            if not (one_release and item in dp_items):
+            if meta.scope == RUN_SCOPE and meta.shared:
+                # the members' shares of one declared shared release use one charge: one item
+                # for all of them, apart from any other message's (whatever the order)
+                if item not in shared_items:
+                    shared_items.append(item)
+            else:
                 dp_items.append(item)
+        dp_items += shared_items
         declared = {m.label: m.event for m in self._privacy.measurements}
         for meta in metas:
             for label, event in meta.shares_of:

@@ -348,3 +348,23 @@ def test_quorum_check():
     fed.require_quorum(3, 3, "collect")
     with pytest.raises(BelowThreshold, match="2 participants alive, threshold is 3"):
         fed.require_quorum(2, 3, "collect")
+
+
+def own_and_shared(ctx):
+    """p0 draws its own whole release, p1 a share of the shared one: equal events, scope run."""
+    release = WHOLE if ctx.name == "p0" else SHARED
+    value, event = release(ctx.noise, np.array([1.0]))
+    return Message("release", value, dp_event=event, scope="run")
+
+
+def test_a_shared_release_never_covers_another_messages_release(backend):
+    """The review's order-dependent hole: a whole release and a share of a shared one, whose
+    events are equal, were one item to verify in one order and two in the other. Each whole
+    release needs its own charge, in any order."""
+    with make_fed(backend, epsilon=4.0) as fed:
+        fed.charge([SHARED.charge("run")])
+        with pytest.raises(UnaccountedNoise, match="sent twice"):
+            fed.parties.run(own_and_shared, phase="both")
+    with make_fed(backend, epsilon=4.0) as fed:
+        fed.charge([SHARED.charge("run"), WHOLE.charge("run")])
+        fed.parties.run(own_and_shared, phase="both")
