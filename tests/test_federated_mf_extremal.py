@@ -22,7 +22,9 @@ import math
 import numpy as np
 import pytest
 
+import rayfed
 from rayfed import mf
+from rayfed.errors import ConfigError
 from rayfed.mf.baselines import clipped_gradient_sums
 from rayfed.protocols import get_protocol
 from rayfed.protocols.federated_mf.config import FederatedMFConfig
@@ -94,10 +96,44 @@ def _case(options: dict, release: str, joint: bool):
     "options,release,joint,per_user", [r[1:] for r in RELEASES], ids=[r[0] for r in RELEASES]
 )
 def test_every_release_covers_its_querys_worst_case_move(options, release, joint, per_user):
-    """Δ >= the supremum of the move (a halved Δ, or a per-user Δ divided by θ, fails here); per
-    rating the bound is the supremum itself."""
+    """Δ >= the supremum of the move (a halved Δ, or a per-user Δ divided by θ, fails here), and
+    Δ is that supremum: no more noise than the query needs (per user, a user's θ ratings are on
+    distinct items: √θ·2R^{3/2} V-only, √(θ²+θ)·2R^{3/2} jointly, not θ times one rating's)."""
     sens, moved, theta = _case(options, release, joint)
     assert (theta > 1) == per_user
     assert moved <= sens * (1 + 1e-12), (moved, sens)
-    if not per_user:
-        assert sens == pytest.approx(moved, rel=1e-12)
+    assert sens == pytest.approx(moved, rel=1e-12)
+
+
+@pytest.mark.parametrize(
+    "options,release,joint",
+    [r[1:4] for r in RELEASES if r[4]],
+    ids=[r[0] for r in RELEASES if r[4]],
+)
+def test_the_theses_per_user_bound_is_theta_times_one_ratings_and_covers_the_move(
+    options, release, joint
+):
+    """``user_sensitivity=thesis``: θ times one rating's Δ (the thesis's triangle inequality),
+    above the supremum by √(2θ/(θ+1)) jointly and √θ for V alone."""
+    sens, moved, theta = _case({**options, "user_sensitivity": "thesis"}, release, joint)
+    one = 2 * math.sqrt(2) * 5.0**1.5 if joint else 2 * 5.0**1.5
+    assert sens == pytest.approx(theta * one, rel=1e-12)
+    ratio = math.sqrt(2 * theta / (theta + 1)) if joint else math.sqrt(theta)
+    assert sens == pytest.approx(ratio * moved, rel=1e-12)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(setting="lfl"),
+        dict(setting="vfl"),
+        dict(setting="hfl", privacy_unit="rating"),
+        dict(setting="vfl", method="objpert", parties=1, privacy_unit="user"),
+    ],
+    ids=["lfl", "vfl-rating", "hfl-rating", "objpert"],
+)
+def test_the_per_user_bound_option_is_refused_where_no_user_is_trimmed_for_dp_sgd(options):
+    with pytest.raises(ConfigError, match="user_sensitivity"):
+        rayfed.run(
+            "federated-mf", backend="local", out_dir=None, user_sensitivity="thesis", **options
+        )
