@@ -14,6 +14,8 @@ from rayfed.errors import ConfigError
 from rayfed.mf.lfl import effective_variance, noise_shares, worst_case_variance
 from rayfed.privacy import Ball, Measurement, Neighbours, NoiseSource, share_noise
 from rayfed.privacy.measurement import DistributedGaussianShare, ReplacementShare
+from rayfed.protocols import get_protocol
+from rayfed.protocols.federated_mf.config import FederatedMFConfig
 from rayfed.protocols.federated_mf.lfl.steps import lfl_round1_inputs, lfl_round2_step
 
 SMALL = dict(users=300, items=40, iterations=3, backend="local", out_dir=None, secagg_mode="dealer")
@@ -623,3 +625,28 @@ def test_ratings_outside_zero_r_are_refused_or_clipped_and_counted(setting, tmp_
     reference = rayfed.run("federated-mf", data={"path": str(clean)}, **kw)
     assert clipped.metrics["test_mse"] == reference.metrics["test_mse"]
     assert reference.metrics["clipped"]["count"] == 0 and "clipped" not in reference.headline
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(setting="lfl"),
+        dict(setting="lfl", method="gd-dr", users=400),  # the shuffle bound needs the users
+        dict(setting="vfl"),
+        dict(setting="hfl"),
+        dict(setting="vfl", method="dp-sgld", parties=1),
+    ],
+    ids=["lfl", "gd-dr", "vfl", "hfl", "dp-sgld"],
+)
+def test_every_statement_names_what_the_plan_takes_from_the_data_without_noise(options):
+    """The plans read the data for the default δ = 1/|ratings|, the numbers of users n (LFL:
+    secure aggregation's registry, its threshold t = ⌈(1−ω)n⌉ and the noise shares; GD-DR's
+    quorum) and items m, and the training mean rating: each statement says it takes them as
+    public, uncovered."""
+    cfg = FederatedMFConfig(**{"users": 150, "items": 20, "iterations": 2, **options})
+    statement = get_protocol("federated-mf").plan(cfg, 0).privacy.statement
+    public = statement.split("taken as public, not covered:")[1]
+    for named in ("δ = 1/|ratings|", "number of users n", "number of items m", "mean rating"):
+        assert named in public, (named, statement)
+    if cfg.setting == "lfl":
+        assert "t = ⌈(1−ω)n⌉" in public

@@ -310,7 +310,9 @@ def _objpert_release(
 #: for the initial scale)
 TAKEN_AS_PUBLIC = (
     "; taken as public, not covered: the number of ratings (the batch normaliser q·|Ω_k| and the "
-    "default δ = 1/|ratings|) and the training mean rating that scales the initial embeddings"
+    "default δ = 1/|ratings|), the number of users n and the number of items m (the shapes of U "
+    "and V, and each party's share of them: the server's averaging weights) and the training "
+    "mean rating that scales the initial embeddings"
 )
 
 
