@@ -7,6 +7,7 @@ import math
 import numpy as np
 import pyarrow as pa
 import pytest
+from scipy import optimize, special
 
 import rayfed
 from rayfed.actors.base import StepContext
@@ -125,11 +126,34 @@ def test_below_the_threshold_an_iteration_is_skipped_and_releases_nothing():
     )
 
 
+def _gaussian_epsilon(sigma: float, delta: float) -> float:
+    """ε at δ of one Gaussian release with noise multiplier σ, exactly (Balle & Wang 2018,
+    Thm 8: δ(ε) = Φ(1/2σ − εσ) − e^ε Φ(−1/2σ − εσ))."""
+
+    def excess(eps: float) -> float:
+        a, b = 0.5 / sigma - eps * sigma, -0.5 / sigma - eps * sigma
+        return float(special.ndtr(a) - math.exp(eps + special.log_ndtr(b))) - delta
+
+    return optimize.brentq(excess, 0.0, 100.0, xtol=1e-12)
+
+
 def test_faithful_mode_reports_a_larger_effective_epsilon_and_corrected_keeps_the_nominal_one():
+    """Faithful (spec §2.9): the server's best estimate from both rounds has noise variance
+    F·σ², F = t·ζ1ζ2/(ζ1 + ζ2) at the worst accepted outcome |U1| = |U2| = t, with ζ1 =
+    1/((1−ω)n), ζ2 = 1/t: here (n = 300, ω = 0.3, t = 210) F = 1/2, not the no-dropout
+    1/(2−ω) (a mutant crediting that reports 1.19). T Gaussian releases of multiplier z√F compose
+    to one of z√(F/T): its exact ε is the true one (1.31 at nominal 1)."""
     faithful = rayfed.run("federated-mf", **SMALL, mode="faithful", epsilon=1.0)
     corrected = rayfed.run("federated-mf", **SMALL, epsilon=1.0)
     assert corrected.privacy.epsilon <= 1.0 + 1e-9
-    assert faithful.privacy.epsilon > 1.2  # worst case F_eff ≈ 1/2 (spec §2.9: nominal 1 -> ≈ 1.3)
+    n, omega, iterations = SMALL["users"], 0.3, SMALL["iterations"]
+    t = 210  # ⌈(1 − ω)n⌉
+    zeta1, zeta2 = 1 / ((1 - omega) * n), 1 / t
+    f = t * zeta1 * zeta2 / (zeta1 + zeta2)
+    z, delta = faithful.metrics["noise_multiplier"], faithful.privacy.delta
+    true = _gaussian_epsilon(z * math.sqrt(f / iterations), delta)
+    assert true == pytest.approx(1.31, abs=0.01)
+    assert faithful.privacy.epsilon == pytest.approx(true, rel=1e-4)
     assert any("faithful mode" in note for note in faithful.privacy.notes)
 
 
