@@ -7,6 +7,7 @@ import math
 import numpy as np
 import pyarrow as pa
 import pytest
+from scipy import optimize, special
 
 import rayfed
 from rayfed.actors.base import StepContext
@@ -14,6 +15,8 @@ from rayfed.errors import ConfigError
 from rayfed.mf.lfl import effective_variance, noise_shares, worst_case_variance
 from rayfed.privacy import Ball, Measurement, Neighbours, NoiseSource, share_noise
 from rayfed.privacy.measurement import DistributedGaussianShare, ReplacementShare
+from rayfed.protocols import get_protocol
+from rayfed.protocols.federated_mf.config import FederatedMFConfig
 from rayfed.protocols.federated_mf.lfl.steps import lfl_round1_inputs, lfl_round2_step
 
 SMALL = dict(users=300, items=40, iterations=3, backend="local", out_dir=None, secagg_mode="dealer")
@@ -123,11 +126,34 @@ def test_below_the_threshold_an_iteration_is_skipped_and_releases_nothing():
     )
 
 
+def _gaussian_epsilon(sigma: float, delta: float) -> float:
+    """ε at δ of one Gaussian release with noise multiplier σ, exactly (Balle & Wang 2018,
+    Thm 8: δ(ε) = Φ(1/2σ − εσ) − e^ε Φ(−1/2σ − εσ))."""
+
+    def excess(eps: float) -> float:
+        a, b = 0.5 / sigma - eps * sigma, -0.5 / sigma - eps * sigma
+        return float(special.ndtr(a) - math.exp(eps + special.log_ndtr(b))) - delta
+
+    return optimize.brentq(excess, 0.0, 100.0, xtol=1e-12)
+
+
 def test_faithful_mode_reports_a_larger_effective_epsilon_and_corrected_keeps_the_nominal_one():
+    """Faithful (spec §2.9): the server's best estimate from both rounds has noise variance
+    F·σ², F = t·ζ1ζ2/(ζ1 + ζ2) at the worst accepted outcome |U1| = |U2| = t, with ζ1 =
+    1/((1−ω)n), ζ2 = 1/t: here (n = 300, ω = 0.3, t = 210) F = 1/2, not the no-dropout
+    1/(2−ω) (a mutant crediting that reports 1.19). T Gaussian releases of multiplier z√F compose
+    to one of z√(F/T): its exact ε is the true one (1.31 at nominal 1)."""
     faithful = rayfed.run("federated-mf", **SMALL, mode="faithful", epsilon=1.0)
     corrected = rayfed.run("federated-mf", **SMALL, epsilon=1.0)
     assert corrected.privacy.epsilon <= 1.0 + 1e-9
-    assert faithful.privacy.epsilon > 1.2  # worst case F_eff ≈ 1/2 (spec §2.9: nominal 1 -> ≈ 1.3)
+    n, omega, iterations = SMALL["users"], 0.3, SMALL["iterations"]
+    t = 210  # ⌈(1 − ω)n⌉
+    zeta1, zeta2 = 1 / ((1 - omega) * n), 1 / t
+    f = t * zeta1 * zeta2 / (zeta1 + zeta2)
+    z, delta = faithful.metrics["noise_multiplier"], faithful.privacy.delta
+    true = _gaussian_epsilon(z * math.sqrt(f / iterations), delta)
+    assert true == pytest.approx(1.31, abs=0.01)
+    assert faithful.privacy.epsilon == pytest.approx(true, rel=1e-4)
     assert any("faithful mode" in note for note in faithful.privacy.notes)
 
 
@@ -623,3 +649,28 @@ def test_ratings_outside_zero_r_are_refused_or_clipped_and_counted(setting, tmp_
     reference = rayfed.run("federated-mf", data={"path": str(clean)}, **kw)
     assert clipped.metrics["test_mse"] == reference.metrics["test_mse"]
     assert reference.metrics["clipped"]["count"] == 0 and "clipped" not in reference.headline
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(setting="lfl"),
+        dict(setting="lfl", method="gd-dr", users=400),  # the shuffle bound needs the users
+        dict(setting="vfl"),
+        dict(setting="hfl"),
+        dict(setting="vfl", method="dp-sgld", parties=1),
+    ],
+    ids=["lfl", "gd-dr", "vfl", "hfl", "dp-sgld"],
+)
+def test_every_statement_names_what_the_plan_takes_from_the_data_without_noise(options):
+    """The plans read the data for the default δ = 1/|ratings|, the numbers of users n (LFL:
+    secure aggregation's registry, its threshold t = ⌈(1−ω)n⌉ and the noise shares; GD-DR's
+    quorum) and items m, and the training mean rating: each statement says it takes them as
+    public, uncovered."""
+    cfg = FederatedMFConfig(**{"users": 150, "items": 20, "iterations": 2, **options})
+    statement = get_protocol("federated-mf").plan(cfg, 0).privacy.statement
+    public = statement.split("taken as public, not covered:")[1]
+    for named in ("δ = 1/|ratings|", "number of users n", "number of items m", "mean rating"):
+        assert named in public, (named, statement)
+    if cfg.setting == "lfl":
+        assert "t = ⌈(1−ω)n⌉" in public

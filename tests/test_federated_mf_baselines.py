@@ -327,7 +327,8 @@ def test_per_user_baselines_trim_and_state_their_unit():
     objpert = rayfed.run(
         "federated-mf", method="objpert", privacy_unit="rating", objpert_alternations=2, **SMALL
     )
-    assert sgld.metrics["baseline"]["sensitivity"] == pytest.approx(5 * 2 * math.sqrt(2) * 5**1.5)
+    # θ = 5 ratings on distinct items: √(θ²+θ)·2R^{3/2} (the thesis's θL with user_sensitivity)
+    assert sgld.metrics["baseline"]["sensitivity"] == pytest.approx(math.sqrt(30) * 2 * 5**1.5)
     assert "per-user DP" in sgld.headline and sgld.metrics["trim"] == 5
     assert objpert.metrics["trim"] == 5  # per rating too: u_i carries a rating to its user's items
     assert any("θ + 1 item blocks" in n for n in objpert.privacy.notes)

@@ -42,7 +42,9 @@ def sgld_sensitivity(bound: float) -> float:
     gradient is 0. With r ∈ [0, R] and the clipped prediction in [0, R], |e| <= R, and with the
     rows in 𝒰/𝒱 (‖·‖² <= R), ‖(∇_u, ∇_v)‖² <= 4R²(R + R): L = 2√2·R^{3/2}, VFL's Δ_joint (spec
     §2.4). The clip is what makes the bound hold for any (U, V), not only projected ones: it is the
-    papers' "bounding |prediction − rating|". A user with θ ratings: θL (triangle inequality)."""
+    papers' "bounding |prediction − rating|". A user with θ ratings (on θ distinct items):
+    √(θ² + θ)·2R^{3/2}, or the thesis's θL (``user_sensitivity``; the federated-mf plan's
+    ``gradient_bounds``)."""
     return 2 * math.sqrt(2) * bound**1.5
 
 

@@ -211,6 +211,20 @@ class FederatedMFConfig:
         at_least=1,
         when={**PARTITIONED, **PRIVATE},
     )
+    user_sensitivity: Literal["tight", "thesis"] = option(
+        "tight",
+        "VFL/HFL per user (and dp-sgld): Δ of a user's θ kept ratings. tight: a user rates an "
+        "item at most once, so its θ gradient rows lie on θ distinct items: √θ·2R^(3/2) for a "
+        "V-only step, √(θ²+θ)·2R^(3/2) for a joint (U, V) step (the supremum); thesis: θ times "
+        "one rating's Δ (the thesis's triangle inequality, spec §7.7: up to √θ times the noise "
+        "for the same ε)",
+        when={
+            **PARTITIONED,
+            **PRIVATE,
+            "method": ("vfl", "hfl", "local", "dp-sgld"),
+            "privacy_unit": ("user",),
+        },
+    )
     split_column: str | None = option(
         None,
         "VFL: a column of the ratings file; each of its values is one party's item set (e.g. genre)",
@@ -352,6 +366,10 @@ class FederatedMFConfig:
 
     def resolved_unit(self) -> str:
         return self.privacy_unit or ("user" if self.setting in ("hfl", "lfl") else "rating")
+
+    def resolved_privacy_unit(self) -> str:
+        """The unit the ``when`` of a per-user option reads (:meth:`resolved_unit`)."""
+        return self.resolved_unit()
 
     def resolved_trim(self) -> int:
         return self.trim or (10 if self.setting == "hfl" else 5)

@@ -36,17 +36,25 @@ from rayfed.sizing import default_cohorts
 #: the share of users the secure aggregation's parameters assume corrupt (γ)
 CORRUPT_FRACTION = 0.05
 
+#: what the plan reads from the data and uses without noise, stated rather than hidden (as the
+#: VFL/HFL statements do): δ's default, n, m and the mean rating
 GDDR_STATEMENT = (
     "per-user DP of the item embeddings V: ε0-LDP per iteration against the server; the "
     "central ε assumes a trusted shuffler (the server sees only the multiset of reports), which "
     "this simulation does not build (Feldman et al. 2021 Thm 3.1 per iteration at δ/T, basic "
-    "composition over T); taken as public, not covered: the training mean rating that scales "
-    "the initial embeddings"
+    "composition over T); taken as public, not covered: the number of ratings (the default "
+    "δ = 1/|ratings|), the number of users n (the quorum t = ⌈(1−ω)n⌉ a release needs, at which "
+    "the shuffle bound and so ε0 are taken), the number of items m (the projection's default "
+    "k = min(m, 64)) and the training mean rating that scales the initial embeddings"
 )
 STATEMENT = (
     "per-user DP of the published item embeddings V against the server, which sees "
     "every Round-1 secure-aggregation sum and every Round-2 message (dummy-row adjacency); "
-    "taken as public, not covered: the training mean rating that scales the initial embeddings"
+    "taken as public, not covered: the number of ratings (the default δ = 1/|ratings|), the "
+    "number of users n (the registry secure aggregation runs over: its threshold "
+    "t = ⌈(1−ω)n⌉, the noise shares and the fixed-point encoding follow from it; a neighbour's "
+    "user stays registered), the number of items m (a gradient row's width m·p) and the training "
+    "mean rating that scales the initial embeddings"
 )
 
 

@@ -55,9 +55,10 @@ class PartitionedParams:
 
 @dataclass(frozen=True)
 class SgldParams:
-    """DP-SGLD (spec §2.10): the step size η, the gradient bound L of one rating (θL per user: the
-    sensitivity), the temperature τ = 2q/(z√η·L) and the z the papers' advanced composition gives
-    (the run's ``z``; the ledger's accountant proves a smaller ε for it)."""
+    """DP-SGLD (spec §2.10): the step size η, the sensitivity (L, the gradient bound of one
+    rating; per user √(θ²+θ)·2R^{3/2}, or θL with ``user_sensitivity=thesis``), the temperature
+    τ = 2q/(z√η·L) and the z the papers' advanced composition gives (the run's ``z``; the
+    ledger's accountant proves a smaller ε for it)."""
 
     step: float
     sensitivity: float

@@ -79,8 +79,7 @@ def plan(cfg: FederatedMFConfig, seed: int) -> Plan:
     if cfg.resolved_method() in BASELINES:
         return _plan_baseline(cfg, delta, parties, train, test, ratings, clipped)
     z = _noise_multiplier(cfg, delta, n_parties if compose_all else 1, vfl) if private else None
-    delta_joint = theta * 2 * math.sqrt(2) * cfg.bound**1.5
-    delta_v = theta * 2 * cfg.bound**1.5
+    delta_joint, delta_v = gradient_bounds(cfg, theta)
     releases = (
         _releases(cfg, z, theta, delta_joint, delta_v, vfl) if private else PartitionedReleases()
     )
@@ -122,16 +121,39 @@ def plan(cfg: FederatedMFConfig, seed: int) -> Plan:
     )
 
 
+def gradient_bounds(cfg: FederatedMFConfig, theta: int) -> tuple[float, float]:
+    """(Δ₂ of a unit's joint (U, V) gradient rows, Δ₂ of its V rows): the radius of the ball
+    they lie in. One rating's row: (∇u_i, ∇v_j) = −2(x − ⟨u_i, v_j⟩)(v_j, u_i) with x and
+    ⟨u_i, v_j⟩ in [0, R] and every row in 𝒰/𝒱 (‖·‖² <= R, the projection Π keeps them there),
+    so ‖∇u_i‖, ‖∇v_j‖ <= 2R^{3/2} and the joint row 2√2·R^{3/2}. A user trimmed to θ ratings
+    per party (``user_sensitivity=tight``, the default): a user rates an item at most once (a
+    file with a pair twice is refused), so its θ rows ∇v_j lie on θ distinct items — orthogonal
+    blocks, √θ·2R^{3/2} together — while their ∇u_i parts add on one row u_i, θ·2R^{3/2}
+    (triangle inequality): √(θ² + θ)·2R^{3/2} jointly. Both are the supremum, reached at
+    u_i = √R·e₀, every v_j = √R·e₁, X = R (tests/test_federated_mf_extremal.py).
+    ``user_sensitivity=thesis``: θ times one rating's (the triangle inequality on every block,
+    the thesis's bound, spec §7.7)."""
+    if theta == 1 or cfg.user_sensitivity == "thesis":
+        return theta * 2 * math.sqrt(2) * cfg.bound**1.5, theta * 2 * cfg.bound**1.5
+    return math.sqrt(theta**2 + theta) * 2 * cfg.bound**1.5, math.sqrt(theta) * 2 * cfg.bound**1.5
+
+
+def _rows(cfg: FederatedMFConfig, theta: int) -> str:
+    """What one unit contributes to a release, and the bound its Δ takes."""
+    if cfg.resolved_unit() != "user":
+        return "one rating's gradient row"
+    if cfg.user_sensitivity == "thesis":
+        return f"a user's <= {theta} gradient rows, θ times one rating's Δ (the thesis's bound)"
+    return f"a user's <= {theta} gradient rows on distinct items"
+
+
 def _releases(
     cfg: FederatedMFConfig, z: float, theta: int, delta_joint: float, delta_v: float, vfl: bool
 ) -> PartitionedReleases:
-    """Every published DP-SGD step's gradient sums. One rating's gradient row lies in a ball:
-    (∇u_i, ∇v_j) = −2(x − ⟨u_i, v_j⟩)(v_j, u_i) with x and ⟨u_i, v_j⟩ in [0, R] and every row in
-    𝒰/𝒱 (‖·‖² <= R, the projection Π keeps them there), so ‖(∇u_i, ∇v_j)‖ <= 2√2·R^{3/2} and
-    ‖∇v_j‖ <= 2R^{3/2}; a user trimmed to θ ratings per party adds θ of them (triangle
-    inequality): the ball of θ times that radius."""
-    unit, p = cfg.resolved_unit(), cfg.rank
-    rows = f"a user's <= {theta} gradient rows" if unit == "user" else "one rating's gradient row"
+    """Every published DP-SGD step's gradient sums, a unit's rows in the ball of
+    :func:`gradient_bounds`."""
+    p = cfg.rank
+    rows = _rows(cfg, theta)
     if vfl:
         joint = Ball(delta_joint, 2, (theta + 1) * p)
         local = _sampled_gaussian(cfg, f"DP-SGD step on (U, V_Fk): {rows}", z, joint)
@@ -193,7 +215,12 @@ def _plan_baseline(
         z = advanced_composition_noise_multiplier(
             cfg.epsilon, delta, steps=steps, sampling_rate=cfg.sampling_rate
         )
-        sensitivity = (trim or 1) * baselines.sgld_sensitivity(cfg.bound)
+        # the clipped prediction's residual is in [-R, R], as DP-SGD's is: the same joint bound
+        sensitivity = (
+            gradient_bounds(cfg, trim)[0]
+            if unit == "user" and cfg.user_sensitivity == "tight"
+            else (trim or 1) * baselines.sgld_sensitivity(cfg.bound)
+        )
         baseline = SgldParams(
             step=cfg.sgld_step,
             sensitivity=sensitivity,
@@ -202,9 +229,7 @@ def _plan_baseline(
             ),
             target_epsilon=cfg.epsilon,
         )
-        rows = (
-            f"a user's <= {trim} gradient rows" if unit == "user" else "one rating's gradient row"
-        )
+        rows = _rows(cfg, trim)
         gradient = Ball(sensitivity, 2, ((trim or 1) + 1) * cfg.rank)
         release = _sampled_gaussian(cfg, f"SGLD step on (U, V): {rows}", z, gradient)
         true_eps = _faithful_epsilon(
@@ -285,7 +310,9 @@ def _objpert_release(
 #: for the initial scale)
 TAKEN_AS_PUBLIC = (
     "; taken as public, not covered: the number of ratings (the batch normaliser q·|Ω_k| and the "
-    "default δ = 1/|ratings|) and the training mean rating that scales the initial embeddings"
+    "default δ = 1/|ratings|), the number of users n and the number of items m (the shapes of U "
+    "and V, and each party's share of them: the server's averaging weights) and the training "
+    "mean rating that scales the initial embeddings"
 )
 
 

@@ -112,10 +112,21 @@ def vfl_noise_note(cfg: FederatedMFConfig, params: PartitionedParams) -> str:
         return NOT_PRIVATE_NOTE
     return (
         f"noise multiplier z = {params.z:.4g} (σ = z·Δ, Δ = {params.delta_joint:.4g} joint, "
-        f"{params.delta_v:.4g} fine-tuning) for "
+        f"{params.delta_v:.4g} fine-tuning{_per_user_bound(cfg, params)}) for "
         f"{cfg.iterations}x{cfg.local_steps}+{cfg.finetune_steps} "
         f"steps at η = {cfg.sampling_rate:g}, δ = {params.delta:.3g}, calibrated with the "
         + ACCOUNTANTS[calibration_accountant(cfg)]
+    )
+
+
+def _per_user_bound(cfg: FederatedMFConfig, params: PartitionedParams) -> str:
+    """Which per-user Δ the run took (``user_sensitivity``)."""
+    if params.trim is None:
+        return ""
+    if cfg.user_sensitivity == "thesis":
+        return f"; θ = {params.trim} times one rating's: the thesis's bound, more noise than needed"
+    return (
+        f"; a user's θ = {params.trim} ratings on distinct items: √(θ²+θ)·2R^(3/2) and √θ·2R^(3/2)"
     )
 
 
