@@ -21,7 +21,7 @@ import pyarrow as pa
 import rayfed
 from rayfed.actors.base import Message, StepContext
 from rayfed.federation import Federation
-from rayfed.privacy import Budget
+from rayfed.privacy import PrivacyDeclaration
 from rayfed.sizing import ACTOR_OVERHEAD_BYTES
 
 
@@ -47,7 +47,9 @@ def main(argv: list[str] | None = None) -> int:
     rayfed.ensure_ray()
     table = pa.table({"x": np.zeros(10)})
     parties = {f"p{i}": (table, {}) for i in range(args.parties)}
-    fed = Federation(run_id="actor-memory", seed=0, parties=parties, budget=Budget.none())
+    fed = Federation(
+        run_id="actor-memory", seed=0, parties=parties, privacy=PrivacyDeclaration.none("benchmark")
+    )
     with fed.start():
         pids = fed.get(fed.parties.run(loaded_pid, phase="load"))
         rss = [_kib(pid, "Rss") for pid in pids.values()]

@@ -36,7 +36,7 @@ from rayfed.actors.base import StepContext
 from rayfed.data import per_user
 from rayfed.dropout import DropoutSchedule
 from rayfed.federation import Federation
-from rayfed.privacy import Budget
+from rayfed.privacy import PrivacyDeclaration
 from rayfed.protocols.secure_sum.steps import synthetic_inputs
 from rayfed.secagg import FixedPoint, _crypto, find_params, make_spec, secure_sum
 from rayfed.secagg.graph import NeighbourGraph
@@ -111,7 +111,7 @@ def run_one(name: str, users: int, dim: int, variant: str, dropout: float, seed:
         run_id=f"bench-{variant}",
         seed=seed,
         cohorts=cohorts,
-        budget=Budget.none(),
+        privacy=PrivacyDeclaration.none("benchmark"),
         randomness="seeded" if mode == "dealer" else "secure",
         deadline_s=3600.0,
     ) as fed:

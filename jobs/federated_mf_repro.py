@@ -121,6 +121,7 @@ def options(setting: str, method: str, epsilon: float, args) -> dict:
         "setting": setting,
         "method": method,
         "epsilon": epsilon,
+        "accountant": args.accountant,
         "seed": args.seed,
         "out_dir": None,
         "backend": args.backend,
@@ -161,7 +162,7 @@ def tuned_options(setting: str, epsilon: float | None, lr: float, args) -> dict:
     del base["privacy_unit"], base["trim"]
     base.update(vfl_lr=lr, vfl_lr_end=lr * LR_DECAY)
     if epsilon is None:
-        del base["epsilon"]
+        del base["epsilon"], base["accountant"]
         base["noise"] = "none"
     else:
         base.update(epsilon=epsilon, privacy_unit="rating")
@@ -319,6 +320,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--rounds", type=int, default=100, help="VFL/HFL T (T'=10)")
     p.add_argument("--secagg", default="dealer", choices=["dealer", "simulation", "secure"])
+    p.add_argument(
+        "--accountant",
+        default="tightest",
+        choices=["tightest", "rdp"],
+        help="what the noise is calibrated against (rdp: the thesis's, and the records before "
+        "issue 25)",
+    )
     p.add_argument("--users", type=int, default=1000)
     p.add_argument("--items", type=int, default=100)
     p.add_argument(

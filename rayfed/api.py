@@ -89,6 +89,15 @@ def run(
     proto, run_opts, cfg = resolve(protocol, config, sets, **options)
     cfg, run_opts = _reconcile(proto, cfg, run_opts)
     plan, faults, placement = _prepare(proto, cfg, run_opts)  # every refusal comes before here
+    return execute(proto, cfg, run_opts, plan, faults, placement, progress=progress)
+
+
+def execute(
+    proto, cfg, run_opts, plan: Plan, faults=(), placement=None, *, progress: bool = False
+) -> Result:
+    """Run a prepared ``plan``: the federation, the driver, the result and its directory. (The
+    sensitivity check runs a plan whose tables it edited into a neighbour's.)"""
+    placement = placement or {}
     record = _Record.open(proto, cfg, run_opts, plan)
     bar = tqdm(total=plan.rounds, desc=proto.name, unit="round", disable=not progress, leave=False)
     fed = None
@@ -126,6 +135,7 @@ def _prepare(proto, cfg, run_opts) -> tuple[Plan, list, dict[str, dict]]:
     data fails there), the faults and the cluster's fit — all before any actor or run directory."""
     check_size(proto, cfg, run_opts)
     plan: Plan = proto.plan(cfg, run_opts.seed)
+    plan.privacy.validate(proto.name)
     check_member_names(list(plan.parties) + list(plan.cohorts))
     faults = [parse_fault(text) for text in run_opts.fail or []]
     check_members(faults, _members(plan))
@@ -147,8 +157,7 @@ def _federation(run_id, plan: Plan, run_opts, faults, placement, bar) -> Federat
         seed=run_opts.seed,
         parties=plan.parties,
         cohorts=plan.cohorts,
-        budget=plan.budget,
-        ledger=plan.ledger,
+        privacy=plan.privacy,
         backend=run_opts.backend,
         randomness=run_opts.randomness,
         deadline_s=run_opts.deadline_s,
@@ -174,7 +183,7 @@ def _result(proto, fed: Federation, plan: Plan, outcome, record: _Record) -> Res
     if fed.per_round:
         outcome.metrics.setdefault("per_round", fed.per_round)
     privacy = fed.privacy_report()
-    privacy.requested_epsilon = requested = plan.requested_epsilon
+    privacy.requested_epsilon = requested = plan.privacy.requested_epsilon
     if requested is not None and privacy.epsilon > requested * (1 + 1e-9):
         outcome.headline += (
             f" [ε spent {privacy.epsilon:.4g} > ε requested {requested:g}: this mode's "

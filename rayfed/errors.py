@@ -43,6 +43,19 @@ class ConfigError(RayfedError, ValueError):
         return (type(self), (self.field, self.problem, self.allowed))
 
 
+class DeclarationError(RayfedError):
+    """A protocol's privacy declaration is inconsistent (an unknown accountant, a release whose
+    relation or event the ledger cannot account): a defect of the protocol, found before any
+    actor or run directory exists."""
+
+    def __init__(self, protocol: str, what: str, problem: str):
+        self.protocol, self.what, self.problem = protocol, what, problem
+        super().__init__(f"{protocol}: its privacy declaration's {what}: {problem}")
+
+    def __reduce__(self):
+        return (type(self), (self.protocol, self.what, self.problem))
+
+
 class DataError(ConfigError):
     """Input data does not match what the configuration declares (column, domain, NaN, bounds)."""
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
+from dp_accounting import dp_event
 
 from rayfed.actors.base import MessageMeta
 from rayfed.actors.cohort import UserCohortActor
@@ -36,10 +37,11 @@ from rayfed.backends import (
     Single,
     Where,
 )
-from rayfed.errors import BelowThreshold, ConfigError
+from rayfed.errors import BelowThreshold, ConfigError, UnaccountedNoise
 from rayfed.faults import MEMBER as MEMBER_ROLE
 from rayfed.faults import Faults
-from rayfed.privacy.ledger import RUN_SCOPE, Budget, event_to_dict
+from rayfed.privacy.declaration import PrivacyDeclaration
+from rayfed.privacy.ledger import RUN_SCOPE, event_to_dict
 from rayfed.privacy.source import RANDOMNESS
 
 __all__ = ["Federation", "Group", "PerMember", "Replies", "Single", "Transcript"]
@@ -253,6 +255,17 @@ class Group:
         )
 
 
+def _composes(carried, event) -> bool:
+    """Whether the carried event is ``event`` or composes it."""
+    if carried == event:
+        return True
+    if isinstance(carried, dp_event.SelfComposedDpEvent):
+        return _composes(carried.event, event)
+    if isinstance(carried, dp_event.ComposedDpEvent):
+        return any(_composes(c, event) for c in carried.events)
+    return False
+
+
 class Federation:
     """The members of one run: a coordinator, parties and user cohorts, and what crosses between them.
 
@@ -264,9 +277,9 @@ class Federation:
         The run's root seed; every actor derives its streams from it.
     parties, cohorts:
         ``{name: (table, meta)}`` — each member's Arrow partition and public facts about it.
-    budget, ledger:
-        The privacy budget and the ledger declaration (accountant, relation, composition,
-        statement) the coordinator opens.
+    privacy:
+        The privacy declaration (budget, accountant, relation, composition, statement,
+        releases) the coordinator opens its ledger with.
     backend:
         ``"ray"`` (default) or ``"local"`` (in-process, no Ray).
     randomness:
@@ -287,8 +300,7 @@ class Federation:
         seed: int,
         parties: Mapping[str, tuple[pa.Table, dict]] | None = None,
         cohorts: Mapping[str, tuple[pa.Table, dict]] | None = None,
-        budget: Budget,
-        ledger: dict[str, Any] | None = None,
+        privacy: PrivacyDeclaration,
         backend: str = "ray",
         randomness: str = "seeded",
         deadline_s: float = 120.0,
@@ -317,7 +329,11 @@ class Federation:
             if backend == "local"
             else RayBackend(seed=seed, randomness=randomness, actors=actors)
         )
-        self._budget, self._ledger_decl = budget, dict(ledger or {})
+        self._privacy = privacy
+        #: events carried by the messages of each round, and the shares drawn (part_of) in it:
+        #: at the round's end each share's release must be among the carried events
+        self._carried: dict[int, list] = {}
+        self._shares: dict[int, list] = {}
         self._actor_options = actor_options or {}
         self.faults = Faults(faults, cohort_restarts=cohort_restarts)
         self.transcript = Transcript()
@@ -362,7 +378,10 @@ class Federation:
                 if len(group):
                     group.invoke("ping", deadline_s=max(self.deadline_s, STARTUP_DEADLINE_S))
             self._ledger(
-                "open_ledger", self._budget, randomness=self.randomness, **self._ledger_decl
+                "open_ledger",
+                self._privacy.budget,
+                randomness=self.randomness,
+                **self._privacy.ledger_options(),
             )
         except BaseException:
             self.shutdown()
@@ -456,6 +475,7 @@ class Federation:
         started = time.perf_counter()
         self._await_restarts()
         yield
+        self._check_shares(number)
         self.timings.append(
             {
                 "round": number,
@@ -540,16 +560,43 @@ class Federation:
         self.timings.append(
             {"round": self.round_no, "phase": phase, "role": role, "seconds": seconds}
         )
-        dp_items = []
-        for name in sorted(replies.metas):
-            meta = replies.metas[name]
-            if meta is None:
-                continue
+        dp_items, shared_items = [], []
+        metas = [replies.metas[name] for name in sorted(replies.metas)]
+        metas = [meta for meta in metas if meta is not None]
+        carried = self._carried.setdefault(self.round_no, [])
+        for meta in metas:
             self.transcript.record(self.round_no, phase, meta, self._receivers(meta.to))
             item = (meta.scope, self.round_no, meta.dp_event)
             if meta.dp_event is None:
                 continue
-            if meta.scope != RUN_SCOPE or item not in dp_items:  # run-wide shares of one release
+            carried.append(meta.dp_event)
+            if meta.scope == RUN_SCOPE and meta.shared:
+                # the members' shares of one declared shared release use one charge: one item
+                # for all of them, apart from any other message's (whatever the order)
+                if item not in shared_items:
+                    shared_items.append(item)
+            else:
                 dp_items.append(item)
+        dp_items += shared_items
+        declared = {m.label: m.event for m in self._privacy.measurements}
+        for meta in metas:
+            for label, event in meta.shares_of:
+                if declared.get(label) != event:
+                    raise UnaccountedNoise(
+                        f"round {self.round_no}: {meta.sender} drew a share of {label!r}, which "
+                        "the plan does not declare with that event"
+                    )
+                self._shares.setdefault(self.round_no, []).append((meta.sender, label, event))
         if dp_items:
             self._ledger("verify_charged", dp_items)
+
+    def _check_shares(self, number: int) -> None:
+        """At the end of a round: UnaccountedNoise unless every release a step drew a share of
+        (``part_of``) is carried — itself or composed with others — by a message of the round."""
+        carried = self._carried.get(number, [])
+        for sender, label, event in self._shares.pop(number, []):
+            if not any(_composes(c, event) for c in carried):
+                raise UnaccountedNoise(
+                    f"round {number}: {sender} drew a share of {label!r}, but no message of the "
+                    "round carries that release"
+                )

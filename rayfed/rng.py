@@ -11,7 +11,10 @@ which process, cohort or arrival order computed it:
   Philox only one key at a time; here it is written over arrays, and checked against the
   Random123 known-answer vectors in the tests.
 
-Purposes are a fixed integer table, never ``hash(str)`` (salted per process).
+Purposes are stable integers, never ``hash(str)`` (salted per process): the table below for the
+built-in ones, and for any other name (a new protocol's own purpose) a code derived from a
+BLAKE2b digest of the name, in a range the table never uses — so a protocol registers a purpose by
+naming it, without editing this table.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
-#: Stable integer code per purpose. Append only: changing a code changes every result.
+#: Stable integer code per built-in purpose. Append only: changing a code changes every result.
 PURPOSES: dict[str, int] = {
     "synthetic": 1,
     "partition": 2,
@@ -77,13 +80,18 @@ def ident_words(ident: int | str | Iterable[int | str]) -> tuple[int, ...]:
     return tuple(words)
 
 
+#: codes of named purposes start here (the table's codes are all below it)
+_NAMED_PURPOSES = 1 << 31
+
+
 def _purpose(purpose: str) -> int:
-    try:
+    """The purpose's code: the table's, else 2^31 + the first 31 bits of BLAKE2b(name)."""
+    if purpose in PURPOSES:
         return PURPOSES[purpose]
-    except KeyError:
-        raise ValueError(
-            f"unknown randomness purpose {purpose!r}; add it to rng.PURPOSES"
-        ) from None
+    if not isinstance(purpose, str) or not purpose:
+        raise ValueError(f"a randomness purpose is a non-empty name, got {purpose!r}")
+    digest = hashlib.blake2b(purpose.encode(), digest_size=4, person=b"rayfed-purpose").digest()
+    return _NAMED_PURPOSES | (int.from_bytes(digest, "little") >> 1)
 
 
 def seed_sequence(root: int, purpose: str, round: int = 0, ident=0) -> np.random.SeedSequence:

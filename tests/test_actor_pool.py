@@ -13,7 +13,7 @@ import rayfed
 from rayfed.actors import Message
 from rayfed.backends import POOL
 from rayfed.federation import Federation
-from rayfed.privacy import Budget
+from rayfed.privacy import PrivacyDeclaration
 
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -33,7 +33,11 @@ def where_and_what(ctx, round_no):
 def _run(seed: int, offset: int = 0, fail=None) -> dict:
     cohorts = {f"c{i}": (pa.table({"x": np.arange(5) + 10 * i + offset}), {}) for i in range(2)}
     with Federation(
-        run_id="pool", seed=seed, cohorts=cohorts, budget=Budget.none(), faults=fail
+        run_id="pool",
+        seed=seed,
+        cohorts=cohorts,
+        privacy=PrivacyDeclaration.none("test"),
+        faults=fail,
     ) as fed:
         return fed.get(fed.cohorts.run(where_and_what, 0, phase="p"))
 

@@ -300,20 +300,22 @@ def test_vfl_kmeans_data_outside_declared_bounds(out_dir, csv_file):
         "bounds.a",
         out_dir,
         "vfl-kmeans",
+        delta=1e-5,  # a data file needs a public δ (the sketches)
         data={"path": path},
         bounds={"a": [0, 1], "b": [0, 1]},
     )
-    assert "1 value(s)" in err.problem and "out_of_bounds=clip" in err.allowed
+    assert "1 of 3 values" in err.problem and "out_of_bounds=clip" in err.allowed
 
 
 def test_vfl_kmeans_missing_bounds(out_dir, csv_file):
     path = csv_file({"a": [0.1, 0.2], "b": [0.3, 0.4]})
-    expect(ConfigError, "bounds", out_dir, "vfl-kmeans", data={"path": path})
+    expect(ConfigError, "bounds", out_dir, "vfl-kmeans", data={"path": path}, delta=1e-5)
     err = expect(
         ConfigError,
         "bounds.b",
         out_dir,
         "vfl-kmeans",
+        delta=1e-5,  # a data file needs a public δ (the sketches)
         data={"path": path, "columns": {"p0": ["a"], "p1": ["b"]}},
         bounds={"a": [0, 1]},
     )
@@ -326,21 +328,46 @@ def test_vfl_kmeans_grid_beyond_memory_limit(out_dir):
 
 
 def test_vfl_kmeans_lemma1_condition(out_dir):
-    err = expect(ConfigError, "epsilon", out_dir, "vfl-kmeans", epsilon=100.0, delta=0.4)
-    assert "Lemma 1" in err.problem
+    """The paper's calibration of the sketches needs Lemma 1's ε2 <= 2 ln(1/δ2); the joint one
+    does not (it is computed from the mechanism)."""
+    err = expect(
+        ConfigError,
+        "epsilon",
+        out_dir,
+        "vfl-kmeans",
+        epsilon=100.0,
+        delta=0.4,
+        sketch_calibration="lemma1",
+    )
+    assert "Lemma 1" in err.problem and "sketch_calibration=joint" in err.allowed
+    expect(
+        ConfigError,
+        "sketch_calibration",
+        out_dir,
+        "vfl-kmeans",
+        method="ind-lap",
+        sketch_calibration="lemma1",
+    )
 
 
 def test_vfl_kmeans_file_errors_name_the_field(out_dir, csv_file):
     path = csv_file({"id": [1, 2, 3], "a": [0.1, 0.2, 0.3], "b": [0.3, 0.4, 0.5]})
     bounds = {"a": [0, 1], "b": [0, 1]}
     expect(
-        DataError, "bounds.zz", out_dir, "vfl-kmeans", data={"path": path}, bounds={"zz": [0, 1]}
+        DataError,
+        "bounds.zz",
+        out_dir,
+        "vfl-kmeans",
+        data={"path": path},
+        bounds={"zz": [0, 1]},
+        delta=1e-5,
     )
     err = expect(
         ConfigError,
         "data.columns.p0",
         out_dir,
         "vfl-kmeans",
+        delta=1e-5,  # a data file needs a public δ (the sketches)
         data={"path": path, "key": "id", "columns": {"p0": ["id", "a"], "p1": ["b"]}},
         bounds=bounds | {"id": [0, 9]},
     )
@@ -350,6 +377,7 @@ def test_vfl_kmeans_file_errors_name_the_field(out_dir, csv_file):
         "parties",
         out_dir,
         "vfl-kmeans",
+        delta=1e-5,  # a data file needs a public δ (the sketches)
         parties=3,
         data={"path": path, "columns": {"p0": ["a"], "p1": ["b"]}},
         bounds=bounds,
@@ -393,6 +421,10 @@ def test_vfl_kmeans_inapplicable_options(out_dir, options, field):
         ("vfl-primitives", {"radius": -1.0}, "radius"),
         ("vfl-primitives", {"dims": 0}, "dims"),
         ("vfl-primitives", {"users": 0}, "users"),
+        ("vfl-primitives", {"task": "lowrank", "row_radius": 0.0}, "row_radius"),
+        ("vfl-primitives", {"task": "l2-moment", "value_bounds": [1.0]}, "value_bounds"),
+        ("vfl-primitives", {"task": "l2-moment", "neighbours": "paper", "nu": -1.0}, "nu"),
+        ("vfl-primitives", {"task": "lowrank", "nu": 2.0}, "nu"),  # user-level: not read
         ("ldp-bitvector", {"restarts": 0}, "restarts"),
         ("ldp-bitvector", {"min_samples": 0}, "min_samples"),
         ("ldp-bitvector", {"rsp_dims": 0}, "rsp_dims"),

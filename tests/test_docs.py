@@ -95,3 +95,44 @@ def test_the_worked_example_runs_and_keeps_its_promises(example):
     with pytest.raises(ConfigError) as err:
         rayfed.run(example, backend="local", out_dir=None, column="x")  # a file option, no file
     assert err.value.field == "column"
+
+
+def test_the_worked_example_passes_the_sensitivity_check_in_both_modes(example):
+    """The conformance suite's empirical sensitivity check on the page's protocol: its local
+    Laplace and its central Gaussian move by at most their derived Δ (2·clip)."""
+    sys.path.insert(0, str(ROOT / "tests" / "conformance"))
+    from test_sensitivity import check
+
+    for options in get_examples(example):
+        assert not check(example, options)
+
+
+def get_examples(name):
+    from rayfed.protocols import get_protocol
+
+    return get_protocol(name).examples
+
+
+def test_the_worked_examples_central_release_is_calibrated_with_the_tightest_accountant(example):
+    central = rayfed.run(example, backend="local", out_dir=None, users=2000, mode="central")
+    p = central.privacy
+    assert p.accountant == "tightest" and p.accountant_used == "pld"
+    assert 0.99 < p.epsilon <= 1.0 < p.epsilon_by_accountant["rdp"]
+    assert p.releases == [
+        "Gaussian on the total: Gaussian, noise multiplier z = "
+        f"{central.privacy.entries[0]['noise_multiplier']:.4g}, Δ2 = 2 "
+        "(one user's value replaced, [-1, 1])"
+    ]
+
+
+def test_the_worked_example_refuses_or_counts_values_outside_its_domain(example, tmp_path):
+    data = tmp_path / "values.csv"
+    data.write_text("value\n" + "\n".join(["0.5", "3.0", "-2.0", "0.1"]) + "\n")
+    with pytest.raises(ConfigError) as err:
+        rayfed.run(example, backend="local", out_dir=None, sets=[f"data.path={data}"])
+    assert err.value.field == "data.column" and "2 of 4 values" in str(err.value)
+    clipped = rayfed.run(
+        example, backend="local", out_dir=None, sets=[f"data.path={data}", "out_of_domain=clip"]
+    )
+    assert "2 of 4 data.column values clipped to [-1, 1]" in clipped.headline
+    assert clipped.tables["total"].column("true_sum")[0].as_py() == pytest.approx(0.6)

@@ -18,6 +18,7 @@ from rayfed.privacy import (
     NoiseSource,
     PrivacyLedger,
     ShuffledDpEvent,
+    event_from_dict,
     one_bit_scale,
     sampled_one_bit,
     shuffled_ldp_epsilon,
@@ -74,7 +75,7 @@ def test_one_bit_sign_probabilities_differ_by_e_to_the_epsilon_at_the_extremes(e
     c, grid = 1.5, 200_000
     noise = NoiseSource.seeded(0, "cohort")
     u = np.column_stack([np.zeros(grid), (np.arange(grid) + 0.5) / grid])
-    noise.user_uniform = lambda purpose, round, ids, n: u  # the coins, laid out on a grid
+    noise.user_uniform = lambda purpose, round, ids, n, again=False: u  # coins on a grid
     share = {}
     for x in (c, -c):
         (_, y), _ = sampled_one_bit(
@@ -188,9 +189,9 @@ def test_a_run_charges_t_shuffled_releases_and_reports_the_target_epsilon():
     eps0 = metrics["ldp_epsilon_per_iteration"]
     step_delta = report.budget_delta / t_iter
     assert report.accountant == "pure" and report.neighboring_relation == "replace_one"
-    assert [e["type"] for e in report.entries] == ["ShuffledDpEvent"] * t_iter
+    assert [e["class_name"] for e in report.entries] == ["ShuffledDpEvent"] * t_iter
     for e in report.entries:
-        assert e["event"] == {"type": "EpsilonDeltaDpEvent", "epsilon": eps0, "delta": 0.0}
+        assert event_from_dict(e["event"]) == EpsilonDeltaDpEvent(eps0, 0.0)
         assert (e["num_users"], e["delta"]) == (quorum, pytest.approx(step_delta))
     assert report.epsilon == pytest.approx(1.0, rel=1e-9)
     assert report.epsilon == pytest.approx(t_iter * fmt_epsilon(eps0, quorum, step_delta))
@@ -272,7 +273,7 @@ def test_reports_carry_only_events_their_mechanism_drew(monkeypatch):
         "register",
         lambda self, event, release=None, **kw: original(self, None, release, **kw),
     )
-    with pytest.raises(UnaccountedNoise, match="no rayfed.privacy mechanism drew"):
+    with pytest.raises(UnaccountedNoise, match="did not draw"):
         rayfed.run("federated-mf", epsilon=1.0, **SMALL)
 
 

@@ -9,14 +9,23 @@ import numpy as np
 import pyarrow as pa
 import pytest
 import ray.cloudpickle
-from dp_accounting import dp_event
 
 from rayfed import rng
 from rayfed.actors import Message
 from rayfed.data import per_user
 from rayfed.errors import BudgetExceeded, DataError, PartyFailed, RoundTimeout, UnaccountedNoise
 from rayfed.federation import Federation
-from rayfed.privacy import Budget, laplace, laplace_event
+from rayfed.privacy import (
+    Budget,
+    Interval,
+    Laplace,
+    Measurement,
+    Neighbours,
+    NoiseSource,
+    PrivacyDeclaration,
+    laplace,
+    laplace_event,
+)
 
 # Ray workers cannot import this test module: ship its step functions by value.
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -31,6 +40,16 @@ def backend(request):
     return request.param
 
 
+RELATION = Neighbours("replace_one", "value")
+#: a release whose noise the parties draw in shares (one charge), and one each party draws whole
+SHARED = Measurement("shared Laplace", Laplace(0.5), Interval(0, 1), RELATION, shared=True)
+WHOLE = Measurement("whole Laplace", Laplace(0.5), Interval(0, 1), RELATION)
+OTHER = Measurement("another Laplace", Laplace(0.25), Interval(0, 1), RELATION)
+#: the release the mechanism-level steps below draw (laplace(Δ₁ = 1, ε = 0.5))
+LAPLACE = Measurement("laplace", Laplace(0.5), Interval(0, 1), RELATION)
+GREEDY = Measurement("greedy Laplace", Laplace(2.0), Interval(0, 1), RELATION)
+
+
 def make_fed(backend, parties=2, cohorts=None, deadline_s=30.0, epsilon=1.0, **kw):
     tables = {
         f"p{i}": (pa.table({"x": np.arange(10, dtype=np.int64) + 100 * i}), {"i": i})
@@ -41,8 +60,14 @@ def make_fed(backend, parties=2, cohorts=None, deadline_s=30.0, epsilon=1.0, **k
         seed=5,
         parties=tables,
         cohorts=cohorts or {},
-        budget=Budget(epsilon),
-        ledger=dict(composition="parallel"),
+        privacy=PrivacyDeclaration(
+            Budget(epsilon),
+            "pure",
+            RELATION,
+            composition="parallel",
+            statement="test parties compose in parallel",
+            measurements=(SHARED, WHOLE, OTHER, LAPLACE, GREEDY),
+        ),
         backend=backend,
         deadline_s=deadline_s,
         **kw,
@@ -105,10 +130,19 @@ def send_stale(ctx):
     return Message("noisy", 1.0, dp_event=ctx.state["event"])
 
 
-def shared_release(ctx, epsilon):
+def shared_release(ctx, release):
     """Every member's share of one release under scope "run" (distributed noise)."""
-    value, event = laplace(ctx.noise, np.array([1.0]), l1_sensitivity=1.0, epsilon=epsilon)
+    value, event = release(ctx.noise, np.array([1.0]))
     return Message("share", value, dp_event=event, scope="run")
+
+
+def carry_or_share(ctx, release, share_of):
+    """p0 carries ``release``; p1 draws a share of ``share_of`` (part_of)."""
+    if ctx.name == "p0":
+        value, event = release(ctx.noise, np.array([1.0]))
+        return Message("release", value, dp_event=event, scope="run")
+    value, _ = release(ctx.noise, np.array([1.0]), part_of=share_of)
+    return Message("share", value)
 
 
 def mutate(ctx, values):
@@ -196,9 +230,8 @@ def test_noise_must_be_charged_before_it_is_sent(backend):
 
 def test_budget_exceeded_before_any_noise_is_drawn(backend):
     with make_fed(backend, epsilon=1.0) as fed:
-        event = dp_event.LaplaceDpEvent(noise_multiplier=0.5)  # ε = 2 > 1
-        with pytest.raises(BudgetExceeded, match="'p0'"):
-            fed.charge([(p, "laplace", event) for p in fed.parties.names])
+        with pytest.raises(BudgetExceeded, match="'p0'"):  # ε = 2 > 1
+            fed.charge([GREEDY.charge(p) for p in fed.parties.names])
         assert fed.get(fed.parties.run(drew, phase="check")) == {"p0": False, "p1": False}
         assert fed.privacy_report().entries == []  # all or nothing
 
@@ -226,21 +259,61 @@ def test_an_event_no_mechanism_drew_in_the_step_is_refused(backend):
     event = laplace_event(1.0, 0.5)
     with make_fed(backend, epsilon=4.0) as fed:
         fed.charge([("p0", "laplace", event)])
-        with pytest.raises(UnaccountedNoise, match="no rayfed.privacy mechanism drew"):
+        with pytest.raises(UnaccountedNoise, match="did not draw"):
             fed.parties.run(forged, 0.5, phase="forged", members=["p0"])
         with pytest.raises(UnaccountedNoise, match="no message carries it"):
             fed.parties.run(silent_noise, 0.5, phase="silent", members=["p0"])
-        with pytest.raises(UnaccountedNoise, match="no rayfed.privacy mechanism drew"):
+        with pytest.raises(UnaccountedNoise, match="did not draw"):
             fed.parties.run(send_stale, phase="stale", members=["p0"])
 
 
 def test_shares_of_one_release_use_one_charge(backend):
     with make_fed(backend, epsilon=0.5) as fed:
-        fed.charge([("run", "distributed Laplace", laplace_event(1.0, 0.5))])
-        fed.parties.run(shared_release, 0.5, phase="shares")  # p0 and p1: one release
+        fed.charge([SHARED.charge("run")])
+        fed.parties.run(shared_release, SHARED, phase="shares")  # p0 and p1: one release
         assert fed.privacy_report().epsilon == pytest.approx(0.5)
         with pytest.raises(UnaccountedNoise, match="sent twice"):
-            fed.parties.run(shared_release, 0.5, phase="again")
+            fed.parties.run(shared_release, SHARED, phase="again")
+
+
+def test_two_whole_releases_under_scope_run_need_two_charges(backend):
+    """Only a release declared shared is drawn in shares under one charge: two parties each
+    drawing a whole release of the same event need a charge each (the review's ε 1 for 2)."""
+    with make_fed(backend, epsilon=2.0) as fed:
+        fed.charge([WHOLE.charge("run")])
+        with pytest.raises(UnaccountedNoise, match="sent twice"):
+            fed.parties.run(shared_release, WHOLE, phase="whole")
+    with make_fed(backend, epsilon=2.0) as fed:
+        fed.charge([WHOLE.charge("run"), WHOLE.charge("run")])
+        fed.parties.run(shared_release, WHOLE, phase="whole")
+        assert fed.privacy_report().epsilon == pytest.approx(1.0)
+
+
+def test_a_share_names_a_declared_release_carried_in_its_round(backend):
+    """part_of: a share of a release that a message of the round carries passes; a share of an
+    undeclared release, or of one no message of the round carries, is refused (at the round's
+    end), and so is a step that carries a release and draws a share of it too."""
+    with make_fed(backend, epsilon=2.0) as fed:
+        fed.charge([WHOLE.charge("run")])
+        fed.parties.run(carry_or_share, WHOLE, WHOLE, phase="release and share")
+    stranger = Measurement("undeclared", Laplace(0.5), Interval(0, 1), RELATION)
+    with make_fed(backend, epsilon=2.0) as fed:
+        fed.charge([WHOLE.charge("run")])
+        with pytest.raises(UnaccountedNoise, match="does not declare"):
+            fed.parties.run(carry_or_share, WHOLE, stranger, phase="release and share")
+    with (
+        make_fed(backend, epsilon=2.0) as fed,
+        pytest.raises(UnaccountedNoise, match="no message of the round carries"),
+    ):
+        with fed.round(0):
+            fed.charge([WHOLE.charge("run")])
+            fed.parties.run(carry_or_share, WHOLE, OTHER, phase="release and share")
+    source = NoiseSource.seeded(1, "p0")  # the review's case: a second copy under one charge
+    source.begin_step()
+    _, event = WHOLE(source, np.array([1.0]))
+    WHOLE(source, np.array([1.0]), part_of=WHOLE)
+    with pytest.raises(UnaccountedNoise, match="draws a share of it for elsewhere"):
+        source.check_all_carried([event])
 
 
 def test_a_message_charged_once_cannot_be_sent_twice(backend):
@@ -261,7 +334,10 @@ def test_member_names_are_checked():
 
     with pytest.raises(ConfigError, match="reserved"):
         Federation(
-            run_id="t", seed=0, parties={"cohorts": (pa.table({"x": [1]}), {})}, budget=Budget(1.0)
+            run_id="t",
+            seed=0,
+            parties={"cohorts": (pa.table({"x": [1]}), {})},
+            privacy=PrivacyDeclaration.none("test"),
         )
 
 
@@ -272,3 +348,23 @@ def test_quorum_check():
     fed.require_quorum(3, 3, "collect")
     with pytest.raises(BelowThreshold, match="2 participants alive, threshold is 3"):
         fed.require_quorum(2, 3, "collect")
+
+
+def own_and_shared(ctx):
+    """p0 draws its own whole release, p1 a share of the shared one: equal events, scope run."""
+    release = WHOLE if ctx.name == "p0" else SHARED
+    value, event = release(ctx.noise, np.array([1.0]))
+    return Message("release", value, dp_event=event, scope="run")
+
+
+def test_a_shared_release_never_covers_another_messages_release(backend):
+    """The review's order-dependent hole: a whole release and a share of a shared one, whose
+    events are equal, were one item to verify in one order and two in the other. Each whole
+    release needs its own charge, in any order."""
+    with make_fed(backend, epsilon=4.0) as fed:
+        fed.charge([SHARED.charge("run")])
+        with pytest.raises(UnaccountedNoise, match="sent twice"):
+            fed.parties.run(own_and_shared, phase="both")
+    with make_fed(backend, epsilon=4.0) as fed:
+        fed.charge([SHARED.charge("run"), WHOLE.charge("run")])
+        fed.parties.run(own_and_shared, phase="both")

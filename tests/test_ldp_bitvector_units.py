@@ -618,6 +618,27 @@ def test_max_differing_bits_bounds_every_pair_on_a_grid(t, low, high):
         assert k_max < S  # some anchors in [U - t, L + t] cover the whole range
 
 
+def test_max_differing_bits_decides_coverage_with_the_encoder_itself():
+    """An anchor's bit cannot differ on [L, U] iff the encoder sets it at both ends (the rounding
+    of x - r is monotone in x, so |x - r| <= t then holds in between). Testing r - t <= L and
+    r + t >= U instead rounds differently: an anchor placed at U - t or L + t, give or take a few
+    ulps, can pass it while the encoder gives L and U different bits — Δ₀ one bit short. Found
+    by search: L = 27.39…, U = 54.37…, t = 14.04…, r = 40.33… (U - t to within an ulp)."""
+    low, high, t, r = 27.39233746429086, 54.37831097354025, 14.045841970386068, 40.33246900315418
+    ends = np.abs(np.array([low, high]) - r) <= t  # the encoding, written out
+    assert ends.tolist() == [True, False]
+    assert bv.max_differing_bits(np.array([r]), t, low, high) == 1
+    gen = _gen("kmax-edges")
+    for _ in range(2000):
+        low = gen.uniform(-100, 100)
+        high = low + gen.uniform(0.01, 100)
+        t = gen.uniform((high - low) / 2, high - low)
+        edge = gen.choice([high - t, low + t])
+        r = edge + np.arange(-3, 4) * np.spacing(edge)
+        bits = np.abs(np.array([low, high])[:, None] - r[None, :]) <= t
+        assert bv.max_differing_bits(r, t, low, high) == np.count_nonzero(~bits.all(axis=0))
+
+
 # --- kCluster -----------------------------------------------------------------------------------------
 def _blobs(gen, per=30):
     centers = np.array([[0.0, 0.0], [30.0, 0.0], [0.0, 30.0]])
@@ -687,3 +708,77 @@ def test_kcluster_never_assigns_an_empty_cluster():
         averages = np.stack([d[:, final == c].mean(axis=1) for c in used], axis=1)
         assert np.array_equal(used[np.argmin(averages, axis=1)], final)
     assert started_with_empty > 0  # the guarded path was exercised
+
+
+# --- the codes as a release's input ---------------------------------------------------------------
+def _rr_by_hand(noise: NoiseSource, bits: np.ndarray, keys: np.ndarray, q: float) -> np.ndarray:
+    """Every bit flipped where its keyed uniform is >= q: the randomized response of one block,
+    written out (no mechanism)."""
+    u = noise.user_uniform("randomized-response", 0, keys, bits.shape[1])
+    return bits ^ (u >= q)
+
+
+def test_code_response_draws_every_pair_block_and_carries_one_event(monkeypatch):
+    """Bob's pair codes across several blocks (PAIR_BLOCK set to 7 pairs): the measurement's
+    release is the per-pair keyed RR of every code (u's under key 2k, v's under 2k + 1), whatever
+    the blocking; one event (the RR composed Δ₀ times) is registered for all the blocks, so one
+    message carries it; as an array the source is every noise-free bit (pairs x 2 x s), the
+    view the sensitivity check counts."""
+    from rayfed.privacy import CodeResponse, Measurement, Neighbours
+
+    gen = rng.stream(ROOT, "test", 0, "pairs")
+    x = gen.uniform(0, 5, (9, 2))  # 36 pairs: 6 blocks of 7 and one of 1
+    u, v = bv.pair_sums(x)
+    lo, top = bv.pair_range(0.0, 5.0, 2)
+    t = (top - lo) / 2
+    anchors = bv.anchors(gen, 1, 40, lo, top, t)[0]
+    codes = bv.Codes.of(anchors, t, lo, top, copies=2 * 8, what="pairs")
+    q = bv.keep_probability(1.0)
+    m = Measurement("pairs", CodeResponse(q), codes, Neighbours("replace_one", "record"))
+    assert m.sensitivity == 2 * 8 * bv.max_differing_bits(anchors, t, lo, top)
+    monkeypatch.setattr(bv, "PAIR_BLOCK", 7)
+    noise = NoiseSource.seeded(ROOT, "bob")
+    released, event = m(noise, bv.PairCodes(u, v, anchors, t))
+    assert noise.events == [event] and event.count == m.sensitivity
+    pairs = np.arange(u.size, dtype=np.uint64)
+    reference = [
+        _rr_by_hand(NoiseSource.seeded(ROOT, "bob"), bv.encode(w, anchors, t), keys, q)
+        for w, keys in ((u, 2 * pairs), (v, 2 * pairs + np.uint64(1)))
+    ]
+    unpacked = np.unpackbits(released, axis=2, count=40).astype(bool)
+    assert released.shape == (2, 36, 5)
+    assert np.array_equal(unpacked[0], reference[0]) and np.array_equal(unpacked[1], reference[1])
+    assert 0 < np.count_nonzero(unpacked[0] != bv.encode(u, anchors, t)) < u.size * 40 // 2
+    exact = np.asarray(bv.PairCodes(u, v, anchors, t))
+    assert exact.shape == (36, 2, 40)
+    assert np.array_equal(exact[:, 0], bv.encode(u, anchors, t))
+    assert np.array_equal(exact[:, 1], bv.encode(v, anchors, t))
+
+
+def test_record_codes_are_keyed_by_record_and_attribute():
+    """A custodian's records: attribute j of record i flipped by the coins of key i·4096 + j,
+    so the release does not depend on which custodian holds the record or the attribute."""
+    from rayfed.privacy import CodeResponse, Measurement, Neighbours
+
+    gen = rng.stream(ROOT, "test", 0, "records")
+    x = gen.uniform(LOW, HIGH, (30, 3))
+    r = bv.anchors(gen, 3, 50, LOW, HIGH, T)
+    ids = np.arange(100, 130, dtype=np.uint64)
+    keys = ids[None, :] * np.uint64(4096) + np.arange(3, dtype=np.uint64)[:, None]
+    codes = bv.Codes.of(r, T, LOW, HIGH, what="attributes")
+    assert codes.diameter(0) == sum(bv.max_differing_bits(a, T, LOW, HIGH) for a in r) == 150
+    assert codes.radius(0) == 150 and codes.diameter(2) == pytest.approx(math.sqrt(150))
+    q = bv.keep_probability(2.0)
+    m = Measurement("codes", CodeResponse(q), codes, Neighbours("replace_one", "record"))
+    released, _ = m(NoiseSource.seeded(ROOT, "p0"), bv.RecordCodes(x, r, T, keys), ids=ids)
+    for j in range(3):
+        expected = _rr_by_hand(
+            NoiseSource.seeded(ROOT, "p0"), bv.encode(x[:, j], r[j], T), keys[j], q
+        )
+        assert np.array_equal(np.unpackbits(released[j], axis=1, count=50).astype(bool), expected)
+    # the second attribute alone, at another custodian: the same bits
+    alone, _ = m(
+        NoiseSource.seeded(ROOT, "p1"), bv.RecordCodes(x[:, 1:2], r[1:2], T, keys[1:2]), ids=ids
+    )
+    assert np.array_equal(alone[0], released[1])
+    assert np.asarray(bv.RecordCodes(x, r, T, keys)).shape == (30, 3, 50)

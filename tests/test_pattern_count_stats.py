@@ -18,12 +18,24 @@ from rayfed.ldp.patterns import (
     product_sums,
     public_sample,
     raw_counts,
-    rr_event,
+    rr_measurement,
 )
-from rayfed.privacy import Budget, NoiseSource, PrivacyLedger, binary_randomized_response
+from rayfed.privacy import (
+    Budget,
+    Neighbours,
+    NoiseSource,
+    PrivacyLedger,
+    binary_randomized_response,
+)
 from rayfed.protocols.pattern_count.plan import synthetic_table
 
 M_USERS, SIZE, V = 2000, 3, 2
+RELATION = Neighbours("replace_one", "user's value", at_one_party=True)
+
+
+def rr_event(eps_prime: float) -> dp_event.DpEvent:
+    """The event of one party's release: randomized response on its one-hot values."""
+    return rr_measurement("rr", eps_prime, SIZE, RELATION).event
 
 
 def _data(m=M_USERS, parties=V, size=SIZE):
@@ -56,6 +68,14 @@ def _party_context(table, j, seed, size=SIZE):
     return StepContext(name=f"p{j}", role="party", seed=seed, table=table, meta=meta)
 
 
+def _releases(order, eps_prime, size):
+    from rayfed.ldp.patterns import rr_measurement
+    from rayfed.privacy import Neighbours
+
+    relation = Neighbours("replace_one", "user's value", at_one_party=True)
+    return {p: rr_measurement(f"{p}: RR", eps_prime, size, relation) for p in order}
+
+
 def _simulate_steps(table, parties, eps_prime, reps, sample_rate):
     """R runs of the real step functions (party encode + RR + packbits, coordinator estimate)."""
     from rayfed.protocols.pattern_count.steps import estimate_step, randomize_step
@@ -66,7 +86,7 @@ def _simulate_steps(table, parties, eps_prime, reps, sample_rate):
         msgs = {
             p: randomize_step(
                 _party_context(table, j, seed=500 + r),
-                eps_prime=eps_prime,
+                releases=_releases(order, eps_prime, SIZE),
                 sample_rate=sample_rate,
                 round=0,
             ).payload
@@ -179,7 +199,10 @@ def test_every_party_sends_the_same_public_sample_of_users():
     assert abs(sample.sum() - 3000) < 4 * math.sqrt(10_000 * 0.3 * 0.7)
     for j in range(2):
         msg = randomize_step(
-            _party_context(table, j, seed=3), eps_prime=0.5 - 1e-9, sample_rate=0.3, round=0
+            _party_context(table, j, seed=3),
+            releases=_releases(["p0", "p1"], 0.5 - 1e-9, SIZE),
+            sample_rate=0.3,
+            round=0,
         )
         bits = np.unpackbits(msg.payload["bits"], axis=1, count=msg.payload["users"])
         assert msg.payload["users"] == sample.sum()

@@ -235,10 +235,9 @@ def test_numbers_in_exponent_notation_are_accepted():
 @pytest.mark.parametrize("epsilon", [0.3, 0.7, 1.3])
 def test_any_epsilon_runs_and_spends_the_exact_loss(epsilon, calibration):
     """Regression: charged and drawn events must match for ε whose ε/16 is not exact in binary."""
-    from rayfed.protocols.pattern_count import PatternCountConfig
-
     result = run_local(users=500, epsilon=epsilon, calibration=calibration)
-    eps_prime = PatternCountConfig(epsilon=epsilon, calibration=calibration).eps_prime()
+    # Alg. 1's ε' = ε/16, or the exact calibration's tanh(ε/4)/2 (written out, not imported)
+    eps_prime = epsilon / 16 if calibration == "paper" else math.tanh(epsilon / 4) / 2
     assert result.privacy.epsilon == pytest.approx(exact_loss(eps_prime), rel=1e-12)
     assert result.privacy.epsilon <= epsilon * (1 + 1e-12)
 
@@ -258,3 +257,68 @@ def test_failure_mid_run_marks_the_run_failed(out_dir, monkeypatch):
     assert (
         manifest["transcript"]["messages"] == 2
     )  # the parties' messages were sent before the failure
+
+
+@pytest.mark.parametrize(
+    "change,what",
+    [
+        ({"accountant": "rpd"}, "accountant"),
+        ({"composition": "both"}, "composition"),
+        ({"relation": None}, "relation"),
+        ({"statement": " "}, "statement"),
+    ],
+)
+def test_a_bad_privacy_declaration_is_refused_before_any_run_directory(
+    change, what, out_dir, monkeypatch
+):
+    """A protocol whose plan declares an unknown accountant (the audit's "rpd"), an unknown
+    composition, no relation or no statement is refused by the core — a DeclarationError naming
+    the protocol and the field, not a ConfigError about an option no user can set — and nothing
+    is written."""
+    import dataclasses
+
+    from rayfed.errors import DeclarationError
+
+    honest = type(rayfed.protocols.get_protocol("pattern-count")).plan
+
+    def plan(cfg, seed):
+        made = honest(cfg, seed)
+        return dataclasses.replace(made, privacy=dataclasses.replace(made.privacy, **change))
+
+    monkeypatch.setattr(
+        type(rayfed.protocols.get_protocol("pattern-count")), "plan", staticmethod(plan)
+    )
+    with pytest.raises(DeclarationError, match=f"pattern-count: its privacy declaration's {what}"):
+        rayfed.run("pattern-count", backend="local", out_dir=str(out_dir), users=100)
+    assert not any(out_dir.iterdir())
+
+
+def test_a_release_the_accountant_cannot_account_is_refused_before_any_run(out_dir, monkeypatch):
+    """The dry run: a declared Gaussian release under the pure accountant (which does not
+    support it: dp-accounting's supports()) and a release of another relation are refused."""
+    import dataclasses
+
+    from rayfed.errors import DeclarationError
+    from rayfed.privacy import Gaussian, Interval, Measurement, Neighbours
+
+    honest = type(rayfed.protocols.get_protocol("pattern-count")).plan
+    relation = Neighbours("replace_one", "user's value", at_one_party=True)  # the protocol's
+    gaussian = Measurement("a Gaussian", Gaussian(1.0), Interval(0, 1), relation)
+    other = Measurement(
+        "add/remove", Gaussian(1.0), Interval(0, 1), Neighbours("add_or_remove_one", "value")
+    )
+    for extra, message in ((gaussian, "cannot account"), (other, "one value added or removed")):
+
+        def plan(cfg, seed, extra=extra):
+            made = honest(cfg, seed)
+            privacy = dataclasses.replace(
+                made.privacy, measurements=made.privacy.measurements + (extra,)
+            )
+            return dataclasses.replace(made, privacy=privacy)
+
+        monkeypatch.setattr(
+            type(rayfed.protocols.get_protocol("pattern-count")), "plan", staticmethod(plan)
+        )
+        with pytest.raises(DeclarationError, match=message):
+            rayfed.run("pattern-count", backend="local", out_dir=str(out_dir), users=100)
+        assert not any(out_dir.iterdir())

@@ -19,7 +19,7 @@ from rayfed.data import per_user
 from rayfed.dropout import NEVER, PHASES, DropoutSchedule
 from rayfed.errors import BelowThreshold, ConfigError
 from rayfed.federation import Federation
-from rayfed.privacy import Budget
+from rayfed.privacy import PrivacyDeclaration
 from rayfed.secagg import (
     FixedPoint,
     ProtocolViolation,
@@ -34,7 +34,7 @@ from rayfed.secagg import (
     shamir,
 )
 from rayfed.secagg.graph import NeighbourGraph
-from rayfed.secagg.reference import PHASE_INDEX, exact_sum, expected_survivors
+from rayfed.secagg.reference import PHASE_INDEX, exact_sum, expected_survivors, raw_sum
 
 # --- official vectors --------------------------------------------------------------------------
 RFC7748_ALICE_SK = "77076d0a7318a57d3c16c17251b26645df4c2f87ebc0992ab177fba51db92c2a"
@@ -219,7 +219,7 @@ def _run(
         run_id="t",
         seed=seed,
         cohorts=cohorts,
-        budget=Budget.none(),
+        privacy=PrivacyDeclaration.none("test"),
         backend=backend,
         randomness="secure" if mode == "secure" else "seeded",
     ) as fed:
@@ -880,7 +880,11 @@ def test_a_cohort_killed_in_process_becomes_dropouts(phase):
         kill=("c2", phase),
     )
     with Federation(
-        run_id="t", seed=3, cohorts=cohorts, budget=Budget.none(), backend="local"
+        run_id="t",
+        seed=3,
+        cohorts=cohorts,
+        privacy=PrivacyDeclaration.none("test"),
+        backend="local",
     ) as fed:
         result = secure_sum(fed, spec, _inputs, (3,))
     assert result.failed_cohorts == ["c2"]
@@ -909,6 +913,38 @@ def test_the_reference_catches_a_lost_survivor_and_a_wrapped_sum():
     wrapped = total.copy()
     wrapped[0] -= 1 << spec.encoding.modulus_bits
     assert not _exact(result, spec, (survivors, wrapped))
+
+
+def test_the_raw_sum_is_the_clipped_sum_without_the_clip():
+    """raw_sum adds the unclipped values on the same grid (hand-computed here); inside the
+    domain it equals exact_sum, outside they differ by what the clip removed; values whose
+    grid points overflow float64 (or int64 sums) are added as exact Python integers."""
+    x = np.array([[0.25, -3.0], [0.5, 0.75], [-2.0, 0.125]])
+    assert exact_sum(x, 1.0, 3).tolist() == [(2 + 4 - 8), (-8 + 6 + 1)]  # in eighths
+    assert raw_sum(x, 3).tolist() == [(2 + 4 - 16), (-24 + 6 + 1)]
+    inside = np.array([[0.3, -0.7], [1.0, -1.0]])
+    assert np.array_equal(raw_sum(inside, 16), exact_sum(inside, 1.0, 16))
+    assert raw_sum(np.array([[2.0**61], [2.0**61]]), 2).tolist() == [2**64]  # beyond int64
+    assert raw_sum(np.array([[1e300], [1.0]]), 16).tolist() == [(int(1e300) << 16) + (1 << 16)]
+    assert raw_sum(np.array([[1e306], [-0.5]]), 16).tolist() == [(int(1e306) << 16) - (1 << 15)]
+
+
+def test_the_raw_sum_of_integers_is_exact_and_reads_back_rounded_once():
+    """Integer inputs are added as integers (cast to float64, 2^62 + 1 became 2^62 and the 1 was
+    lost); to_float rounds an exact grid sum once — its integer may be beyond float64 while the
+    sum is not (2e304·2^16) — and gives ±inf where the sum itself is beyond float64's range."""
+    from rayfed.secagg.reference import to_float
+
+    ints = np.array([[2**62 + 1], [-(2**62)], [1]], dtype=np.int64)
+    assert raw_sum(ints, 16).tolist() == [2 << 16]
+    assert raw_sum(np.array([[3, -1], [2, 5]]), 4).tolist() == [5 << 4, 4 << 4]
+    assert raw_sum(np.array([[2**62], [2**62]], dtype=np.int64), 2).tolist() == [2**65]
+    big = raw_sum(np.array([[1e304], [1e304], [0.5]]), 16)
+    assert to_float(big, 16).tolist() == [2e304]  # (2e304·2^16 + 2^15) / 2^16, rounded once
+    over = raw_sum(np.array([[1.5e308, -1.5e308], [1.5e308, -1.5e308]]), 16)
+    assert to_float(over, 16).tolist() == [np.inf, -np.inf]
+    small = raw_sum(np.array([[0.25, -3.0], [0.5, 0.75]]), 3)  # int64: the float64 path
+    assert small.dtype == np.int64 and to_float(small, 3).tolist() == [0.75, -2.25]
 
 
 def test_the_finder_takes_the_smallest_degree_and_largest_threshold():

@@ -10,7 +10,7 @@ import pytest
 
 import rayfed
 from rayfed.cli import main
-from rayfed.errors import BelowThreshold, ConfigError
+from rayfed.errors import BelowThreshold, ConfigError, DataError
 
 SMALL = dict(users=60, dim=8, seed=5, out_dir=None)
 
@@ -57,6 +57,9 @@ def test_rounds_modes_and_labels(out_dir):
     simulation = rayfed.run("secure-sum", backend="local", **SMALL)
     assert "NOT secure" in simulation.headline and not simulation.metrics["secure"]
     assert np.allclose(dealer.tables["sum"]["secure_sum"], dealer.tables["sum"]["plaintext_sum"])
+    # synthetic inputs lie in [-clip, clip]: the raw and clipped references are the same
+    assert dealer.tables["sum"]["clipped_sum"].equals(dealer.tables["sum"]["plaintext_sum"])
+    assert dealer.metrics["clipped"] is None and dealer.metrics["clipping_gap"] == 0
 
 
 def test_vectors_from_a_file(tmp_path):
@@ -329,3 +332,167 @@ def test_the_consistency_round_needs_the_users_keys(mode):
             dim=2,
             consistency=True,
         )
+
+
+# --- a data file's values outside [-clip, clip] (issue 25: never clipped in silence) -------------
+def _half_far_out(tmp_path, n=300, far=50.0):
+    """The audit's case: ``n`` users, half of them at ±``far`` with clip = 1, the rest in [-1, 1]."""
+    gen = np.random.default_rng(25)
+    v = gen.uniform(-1, 1, n)
+    out = gen.choice(n, n // 2, replace=False)
+    v[out] = np.where(gen.random(n // 2) < 0.4, far, -far)  # a raw sum far from the clipped one
+    path = tmp_path / "far.csv"
+    pacsv.write_csv(pa.table({"uid": np.arange(n), "v": v}), path)
+    return path, v
+
+
+def test_out_of_domain_values_are_refused_by_default_with_no_run_directory(tmp_path):
+    path, _ = _half_far_out(tmp_path)
+    out = tmp_path / "runs"
+    out.mkdir()
+    with pytest.raises(DataError) as err:
+        rayfed.run(
+            "secure-sum", backend="local", out_dir=str(out), data={"path": str(path), "key": "uid"}
+        )
+    assert err.value.field == "data.v"
+    assert "150 of 300 values of column 'v'" in str(err.value)
+    assert "out_of_domain=clip" in err.value.allowed and "clip >= 50" in err.value.allowed
+    assert list(out.iterdir()) == []  # refused in plan: no run directory
+
+
+def test_clipped_values_are_counted_and_the_raw_sum_kept_beside(tmp_path):
+    path, v = _half_far_out(tmp_path)
+    out = tmp_path / "runs"
+    result = rayfed.run(
+        "secure-sum",
+        backend="local",
+        out_dir=str(out),
+        out_of_domain="clip",
+        data={"path": str(path), "key": "uid"},
+    )
+    # references computed here, from the file's values: on the 2^-16 grid each value moves by at
+    # most 2^-17
+    raw, clipped = v.sum(), np.clip(v, -1, 1).sum()
+    assert abs(raw - clipped) > 100  # the audit's gap (-282.66 against -7.67 there)
+    table = result.tables["sum"]
+    assert table["plaintext_sum"][0].as_py() == pytest.approx(raw, abs=300 * 2**-17)
+    assert table["clipped_sum"][0].as_py() == pytest.approx(clipped, abs=300 * 2**-17)
+    assert table["secure_sum"].equals(table["clipped_sum"])  # exact, against the clipped values
+    assert result.metrics["exact"]
+    statement = "150 of 300 data.v values clipped to [-1, 1]"
+    assert statement in result.headline
+    assert "EXACT for the clipped values" in result.headline  # never exact against the raw sum
+    assert f"raw plaintext sum {table['plaintext_sum'][0].as_py():.6g}" in result.headline
+    assert result.metrics["clipped"]["count"] == 150 and result.metrics["clipped"]["total"] == 300
+    assert result.metrics["clipping_gap"] == pytest.approx(abs(raw - clipped), abs=1e-3)
+    manifest = json.loads((out / result.run_id / "manifest.json").read_text())
+    assert manifest["metrics"]["clipped"]["statement"] == statement
+    assert statement in manifest["headline"]
+
+
+def test_the_exactness_check_still_catches_a_lost_input_on_clipped_data(tmp_path, monkeypatch):
+    """A mutant cohort step that loses one surviving user's (clipped, nonzero) input: the sum
+    no longer matches the clipped reference, so the run is NOT EXACT."""
+    from rayfed.protocols.secure_sum import driver
+
+    path, v = _half_far_out(tmp_path)
+    original = driver.table_inputs
+
+    def loses_user_0(ctx, round, ids, columns):
+        x = original(ctx, round, ids, columns)
+        x[ids == 0] = 0.0
+        return x
+
+    monkeypatch.setattr(driver, "table_inputs", loses_user_0)
+    result = rayfed.run(
+        "secure-sum",
+        backend="local",
+        out_dir=None,
+        out_of_domain="clip",
+        data={"path": str(path), "key": "uid"},
+    )
+    assert v[0] != 0 and not result.metrics["exact"]
+    assert "NOT EXACT for the clipped values" in result.headline
+
+
+def test_several_columns_name_the_column_outside_and_count_per_column(tmp_path):
+    path = tmp_path / "two.csv"
+    b = np.array([0.5, 3.0, -2.0, 0.0, 1.0])  # 2 outside [-1, 1]; 1.0 is inside
+    pacsv.write_csv(pa.table({"uid": np.arange(5), "a": np.zeros(5), "b": b}), path)
+    data = {"path": str(path), "key": "uid"}
+    with pytest.raises(DataError) as err:
+        rayfed.run("secure-sum", backend="local", out_dir=None, data=data)
+    assert err.value.field == "data.b" and "2 of 5 values of column 'b'" in str(err.value)
+    result = rayfed.run(
+        "secure-sum", backend="local", out_dir=None, data=data, out_of_domain="clip"
+    )
+    assert "2 of 10 data values clipped to [-1, 1] (b: 2)" in result.headline
+    assert result.metrics["clipped"]["columns"] == {"a": 0, "b": 2}
+    table = result.tables["sum"]
+    assert table["plaintext_sum"].to_pylist() == [0.0, 2.5]
+    assert table["clipped_sum"].to_pylist() == table["secure_sum"].to_pylist() == [0.0, 1.5]
+    assert "differs by up to 1 in a coordinate" in result.headline
+
+
+def test_data_inside_the_domain_runs_unchanged_under_either_policy(tmp_path):
+    path = tmp_path / "in.csv"
+    pacsv.write_csv(pa.table({"uid": np.arange(6), "v": [-1, 1, 0, 0, 1, 1]}), path)  # integers
+    data = {"path": str(path), "key": "uid"}
+    for policy in ("refuse", "clip"):
+        result = rayfed.run(
+            "secure-sum", backend="local", out_dir=None, data=data, out_of_domain=policy
+        )
+        assert result.metrics["exact"] and result.metrics["clipped"]["count"] == 0
+        assert result.tables["sum"]["plaintext_sum"].to_pylist() == [2.0]
+        assert "clipped" not in result.headline
+    with pytest.raises(ConfigError) as err:  # synthetic inputs are drawn in [-clip, clip]
+        rayfed.run("secure-sum", backend="local", out_dir=None, users=10, out_of_domain="clip")
+    assert err.value.field == "out_of_domain"
+
+
+def _one_column(tmp_path, values, name="v.csv"):
+    """A data file of one value column ``v`` (read back as written) and its run options."""
+    path = tmp_path / name
+    pacsv.write_csv(pa.table({"uid": np.arange(len(values)), "v": values}), path)
+    assert pacsv.read_csv(path)["v"].equals(pa.chunked_array([values]))
+    return dict(backend="local", out_dir=None, data={"path": str(path), "key": "uid"})
+
+
+def test_huge_clipped_values_report_their_raw_sum(tmp_path):
+    """Two values of 1e304 clipped to [-1, 1]: the run used to crash after the protocol ran
+    (the raw sum's grid integer, 2e304·2^16, beyond float64, was converted before scaling); the
+    raw plaintext sum is the exact one, rounded once: 2e304 + 0.5 + 0.25 - 0.75 (on the grid)."""
+    from fractions import Fraction
+
+    v = np.array([1e304, 1e304, 0.5, 0.25, -0.75, 0.0])
+    result = rayfed.run("secure-sum", out_of_domain="clip", **_one_column(tmp_path, v))
+    table = result.tables["sum"]
+    raw = float(sum(Fraction(x) for x in v))  # exact, rounded once
+    assert table["plaintext_sum"].to_pylist() == [raw] and raw == 2e304
+    assert table["clipped_sum"].to_pylist() == table["secure_sum"].to_pylist() == [2.0]
+    assert result.metrics["exact"] and result.metrics["clipping_gap"] == pytest.approx(2e304)
+    assert "raw plaintext sum 2e+304" in result.headline
+    assert "beyond float64" not in result.headline
+
+
+def test_a_raw_sum_beyond_float64_is_stated_not_crashed(tmp_path):
+    """Two values of 1.5e308: their raw sum, 3e308, is beyond float64's range (1.8e308): the
+    table holds inf and the headline says so; the secure (clipped) sum is exact."""
+    v = np.array([1.5e308, 1.5e308, -0.5, 0.25, 0.0, 0.0])
+    result = rayfed.run("secure-sum", out_of_domain="clip", **_one_column(tmp_path, v))
+    table = result.tables["sum"]
+    assert table["plaintext_sum"].to_pylist() == [np.inf]
+    assert table["clipped_sum"].to_pylist() == table["secure_sum"].to_pylist() == [1.75]
+    assert result.metrics["exact"] and result.metrics["raw_sum_beyond_float64"] == 1
+    assert "the raw plaintext sum lies beyond float64's range in 1 coordinate" in result.headline
+
+
+def test_integer_values_beyond_2_53_are_summed_exactly(tmp_path):
+    """An integer column with values beyond 2^53: the raw plaintext sum adds the integers
+    exactly (cast to float64 first, 2^62 + 1 and -2^62 cancelled to 0 and the 1 was lost)."""
+    v = np.array([2**62 + 1, -(2**62), 3, -2, 0], dtype=np.int64)
+    result = rayfed.run("secure-sum", out_of_domain="clip", **_one_column(tmp_path, v))
+    table = result.tables["sum"]
+    assert table["plaintext_sum"].to_pylist() == [2.0]  # 2^62 + 1 - 2^62 + 3 - 2
+    assert table["clipped_sum"].to_pylist() == table["secure_sum"].to_pylist() == [0.0]
+    assert result.metrics["exact"] and "raw plaintext sum 2)" in result.headline

@@ -8,7 +8,7 @@ import pytest
 
 import rayfed
 from rayfed.errors import ConfigError
-from rayfed.privacy import Budget
+from rayfed.privacy import PrivacyDeclaration
 from rayfed.protocols.base import Plan
 from rayfed.sizing import ACTOR_OVERHEAD_BYTES, PARTITION_FACTOR, check_fit, default_cohorts
 
@@ -16,8 +16,7 @@ from rayfed.sizing import ACTOR_OVERHEAD_BYTES, PARTITION_FACTOR, check_fit, def
 def plan_with(cohorts: int, rows: int) -> Plan:
     table = pa.table({"v": np.zeros(rows)})
     return Plan(
-        budget=Budget.none(),
-        ledger={},
+        privacy=PrivacyDeclaration.none("test"),
         cohorts={f"c{i}": (table, {}) for i in range(cohorts)},
     )
 

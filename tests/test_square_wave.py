@@ -200,6 +200,8 @@ def test_ray_equals_local(ray_cluster):
         ({"method": "cfo", "tolerance": 1e-4}, "tolerance"),
         ({"bucketize": "br", "output_buckets": 300}, "output_buckets"),
         ({"missing": "drop"}, "missing"),
+        ({"out_of_domain": "clip"}, "out_of_domain"),  # synthetic values lie in [0, 1]
+        ({"out_of_domain": "zero"}, "out_of_domain"),
     ],
 )
 def test_bad_options(options, field):
@@ -209,15 +211,86 @@ def test_bad_options(options, field):
 
 
 def test_values_outside_the_declared_bounds(tmp_path):
+    """out_of_domain=refuse (the default): a value outside the bounds is an error naming the
+    column and the option that would clip it."""
     path = tmp_path / "v.csv"
     pacsv.write_csv(pa.table({"v": [0.5, 1.5, 2.0, 12.0], "name": ["a", "b", "c", "d"]}), path)
-    with pytest.raises(DataError, match="bounds") as info:
+    with pytest.raises(DataError, match="out_of_domain=clip") as info:
         run(data={"path": str(path)}, column="v", bounds=[0, 10])
-    assert "1 value(s)" in info.value.problem
+    assert info.value.field == "v" and "1 of 4 values" in info.value.problem
     with pytest.raises(DataError, match="not numeric"):
         run(data={"path": str(path)}, column="name", bounds=[0, 10])
     with pytest.raises(ConfigError, match="bounds"):
         run(data={"path": str(path)}, column="v")
+
+
+def test_out_of_domain_clip_counts_and_states_the_clipped_values(tmp_path):
+    """out_of_domain=clip: the values beyond the bounds are moved to them, counted in the
+    metrics and stated in the headline; the estimate is that of the clipped values (every user
+    above 10 reports 10: the top bucket holds their mass)."""
+    gen = np.random.default_rng(11)
+    v = gen.uniform(0, 10, 4000)
+    v[:300] = gen.uniform(10.5, 20, 300)  # 300 above the declared high
+    v[300:350] = -1.0  # 50 below the low
+    path = tmp_path / "v.csv"
+    pacsv.write_csv(pa.table({"v": v}), path)
+    options = dict(data={"path": str(path)}, column="v", bounds=[0, 10], buckets=16)
+    result = run("cfo", out_of_domain="clip", epsilon=4.0, bins=16, **options)
+    assert result.metrics["clipped"] == 350
+    assert "350 of 4,000 v values clipped to [0, 10]" in result.headline
+    truth = result.tables["histogram"].column("true").to_numpy()
+    # the clipped users sit in the end buckets: 300 (+ the uniform's share) at the top, 50 at 0
+    assert truth[-1] == pytest.approx((300 + np.sum((v[350:] >= 10 * 15 / 16))) / 4000)
+    assert truth[0] == pytest.approx((50 + np.sum(v[350:] < 10 / 16)) / 4000)
+    moments = run("sr", out_of_domain="clip", **options)
+    assert moments.metrics["clipped"] == 350 and "350 of 4,000" in moments.headline
+    inside = run("cfo", out_of_domain="clip", **{**options, "bounds": [-1, 20]})
+    assert inside.metrics["clipped"] == 0 and "clipped" not in inside.headline
+
+
+def test_every_release_is_declared_with_its_sensitivity():
+    """One LocalReport per kind of report, declared in the plan and charged per cohort: the
+    histogram's one report, SR/PM's mean and variance halves (each its own measurement, the
+    variance half's input (v - μ̃)² mapped to [-1, 1]); Δ₀ = 1 user, the event (ε, 0)."""
+    from rayfed.privacy import LocalReport
+
+    for method, labels in (
+        ("sw-ems", ["sw-ems report per user (ε-LDP)"]),
+        ("pm", ["pm report (mean, ε-LDP)", "pm report (variance, ε-LDP)"]),
+    ):
+        result = run(method, users=2000, epsilon=0.7, cohorts=2)
+        releases = result.privacy.releases
+        assert [r.split(":")[0] for r in releases] == labels
+        assert all("Δ0 = 1 (one user's value replaced" in r for r in releases)
+        entries = result.privacy.entries
+        assert len(entries) == 2 * len(labels)  # every cohort charged once per release
+        assert {e["label"] for e in entries} == set(labels)
+        assert all(e["epsilon"] == 0.7 and e["delta"] == 0.0 for e in entries)
+        assert result.privacy.epsilon == pytest.approx(0.7)
+    proto = rayfed.protocols.get_protocol("square-wave")
+    cfg = proto.Config(method="sr", users=10)
+    plan = proto.plan(cfg, 0)
+    mean = plan.params.releases["mean"]
+    assert isinstance(mean.mechanism, LocalReport) and mean.sensitivity == 1.0
+    assert plan.privacy.data.members == "cohorts" and plan.privacy.data.key == "user_id"
+
+
+def test_an_outage_by_the_estimated_column_is_refused_and_another_column_is_stated(tmp_path):
+    """Who reports must not depend on the protected value: an outage by the estimated column
+    would reveal it through a user's silence, so it is refused. An outage by another column is
+    stated as what it is: that column is revealed, not protected."""
+    gen = np.random.default_rng(2)
+    path = tmp_path / "users.csv"
+    region = gen.choice(["north", "south"], 2000)
+    pacsv.write_csv(pa.table({"x": gen.integers(0, 3, 2000), "region": region}), path)
+    options = dict(data={"path": str(path)}, column="x", bounds=[0, 2], buckets=4)
+    with pytest.raises(ConfigError) as info:
+        run(population={"outage_column": "x", "outage_value": "1"}, **options)
+    assert info.value.field == "population.outage_column"
+    result = run(population={"outage_column": "region", "outage_value": "north"}, **options)
+    assert "'region' is 'north'" in result.privacy.statement
+    assert "not protected" in result.privacy.statement
+    assert "outage_column" not in run(**options).privacy.statement
 
 
 def test_reproduction_job_small(run_small_job):

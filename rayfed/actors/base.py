@@ -8,6 +8,7 @@ a trust boundary is a :class:`Message`, whose size and DP event go into the run'
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import pickle
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ import pyarrow as pa
 from dp_accounting import dp_event
 
 from rayfed import rng
+from rayfed.errors import UnaccountedNoise
 from rayfed.privacy.source import NoiseSource
 
 
@@ -60,6 +62,10 @@ class MessageMeta:
     nbytes: int
     dp_event: dp_event.DpEvent | None
     scope: str | None
+    #: (label, event) of each declared release this message's step drew a share of (part_of)
+    shares_of: tuple = ()
+    #: the event is a member's share of a release declared shared (one charge for all members)
+    shared: bool = False
 
 
 def nbytes_of(obj: Any) -> int:
@@ -214,6 +220,8 @@ class RoleActor:
             nbytes=nbytes_of(reply.payload),
             dp_event=reply.dp_event,
             scope=reply.scope or (self.ctx.name if reply.dp_event is not None else None),
+            shares_of=tuple((m.label, m.event) for m in self.ctx.noise.parts),
+            shared=reply.dp_event is not None and reply.dp_event in self.ctx.noise.shared,
         )
 
     def run(self, step, spec, *flat) -> tuple[MessageMeta | None, Any]:
@@ -222,6 +230,11 @@ class RoleActor:
         reply = self._step(step, args, kwargs)
         if not isinstance(reply, Message):
             self.ctx.noise.check_all_carried([])
+            if self.ctx.noise.parts:
+                raise UnaccountedNoise(
+                    f"{self.ctx.name}: a share of a declared release leaves its step outside a "
+                    "Message (the transcript could not check the release is carried)"
+                )
             return None, reply
         meta = self._meta(reply)
         self.ctx.noise.check_all_carried([reply.dp_event] if reply.dp_event is not None else [])
@@ -236,6 +249,9 @@ class RoleActor:
         if sorted(replies) != sorted(names):
             raise ValueError(f"scatter step answered {sorted(replies)}, expected {sorted(names)}")
         metas = {name: self._meta(replies[name]) for name in names}
+        if self.ctx.noise.parts:  # the shares are recorded once, on the first message
+            for name in names[1:]:
+                metas[name] = dataclasses.replace(metas[name], shares_of=())
         self.ctx.noise.check_all_carried(
             [replies[n].dp_event for n in names if replies[n].dp_event is not None]
         )

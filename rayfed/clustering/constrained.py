@@ -14,13 +14,16 @@ import math
 import numpy as np
 from ortools.graph.python import min_cost_flow
 
-from rayfed.clustering import nearest, squared_distances
+from rayfed.clustering import nearest
 from rayfed.errors import ConfigError
 
 ASSIGNMENTS = ("constrained", "unconstrained", "non-exclusive")
 POSTS = ("none", "trunc", "fold")
-#: integer flow costs are squared distances x 2^20: ties below ~1e-6 are broken by the solver
-COST_SCALE = 2.0**20
+#: the flow's costs see centroid i shifted by (i + 1)·OFFSET·u (u: :func:`offset_direction`)
+OFFSET = 2.0**-16
+#: E·(nodes + 1)·(largest arc cost) stays below this: OR-Tools refuses a cost range whose
+#: max cost·(nodes + 1) reaches 2^63 (BAD_COST_RANGE), and the total cost must fit in int64
+COST_BUDGET = 2.0**61
 
 
 # --- assignment ---------------------------------------------------------------------------------
@@ -46,26 +49,42 @@ def assign(
 
 def nearest_members(x: np.ndarray, centers: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
     """Constrained non-exclusive (§3.1(2)): each cluster independently takes its ``size`` nearest
-    points; a point may join several clusters or none."""
+    points; a point may join several clusters or none. Ties in distance are broken by a strict
+    order of the values (then the coordinates in turn), never by position: an added or removed
+    point then changes a cluster's members by at most one swap (equal points are
+    interchangeable)."""
     n, k = len(x), len(centers)
     size = min(size, n)
     if size == 0:
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    d2 = squared_distances(x, centers)
-    rows = np.argpartition(d2, size - 1, axis=0)[:size] if size < n else np.indices((n, k))[0]
-    return rows.T.ravel(), np.repeat(np.arange(k), size)
+    if size == n:
+        return np.tile(np.arange(n), k), np.repeat(np.arange(k), n)
+    values = tuple(x.T[::-1])  # np.lexsort sorts by its last key first
+    rows = [np.lexsort((*values, d2))[:size] for d2 in _distances(x, centers)]
+    return np.sort(np.stack(rows), axis=1).ravel(), np.repeat(np.arange(k), size)
+
+
+def _distances(x: np.ndarray, centers: np.ndarray):
+    """Each centroid's (n,) squared distances, every entry from its own point alone."""
+    for c in centers:
+        yield ((x - c) ** 2).sum(axis=1)
 
 
 def flow_assign(
-    x: np.ndarray, centers: np.ndarray, min_size: int, max_size: int, contribution: int = 1
+    x: np.ndarray,
+    centers: np.ndarray,
+    min_size: int,
+    max_size: int,
+    contribution: int = 1,
+    bound: float = 1.0,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Constrained E-exclusive assignment (§3.1(3)-(4)) as a min-cost flow.
 
     Minimises Σ squared distances subject to ``min_size <= |O_i| <= max_size`` and every point in
     at least one and at most E = ``contribution`` clusters (E = 1: exactly one, Bennett et al.).
-    Graph: point (supply E) -> clone_i (cap 1, cost ||x - μ_i||² · 2^20) -> cluster_i (cap
+    Graph: point (supply E) -> clone_i (cap 1, cost :func:`flow_costs`) -> cluster_i (cap
     max_size, demand min_size) -> sink; point -> escape (cap E - 1) -> sink, so every point sends
-    at least one unit to a real cluster.
+    at least one unit to a real cluster. The points lie in [-bound, bound]^d.
     """
     n, k, e = len(x), len(centers), int(contribution)
     if k * min_size > e * n or n > k * max_size:
@@ -75,7 +94,7 @@ def flow_assign(
             f"each with each point in 1..{e} clusters",
             "lower min_size, raise max_size, or raise contribution",
         )
-    cost = np.rint(squared_distances(x, centers) * COST_SCALE).astype(np.int64)
+    cost = flow_costs(x, centers, max_size, e, bound)
     clone, cluster = n + np.arange(k), n + k + np.arange(k)
     escape, sink = n + 2 * k, n + 2 * k + 1
     points = np.arange(n)
@@ -106,6 +125,57 @@ def flow_assign(
     flow = solver.flows(arcs[: n * k]).reshape(n, k)
     rows, cols = np.nonzero(flow)
     return rows, cols
+
+
+def offset_direction(d: int) -> np.ndarray:
+    """u ∝ (√2, √3, √5, …): the square roots of the first d primes, unit length. They are linearly
+    independent over the rationals, so no difference of two distinct points (a rational vector)
+    is orthogonal to the exact u; in floats, only up to the rounding."""
+    primes: list[int] = []
+    candidate = 2
+    while len(primes) < d:
+        if all(candidate % p for p in primes):
+            primes.append(candidate)
+        candidate += 1
+    u = np.sqrt(np.asarray(primes, dtype=np.float64))
+    return u / np.linalg.norm(u)
+
+
+def cost_centers(centers: np.ndarray) -> np.ndarray:
+    """The centroids as the flow's costs see them: centroid i (from 0) shifted by
+    (i + 1)·2^-16·u. Public and data-independent (the centroids are public), so nothing leaks.
+    Coinciding centroids (two truncated to one corner, say) no longer tie every point, and no
+    centroid sits on a point of a coarse grid (a data point on it would cost 0, tying its
+    optional second membership with the escape node when E > 1)."""
+    k, d = centers.shape
+    return centers + np.arange(1, k + 1)[:, None] * OFFSET * offset_direction(d)[None, :]
+
+
+def cost_scale(centers: np.ndarray, max_size: int, contribution: int, bound: float) -> float:
+    """Integer costs per unit of squared distance: the largest power of two at which every cost a
+    point of [-bound, bound]^d can have keeps E·(nodes + 1)·cost below :data:`COST_BUDGET`, nodes
+    counted at the largest feasible n (k·max_size). A function of public inputs only, so a
+    dataset and its neighbours share it."""
+    k = len(centers)
+    reach = float(((bound + np.abs(cost_centers(centers))) ** 2).sum(axis=1).max())
+    units = contribution * (k * max_size + 2 * k + 3)
+    return 2.0 ** math.floor(math.log2(COST_BUDGET / (units * max(reach, 1e-300))))
+
+
+def flow_costs(
+    x: np.ndarray, centers: np.ndarray, max_size: int, contribution: int = 1, bound: float = 1.0
+) -> np.ndarray:
+    """(n, k) int64 arc costs: squared distances to :func:`cost_centers` x :func:`cost_scale`,
+    rounded. Each entry is computed from its own point and centroid alone (no matrix product,
+    whose rounding may depend on the other rows), so a point costs the same in every dataset."""
+    if len(x) and np.abs(x).max() > bound:
+        raise ValueError(f"flow costs need the points in [-{bound}, {bound}]^d")
+    shifted = cost_centers(centers)
+    scale = cost_scale(centers, max_size, contribution, bound)
+    cost = np.empty((len(x), len(shifted)), dtype=np.int64)
+    for i, c in enumerate(shifted):
+        cost[:, i] = np.rint(((x - c) ** 2).sum(axis=1) * scale)
+    return cost
 
 
 def cluster_sums(

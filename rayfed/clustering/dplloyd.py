@@ -75,15 +75,66 @@ def centroid_sensitivity_thesis(c_min: int, contribution: int, constrained: bool
     return BOUND * contribution / (c_min if constrained and c_min > 0 else 1)
 
 
-def centroid_sensitivity(clients: int, client_min: int, assignment: str) -> float:
-    """How far one added or removed point moves one coordinate of one cluster's uploaded local
-    centroid S_l/(M·C_l): the mean of c >= client_min points moves by at most 2B/(c + 1) (a
-    non-exclusive cluster keeps its size, so a swap moves it by 2B/c); an empty local cluster
-    uploads the previous centroid, so from empty to one point it moves by 2B. Divided by M."""
-    if assignment == "constrained":
-        per_client = 2.0 * BOUND / (client_min + 1)
-    elif assignment == "non-exclusive" and client_min > 0:
-        per_client = 2.0 * BOUND / client_min
-    else:
-        per_client = 2.0 * BOUND
-    return per_client / clients
+# --- the true sensitivities (add or remove one point at one client) --------------------------------
+# A size-constrained assignment is a min-cost flow (constrained.flow_assign); the flows of D and
+# D' = D + x (x at one client; the other clients' flows do not change) differ by E unit paths from
+# x to the sink (and by cycles of cost 0: other optima, see below). A unit path enters x into a
+# cluster i1 and, while i1 has no room, moves one of its points y1 to a cluster i2, y2 from i2 to
+# i3, …, until a cluster with room grows by one (or, E > 1, a point drops a membership through the
+# escape node). The path is simple, so it visits each cluster at most once: it moves at most k − 1
+# other points and touches at most k clusters, each by one replacement (one point in, one out:
+# ℓ1 <= 2dB, count unchanged) or, the last one, one addition (<= dB, count + 1). Per unit path the
+# sums move by at most (2k − 1)·d·B (E = 1; 2k·d·B when it ends at the escape node) and the counts
+# by 1. A cycle moves points around clusters at zero cost: it exists only where D's (or D''s)
+# optimum is not unique up to exchanging equal points, and the bound assumes it does not
+# (constrained.flow_costs shifts the centroids by public offsets so that coinciding ones do not
+# tie every point; an exact tie of its integer costs remains possible and is not excluded).
+def sums_sensitivity(assignment: str, k: int, contribution: int) -> int:
+    """The ℓ1 change of the k·d cluster sums one added or removed point can cause, in units of
+    d·B: 1 (unconstrained: its own cluster), 2k (non-exclusive: each cluster keeps its size, so
+    each may swap a point), 2k − 1 (constrained, E = 1: the augmenting path) or 2k·E
+    (constrained, E > 1: E paths, each may end at the escape node)."""
+    if assignment == "unconstrained":
+        return 1
+    if assignment == "non-exclusive":
+        return 2 * k
+    return 2 * k - 1 if contribution == 1 else 2 * k * contribution
+
+
+def counts_sensitivity(assignment: str, k: int, contribution: int) -> int:
+    """The ℓ1 change of the k counts: 1 (unconstrained), E (constrained: every path nets one
+    membership, displaced points keep the counts), k (non-exclusive: the clusters keep their
+    size, which moves only where a client has fewer rows than it)."""
+    if assignment == "unconstrained":
+        return 1
+    if assignment == "non-exclusive":
+        return k
+    return contribution
+
+
+def centroid_sensitivity_grid(
+    assignment: str, k: int, d: int, contribution: int, clients: int, client_min: int, scale: int
+) -> int:
+    """The ℓ1 change, in grid units 1/``scale``, of the k·d uploaded local centroids S_l/(M·C_l)
+    (each rounded to the grid) when one point is added to or removed from client l.
+
+    A cluster whose members change by one replacement keeps its size C >= max(client_min, 1): its
+    mean moves by at most 2B/C per coordinate; one that gains a point moves by at most 2B/(C + 1),
+    C >= client_min (an empty local cluster uploads the previous centroid, in the box: 2B from
+    empty to one point). Rounding adds at most one grid unit: ⌊move·scale⌋ + 1. Unconstrained:
+    one cluster gains the point; non-exclusive: each of the k clusters (fixed size client_min)
+    may swap one; constrained, E = 1: the augmenting path's k − 1 replacements and one addition;
+    E > 1: E paths of up to k replacements."""
+
+    def grid(move: float) -> int:
+        return math.floor(move * scale) + 1
+
+    replaced = grid(2.0 * BOUND / (clients * max(client_min, 1)))
+    added = grid(2.0 * BOUND / (clients * (client_min + 1)))
+    if assignment == "unconstrained":
+        return d * grid(2.0 * BOUND / clients)
+    if assignment == "non-exclusive":
+        return k * d * replaced
+    if contribution == 1:
+        return d * ((k - 1) * replaced + added)
+    return contribution * k * d * replaced

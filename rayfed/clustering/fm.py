@@ -3,8 +3,9 @@ Alg. 2–5; spec shared/specs/vfl-kmeans.md §2.5–2.9, §2.12).
 
 A party's partition of its users into k' local clusters becomes an M x k' matrix A: entry (i, a) is
 the maximum over the cluster's ids of a geometric hash H_i(id) ~ Geometric(γ/(1+γ)) on {1, 2, …},
-the maximum of n_p fresh geometric "phantoms", and the floor α_min — ε'-DP per key for a hash key
-the server does not know. Sketches of the same key merge under union by element-wise max, so the
+the maximum of n_p fresh geometric "phantoms", and the floor α_min — one party's entry of a key is
+about ε'-DP for a hash key the server does not know; all parties' sketches together, which share
+the keys, are accounted in :mod:`rayfed.clustering.fm_privacy`. Sketches of the same key merge under union by element-wise max, so the
 server estimates every grid cell's weight |∩_ℓ M^(ℓ)_{a_ℓ}| as n̂ minus the union of the cells'
 complements (BasicEst), or fits the grid to the pairwise tables (2PEst).
 
@@ -30,7 +31,9 @@ PROJECTIONS = ("clip", "simplex")
 
 # --- one sketch ---------------------------------------------------------------------------------
 def sketch_epsilon(eps2: float, delta2: float, m: int) -> float:
-    """ε' of one key (Lemma 1): ε2 / (4·sqrt(M·ln(1/δ2)))."""
+    """ε' of one key by the paper's Lemma 1: ε2 / (4·sqrt(M·ln(1/δ2))), for one party's M keys
+    to be (ε2, δ2)-DP. The parties share the keys, so their sketches are not independent: the
+    calibration the protocol uses is :func:`rayfed.clustering.fm_privacy.calibrate`."""
     return eps2 / (4.0 * math.sqrt(m * math.log(1.0 / delta2)))
 
 
@@ -42,13 +45,6 @@ def phantom_count(eps_prime: float) -> int:
 def alpha_min(eps_prime: float, gamma: float) -> int:
     """α_min = ⌈log_{1+γ}(1/(1 - e^{-ε'}))⌉, the floor of every sketch value."""
     return math.ceil(-math.log(-math.expm1(-eps_prime)) / math.log1p(gamma))
-
-
-def tight_epsilon(eps_prime: float, m: int, delta: float) -> float:
-    """A tighter (ε, δ) for M ε'-DP keys than Lemma 1's: pure ε'-DP is ε'²/2-zCDP (Bun & Steinke
-    Prop. 1.4), M of them compose to ρ = Mε'²/2, and ρ-zCDP is (ρ + 2·sqrt(ρ ln 1/δ), δ)-DP."""
-    rho = m * eps_prime**2 / 2.0
-    return rho + 2.0 * math.sqrt(rho * math.log(1.0 / delta))
 
 
 def geometric_from_words(words: np.ndarray, gamma: float) -> np.ndarray:
@@ -94,6 +90,26 @@ def dp_sketch(
 ) -> np.ndarray:
     """DPFM on every entry: max(real hash max, phantom max, α_min)."""
     return np.maximum(np.maximum(real, phantom_max(n_p, gamma, real.shape, rng)), floor)
+
+
+def dp_sketches(
+    noise,
+    labels: np.ndarray,
+    *,
+    round: int,
+    k: int,
+    hash_words,
+    rows: np.ndarray,
+    keys: int,
+    phantoms: int,
+    floor: int,
+    gamma: float,
+) -> np.ndarray:
+    """DPFMPS-Gen (Alg. 3): the M x k DP FM sketches of the partition ``labels`` of the users
+    named ``rows`` (hashed by ``hash_words``), the phantoms from the source's ``sketch`` stream
+    (the algorithm of the protocol's sketch measurement: it registers nothing itself)."""
+    real = cluster_max_hash(hash_words, rows, np.asarray(labels), k, keys, gamma)
+    return dp_sketch(real, phantoms, floor, gamma, noise.generator("sketch", round))
 
 
 # --- estimators ---------------------------------------------------------------------------------
@@ -188,14 +204,11 @@ def basic_est(
     return normalise(raw, n_hat, projection)
 
 
-def theorem6_sd(
-    n: float, true: np.ndarray, m: int, s: int, k: int, eps2: float, delta: float, rho: float
-):
-    """Theorem 6's sd of a cell estimate: ρ(n - w*)/√M + 4ρ·s·(k'-1)·sqrt(ln 1/δ)/ε2."""
-    return (
-        rho * (n - true) / math.sqrt(m)
-        + 4 * rho * s * (k - 1) * math.sqrt(math.log(1 / delta)) / eps2
-    )
+def theorem6_sd(n: float, true: np.ndarray, m: int, s: int, k: int, rho: float, phantoms: int):
+    """Theorem 6's sd of a cell estimate, ρ(n - w*)/√M + ρ·s·(k'-1)·n_p/√M: the set's own spread
+    and that of the s(k'-1) merged phantom sets. The paper writes the second term as
+    4ρ·s·(k'-1)·sqrt(ln 1/δ)/ε2, which is this with Lemma 1's n_p ≈ 1/ε' = 4·sqrt(M ln 1/δ)/ε2."""
+    return rho * (n - true) / math.sqrt(m) + rho * s * (k - 1) * phantoms / math.sqrt(m)
 
 
 def marginal(w: np.ndarray, axes: tuple[int, int]) -> np.ndarray:

@@ -15,6 +15,7 @@ Eq. 10 does not hold (the hockey-stick divergence of two codes 100 bits apart is
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 from scipy.special import gammaln, logsumexp
@@ -52,6 +53,116 @@ def encode(values: np.ndarray, r: np.ndarray, t: float) -> np.ndarray:
 
 
 keep_probability = rr_keep_probability  # binary RR: report the true bit w.p. e^ε/(1+e^ε)
+
+
+# --- the codes as a release's input: their domain, and sources encoded a block at a time ---------
+@dataclass(frozen=True)
+class Codes:
+    """The domain of the BV codes one unit contributes to a release (a record's attribute codes,
+    or the pair codes one of Bob's records enters): ``reach[c]`` is how many of the s = ``bits``
+    bits of its c-th code can differ between any two values of that code's range [low, high]
+    (:func:`max_differing_bits` of its anchors). Replacing the unit changes each of its codes
+    within its reach, so the ℓ0 sensitivity (bits) is Σ reach; adding or removing it adds or
+    removes every bit of its codes. A domain for :class:`rayfed.privacy.Measurement` (radius,
+    diameter, describe)."""
+
+    bits: int
+    reach: tuple[int, ...]
+    low: float
+    high: float
+    what: str = "attribute"
+
+    @staticmethod
+    def of(
+        anchors: np.ndarray, t: float, low: float, high: float, *, copies: int = 1, what: str
+    ) -> Codes:
+        """The codes of values in [low, high] under ``anchors`` (one row per code), each code
+        entered ``copies`` times by one unit."""
+        anchors = np.atleast_2d(anchors)
+        reach = tuple(max_differing_bits(r, t, low, high) for r in anchors) * copies
+        return Codes(int(anchors.shape[1]), reach, float(low), float(high), what)
+
+    def _norm(self, count: int, p: int) -> float:
+        if p not in (0, 1, 2):
+            raise ValueError(f"a sensitivity is in the ℓ0, ℓ1 or ℓ2 norm, got ℓ{p}")
+        return math.sqrt(count) if p == 2 else float(count)
+
+    def radius(self, p: int) -> float:
+        return self._norm(self.bits * len(self.reach), p)
+
+    def diameter(self, p: int) -> float:
+        return self._norm(sum(self.reach), p)
+
+    def describe(self) -> str:
+        most = max(self.reach)
+        return (
+            f"{len(self.reach):,} BV code(s) of {self.bits} bits ({self.what}) of values in "
+            f"[{self.low:g}, {self.high:g}], each differing in at most {most} bits"
+        )
+
+
+class RecordCodes:
+    """The BV codes of a custodian's records (``x``: n x d values on [L, U]; ``anchors``: d x s),
+    encoded an attribute at a time when drawn, so only one attribute's n x s bits exist at once;
+    the coins of record i's attribute j are keyed by ``keys[j, i]``. As an array (the
+    sensitivity check's view of the release's input) it is every bit, n x d x s."""
+
+    def __init__(self, x: np.ndarray, anchors: np.ndarray, t: float, keys: np.ndarray):
+        self.x, self.anchors, self.t, self.keys = x, anchors, t, keys
+
+    def blocks(self):
+        """(coin keys, n x s bits) of one attribute at a time."""
+        for j in range(self.x.shape[1]):
+            yield self.keys[j], encode(self.x[:, j], self.anchors[j], self.t)
+
+    @staticmethod
+    def pack(blocks) -> np.ndarray:
+        """(d, n, ⌈s/8⌉) packed codes from the blocks' bits."""
+        return np.stack([np.packbits(bits, axis=1) for bits in blocks])
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        out = np.stack([bits for _, bits in self.blocks()], axis=1)
+        return out if dtype is None else out.astype(dtype)
+
+
+class PairCodes:
+    """Bob's pair codes (decomposition): the BV codes of u and v of every record pair (triu
+    order) under one anchor vector, encoded ``PAIR_BLOCK`` pairs at a time; the coins of pair k's
+    u and v codes are keyed by 2k and 2k + 1. As an array it is every bit, pairs x 2 x s."""
+
+    def __init__(self, u: np.ndarray, v: np.ndarray, anchors: np.ndarray, t: float):
+        self.u, self.v, self.anchors, self.t = u, v, anchors, t
+
+    def blocks(self):
+        """(coin keys, 2·block x s bits): a block's u codes, then its v codes."""
+        for a in range(0, self.u.size, PAIR_BLOCK):
+            both = np.concatenate([self.u[a : a + PAIR_BLOCK], self.v[a : a + PAIR_BLOCK]])
+            ids = np.arange(a, a + both.size // 2, dtype=np.uint64)
+            yield (
+                np.concatenate([2 * ids, 2 * ids + np.uint64(1)]),
+                encode(both, self.anchors, self.t),
+            )
+
+    def pack(self, blocks) -> np.ndarray:
+        """(2, pairs, ⌈s/8⌉) packed codes: u's, then v's."""
+        size = (self.anchors.size + 7) // 8
+        parts = [np.packbits(bits, axis=1).reshape(2, -1, size) for bits in blocks]
+        return np.concatenate(parts, axis=1) if parts else np.zeros((2, 0, size), np.uint8)
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        s = self.anchors.size
+        parts = [bits.reshape(2, -1, s) for _, bits in self.blocks()]
+        out = np.concatenate(parts, axis=1).transpose(1, 0, 2) if parts else np.zeros((0, 2, s))
+        return out if dtype is None else out.astype(dtype)
+
+
+def pair_range(x_low: float, x_high: float, dims: int) -> tuple[float, float]:
+    """[lo, top]: where u = ‖a‖² + ‖b‖² and v = 2a·b of two records with ``dims`` values in
+    [x_low, x_high] lie. top = 2·dims·max(x_low², x_high²) bounds both; v is negative only when
+    x_low < 0 < x_high (then down to 2·dims·x_low·x_high); else lo = 0."""
+    top = 2 * dims * max(abs(x_low), abs(x_high)) ** 2
+    lo = 2 * dims * x_low * x_high if x_low < 0 < x_high else 0.0
+    return lo, top
 
 
 # --- distances --------------------------------------------------------------------------------------
@@ -305,6 +416,9 @@ def max_differing_bits(r: np.ndarray, t: float, low: float, high: float) -> int:
     """An upper bound on the bits two values in [L, U] can differ in, for these anchors: every
     anchor whose interval [r - t, r + t] does not cover all of [L, U] (x and y can then fall on
     different sides of it). With t = (U - L)/2 that is every anchor: two values can differ in all s
-    bits (x = L and x = U have complementary codes)."""
-    covers = (r - t <= low) & (r + t >= high)
+    bits (x = L and x = U have complementary codes). Coverage is decided by the encoder itself:
+    its bit is set at both ends (then at every x in between, since the rounding of x - r is
+    monotone in x); testing r - t <= L and r + t >= U instead rounds differently and can call an
+    anchor at U - t (to within an ulp) covering while L and U get different bits."""
+    covers = encode(np.array([low, high], dtype=float), np.asarray(r, dtype=float), t).all(axis=0)
     return int(np.count_nonzero(~covers))

@@ -16,11 +16,10 @@ import math
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from dp_accounting import dp_event
 
 from rayfed import rng
 from rayfed.errors import DataError
-from rayfed.privacy import binary_rr_event
+from rayfed.privacy import Measurement, Neighbours, OneHot, RandomizedResponse
 
 Domain = int | list[str | int]
 
@@ -30,14 +29,26 @@ def exact_loss(eps_prime: float) -> float:
     return 2.0 * math.log((1 + 2 * eps_prime) / (1 - 2 * eps_prime))
 
 
+def bias(epsilon: float, calibration: str) -> float:
+    """The randomized-response bias ε' of a party's ε under a calibration: ``paper`` (Alg. 1,
+    ε' = ε/16) or ``exact`` (ε' = tanh(ε/4)/2: the exact loss 2·ln((1+2ε')/(1−2ε')) is ε)."""
+    if calibration == "paper":
+        return epsilon / 16.0
+    return math.tanh(epsilon / 4.0) / 2.0
+
+
 def keep_probability(eps_prime: float) -> float:
     """Pr[reported bit = true bit] = 1/2 + ε'."""
     return 0.5 + eps_prime
 
 
-def rr_event(eps_prime: float) -> dp_event.DpEvent:
-    """The DP event of one party's message: RR on the two one-hot bits one user change can flip."""
-    return dp_event.SelfComposedDpEvent(event=binary_rr_event(keep_probability(eps_prime)), count=2)
+def rr_measurement(label: str, eps_prime: float, size: int, relation: Neighbours) -> Measurement:
+    """One party's release: binary RR on its users' one-hot values over ``size`` values (a value
+    outside the domain is the all-zero vector, within the same Hamming distance). Replacing a
+    user's value flips two bits: the event is the per-bit RR composed twice."""
+    return Measurement(
+        label, RandomizedResponse(keep_probability(eps_prime)), OneHot(max(size, 2)), relation
+    )
 
 
 def debias_constants(eps_prime: float) -> tuple[float, float]:

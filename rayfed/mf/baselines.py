@@ -19,9 +19,8 @@ from dp_accounting import dp_event
 
 from rayfed.errors import ConfigError
 from rayfed.mf import Ratings, predict, project, row_sums
-from rayfed.mf.training import poisson_batch
-from rayfed.privacy import NoiseSource, gaussian, objective_perturbation
-from rayfed.privacy.calibration import sampled_steps_event
+from rayfed.mf.training import poisson_batch, releases_event
+from rayfed.privacy import Measurement, NoiseSource
 
 #: DP-SGLD's Gaussian prior N(0, I/λ) on every entry of U and V: λ = 1, a weak prior next to the
 #: clipping (‖row‖² <= R) that bounds the posterior anyway
@@ -43,7 +42,9 @@ def sgld_sensitivity(bound: float) -> float:
     gradient is 0. With r ∈ [0, R] and the clipped prediction in [0, R], |e| <= R, and with the
     rows in 𝒰/𝒱 (‖·‖² <= R), ‖(∇_u, ∇_v)‖² <= 4R²(R + R): L = 2√2·R^{3/2}, VFL's Δ_joint (spec
     §2.4). The clip is what makes the bound hold for any (U, V), not only projected ones: it is the
-    papers' "bounding |prediction − rating|". A user with θ ratings: θL (triangle inequality)."""
+    papers' "bounding |prediction − rating|". A user with θ ratings (on θ distinct items):
+    √(θ² + θ)·2R^{3/2}, or the thesis's θL (``user_sensitivity``; the federated-mf plan's
+    ``gradient_bounds``)."""
     return 2 * math.sqrt(2) * bound**1.5
 
 
@@ -76,10 +77,8 @@ def sgld(
     round: int,
     step: float,
     rate: float,
-    z: float,
-    sensitivity: float,
+    release: Measurement,
     bound: float,
-    unit: str,
     sampled: str,
 ) -> tuple[np.ndarray, np.ndarray, dp_event.DpEvent]:
     """``steps`` projected SGLD steps on θ = (U, V), sampling the tempered posterior
@@ -89,33 +88,22 @@ def sgld(
 
     Privacy: with τ = 2q/(z√η L) (:func:`sgld_temperature`), (η/2)(τ/q) = √η/(zL), so the step is
     θ <- Π(θ − (η/2)λθ − (√η/(zL)) (Σ_S ∇ℓ + N(0, z²L² I))): the only data-dependent quantity is
-    the gradient sum, released through the Gaussian mechanism with noise multiplier z at L2
-    sensitivity L (L = θ·L per user) on a Poisson sample of ``sampled`` units — one sampled Gaussian
-    event per step (no amplification for one rating of a sampled user: :func:`sampled_steps_event`),
-    drawn by :func:`rayfed.privacy.gaussian` (so the noise on θ is exactly N(0, η I)). The prior
-    and Π are post-processing. Returns (U, V, the event of the ``steps`` releases)."""
+    the gradient sum, released through the Gaussian mechanism ``release`` (noise multiplier z at
+    L2 sensitivity L, θ·L per user) on a Poisson sample of ``sampled`` units — one sampled
+    Gaussian event per step (no amplification for one rating of a sampled user), so the noise on
+    θ is exactly N(0, η I). The prior and Π are post-processing. Returns (U, V, the event of the
+    ``steps`` releases)."""
     users, items, ratings = train
     shrink = 1.0 - step / 2 * SGLD_PRIOR
-    scale = math.sqrt(step) / (z * sensitivity)
-    event = None
+    scale = math.sqrt(step) / (release.mechanism.noise_multiplier * release.sensitivity)
     for _ in range(steps):
         rows = poisson_batch(noise, users, n, round=round, rate=rate, sampled=sampled)
         batch = Ratings(users[rows], items[rows], ratings[rows], n, v.shape[0], 0, bound)
         g_u, g_v = clipped_gradient_sums(u, v, batch, bound)
-        noisy, event = gaussian(
-            noise,
-            np.concatenate([g_u.ravel(), g_v.ravel()]),
-            l2_sensitivity=sensitivity,
-            noise_multiplier=z,
-            round=round,
-        )
+        noisy, _ = release(noise, np.concatenate([g_u.ravel(), g_v.ravel()]), round=round)
         u = project(shrink * u - scale * noisy[: u.size].reshape(u.shape), bound)
         v = project(shrink * v - scale * noisy[u.size :].reshape(v.shape), bound)
-    return (
-        u,
-        v,
-        sampled_steps_event(event.noise_multiplier, steps, rate, unit=unit, sampled=sampled),
-    )
+    return u, v, releases_event(release, steps)
 
 
 # --- ObjPertb --------------------------------------------------------------------------------------
@@ -244,6 +232,20 @@ def ridge_rows(
     return np.einsum("kab,kb->ka", q, c / (w + mu[:, None]))
 
 
+def objpert_item_terms(
+    u: np.ndarray, users: np.ndarray, items: np.ndarray, ratings: np.ndarray, m: int
+) -> np.ndarray:
+    """Each item's data terms of its V-solve, (Σ u_i u_iᵀ flattened, Σ r_ij u_i) over its
+    ratings (m x (p² + p)): all the V-solve reads of the data, so a neighbour changes the rows
+    of the items whose terms it changes (:func:`objpert_blocks`)."""
+    x = u[users]
+    p = u.shape[1]
+    outer = (x[:, :, None] * x[:, None, :]).reshape(len(x), p * p)
+    return np.concatenate(
+        [row_sums(items, outer, m), row_sums(items, ratings[:, None] * x, m)], axis=1
+    )
+
+
 def objpert_alternation(
     noise: NoiseSource,
     u: np.ndarray,
@@ -252,27 +254,25 @@ def objpert_alternation(
     *,
     round: int,
     reg: float,
-    scale: float,
-    epsilon_k: float,
+    release: Measurement,
     bound: float,
 ) -> tuple[np.ndarray, np.ndarray, dp_event.DpEvent]:
     """One alternation of ObjPertb: the V-solve with U fixed, every item's objective perturbed by
-    ⟨b_j, v_j⟩ (:func:`rayfed.privacy.objective_perturbation`, ε_k-DP by :func:`objpert_scale`),
-    exact over the ball ‖v‖² <= R; then the U-solve with V fixed, no noise: each u_i is a function
-    of V and user i's own ratings only (ridge OBJPERT_USER_REG, then Π_𝒰, which the bound L
-    needs), released to user i alone (joint DP, the billboard model). Returns (U, V, event)."""
+    ⟨b_j, v_j⟩ (``release``: objective perturbation, ε_k-DP by :func:`objpert_scale` for the item
+    blocks a neighbour touches), exact over the ball ‖v‖² <= R; then the U-solve with V fixed, no
+    noise: each u_i is a function of V and user i's own ratings only (ridge OBJPERT_USER_REG,
+    then Π_𝒰, which the bound L needs), released to user i alone (joint DP, the billboard
+    model). Returns (U, V, event)."""
     users, items, ratings = train
     p = u.shape[1]
-    v, event = objective_perturbation(
+    v, event = release(
         noise,
-        lambda b: ridge_rows(
+        objpert_item_terms(u, users, items, ratings, m),
+        round=round,
+        solve=lambda b: ridge_rows(
             u, items, users, ratings, m, reg=reg, shift=b, radius=math.sqrt(bound)
         ),
-        rows=m,
         width=p,
-        scale=scale,
-        epsilon=epsilon_k,
-        round=round,
     )
     u = ridge_rows(v, users, items, ratings, u.shape[0], reg=OBJPERT_USER_REG)
     return project(u, bound), v, event

@@ -11,9 +11,7 @@ from __future__ import annotations
 import math
 from fractions import Fraction
 
-from dp_accounting import dp_event
-
-from rayfed.privacy import distributed_gaussian_event, distributed_variance
+from rayfed.privacy import distributed_variance
 
 
 def threshold(n: int, omega: float) -> int:
@@ -58,15 +56,8 @@ def worst_case_variance(mode: str, method: str, n: int, omega: float) -> float:
 def round1_noise(
     mode: str, method: str, n: int, omega: float, z: float, sensitivity: float
 ) -> dict[str, float]:
-    """Round 1's distributed Gaussian (:func:`rayfed.privacy.distributed_gaussian`): ζ1 per user,
+    """Round 1's distributed Gaussian (:class:`rayfed.privacy.measurement.DistributedGaussianShare`): ζ1 per user,
     quorum t, and the Round-2 replacement ζ2 at the worst accepted outcome |U1| = |U2| = t."""
     t = threshold(n, omega)
     zeta1, zeta2, _ = noise_shares(mode, method, n, omega, t)
     return dict(z=z, sensitivity=sensitivity, zeta1=zeta1, quorum=t, zeta2=zeta2)
-
-
-def round1_event(noise: dict[str, float]) -> dp_event.GaussianDpEvent:
-    """The event charged per iteration; Round 1's mechanism returns the same (one formula)."""
-    return distributed_gaussian_event(
-        noise["z"], share=noise["zeta1"], quorum=noise["quorum"], replacement=noise["zeta2"]
-    )

@@ -11,8 +11,8 @@ from dp_accounting import dp_event
 
 from rayfed import rng
 from rayfed.mf import Ratings, gradient_sums, learning_rate, project, row_sums
-from rayfed.privacy import NoiseSource, gaussian
-from rayfed.privacy.calibration import sampled_steps_event
+from rayfed.privacy import Measurement, NoiseSource
+from rayfed.privacy.ledger import RUN_SCOPE
 
 
 def descend_users(
@@ -81,11 +81,17 @@ def poisson_batch(
 ) -> np.ndarray:
     """The rows of one Poisson batch of the training ratings whose users are ``users`` (of ``n``):
     each user with probability ``rate``, all of its ratings with it (``sampled="user"``), or each
-    rating on its own (``sampled="rating"``: what amplifies per-rating privacy)."""
-    gen = noise.generator("sample", round)
+    rating on its own (``sampled="rating"``: what amplifies per-rating privacy). Drawn through the
+    source's :meth:`~rayfed.privacy.NoiseSource.poisson_sample`: the sample backs the sampled
+    event the step's release then registers."""
     if sampled == "rating":
-        return np.flatnonzero(gen.random(users.size) < rate)
-    return np.flatnonzero((gen.random(n) < rate)[users])
+        return np.flatnonzero(noise.poisson_sample(rate, users.size, round=round))
+    return np.flatnonzero(noise.poisson_sample(rate, n, round=round)[users])
+
+
+def releases_event(release: Measurement, times: int) -> dp_event.DpEvent:
+    """The event of ``times`` draws of ``release``: what its charge holds (and a message carries)."""
+    return release.charge(RUN_SCOPE, times=times)[2]
 
 
 def dp_sgd(
@@ -99,43 +105,31 @@ def dp_sgd(
     round: int,
     lr: float | np.ndarray,
     rate: float,
-    z: float | None,
-    sensitivity: float,
+    release: Measurement | None,
     bound: float,
     m_share: float,
     update_u: bool,
-    unit: str,
     sampled: str,
 ) -> tuple[np.ndarray, np.ndarray, dp_event.DpEvent | None]:
     """``steps`` DP-SGD steps (spec §2.5) on the (users, items, ratings) ``train`` of ``n`` users:
     a Poisson batch of ``sampled`` units (:func:`poisson_batch`), the released gradient sums plus
-    N(0, (zΔ)²) through :func:`rayfed.privacy.gaussian` (on (g_U, g_V) jointly when U is updated,
-    Δ their joint sensitivity), divided by the public B = η|Ω|, projected. Returns (U, V, the true
-    event of the ``steps`` releases for the privacy ``unit``: :func:`sampled_steps_event`).
-    ``lr``: one rate, or one per step (:func:`step_rates`). ``z=None``: the same steps without
-    noise (the non-private federated reference, spec §6 C3), and no event: nothing is DP."""
+    N(0, (zΔ)²) drawn by ``release`` (on (g_U, g_V) jointly when U is updated, Δ their joint
+    sensitivity), divided by the public B = η|Ω|, projected. Returns (U, V, the event of the
+    ``steps`` releases: ``release``'s — the subsampled Gaussian, or one rating of a sampled
+    user's :class:`~rayfed.privacy.ledger.UnitInSampledGroupGaussianDpEvent`).
+    ``lr``: one rate, or one per step (:func:`step_rates`). ``release=None``: the same steps
+    without noise (the non-private federated reference, spec §6 C3), and no event: nothing is
+    DP."""
     users, items, ratings = train
     b = max(rate * users.size, 1.0)
     rates = np.broadcast_to(lr, (steps,))
-    event = None
     for gamma in rates:
         rows = poisson_batch(noise, users, n, round=round, rate=rate, sampled=sampled)
         batch = Ratings(users[rows], items[rows], ratings[rows], n, v.shape[0], 0, bound)
         g_u, g_v = gradient_sums(u, v, batch)
         released = np.concatenate([g_u.ravel(), g_v.ravel()]) if update_u else g_v.ravel()
-        if z is None:
-            noisy = released
-        else:
-            noisy, event = gaussian(
-                noise, released, l2_sensitivity=sensitivity, noise_multiplier=z, round=round
-            )
+        noisy = released if release is None else release(noise, released, round=round)[0]
         if update_u:
             u = project(u - gamma * noisy[: u.size].reshape(u.shape) / b, bound)
         v = project(v - gamma * m_share * noisy[-v.size :].reshape(v.shape) / b, bound)
-    if z is None:
-        return u, v, None
-    return (
-        u,
-        v,
-        sampled_steps_event(event.noise_multiplier, steps, rate, unit=unit, sampled=sampled),
-    )
+    return u, v, None if release is None else releases_event(release, steps)

@@ -1,9 +1,24 @@
-"""Noise mechanisms and the privacy ledger."""
+"""Noise mechanisms, the measurements built on them, and the privacy ledger."""
 
 from rayfed.privacy.calibration import (
     gaussian_noise_multiplier,
     gaussian_steps_event,
     shuffled_ldp_epsilon,
+)
+from rayfed.privacy.declaration import PrivacyDeclaration
+from rayfed.privacy.domain import (
+    OUT_OF_DOMAIN,
+    Ball,
+    Bits,
+    Clipped,
+    DataDomain,
+    Field,
+    Interval,
+    Neighbours,
+    OneHot,
+    Unbounded,
+    enforce,
+    sensitivity,
 )
 from rayfed.privacy.ledger import (
     Budget,
@@ -12,7 +27,21 @@ from rayfed.privacy.ledger import (
     PrivacyReport,
     PureDpAccountant,
     check_budget,
+    event_from_dict,
     event_to_dict,
+)
+from rayfed.privacy.measurement import (
+    CodeResponse,
+    Declared,
+    DiscreteLaplace,
+    Gaussian,
+    KaryResponse,
+    Laplace,
+    LocalReport,
+    Measurement,
+    PublicMap,
+    RandomizedResponse,
+    Subroutine,
 )
 from rayfed.privacy.mechanisms import (
     binary_randomized_response,
@@ -45,8 +74,34 @@ from rayfed.privacy.shuffling import ShuffledDpEvent, shuffled_guarantee
 from rayfed.privacy.source import RANDOMNESS, NoiseSource
 
 __all__ = [
+    "OUT_OF_DOMAIN",
     "RANDOMNESS",
+    "Ball",
+    "Bits",
     "Budget",
+    "Clipped",
+    "DataDomain",
+    "Declared",
+    "DiscreteLaplace",
+    "Field",
+    "Gaussian",
+    "Interval",
+    "KaryResponse",
+    "Laplace",
+    "LocalReport",
+    "Measurement",
+    "Neighbours",
+    "OneHot",
+    "PrivacyDeclaration",
+    "PublicMap",
+    "RandomizedResponse",
+    "Subroutine",
+    "CodeResponse",
+    "Subroutine",
+    "Unbounded",
+    "enforce",
+    "event_from_dict",
+    "sensitivity",
     "EpsilonDeltaDpEvent",
     "PrivacyLedger",
     "PrivacyReport",

@@ -2,11 +2,12 @@
 and the per-report ε0 of shuffled LDP releases for a target central (ε, δ).
 
 ``gaussian_noise_multiplier`` finds the smallest noise multiplier z (σ = z·Δ₂) such that the
-given composition of (optionally Poisson-subsampled) Gaussian steps is (ε, δ)-DP under the RDP
-accountant. RDP is used for the search because it is fast at any z (PLD's discretisation of a
-subsampled Gaussian with tiny z does not fit in memory) and its ε upper-bounds PLD's: a protocol
-that declares PLD then reports an ε at most the target. The event built by
-``gaussian_steps_event`` is exactly what the ledger is then charged with.
+given composition of (optionally Poisson-subsampled) Gaussian steps is (ε, δ)-DP under the
+accountant the ledger will use. The search runs under RDP first — fast and safe at any z — and,
+for the ``tightest`` accountant, then under PLD inside [z_RDP/64, z_RDP] (PLD's z is never above
+RDP's; searching from a tiny z would make PLD's discretised loss range exceed memory), with a
+coarse discretisation for the bisection and the ledger's own for the final check. The event built
+by ``gaussian_steps_event`` is exactly what the ledger is then charged with.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from scipy import optimize, special
 
 from rayfed.errors import ConfigError
 from rayfed.privacy.ledger import (
+    PLD_INTERVAL,
     RELATIONS,
     UnitInSampledGroupGaussianDpEvent,
     check_budget,
@@ -64,10 +66,56 @@ def gaussian_noise_multiplier(
     accountant: str = "rdp",
     relation: str = "add_or_remove_one",
 ) -> float:
-    """The smallest z for which ``gaussian_steps_event(z, steps, sampling_rate)`` is (ε, δ)-DP.
+    """The smallest z for which ``gaussian_steps_event(z, steps, sampling_rate)`` is (ε, δ)-DP
+    under ``accountant`` (``rdp`` or ``tightest``).
 
     Raises ConfigError for a budget that no finite noise meets (δ = 0 with a Gaussian).
     """
+    z_rdp = _rdp_noise_multiplier(epsilon, delta, steps, sampling_rate, relation)
+    if accountant == "rdp":
+        return z_rdp
+    if accountant != "tightest":
+        raise ConfigError("accountant", f"calibrates under rdp or tightest, got {accountant!r}")
+    return tightest_noise_multiplier(
+        lambda z: gaussian_steps_event(z, steps, sampling_rate), epsilon, delta, relation, z_rdp
+    )
+
+
+#: PLD's discretisation during the bisection (the check uses the ledger's own, finer one)
+_SEARCH_INTERVAL = 1e-3
+
+
+def tightest_noise_multiplier(make_event, epsilon, delta, relation, upper: float) -> float:
+    """The smallest z <= ``upper`` (a noise multiplier RDP certifies) for which
+    ``make_event(z)`` is (ε, δ)-DP under the ledger's ``tightest`` accountant, to a relative
+    1e-4: bisection under PLD, then the ledger's own check (z raised until it passes)."""
+    from rayfed.privacy.ledger import PLD_EPSILON_CAP, TightestAccountant
+
+    rel = RELATIONS[relation]
+
+    def eps(z: float, interval: float = PLD_INTERVAL) -> float:
+        acc = TightestAccountant(rel, interval)
+        acc.compose(make_event(z))
+        return acc.get_epsilon(delta)
+
+    rdp_only = make_accountant("rdp", relation)
+    rdp_only.compose(make_event(upper / 2))
+    if rdp_only.get_epsilon(delta) > PLD_EPSILON_CAP:  # PLD is not built there: nothing to gain
+        return upper
+    low = upper / 2
+    while low > upper / 64 and eps(low, _SEARCH_INTERVAL) <= epsilon:
+        low /= 2
+    high = upper
+    while high - low > 1e-4 * upper:
+        mid = (low + high) / 2
+        low, high = (mid, high) if eps(mid, _SEARCH_INTERVAL) > epsilon else (low, mid)
+    while eps(high) > epsilon * (1 + 1e-12):
+        high *= 1 + 1e-4
+    return float(min(high, upper))
+
+
+def _rdp_noise_multiplier(epsilon, delta, steps, sampling_rate, relation) -> float:
+    """The smallest z (dp-accounting's calibration under RDP)."""
     check_budget(epsilon, delta)
     if delta <= 0:
         raise ConfigError(

@@ -1,16 +1,18 @@
 """The privacy ledger of a run, over ``dp_accounting``.
 
 A protocol declares its budget (ε, δ), the accountant (``pure``: basic composition of pure/approximate
-DP; ``rdp``; ``pld``), the neighbouring relation, and whether its scopes compose in parallel (disjoint
-data: e.g. "DP in VFL", where a neighbour changes one party's data only) or sequentially. Every
-noise event is charged *before* the noise is drawn; a charge that would exceed the budget raises
-:class:`~rayfed.errors.BudgetExceeded` and records nothing.
+DP; ``rdp``; ``pld``; ``tightest``: PLD and RDP side by side, the smaller ε reported — both are
+valid upper bounds — and the one that gave it named), the neighbouring relation, and whether its
+scopes compose in parallel (disjoint data: e.g. "DP in VFL", where a neighbour changes one party's
+data only) or sequentially. Every noise event is charged *before* the noise is drawn; a charge that
+would exceed the budget raises :class:`~rayfed.errors.BudgetExceeded` and records nothing.
 """
 
 from __future__ import annotations
 
 import copy
 import math
+from collections import namedtuple
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,7 +21,7 @@ import numpy as np
 from dp_accounting import dp_event, pld, rdp
 from dp_accounting.privacy_accountant import NeighboringRelation, PrivacyAccountant
 
-from rayfed.errors import BudgetExceeded, ConfigError, RayfedError
+from rayfed.errors import BudgetExceeded, ConfigError, RayfedError, UnaccountedNoise
 from rayfed.privacy.shuffling import ShuffledDpEvent, shuffle_epsilon0_limit, shuffled_guarantee
 from rayfed.privacy.source import STATEMENTS as RANDOMNESS_STATEMENTS
 
@@ -57,10 +59,6 @@ class UnitInSampledGroupGaussianDpEvent(dp_event.DpEvent):
 
     sampling_probability: float
     noise_multiplier: float
-
-    def drawn_events(self) -> list[dp_event.DpEvent]:
-        """The mechanism drawn: a Gaussian on the sampled groups' sum (noise-origin check)."""
-        return [dp_event.GaussianDpEvent(self.noise_multiplier)]
 
 
 def unit_in_sampled_group_rdp(q: float, z: float, orders: np.ndarray) -> np.ndarray:
@@ -188,7 +186,215 @@ class MemoRdpAccountant(rdp.RdpAccountant):
         return None
 
 
-ACCOUNTANTS = ("pure", "rdp", "pld")
+#: PLD's discretisation of the privacy loss (dp-accounting's default)
+PLD_INTERVAL = 1e-4
+#: above this ε (by RDP) PLD is not built: its pmf grows as ε / interval entries (ε = 100 at
+#: 1e-4 is two million), and an ε that large gains nothing from a tighter bound
+PLD_EPSILON_CAP = 100.0
+_LEAF_PLDS: dict = {}
+_SELF_COMPOSED: dict = {}
+_COMPOSED_EPSILONS: dict = {}
+
+
+def _leaves_counted(event: dp_event.DpEvent, count: int, out: dict) -> None:
+    """The mechanism events ``event`` composes, with how often (compositions unwrapped)."""
+    if isinstance(event, dp_event.NoOpDpEvent):
+        return
+    if isinstance(event, dp_event.SelfComposedDpEvent):
+        _leaves_counted(event.event, count * event.count, out)
+    elif isinstance(event, dp_event.ComposedDpEvent):
+        for sub in event.events:
+            _leaves_counted(sub, count, out)
+    else:
+        out[event] = out.get(event, 0) + count
+
+
+class MemoPldAccountant(PrivacyAccountant):
+    """dp-accounting's PLD, built once per process for each distinct mechanism event and
+    self-composed as often as charged (a ledger charges the same round's event hundreds of times;
+    building a subsampled Gaussian's PLD takes ~0.1 s). The composed ε of one multiset of events
+    is computed once, so parallel scopes with the same history share it.
+
+    rayfed's :class:`UnitInSampledGroupGaussianDpEvent` gets the PLD of its dominating pair: the
+    tagged mixture "no loss with probability 1 − q, the Gaussian's with probability q" (joint
+    convexity of the hockey-stick divergence; δ(ε) = q·δ_Gauss(ε) for one release)."""
+
+    def __init__(self, neighboring_relation: NeighboringRelation, interval: float = PLD_INTERVAL):
+        super().__init__(neighboring_relation)
+        self.interval = interval
+        self.counts: dict[dp_event.DpEvent, int] = {}
+        #: (counts, their composed PLD) of the last composition: a new charge composes onto it
+        self._last: tuple[dict, Any] = ({}, None)
+
+    def _supports_leaf(self, event: dp_event.DpEvent) -> bool:
+        if isinstance(event, UnitInSampledGroupGaussianDpEvent):
+            return self.neighboring_relation == NeighboringRelation.ADD_OR_REMOVE_ONE
+        return pld.PLDAccountant(self.neighboring_relation).supports(event)
+
+    def _maybe_compose(self, event, count, do_compose):
+        leaves: dict = {}
+        _leaves_counted(event, count, leaves)
+        for leaf in leaves:
+            if isinstance(leaf, dp_event.NonPrivateDpEvent) or not self._supports_leaf(leaf):
+                return self.CompositionErrorDetails(
+                    invalid_event=leaf, error_message="the PLD accountant cannot account it"
+                )
+        if do_compose:
+            for leaf, n in leaves.items():
+                self.counts[leaf] = self.counts.get(leaf, 0) + n
+        return None
+
+    def _leaf_pld(self, event: dp_event.DpEvent):
+        key = (event, self.neighboring_relation, self.interval)
+        if key not in _LEAF_PLDS:
+            if isinstance(event, UnitInSampledGroupGaussianDpEvent):
+                gaussian = pld.privacy_loss_distribution.from_gaussian_mechanism(
+                    event.noise_multiplier, value_discretization_interval=self.interval
+                )
+                identity = pld.privacy_loss_distribution.identity(self.interval)
+                # the loss distributions mixed: δ(ε) = q·δ_Gauss(ε) + (1 − q)·0
+                _LEAF_PLDS[key] = gaussian.compute_mixture(identity, event.sampling_probability)
+            else:
+                acc = pld.PLDAccountant(self.neighboring_relation, self.interval)
+                acc.compose(event)
+                _LEAF_PLDS[key] = acc._pld
+        return _LEAF_PLDS[key]
+
+    def _self_composed(self, event: dp_event.DpEvent, n: int):
+        """The leaf's PLD composed ``n`` times, built once per process: a ledger charges the same
+        round's event (n = its steps) every round."""
+        key = (event, self.neighboring_relation, self.interval, n)
+        if key not in _SELF_COMPOSED:
+            leaf = self._leaf_pld(event)
+            _SELF_COMPOSED[key] = leaf.self_compose(n) if n > 1 else leaf
+        return _SELF_COMPOSED[key]
+
+    def _composed(self):
+        """The composed PLD: the last one, composed with what was charged since, if every count
+        only grew (a ledger's accountant only ever adds)."""
+        counts, total = self._last
+        if any(self.counts.get(leaf, 0) < n for leaf, n in counts.items()):
+            counts, total = {}, None
+        for leaf in sorted(self.counts, key=repr):
+            n = self.counts[leaf] - counts.get(leaf, 0)
+            if n:
+                part = self._self_composed(leaf, n)
+                total = part if total is None else total.compose(part)
+        self._last = (dict(self.counts), total)
+        return total
+
+    def get_epsilon(self, target_delta: float) -> float:
+        key = (frozenset(self.counts.items()), self.neighboring_relation, self.interval)
+        key += (float(target_delta),)
+        if key not in _COMPOSED_EPSILONS:
+            total = self._composed()
+            eps = 0.0 if total is None else float(total.get_epsilon_for_delta(target_delta))
+            _COMPOSED_EPSILONS[key] = eps
+        return _COMPOSED_EPSILONS[key]
+
+    def get_delta(self, target_epsilon: float) -> float:
+        total = self._composed()
+        return 0.0 if total is None else float(total.get_delta_for_epsilon(target_epsilon))
+
+
+class TightestAccountant(PrivacyAccountant):
+    """PLD (:class:`MemoPldAccountant`) and RDP (:class:`MemoRdpAccountant`) composed side by
+    side: ε is the smaller of the two (each is a valid upper bound), :meth:`used` names the one
+    that gave it. An event one of them does not support (PLD: a sampled release under
+    replace-one) leaves the other alone for the rest of the composition; one neither supports is
+    refused. PLD is skipped where RDP's ε is above :data:`PLD_EPSILON_CAP`."""
+
+    def __init__(self, neighboring_relation: NeighboringRelation, interval: float = PLD_INTERVAL):
+        super().__init__(neighboring_relation)
+        replace = neighboring_relation == NeighboringRelation.REPLACE_ONE
+        self.parts: dict[str, PrivacyAccountant | None] = {
+            # rayfed's events measure noise against the distance between neighbouring outputs
+            # (the relation's Δ), as dp-accounting's RDP does; its PLD reads a replace-one
+            # Gaussian or Laplace as two unit shifts apart. Without sampling the pair of output
+            # laws is the add/remove pair at distance Δ, which is what PLD is given here.
+            "pld": MemoPldAccountant(
+                NeighboringRelation.ADD_OR_REMOVE_ONE if replace else neighboring_relation,
+                interval,
+            ),
+            "rdp": MemoRdpAccountant(neighboring_relation=neighboring_relation),
+        }
+        self._replace = replace
+
+    def _supports(self, key: str, acc: PrivacyAccountant, event) -> bool:
+        if key == "pld" and self._replace and not _additive_only(event):
+            return False  # only an unsampled additive release is the add/remove pair at Δ
+        if key == "pld" and _holds(event, dp_event.RandomizedResponseDpEvent):
+            return False  # PLD's randomized response is the replace-one pair only
+        try:
+            return acc.supports(event)
+        except TypeError:  # an event dp-accounting cannot even hash (lists in its fields)
+            return False
+
+    def _maybe_compose(self, event, count, do_compose):
+        live = {k: a for k, a in self.parts.items() if a is not None}
+        able = {k: a for k, a in live.items() if self._supports(k, a, event)}
+        if not able:
+            return self.CompositionErrorDetails(
+                invalid_event=event, error_message="neither PLD nor RDP accounts this event"
+            )
+        if do_compose:
+            for key, acc in live.items():
+                if key in able:
+                    acc.compose(event, count)
+                else:
+                    self.parts[key] = None
+        return None
+
+    def epsilons(self, target_delta: float) -> dict[str, float]:
+        out = {}
+        if self.parts["rdp"] is not None:
+            out["rdp"] = float(self.parts["rdp"].get_epsilon(target_delta))
+        too_wide = out.get("rdp", 0.0) > PLD_EPSILON_CAP
+        if self.parts["pld"] is not None and not too_wide:
+            out["pld"] = float(self.parts["pld"].get_epsilon(target_delta))
+        return out
+
+    def used(self, target_delta: float) -> str:
+        eps = self.epsilons(target_delta)
+        return min(eps, key=lambda k: (eps[k], k))
+
+    def get_epsilon(self, target_delta: float) -> float:
+        eps = self.epsilons(target_delta)
+        return min(eps.values()) if eps else math.inf
+
+    def get_delta(self, target_epsilon: float) -> float:
+        return min(float(a.get_delta(target_epsilon)) for a in self.parts.values() if a is not None)
+
+
+#: the releases whose replace-one pair is the add/remove pair at the relation's Δ: additive
+#: noise on the query, unsampled
+_ADDITIVE = (dp_event.GaussianDpEvent, dp_event.LaplaceDpEvent, dp_event.DiscreteLaplaceDpEvent)
+
+
+def _additive_only(event: dp_event.DpEvent) -> bool:
+    """Whether ``event`` composes only unsampled additive-noise releases (an allow-list: any
+    other event, or one with sampling, is not given to PLD as the add/remove pair)."""
+    if isinstance(event, dp_event.NoOpDpEvent):
+        return True
+    if isinstance(event, dp_event.SelfComposedDpEvent):
+        return _additive_only(event.event)
+    if isinstance(event, dp_event.ComposedDpEvent):
+        return all(_additive_only(e) for e in event.events)
+    return type(event) in _ADDITIVE
+
+
+def _holds(event: dp_event.DpEvent, kind: type) -> bool:
+    """Whether ``event`` is or composes an event of class ``kind``."""
+    if isinstance(event, kind):
+        return True
+    if isinstance(event, (dp_event.SelfComposedDpEvent, dp_event.PoissonSampledDpEvent)):
+        return _holds(event.event, kind)
+    if isinstance(event, dp_event.ComposedDpEvent):
+        return any(_holds(e, kind) for e in event.events)
+    return False
+
+
+ACCOUNTANTS = ("pure", "rdp", "pld", "tightest")
 RELATIONS = {
     "replace_one": NeighboringRelation.REPLACE_ONE,
     "add_or_remove_one": NeighboringRelation.ADD_OR_REMOVE_ONE,
@@ -240,22 +446,44 @@ def make_accountant(kind: str, relation: str) -> PrivacyAccountant:
         return MemoRdpAccountant(neighboring_relation=rel)
     if kind == "pld":
         return pld.PLDAccountant(neighboring_relation=rel)
+    if kind == "tightest":
+        return TightestAccountant(rel)
     raise ConfigError("accountant", f"unknown accountant {kind!r}", ACCOUNTANTS)
 
 
 def event_to_dict(event: dp_event.DpEvent) -> dict[str, Any]:
-    """A JSON-ready form of a DpEvent (class name + fields, nested events expanded)."""
+    """A JSON-ready form of a DpEvent: dp-accounting's own named tuple
+    (``DpEvent.to_named_tuple``: module, class and fields, nested events expanded) as a dict."""
 
-    def convert(value):
-        if isinstance(value, dp_event.DpEvent):
-            return event_to_dict(value)
+    def plain(value):
+        if isinstance(value, tuple) and hasattr(value, "_fields"):
+            return {k: plain(v) for k, v in value._asdict().items()}
         if isinstance(value, (list, tuple)):
-            return [convert(v) for v in value]
+            return [plain(v) for v in value]
         return value
 
-    out: dict[str, Any] = {"type": type(event).__name__}
-    out.update({k: convert(v) for k, v in attr.asdict(event, recurse=False).items()})
-    return out
+    return plain(event.to_named_tuple())
+
+
+#: the modules whose event classes a stored event may name
+_EVENT_MODULES = ("dp_accounting.", "rayfed.privacy.")
+
+
+def event_from_dict(data: dict[str, Any]) -> dp_event.DpEvent:
+    """The DpEvent of :func:`event_to_dict`'s form, through ``DpEvent.from_named_tuple``; only
+    classes of dp-accounting and rayfed.privacy are rebuilt."""
+
+    def tupled(value):
+        if isinstance(value, dict) and "class_name" in value:
+            if not str(value.get("module_name", "")).startswith(_EVENT_MODULES):
+                raise ValueError(f"not a privacy event's module: {value.get('module_name')!r}")
+            fields = {k: tupled(v) for k, v in value.items()}
+            return namedtuple(f"_{value['class_name']}NamedTupleWrapper", list(fields))(**fields)
+        if isinstance(value, list):
+            return [tupled(v) for v in value]
+        return value
+
+    return dp_event.DpEvent.from_named_tuple(tupled(data))
 
 
 @dataclass(frozen=True)
@@ -290,6 +518,12 @@ class PrivacyReport:
     notes: list[str] = field(default_factory=list)
     entries: list[dict[str, Any]] = field(default_factory=list)
     composed_event: dict[str, Any] = field(default_factory=dict)
+    #: each declared release: its mechanism, Δ and why (Measurement.describe)
+    releases: list[str] = field(default_factory=list)
+    #: the accountant that gave ε ("pld" or "rdp" under ``tightest``; else the accountant)
+    accountant_used: str = ""
+    #: ε by each accountant composed (``tightest``: both PLD's and RDP's)
+    epsilon_by_accountant: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -297,7 +531,13 @@ class PrivacyReport:
     def summary(self) -> str:
         if self.budget_epsilon == 0 and self.budget_delta == 0:
             return f"no differential privacy ({self.statement})"
-        text = f"epsilon={self.epsilon:.4g}, delta={self.delta:.3g} ({self.accountant}, {self.composition})"
+        how = self.accountant
+        others = {k: v for k, v in self.epsilon_by_accountant.items() if k != self.accountant_used}
+        if self.accountant_used and self.accountant_used != self.accountant:
+            how += f": {self.accountant_used}" + "".join(
+                f"; {k} gives {v:.4g}" for k, v in sorted(others.items())
+            )
+        text = f"epsilon={self.epsilon:.4g}, delta={self.delta:.3g} ({how}, {self.composition})"
         return text + f" of budget epsilon={self.budget_epsilon:g}, delta={self.budget_delta:g}"
 
 
@@ -332,6 +572,8 @@ class PrivacyLedger:
         composition: str = "sequential",
         statement: str = "",
         randomness: str = "seeded",
+        releases: list[str] | None = None,
+        declared: dict[str, dp_event.DpEvent] | None = None,
     ):
         if accountant not in ACCOUNTANTS:
             raise ConfigError("accountant", f"unknown accountant {accountant!r}", ACCOUNTANTS)
@@ -349,6 +591,9 @@ class PrivacyLedger:
         if randomness not in RANDOMNESS_STATEMENTS:
             raise ConfigError("randomness", f"unknown {randomness!r}", RANDOMNESS_STATEMENTS)
         self.randomness = randomness
+        self.releases = list(releases or [])
+        #: label -> event of every declared release (None: charges are not checked against it)
+        self.declared = declared
         self.entries: list[LedgerEntry] = []
         self.notes: list[str] = []
         self._accountants: dict[str, PrivacyAccountant] = {}
@@ -385,6 +630,7 @@ class PrivacyLedger:
         Under parallel composition an event in scope ``"run"`` touches every scope's data, so it is
         composed into every scope (and checked against the budget in each).
         """
+        self._check_declared(event, label)
         if self.composition == "sequential":
             keys = [RUN_SCOPE]
         elif scope == RUN_SCOPE:
@@ -399,6 +645,29 @@ class PrivacyLedger:
         entry = LedgerEntry(round=round, scope=scope, label=label, event=event, epsilon_after=would)
         self.entries.append(entry)
         return entry
+
+    def _check_declared(self, event: dp_event.DpEvent, label: str) -> None:
+        """UnaccountedNoise unless the charge is made of declared releases' events (one, one
+        composed several times, or several composed in one message): a release the plan did
+        not declare cannot be charged."""
+        if self.declared is None:
+            return
+        known = list(self.declared.values())  # a composed event (a list inside) has no hash
+
+        def declared(e: dp_event.DpEvent) -> bool:
+            if e in known:
+                return True
+            if isinstance(e, dp_event.SelfComposedDpEvent):
+                return declared(e.event)
+            if isinstance(e, dp_event.ComposedDpEvent):
+                return bool(e.events) and all(declared(sub) for sub in e.events)
+            return False
+
+        if not declared(event):
+            raise UnaccountedNoise(
+                f"the charge {label!r} carries {event}, which is not made of the releases the "
+                f"plan declares ({sorted(self.declared)})"
+            )
 
     def charge_all(self, charges: list[tuple[str, str, Any]], *, round: int) -> list[LedgerEntry]:
         """Charge ``(scope, label, event)`` triples in order, all or nothing: if one would exceed
@@ -433,8 +702,24 @@ class PrivacyLedger:
         """Attach a statement to the report (e.g. a paper's claim next to the true guarantee)."""
         self.notes.append(text)
 
+    def _worst_accountant(self) -> PrivacyAccountant | None:
+        if not self._accountants:
+            return None
+        return max(self._accountants.values(), key=lambda a: self._guarantee(a)[0])
+
     def report(self) -> PrivacyReport:
         eps, delta = self.spent()
+        worst = self._worst_accountant()
+        by_accountant = (
+            worst.epsilons(self.budget.delta)
+            if isinstance(worst, TightestAccountant)
+            else ({self.accountant: eps} if worst is not None else {})
+        )
+        used = (
+            worst.used(self.budget.delta)
+            if isinstance(worst, TightestAccountant)
+            else self.accountant
+        )
         return PrivacyReport(
             epsilon=eps,
             delta=delta,
@@ -449,6 +734,9 @@ class PrivacyLedger:
             randomness=self.randomness,
             randomness_statement=RANDOMNESS_STATEMENTS[self.randomness],
             notes=list(self.notes),
+            releases=list(self.releases),
+            accountant_used=used,
+            epsilon_by_accountant=by_accountant,
             composed_event=event_to_dict(dp_event.ComposedDpEvent([e.event for e in self.entries])),
             entries=[
                 {

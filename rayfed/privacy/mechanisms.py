@@ -57,9 +57,14 @@ def laplace(
     """Add Lap(Δ₁/ε) noise to every coordinate of ``values``: ε-DP for ℓ₁ sensitivity Δ₁."""
     event = laplace_event(l1_sensitivity, epsilon)
     scale = float(l1_sensitivity) / float(epsilon)
+    return _drawn(noise, draw_laplace(noise, values, scale=scale, round=round, ident=ident), event)
+
+
+def draw_laplace(noise: NoiseSource, values, *, scale: float, round: int = 0, ident=None):
+    """``values`` + Lap(scale) on every coordinate (the draw alone: nothing registered)."""
     values = np.asarray(values, dtype=np.float64)
     gen = noise.generator("laplace", round, ident)
-    return _drawn(noise, values + gen.laplace(0.0, scale, size=values.shape), event)
+    return values + gen.laplace(0.0, scale, size=values.shape)
 
 
 def gaussian_event(noise_multiplier: float) -> dp_event.GaussianDpEvent:
@@ -90,12 +95,23 @@ def gaussian(
     """
     event = gaussian_event(noise_multiplier)
     sigma = event.noise_multiplier * _positive("l2_sensitivity", l2_sensitivity)
+    release = draw_gaussian(
+        noise, values, sigma=sigma, round=round, ident=ident, ids=ids, purpose=purpose
+    )
+    return _drawn(noise, release, event, part_of)
+
+
+def draw_gaussian(
+    noise: NoiseSource, values, *, sigma: float, round=0, ident=None, ids=None, purpose="gaussian"
+):
+    """``values`` + N(0, σ²) on every coordinate, keyed per row by user id with ``ids`` (the
+    draw alone: nothing registered)."""
     values = np.asarray(values, dtype=np.float64)
     if ids is None:
         draw = noise.generator(purpose, round, ident).standard_normal(values.shape)
     else:
         draw = noise.user_normal(purpose, round, ids, values.shape[1])
-    return _drawn(noise, values + sigma * draw, event, part_of)
+    return values + sigma * draw
 
 
 def distributed_gaussian_event(
@@ -130,11 +146,13 @@ def share_noise(
     noise_multiplier: float,
     share: float,
     round: int = 0,
+    regenerate: bool = False,
 ) -> np.ndarray:
     """The (users x width) N(0, share·σ²) shares of :func:`distributed_gaussian`, keyed by (round,
-    user id): a user regenerates its own share with the same arguments (to cancel it later)."""
+    user id): a user regenerates its own share with the same arguments and ``regenerate=True``
+    (to cancel it later)."""
     sd = math.sqrt(share) * noise_multiplier * _positive("l2_sensitivity", l2_sensitivity)
-    return sd * noise.user_normal("gaussian-share", round, ids, width)
+    return sd * noise.user_normal("gaussian-share", round, ids, width, again=regenerate)
 
 
 def distributed_gaussian(
@@ -191,13 +209,21 @@ def discrete_laplace(
     is exactly DLap(a).
     """
     event = discrete_laplace_event(l1_sensitivity, epsilon)
+    release = draw_discrete_laplace(
+        noise, values, a=event.noise_parameter, round=round, ident=ident
+    )
+    return _drawn(noise, release, event)
+
+
+def draw_discrete_laplace(noise: NoiseSource, values, *, a: float, round: int = 0, ident=None):
+    """Integer ``values`` + DLap(a) (the draw alone: nothing registered)."""
     values = np.asarray(values)
     if not np.issubdtype(values.dtype, np.integer):
         raise ConfigError("values", "the discrete Laplace mechanism needs integer values")
-    p = -math.expm1(-event.noise_parameter)
+    p = -math.expm1(-a)
     gen = noise.generator("discrete-laplace", round, ident)
     draw = gen.geometric(p, size=values.shape) - gen.geometric(p, size=values.shape)
-    return _drawn(noise, values.astype(np.int64) + draw, event)
+    return values.astype(np.int64) + draw
 
 
 def split_discrete_laplace(
@@ -221,18 +247,29 @@ def split_discrete_laplace(
     share that another party's message carries the event for names it in ``part_of``.
     """
     event = discrete_laplace_event(l1_sensitivity, epsilon)
+    release = draw_split_discrete_laplace(
+        noise, values, a=event.noise_parameter, parts=parts, round=round, ident=ident
+    )
+    return _drawn(noise, release, event, part_of)
+
+
+def draw_split_discrete_laplace(
+    noise: NoiseSource, values, *, a: float, parts: int, round: int = 0, ident=None
+):
+    """Integer ``values`` + one 1/``parts`` share of DLap(a) (the draw alone: nothing
+    registered)."""
     if not (isinstance(parts, (int, np.integer)) and parts >= 1):
         raise ConfigError("parts", f"must be an integer >= 1, got {parts!r}")
     values = np.asarray(values)
     if not np.issubdtype(values.dtype, np.integer):
         raise ConfigError("values", "the discrete Laplace mechanism needs integer values")
-    p = -math.expm1(-event.noise_parameter)
+    p = -math.expm1(-a)
     gen = noise.generator("split-discrete-laplace", round, ident)
     shape = 1.0 / int(parts)
     draw = gen.negative_binomial(shape, p, size=values.shape) - gen.negative_binomial(
         shape, p, size=values.shape
     )
-    return _drawn(noise, values.astype(np.int64) + draw, event, part_of)
+    return values.astype(np.int64) + draw
 
 
 def joint_discrete_laplace_event(
@@ -272,6 +309,12 @@ def joint_discrete_laplace(
     carries the event for names that release in ``part_of``.
     """
     event = joint_discrete_laplace_event(l1_sensitivity, noise_parameter, tail)
+    return _drawn(noise, add_noise_share(values, share), event, part_of)
+
+
+def add_noise_share(values, share):
+    """Integer ``values`` + a party's additive noise ``share`` (ring words) mod 2^64, as int64
+    (the draw of :func:`joint_discrete_laplace` alone: nothing registered)."""
     values, share = np.asarray(values), np.asarray(share)
     if not (
         np.issubdtype(values.dtype, np.integer) and np.issubdtype(share.dtype, np.unsignedinteger)
@@ -280,7 +323,7 @@ def joint_discrete_laplace(
             "values", "joint discrete Laplace needs integer values and ring-word shares"
         )
     words = values.astype(np.int64).view(np.uint64) + share.astype(np.uint64)
-    return _drawn(noise, words.view(np.int64), event, part_of)
+    return words.view(np.int64)
 
 
 def rr_keep_probability(epsilon: float) -> float:
@@ -320,12 +363,23 @@ def binary_randomized_response(
     users (or records) and each row's coins are keyed by its id.
     """
     event = binary_rr_event(keep_probability)
+    release = draw_binary_rr(
+        noise, bits, keep_probability=keep_probability, round=round, ident=ident, ids=ids
+    )
+    return _drawn(noise, release, event)
+
+
+def draw_binary_rr(
+    noise: NoiseSource, bits, *, keep_probability: float, round=0, ident=None, ids=None
+):
+    """Every bit kept with probability q, flipped otherwise (the draw alone: nothing
+    registered)."""
     bits = np.asarray(bits).astype(bool)
     if ids is None:
         u = noise.generator("randomized-response", round, ident).random(bits.shape)
     else:
         u = noise.user_uniform("randomized-response", round, ids, bits.shape[1])
-    return _drawn(noise, bits ^ (u >= float(keep_probability)), event)
+    return bits ^ (u >= float(keep_probability))
 
 
 def kary_rr_event(k: int, epsilon: float) -> dp_event.RandomizedResponseDpEvent:
@@ -346,13 +400,21 @@ def kary_randomized_response(
     probability p = k / (e^ε + k - 1) and the true one otherwise.
     """
     event = kary_rr_event(k, epsilon)
+    release = draw_kary_rr(noise, values, k=k, epsilon=epsilon, round=round, ident=ident)
+    return _drawn(noise, release, event)
+
+
+def draw_kary_rr(noise: NoiseSource, values, *, k: int, epsilon: float, round=0, ident=None):
+    """Each value kept, or with probability k/(e^ε + k − 1) replaced by a uniform one (the draw
+    alone: nothing registered)."""
+    p = kary_rr_event(k, epsilon).noise_parameter
     values = np.asarray(values)
     if values.size and (values.min() < 0 or values.max() >= k):
         raise ConfigError("values", f"must lie in {{0, …, {k - 1}}}")
     gen = noise.generator("randomized-response", round, ident)
-    randomize = gen.random(values.shape) < event.noise_parameter
+    randomize = gen.random(values.shape) < p
     uniform = gen.integers(0, k, size=values.shape)
-    return _drawn(noise, np.where(randomize, uniform, values).astype(np.int64), event)
+    return np.where(randomize, uniform, values).astype(np.int64)
 
 
 def local_randomizer(
@@ -420,10 +482,21 @@ def objective_perturbation(
     (a proof is about the objective, which only the caller knows: see
     :func:`rayfed.mf.baselines.objpert_scale`); the event is that (ε, 0)."""
     event = objective_perturbation_event(epsilon)
+    release = draw_objective_perturbation(
+        noise, solve, rows=rows, width=width, scale=scale, round=round, ident=ident
+    )
+    return _drawn(noise, release, event)
+
+
+def draw_objective_perturbation(
+    noise: NoiseSource, solve, *, rows: int, width: int, scale: float, round: int = 0, ident=None
+):
+    """``solve(b)`` for the random linear terms b of :func:`objective_perturbation` (the draw
+    alone: nothing registered)."""
     b = l2_laplace_vectors(
         noise.generator("objective-perturbation", round, ident), rows, width, scale
     )
-    return _drawn(noise, solve(b), event)
+    return solve(b)
 
 
 def one_bit_scale(epsilon: float, bound: float, size: int) -> float:
@@ -446,11 +519,40 @@ def sampled_one_bit(
     x = c and x = -c differ by the factor e^ε, so each report is ε-LDP (event: pure ε). The index
     and the sign's coin come from the user's keyed stream."""
     event = EpsilonDeltaDpEvent(_positive("epsilon", epsilon), 0.0)
-    c = _positive("bound", bound)
-    scale = one_bit_scale(event.epsilon, c, size)
+    index = one_bit_index(noise, ids, size, round=round)
+    release = draw_one_bit(
+        noise,
+        entry(index),
+        index=index,
+        size=size,
+        bound=bound,
+        epsilon=event.epsilon,
+        ids=ids,
+        round=round,
+    )
+    return _drawn(noise, release, event)
+
+
+def one_bit_index(noise: NoiseSource, ids, size: int, *, round: int = 0) -> np.ndarray:
+    """Each user's (a row of ``ids``) uniformly sampled entry index of :func:`sampled_one_bit`,
+    from its keyed stream: data-independent, and the same each time it is asked for."""
     u = noise.user_uniform("ldp-report", round, ids, 2)
-    index = np.minimum((u[:, 0] * size).astype(np.int64), int(size) - 1)
-    x = np.clip(np.asarray(entry(index), dtype=np.float64), -c, c)
-    e = math.exp(event.epsilon)
+    return np.minimum((u[:, 0] * size).astype(np.int64), int(size) - 1)
+
+
+def draw_one_bit(
+    noise: NoiseSource, x, *, index, size: int, bound: float, epsilon: float, ids, round: int = 0
+):
+    """The one-bit reports (index, ±B) of :func:`sampled_one_bit` for each user's entry ``x`` at
+    its sampled ``index`` (:func:`one_bit_index`), ``x`` clipped to [-c, c] (the draw alone:
+    nothing registered). The sign's coin is the second uniform of the user's keyed stream."""
+    c = _positive("bound", bound)
+    scale = one_bit_scale(epsilon, c, size)
+    # the same keyed draw as the index's (one_bit_index), regenerated for the sign's coin
+    u = noise.user_uniform("ldp-report", round, ids, 2, again=True)
+    if not np.array_equal(index, np.minimum((u[:, 0] * size).astype(np.int64), int(size) - 1)):
+        raise ValueError("a one-bit report's index is the user's own sampled one (one_bit_index)")
+    x = np.clip(np.asarray(x, dtype=np.float64), -c, c)
+    e = math.exp(epsilon)
     plus = u[:, 1] < 0.5 + x * (e - 1.0) / (2.0 * c * (e + 1.0))
-    return _drawn(noise, (index, np.where(plus, scale, -scale)), event)
+    return index, np.where(plus, scale, -scale)

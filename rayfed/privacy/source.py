@@ -18,12 +18,20 @@ only data plus noise — the usual assumption of DP libraries that do not claim 
 sampler.
 
 A source also keeps the events of the current step: every :mod:`rayfed.privacy` mechanism
-registers the event it drew under, and a message may carry only events built from those
-(:meth:`check_carried`) — so a charge is always tied to noise that was actually drawn.
+registers the event it drew under, whole (with its multiplicity and its sampling), and the step's
+messages must carry exactly those draws (:meth:`NoiseSource.check_carried`,
+:meth:`NoiseSource.check_all_carried`) — so a charge is always tied to noise that was actually
+drawn, as often and as sampled as the event says. A subsampled event is registered only after a
+Poisson sample at its rate was drawn in the step (:meth:`NoiseSource.poisson_sample`).
+
+Tests can install a noiseless probe (:func:`noiseless`): measurements then release their exact
+query values through it instead of drawing noise — the empirical sensitivity check of the
+conformance suite. The core refuses it outside a test run.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import secrets
@@ -65,21 +73,52 @@ def _feed(digest, release: Any) -> bool:
     return True
 
 
-def leaves(event: dp_event.DpEvent) -> list[dp_event.DpEvent]:
-    """The mechanism events a composed event is built from (compositions and sampling unwrapped;
-    rayfed's own wrapping events name what was drawn through their ``drawn_events()``)."""
+#: the installed noiseless probe (tests only; see :func:`noiseless`)
+_PROBE: Any = None
+
+
+@contextlib.contextmanager
+def noiseless(probe):
+    """Within the block, every seeded source built gets ``probe``: a :class:`Measurement
+    <rayfed.privacy.measurement.Measurement>` then releases ``probe.observe(...)`` (its exact
+    query value) instead of a noisy one. Only inside a pytest test: a run without noise is never
+    a product's run."""
+    global _PROBE
+    if not os.environ.get("PYTEST_CURRENT_TEST"):
+        raise RuntimeError("the noiseless probe exists for tests only (pytest is not running)")
+    _PROBE = probe
+    try:
+        yield probe
+    finally:
+        _PROBE = None
+
+
+def sampled_rates(event: dp_event.DpEvent) -> list[float]:
+    """The Poisson sampling rates ``event`` claims, one per sampled release it holds."""
     if isinstance(event, dp_event.SelfComposedDpEvent):
-        return leaves(event.event)
+        return sampled_rates(event.event) * event.count
     if isinstance(event, dp_event.ComposedDpEvent):
-        return [leaf for sub in event.events for leaf in leaves(sub)]
-    if isinstance(
-        event, (dp_event.PoissonSampledDpEvent, dp_event.SampledWithoutReplacementDpEvent)
-    ):
-        return leaves(event.event)
-    drawn = getattr(event, "drawn_events", None)
+        return [r for sub in event.events for r in sampled_rates(sub)]
+    if isinstance(event, dp_event.PoissonSampledDpEvent):
+        return [float(event.sampling_probability), *sampled_rates(event.event)]
+    rate = getattr(event, "sampling_probability", None)  # rayfed's group-sampled event
+    return [float(rate)] if rate is not None else []
+
+
+def _consume(event: dp_event.DpEvent, pool: list[dp_event.DpEvent]) -> bool:
+    """Remove from ``pool`` the draws ``event`` is made of: the event itself if it was drawn
+    whole, else its parts, each as often as it composes them. False if a part was not drawn."""
+    if event in pool:
+        pool.remove(event)
+        return True
+    if isinstance(event, dp_event.SelfComposedDpEvent):
+        return all(_consume(event.event, pool) for _ in range(event.count))
+    if isinstance(event, dp_event.ComposedDpEvent):
+        return all(_consume(sub, pool) for sub in event.events)
+    drawn = getattr(event, "drawn_events", None)  # a wrapping event names what its step drew
     if callable(drawn):
-        return [leaf for sub in drawn() for leaf in leaves(sub)]
-    return [event]
+        return all(_consume(sub, pool) for sub in drawn())
+    return False
 
 
 class NoiseSource:
@@ -105,6 +144,16 @@ class NoiseSource:
         self._draws: Counter = Counter()
         self.events: list[dp_event.DpEvent] = []
         self._elsewhere: list[bool] = []  # per event: part of a release another message carries
+        self._samples: list[float] = []  # rates of the step's Poisson samples not yet used
+        self._keyed: dict[tuple[str, int], np.ndarray] = {}  # users drawn per (purpose, round)
+        #: the noiseless probe of a sensitivity test (None in every real run)
+        self.probe = _PROBE if randomness == "seeded" else None
+        if self.probe is not None and not os.environ.get("PYTEST_CURRENT_TEST"):
+            raise RuntimeError("the noiseless probe exists for tests only (pytest is not running)")
+        #: the declared releases this step drew shares of (``part_of``), for the federation to
+        #: check that a message of the round carries each; the events of shared releases drawn
+        self.parts: list = []
+        self.shared: list = []
         #: a short digest of every mechanism's release and every secret drawn, in draw order: two
         #: runs drew the same noise and keys iff these agree (in memory only, never written out)
         self.fingerprints: list[str] = []
@@ -155,31 +204,57 @@ class NoiseSource:
         out = Cipher(algorithms.AES(key), modes.ECB()).encryptor().update(counters.tobytes())
         return np.frombuffer(out, dtype=np.uint64).reshape(ids.size, 2 * blocks)[:, :n]
 
-    def user_uniform(self, purpose: str, round: int, ids: np.ndarray, n: int = 1) -> np.ndarray:
+    def user_uniform(
+        self, purpose: str, round: int, ids: np.ndarray, n: int = 1, *, again: bool = False
+    ) -> np.ndarray:
         """``(len(ids), n)`` uniforms in [0, 1) keyed by user id: in a seeded run a user's draws are
-        the same whichever cohort hosts it. There is no draw counter here: two draws in one round
-        must use two purposes (each mechanism has its own)."""
+        the same whichever cohort hosts it. There is no draw counter here, so a user's second
+        draw of one (purpose, round) would repeat its first — two releases sharing one noise, whose
+        difference is noise-free: refused unless ``again`` says the repeat is deliberate (a user
+        regenerating its own share to cancel it)."""
 
         def finish(u: np.ndarray, out: np.ndarray) -> None:
             np.multiply(u, 2.0**-53, out=out)
 
-        return self._keyed_floats(purpose, round, ids, n, finish)
+        return self._keyed_floats(purpose, round, ids, n, finish, again)
 
-    def user_normal(self, purpose: str, round: int, ids: np.ndarray, n: int = 1) -> np.ndarray:
-        """``(len(ids), n)`` standard normals keyed by user id (inverse CDF of open uniforms)."""
+    def user_normal(
+        self, purpose: str, round: int, ids: np.ndarray, n: int = 1, *, again: bool = False
+    ) -> np.ndarray:
+        """``(len(ids), n)`` standard normals keyed by user id (inverse CDF of open uniforms);
+        a repeat is refused as in :meth:`user_uniform`."""
 
         def finish(u: np.ndarray, out: np.ndarray) -> None:
             u += 0.5
             u *= 2.0**-53
             ndtri(u, out=out)
 
-        return self._keyed_floats(purpose, round, ids, n, finish)
+        return self._keyed_floats(purpose, round, ids, n, finish, again)
 
-    def _keyed_floats(self, purpose: str, round: int, ids: np.ndarray, n: int, finish):
+    def _first_keyed_draw(self, purpose: str, round: int, ids: np.ndarray, again: bool) -> None:
+        """Record the users drawn under (purpose, round); UnaccountedNoise if one was drawn
+        before and ``again`` is not set."""
+        key = (purpose, int(round))
+        done = self._keyed.get(key)
+        fresh = np.unique(ids)
+        if done is not None and not again:
+            reused = np.intersect1d(done, fresh, assume_unique=True)
+            if reused.size:
+                raise UnaccountedNoise(
+                    f"{self.name}: user {int(reused[0])} draws keyed noise of purpose {purpose!r} "
+                    f"twice in round {round}: two releases would share one noise (give each "
+                    "release its own purpose)"
+                )
+        self._keyed[key] = fresh if done is None else np.union1d(done, fresh)
+
+    def _keyed_floats(
+        self, purpose: str, round: int, ids: np.ndarray, n: int, finish, again: bool = False
+    ):
         """``(len(ids), n)`` floats: ``finish(u, out)`` maps each chunk's 53-bit integers ``u``
         (as floats) into its rows of the output. Chunks of ids keep the temporaries in cache;
         a user's draws do not depend on the chunk (the golden runs hold bit for bit)."""
         ids = np.asarray(ids, dtype=np.uint64)
+        self._first_keyed_draw(purpose, round, ids, again)
         out = np.empty((ids.size, max(n, 0)), dtype=np.float64)
         per_chunk = max(1, _CHUNK_WORDS // max(n, 1))
         for a in range(0, ids.size, per_chunk):
@@ -213,18 +288,67 @@ class NoiseSource:
         self._fingerprint(np.frombuffer(raw, dtype=np.uint8))
         return raw
 
+    def poisson_sample(
+        self,
+        rate: float,
+        size: int,
+        *,
+        round: int = 0,
+        ident=None,
+        purpose: str = "sample",
+        ids: np.ndarray | None = None,
+    ) -> np.ndarray:
+        """A Poisson sample: a boolean mask over ``size`` units (or the users ``ids``, each keyed
+        by its id, so a user's membership does not depend on its cohort), each in with
+        probability ``rate``. It backs one subsampled event registered later in this step; an
+        empty population backs nothing. Under the noiseless probe of a sensitivity test, the
+        probe may widen it (``probe.sampled``: every unit in, so a release's sensitivity is
+        measured with the changed unit in the sample)."""
+        if (size if ids is None else len(ids)) < 1:
+            raise UnaccountedNoise(f"{self.name}: a Poisson sample of no units backs no release")
+        if ids is None:
+            mask = self.generator(purpose, round, ident).random(size) < rate
+        else:
+            mask = self.user_uniform(purpose, round, ids)[:, 0] < rate
+        if self.probe is not None and hasattr(self.probe, "sampled"):
+            mask = self.probe.sampled(mask)
+        self._samples.append(float(rate))
+        return mask
+
     # --- the step's events ---------------------------------------------------------------------
     def begin_step(self) -> None:
-        self.events, self._elsewhere = [], []
+        self.events, self._elsewhere, self._samples = [], [], []
+        self.parts, self.shared = [], []
 
     def register(
-        self, event: dp_event.DpEvent, release: Any = None, *, part_of: str | None = None
+        self, event: dp_event.DpEvent, release: Any = None, *, part_of=None, shared: bool = False
     ) -> None:
-        """Called by every mechanism with the event it drew under and its release; ``part_of``
-        names the release, carried by another message, that this draw belongs to (LFL's Round 2
-        replaces Round 1's shares)."""
+        """Called by every mechanism with the event it drew under and its release.
+
+        ``part_of`` is the declared release (a :class:`~rayfed.privacy.measurement.Measurement`)
+        this draw is a share of, when another message carries that release's event (LFL's
+        Round 2 replaces Round 1's shares). ``shared``: the draw is one member's share of a
+        release declared shared (one charge for the members' messages). Every sampling rate the
+        event claims must be backed by a Poisson sample drawn in this step
+        (:meth:`poisson_sample`), one sample per claim.
+        """
+        from rayfed.privacy.measurement import Measurement
+
+        if part_of is not None and not isinstance(part_of, Measurement):
+            raise TypeError(f"part_of names a declared release (a Measurement), got {part_of!r}")
+        for rate in sampled_rates(event) if event is not None else []:
+            if rate not in self._samples:
+                raise UnaccountedNoise(
+                    f"{self.name}: {event} claims Poisson sampling at rate {rate:g}, but no "
+                    "sample at that rate was drawn in this step (draw it with poisson_sample)"
+                )
+            self._samples.remove(rate)
         self.events.append(event)
         self._elsewhere.append(part_of is not None)
+        if part_of is not None:
+            self.parts.append(part_of)
+        if shared:
+            self.shared.append(event)
         self._fingerprint(release)
 
     def _fingerprint(self, drawn: Any) -> None:
@@ -233,24 +357,38 @@ class NoiseSource:
             self.fingerprints.append(digest.hexdigest())
 
     def check_all_carried(self, carried: list[dp_event.DpEvent]) -> None:
-        """UnaccountedNoise if a mechanism drew in this step and no message of the step carries
-        its event (unless the draw is part of a release another message carries): noise that
-        reaches a reply uncharged."""
-        sent = [leaf for event in carried for leaf in leaves(event)]
-        for event, elsewhere in zip(self.events, self._elsewhere, strict=True):
-            if not elsewhere and event not in sent:
+        """UnaccountedNoise unless the step's messages carry exactly the draws of this step:
+        every draw (but shares of a release another message carries) in some carried event, as
+        often as it was drawn, and every carried event made only of draws of this step — so a
+        message cannot carry one charge for two draws, nor claim a draw it never made."""
+        shares = [m.event for m in self.parts]
+        if any(event in shares for event in carried):
+            # a share belongs to a release *another* message carries: a step that carries the
+            # release itself would release a second noisy copy under one charge
+            raise UnaccountedNoise(
+                f"{self.name}: a step carries a release and draws a share of it for elsewhere"
+            )
+        pool = [
+            e for e, elsewhere in zip(self.events, self._elsewhere, strict=True) if not elsewhere
+        ]
+        for event in carried:
+            if not _consume(event, pool):
                 raise UnaccountedNoise(
-                    f"{self.name}: a mechanism drew {event} in this step but no message carries "
-                    "it (send the mechanism's event with the noisy release)"
+                    f"{self.name}: a message carries {event}, but the step's draws do not make "
+                    "it up (each release drawn once per time the event composes it)"
                 )
+        if pool:
+            raise UnaccountedNoise(
+                f"{self.name}: a mechanism drew {pool[0]} in this step but no message carries "
+                "it (send the mechanism's event with the noisy release)"
+            )
 
     def check_carried(self, event: dp_event.DpEvent, what: str) -> None:
-        """UnaccountedNoise unless every mechanism event ``event`` is built from was drawn by a
-        mechanism in the current step."""
-        for leaf in leaves(event):
-            if leaf not in self.events:
-                raise UnaccountedNoise(
-                    f"{self.name}: {what} carries {leaf}, which no rayfed.privacy mechanism drew "
-                    "in this step (noise must be drawn through a mechanism, whose event the "
-                    "message then carries)"
-                )
+        """UnaccountedNoise unless ``event`` is made of draws of the current step (each part as
+        often as the event composes it)."""
+        if not _consume(event, list(self.events)):
+            raise UnaccountedNoise(
+                f"{self.name}: {what} carries {event}, which the rayfed.privacy mechanisms of "
+                "this step did not draw (noise must be drawn through a mechanism, whose event "
+                "the message then carries, as often as the event composes it)"
+            )

@@ -7,7 +7,9 @@ each role, and a subclass of :class:`Protocol` with:
 * ``data_bytes(cfg)``: the memory its data will take, checked before anything is built;
 * ``resolve_randomness(cfg, randomness)``: where an option of its own names a key source;
 * ``plan(cfg, seed)`` loads or generates the data, checks it against the config, partitions it
-  and declares the privacy budget — everything that can fail on bad input, before any actor starts;
+  and declares its privacy (:class:`~rayfed.privacy.declaration.PrivacyDeclaration`: the budget,
+  accountant, relation and every release as a Measurement) — everything that can fail on bad
+  input, before any actor starts;
 * ``drive(fed, cfg, plan)`` runs the rounds on a started :class:`~rayfed.federation.Federation`
   and returns an :class:`Outcome` (tables and metrics).
 """
@@ -21,7 +23,8 @@ from typing import Any, ClassVar
 import pyarrow as pa
 
 from rayfed.errors import ConfigError
-from rayfed.privacy.ledger import Budget, PrivacyReport
+from rayfed.privacy.declaration import PrivacyDeclaration
+from rayfed.privacy.ledger import PrivacyReport
 
 
 @dataclass
@@ -32,11 +35,9 @@ class Plan:
     it is never given to an actor and never part of the protocol's transcript.
     """
 
-    budget: Budget
-    ledger: dict[str, Any]
-    #: the ε the user asked for, where a faithful mode runs a paper's calibration whose true cost
-    #: (the budget) is higher: the headline then states both
-    requested_epsilon: float | None = None
+    #: the budget, accountant, relation, composition, statement and releases, checked
+    #: (PrivacyDeclaration.validate) before any actor or run directory exists
+    privacy: PrivacyDeclaration
     parties: dict[str, tuple[pa.Table, dict]] = field(default_factory=dict)
     cohorts: dict[str, tuple[pa.Table, dict]] = field(default_factory=dict)
     rounds: int = 1

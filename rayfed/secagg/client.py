@@ -110,6 +110,15 @@ def _member(n: int, positions: np.ndarray) -> np.ndarray:
     return out
 
 
+def registered_users(ctx: StepContext) -> np.ndarray:
+    """The cohort's users: those the plan registered with it (``meta["users"]``, sorted: a
+    registered user takes part whether or not its table holds a row of it), else those its table
+    holds (a user may own several rows)."""
+    if "users" in ctx.meta:
+        return np.asarray(ctx.meta["users"], dtype=np.int64)
+    return np.unique(ctx.table.column("user_id").to_numpy())
+
+
 # --- phase 1: advertise keys ---------------------------------------------------------------------
 def advertise(ctx: StepContext, spec: RoundSpec) -> Message:
     """Each user draws two X25519 key pairs (c: share encryption, s: pairwise masks) and sends
@@ -121,7 +130,7 @@ def advertise(ctx: StepContext, spec: RoundSpec) -> Message:
         raise ProtocolViolation(
             f"{ctx.name}: round {spec.round} was already started; keys are never re-issued"
         )
-    ids = np.unique(ctx.table.column("user_id").to_numpy())  # a user may own several rows
+    ids = registered_users(ctx)
     pos = spec.positions(ids)
     drop = spec.dropout.drop_phase(ctx.seed, spec.round, ids)
     active = drop > BEFORE_ADVERTISE

@@ -5,6 +5,10 @@ then taken mod 2^b (two's complement). The sum of n users lies in [-n·R, n·R] 
 R = round(clip·2^f); it decodes exactly when n·R < 2^(b-1). The modulus is sized in integers
 (``int.bit_length``, never a floating-point log), and one that could overflow is a ConfigError
 (never a silent wrap-around).
+
+The clip in :meth:`FixedPoint.encode` is a saturation the encoder does not count: a caller whose
+inputs may lie outside [-clip, clip] checks them first (secure-sum's plan refuses a data file's
+values outside, or clips and counts them with :func:`rayfed.privacy.enforce`).
 """
 
 from __future__ import annotations

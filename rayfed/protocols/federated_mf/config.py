@@ -39,6 +39,8 @@ def methods_but(*left_out: str) -> dict[str, tuple[str, ...]]:
 NOT_SGLD_OR_OBJPERT = methods_but("dp-sgld", "objpert")
 NOT_OBJPERT = methods_but("objpert")
 NOT_GDDR = methods_but("gd-dr")
+#: the methods whose noise is Gaussian (ObjPertb's is pure ε-DP, GD-DR's shuffled reports too)
+GAUSSIAN_METHODS = methods_but("objpert", "gd-dr")
 
 
 @dataclass(frozen=True)
@@ -83,6 +85,14 @@ class FederatedMFConfig:
         below=1,
         when={**PRIVATE, **NOT_OBJPERT},
     )
+    accountant: Literal["tightest", "rdp"] = option(
+        "tightest",
+        "what the Gaussian noise is calibrated against and the ledger composes with: tightest "
+        "(PLD and RDP side by side, the smaller ε) or rdp (the thesis's accountant: more noise "
+        "for the same ε). DP-SGLD keeps its papers' advanced-composition calibration either way; "
+        "mode=faithful keeps the thesis's RDP calibration of z (its true ε is reported)",
+        when={**PRIVATE, **GAUSSIAN_METHODS},
+    )
     iterations: int = option(
         5,
         "T, server iterations (the spec's runs use 10 for LFL, 100 for VFL/HFL; 5 keeps the "
@@ -93,6 +103,11 @@ class FederatedMFConfig:
     rank: int = option(10, "embedding dimension p", at_least=1, size=True)
     bound: float = option(
         5.0, "R: rows are clipped to ‖x‖² <= R (ratings must lie in [0, R])", above=0
+    )
+    out_of_domain: Literal["refuse", "clip"] = option(
+        "refuse",
+        "ratings outside [0, R]: refuse (an error naming them) or clip them to [0, R] (counted "
+        "in the headline and metrics); every sensitivity bound needs ratings in [0, R]",
     )
     pretrain_steps: int = option(
         50, "LFL/HFL Stage 1: local gradient steps on the user embeddings", at_least=0
@@ -195,6 +210,20 @@ class FederatedMFConfig:
         "VFL/HFL per-user: ratings kept per user and party (default VFL 5, HFL 10)",
         at_least=1,
         when={**PARTITIONED, **PRIVATE},
+    )
+    user_sensitivity: Literal["tight", "thesis"] = option(
+        "tight",
+        "VFL/HFL per user (and dp-sgld): Δ of a user's θ kept ratings. tight: a user rates an "
+        "item at most once, so its θ gradient rows lie on θ distinct items: √θ·2R^(3/2) for a "
+        "V-only step, √(θ²+θ)·2R^(3/2) for a joint (U, V) step (the supremum); thesis: θ times "
+        "one rating's Δ (the thesis's triangle inequality, spec §7.7: up to √θ times the noise "
+        "for the same ε)",
+        when={
+            **PARTITIONED,
+            **PRIVATE,
+            "method": ("vfl", "hfl", "local", "dp-sgld"),
+            "privacy_unit": ("user",),
+        },
     )
     split_column: str | None = option(
         None,
@@ -338,8 +367,19 @@ class FederatedMFConfig:
     def resolved_unit(self) -> str:
         return self.privacy_unit or ("user" if self.setting in ("hfl", "lfl") else "rating")
 
+    def resolved_privacy_unit(self) -> str:
+        """The unit the ``when`` of a per-user option reads (:meth:`resolved_unit`)."""
+        return self.resolved_unit()
+
     def resolved_trim(self) -> int:
         return self.trim or (10 if self.setting == "hfl" else 5)
+
+
+def calibration_accountant(cfg: FederatedMFConfig) -> str:
+    """The accountant the Gaussian noise multiplier is calibrated against: the run's
+    (``accountant``), but the thesis's RDP in ``mode=faithful``, which reproduces the thesis's
+    runs (the ledger then reports their true ε under ``accountant``)."""
+    return "rdp" if cfg.mode == "faithful" else cfg.accountant
 
 
 def resolve_randomness(cfg: FederatedMFConfig, randomness: str) -> tuple[FederatedMFConfig, str]:

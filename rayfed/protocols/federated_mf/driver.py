@@ -25,5 +25,5 @@ def _central(fed, cfg: FederatedMFConfig, plan: Plan) -> Outcome:
     test_mse = central_test_mse(plan.evaluation, rank=cfg.rank, seed=fed.seed)
     fed.note(report.CENTRAL_NOTE)
     if cfg.setting == "lfl":
-        return lfl_report.outcome(cfg, plan.params, plan.budget.epsilon, test_mse, [], {})
-    return report.central_outcome(cfg, test_mse)
+        return lfl_report.outcome(cfg, plan.params, plan.privacy.budget.epsilon, test_mse, [], {})
+    return report.central_outcome(cfg, test_mse, plan.params.clipped)

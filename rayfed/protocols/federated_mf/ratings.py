@@ -7,23 +7,49 @@ import numpy as np
 import pyarrow as pa
 
 from rayfed import mf
-from rayfed.errors import ConfigError
+from rayfed.privacy import Clipped, DataDomain, Field, Interval, enforce
 from rayfed.protocols.federated_mf.config import FederatedMFConfig
 
 #: a ratings file's (user, item, rating) columns unless ``data.columns.ratings`` names them
 DEFAULT_COLUMNS = ["user_id", "item_id", "rating"]
 
 
-def load(cfg: FederatedMFConfig, gen: np.random.Generator) -> mf.Ratings:
-    """The run's ratings, checked to lie in [0, R]: every sensitivity bound depends on it."""
+def domain(cfg: FederatedMFConfig) -> Interval:
+    """Where a rating lies: [0, R] (every sensitivity bound depends on it)."""
+    return Interval(0.0, float(cfg.bound))
+
+
+def load(cfg: FederatedMFConfig, gen: np.random.Generator) -> tuple[mf.Ratings, Clipped]:
+    """The run's ratings in [0, R]: a rating outside is refused (a DataError naming it), or
+    clipped and counted with ``out_of_domain=clip``."""
     ratings = _read(cfg, gen)
-    if ratings.low < 0 or ratings.high > cfg.bound:
-        raise ConfigError(
-            "bound",
-            f"ratings span [{ratings.low}, {ratings.high}] but R = {cfg.bound}",
-            f"bound >= {ratings.high} (the clipping argument needs ratings in [0, R])",
+    values, clipped = enforce(
+        ratings.rating,
+        domain(cfg),
+        cfg.out_of_domain,
+        field="rating",
+        option="out_of_domain",
+        widen=f"set bound >= {ratings.high:g} (R also bounds the embeddings)",
+    )
+    if clipped.count:
+        ratings = mf.Ratings(
+            ratings.user,
+            ratings.item,
+            values,
+            ratings.n,
+            ratings.m,
+            float(values.min()),
+            float(values.max()),
         )
-    return ratings
+    return ratings, clipped
+
+
+def data_domain(cfg: FederatedMFConfig, members: str, per_user: bool) -> DataDomain:
+    """Where the protected units live in the members' tables: a user's rows (``user_id``) for
+    per-user privacy, one rating row for per-rating; each rating in [0, R]."""
+    return DataDomain(
+        (Field(("rating",), domain(cfg)),), members=members, key="user_id" if per_user else None
+    )
 
 
 def _read(cfg: FederatedMFConfig, gen: np.random.Generator) -> mf.Ratings:
@@ -38,12 +64,13 @@ def _read(cfg: FederatedMFConfig, gen: np.random.Generator) -> mf.Ratings:
 
 
 def member_table(train: mf.Ratings, test: mf.Ratings) -> pa.Table:
-    """A member's ratings, train then test, with a ``split`` column its steps select on."""
+    """A member's ratings, test then train (its last row is a training rating: the row a
+    per-rating neighbour removes), with a ``split`` column its steps select on."""
     return pa.table(
         {
-            "user_id": np.concatenate([train.user, test.user]),
-            "item": np.concatenate([train.item, test.item]),
-            "rating": np.concatenate([train.rating, test.rating]),
-            "split": ["train"] * len(train) + ["test"] * len(test),
+            "user_id": np.concatenate([test.user, train.user]),
+            "item": np.concatenate([test.item, train.item]),
+            "rating": np.concatenate([test.rating, train.rating]),
+            "split": ["test"] * len(test) + ["train"] * len(train),
         }
     )

@@ -9,6 +9,7 @@ import numpy as np
 from rayfed import mf, rng
 from rayfed.actors.base import Message, StepContext
 from rayfed.mf.training import descend_users
+from rayfed.secagg.client import registered_users
 
 
 # --- users (LFL cohorts, HFL parties) --------------------------------------------------------------
@@ -35,8 +36,9 @@ def descend(ctx: StepContext, v: np.ndarray, *, steps: int, lr: float, bound: fl
 def pretrain_step(
     ctx: StepContext, v: np.ndarray, *, p: int, mean: float, steps: int, lr: float, bound: float
 ) -> int:
-    """Stage 1: initialise u_i (keyed per user) and pre-train it locally with V fixed."""
-    ids = np.unique(ctx.table.column("user_id").to_numpy())
+    """Stage 1: initialise u_i (keyed per user) and pre-train it locally with V fixed. The users
+    are the member's registered ones (an LFL cohort's, from the plan) or those its table holds."""
+    ids = registered_users(ctx)
     ctx.state["ids"] = ids
     ctx.state["u"] = mf.project(
         rng.keyed_uniform(ctx.seed, "init", 0, ids, p) * 2 * np.sqrt(mean / p), bound

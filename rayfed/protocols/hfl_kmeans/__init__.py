@@ -4,9 +4,9 @@ Waterloo 2023); spec: shared/specs/hfl-kmeans.md.
 
 M clients (PartyActors) each hold some rows in [-1, 1]^d (mapped from declared bounds); the
 semi-honest server is the coordinator. Setup: the clients agree on a group key the server lacks
-(X25519 + AES-GCM); they send their row counts, the server derives t_max and the other public
-parameters (§3.5.5, §3.6.4); every client derives the same initial centroids from the group key
-(sphere packing). Then t_max round trips:
+(X25519 + AES-GCM); N is a public input (spec A3), and the server broadcasts t_max and the
+other public parameters derived from it in the plan (§3.5.5, §3.6.4); every client derives the
+same initial centroids from the group key (sphere packing). Then t_max round trips:
 
 1. each client assigns its rows to the current centroids — by default a size-constrained
    min-cost flow with per-client bounds ⌈c_min/M⌉ and ⌊c_max/M⌋ (OR-Tools) — and uploads, padded
@@ -25,9 +25,13 @@ sample together in an MPC with a dealer's Beaver triples (``ring_noise=mpc``, F2
 :mod:`rayfed.secagg.mpc`: DP unless all clients collude or the dealer colludes with one).
 
 Privacy: add/remove one point, pure ε, composed over the t_max iterations (the server's or the
-split noise) or in parallel over the clients (the ring's local noise). ``sensitivity`` chooses the AMN centroid
-sensitivity: ``corrected`` (2B/(M(⌈c_min/M⌉+1)), tight for a local mean) or ``thesis`` (B·E/c_min,
-about half of it: the ledger then records the larger ε that noise actually buys).
+split noise) or in parallel over the clients (the ring's local noise). Every release is a
+:class:`~rayfed.privacy.measurement.Measurement` built in the plan. ``sensitivity`` chooses the
+calibration: ``corrected`` (the default) counts what one point really moves — under the
+size-constrained assignment an augmenting path of the min-cost flow re-routes up to k - 1 other
+points, so the sums' Δ is (2k - 1)·d·B and an AMN upload's k - 1 replacements and one addition
+(:mod:`rayfed.clustering.dplloyd`) — or ``thesis`` (the thesis's noise, Δ^Σ = B·E, Δ^μ = B·E/c_min:
+the ledger then records the larger ε that noise actually buys).
 
 The maths is in :mod:`rayfed.clustering` (DPLloyd's public arithmetic, the constrained assignment,
 the initialisations and post-processing) and :mod:`rayfed.secagg` (pads, and the clients' group

@@ -64,7 +64,12 @@ class HflKmeansConfig:
     count_post: Literal[POSTS] = option(
         "none", "post-processing of the noisy counts (NMA)", when={"aggregation": ("nma",)}
     )
-    centroid_post: Literal[POSTS] = option("fold", "post-processing of the centroids")
+    centroid_post: Literal[POSTS] = option(
+        "fold",
+        "post-processing of the centroids; trunc (and sum_post with count_post trunc) is refused "
+        "with the constrained assignment's corrected calibration: it puts two centroids on one "
+        "point, where the flow's costs tie",
+    )
     iterations: int | Literal["auto"] = option(
         "auto", "t_max; auto: the thesis's rule from N (private) or 7 (non-private)", at_least=1
     )
@@ -76,9 +81,12 @@ class HflKmeansConfig:
     )
     sensitivity: Literal["corrected", "thesis"] = option(
         "corrected",
-        "AMN centroid sensitivity: corrected (2B/(M(⌈c_min/M⌉+1)), one point's true effect) or "
-        "thesis (B·E/c_min: about half of it; the ledger records the ε that noise really buys)",
-        when={"aggregation": ("amn",), "noise": ("laplace",)},
+        "corrected: noise calibrated to what one point really moves (a size-constrained "
+        "assignment re-routes up to k - 1 other points: sums (2k-1)·d·B, AMN centroids k-1 "
+        "replacements + 1 addition); thesis: the thesis's Δ^Σ = B·E, Δ^C = E, Δ^μ = B·E/c_min "
+        "(one point moves only its own clusters): its noise, with the ε it really buys in the "
+        "ledger",
+        when={"noise": ("laplace",)},
     )
     masking: Literal["shared-seed", "pairwise", "none"] = option(
         "shared-seed",
@@ -132,7 +140,9 @@ class HflKmeansConfig:
         source="file",
     )
     out_of_bounds: Literal["error", "clip"] = option(
-        "error", "a data value outside its declared bounds: error, or clip it"
+        "error",
+        "a data value outside its declared bounds: error (refused, naming the column), or clip "
+        "it to the bounds (counted and stated in the headline)",
     )
     evaluate: bool = option(
         True, "add WCSS, silhouette and empty clusters on the union (raw data: not private)"
@@ -152,6 +162,24 @@ class HflKmeansConfig:
             raise ConfigError("min_size", f"{self.min_size} > max_size = {self.max_size}")
         if self.assignment == "non-exclusive" and self.min_size == 0:
             raise ConfigError("min_size", "non-exclusive clusters of 0 points are empty", ">= 1")
+        if self._truncation_ties():
+            field, what = (
+                ("centroid_post", "centroid_post=trunc clips two centroids to one point")
+                if self.centroid_post == "trunc"
+                else (
+                    "sum_post",
+                    "sum_post=trunc with count_post=trunc clips two clusters' sums and counts "
+                    "to one centroid",
+                )
+            )
+            raise ConfigError(
+                field,
+                f"{what} with positive probability; every point then costs nearly the same in "
+                "both clusters and the size-constrained assignment's sensitivity (which assumes "
+                "the flow's optimum unique) fails on data placed on the tie",
+                "fold or none; or assignment=unconstrained; or sensitivity=thesis (its ε not "
+                "a guarantee then)",
+            )
         if self.init in DATA_INITS and self.noise != "none":
             raise ConfigError(
                 "init",
@@ -181,6 +209,16 @@ class HflKmeansConfig:
                 "ring_noise=mpc runs with pairwise masks (no single client's pad over the ring)",
                 "pairwise",
             )
+
+    def _truncation_ties(self) -> bool:
+        """A post-processing that maps noisy values to a bound, so that two centroids coincide
+        with positive probability, under the constrained assignment's corrected calibration."""
+        if self.noise == "none" or self.assignment != "constrained":
+            return False
+        if self.sensitivity != "corrected":
+            return False
+        both = self.aggregation == "nma" and self.sum_post == self.count_post == "trunc"
+        return self.centroid_post == "trunc" or both
 
 
 def resolve_randomness(cfg: HflKmeansConfig, randomness: str) -> tuple[HflKmeansConfig, str]:

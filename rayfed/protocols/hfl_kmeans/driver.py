@@ -24,7 +24,6 @@ from rayfed.protocols.hfl_kmeans.steps import (
     ring_close_step,
     ring_step,
     setup_step,
-    size_step,
 )
 from rayfed.secagg import mpc, pads
 from rayfed.secagg.keys import agree_group_key
@@ -32,9 +31,10 @@ from rayfed.secagg.keys import agree_group_key
 
 def drive(fed, cfg: HflKmeansConfig, plan: Plan) -> Outcome:
     params: Params = plan.params
+    setup = params.setup
     order = sorted(plan.parties)
     with fed.round(0):
-        setup = _setup(fed, cfg, order, d=len(params.features))
+        _setup(fed, cfg, setup, order)
     started = time.perf_counter()
     aggregate = None
     for t in range(1, setup.t_max + 1):
@@ -57,9 +57,9 @@ def drive(fed, cfg: HflKmeansConfig, plan: Plan) -> Outcome:
     return report.outcome(cfg, params, setup, centers, seconds, plan.evaluation)
 
 
-def _setup(fed, cfg: HflKmeansConfig, order: list[str], *, d: int) -> Setup:
-    """The clients' group key, then the server (on the ring: the first client) learns N and
-    derives the public setup; every client prepares its initial centroids."""
+def _setup(fed, cfg: HflKmeansConfig, setup: Setup, order: list[str]) -> None:
+    """The clients' group key, then the server (on the ring: the first client) broadcasts the
+    public setup of the public N; every client prepares its initial centroids."""
     ring = cfg.topology == "ring"
     agree_group_key(
         fed,
@@ -69,11 +69,9 @@ def _setup(fed, cfg: HflKmeansConfig, order: list[str], *, d: int) -> Setup:
         pair_info=pads.INFO_PAIRS if cfg.masking == "pairwise" else None,
     )
     host = fed.parties if ring else fed.coordinator
-    sizes = fed.parties.run(size_step, to=order[0] if ring else "coordinator", phase="sizes")
     broadcast = host.run(
-        setup_step, sizes, cfg=cfg, d=d, phase="setup", **({"members": [order[0]]} if ring else {})
+        setup_step, setup=setup, phase="setup", **({"members": [order[0]]} if ring else {})
     )
-    setup = fed.get(broadcast.single())
     given = None
     if cfg.init in DATA_INITS:
         given = fed.parties.run(
@@ -87,12 +85,11 @@ def _setup(fed, cfg: HflKmeansConfig, order: list[str], *, d: int) -> Setup:
         order=order,
         phase="prepare",
     )
-    return setup
 
 
 def _aggregate(fed, setup: Setup, uploads, t: int):
     if setup.noise:
-        fed.charge([("clients", "discrete-Laplace noise on the padded aggregate", setup.event())])
+        fed.charge([setup.charge("clients", "discrete-Laplace noise on the padded aggregate")])
     return fed.coordinator.run(aggregate_step, uploads, setup=setup, t=t, phase="aggregate")
 
 
@@ -100,15 +97,15 @@ def _ring(fed, setup: Setup, order: list[str], t: int):
     running = None
     if setup.joint:
         label = "discrete-Laplace noise sampled in shares by the clients' MPC (ring, dealer)"
-        fed.charge([("clients", label, setup.event())])
+        fed.charge([setup.charge("clients", label)])
         _sample_noise(fed, setup, order, t)
     elif setup.noise and setup.honest is not None:
         label = f"split discrete-Laplace noise (ring, {setup.honest} honest clients)"
-        fed.charge([("clients", label, setup.event())])
+        fed.charge([setup.charge("clients", label)])
     local = setup.noise and setup.honest is None and not setup.joint
     for p in order:
         if local:
-            fed.charge([(p, "local discrete-Laplace noise (ring)", setup.event())])
+            fed.charge([setup.charge(p, "local discrete-Laplace noise (ring)")])
         running = fed.parties.run(ring_step, running, t=t, members=[p], phase="ring").single()
     return fed.parties.run(ring_close_step, running, members=[order[0]], phase="ring-close")
 

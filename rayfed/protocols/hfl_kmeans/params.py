@@ -10,7 +10,6 @@ server adds discrete-Laplace noise on the grid to the padded sum, so it never se
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,41 +18,57 @@ from dp_accounting import dp_event
 
 from rayfed.clustering import dplloyd
 from rayfed.errors import ConfigError
-from rayfed.privacy import discrete_laplace_event, joint_discrete_laplace_event
+from rayfed.privacy import Interval, Neighbours
+from rayfed.privacy.measurement import (
+    Declared,
+    DiscreteLaplace,
+    JointDiscreteLaplace,
+    Measurement,
+    PaddedDiscreteLaplace,
+    SplitDiscreteLaplace,
+)
 from rayfed.protocols.hfl_kmeans.config import HflKmeansConfig
 from rayfed.secagg.mpc import BitGeometric
 
 #: the member (of the cohorts group) that deals the MPC's correlated randomness (ring_noise=mpc)
 DEALER = "dealer"
 NOISE_TAIL = 50.0  # overflow check: |Laplace| > 50 scales has probability e^-50
+RELATION = Neighbours("add_or_remove_one", "data point")
 
 
 @dataclass(frozen=True)
 class Noise:
-    """One block of the aggregate and its discrete-Laplace noise: ``length`` entries, each drawn
-    with parameter ε/Δ₁ (grid units); the block's charge is (``l1_sensitivity``, ``epsilon``).
-    With a ``sampler`` (ring_noise=mpc) the clients sample it jointly, and ``epsilon`` is what
-    that sampler's realised parameter buys, with a δ for its truncation."""
+    """One block of the aggregate — ``length`` entries (the ``key`` ones: sums, counts or
+    centroids) — and the :class:`Measurement` that releases it: its Δ₁ in grid units, its
+    mechanism (the server's noise on padded words, a client's own noise, its share of one
+    split noise, or its share of a jointly sampled one) and its event."""
 
-    label: str
+    key: str
+    measurement: Measurement
     length: int
-    l1_sensitivity: int
-    epsilon: float
-    sampler: BitGeometric | None = None
+
+    @property
+    def label(self) -> str:
+        return self.measurement.label
+
+    @property
+    def l1_sensitivity(self) -> int:
+        return int(self.measurement.sensitivity)
 
     @property
     def event(self):
-        if self.sampler is None:
-            return discrete_laplace_event(self.l1_sensitivity, self.epsilon)
-        return joint_discrete_laplace_event(
-            self.l1_sensitivity, self.sampler.noise_parameter, self.joint_tail
-        )
+        return self.measurement.event
 
     @property
-    def joint_tail(self) -> float:
-        """The block's truncation cost (ring_noise=mpc): 2·length truncated geometric variables,
-        whose total variations add up."""
-        return 2 * self.length * self.sampler.tail
+    def sampler(self) -> BitGeometric | None:
+        """The MPC's plan of the coins (ring_noise=mpc), else None."""
+        return getattr(self.measurement.mechanism, "sampler", None)
+
+    @property
+    def epsilon(self) -> float:
+        """ε of one draw (what the realised parameter buys, where sampled jointly)."""
+        mechanism = self.measurement.mechanism
+        return mechanism.epsilon if hasattr(mechanism, "epsilon") else self.event.epsilon
 
     @property
     def delta(self) -> float:
@@ -69,7 +84,7 @@ class Noise:
 @dataclass(frozen=True)
 class Setup:
     """Everything public the server derives from N and the options (§1.6 S1-S2) and broadcasts to
-    the clients."""
+    the clients; N is a public input of the run (planned, spec A3)."""
 
     n: int
     d: int
@@ -85,7 +100,8 @@ class Setup:
     split: dict[str, float] = field(default_factory=dict)  # eps_sum/eps_count or eps_mu
     noise: tuple[Noise, ...] = ()  # per iteration (per client on the ring); () if non-private
     honest: int | None = None  # ring_noise=split: h, each client adds a 1/h share of the noise
-    sensitivity: dict[str, float] = field(default_factory=dict)  # AMN: thesis and true Δ^μ
+    #: per block key: (the thesis's Δ₁, the true Δ₁), in grid units, where they differ
+    sensitivity: dict[str, tuple[float, int]] = field(default_factory=dict)
     claimed_epsilon: float | None = None  # the thesis's ε where the mode's true ε differs
 
     @property
@@ -105,9 +121,21 @@ class Setup:
         """ring_noise=mpc: the clients sample one central noise in shares."""
         return any(block.sampler is not None for block in self.noise)
 
+    @property
+    def measurements(self) -> tuple[Measurement, ...]:
+        return tuple(block.measurement for block in self.noise)
+
     def event(self):
         """The DP event of one iteration's noise (one client's, on the ring)."""
         return noise_event([block.event for block in self.noise])
+
+    def charge(self, scope: str, label: str) -> tuple[str, str, Any]:
+        """The ledger charge of one iteration's release — one entry, since one message carries
+        every block's noise: the blocks' measurements composed."""
+        charges = [block.measurement.charge(scope) for block in self.noise]
+        if len(charges) == 1:
+            return charges[0]
+        return scope, label, noise_event([event for _, _, event in charges])
 
 
 @dataclass(frozen=True)
@@ -138,12 +166,23 @@ class Settings:
 
 
 @dataclass(frozen=True)
+class Evaluation:
+    """Ground truth (``evaluate``): every point in the unit cube, for the WCSS and silhouette of
+    the released centroids. Not private; never sent to an actor."""
+
+    x: np.ndarray
+
+
+@dataclass(frozen=True)
 class Params:
-    """The feature columns in order and their declared bounds (the centroids' data units)."""
+    """The feature columns in order and their declared bounds (the centroids' data units), the
+    public setup of the planned N, and what entering the domain clipped."""
 
     features: list[str]
     lo: np.ndarray
     hi: np.ndarray
+    setup: Setup | None = None
+    clipped: tuple = ()  # rayfed.privacy.Clipped per feature column
 
 
 def noise_event(events: list):
@@ -151,7 +190,8 @@ def noise_event(events: list):
 
 
 def derive_setup(cfg: HflKmeansConfig, n: int, d: int) -> Setup:
-    """The thesis's public arithmetic for N points in d dimensions under ``cfg``."""
+    """The thesis's public arithmetic for N points in d dimensions under ``cfg``, and the
+    measurements of every iteration's release."""
     k, m = cfg.k, cfg.clients
     bounds = dplloyd.size_bounds(
         n,
@@ -182,18 +222,67 @@ def derive_setup(cfg: HflKmeansConfig, n: int, d: int) -> Setup:
     else:
         eps_m = dplloyd.amn_epsilon_m(bounds.c_min if constrained else 0, k, d, e)
     t_max = fixed or dplloyd.iterations(cfg.epsilon, eps_m)
-    noise = _nma_noise(cfg, d, e, t_max) if nma else _amn_noise(cfg, d, e, t_max, bounds)
-    if cfg.topology == "ring" and cfg.ring_noise == "mpc":
-        noise["noise"] = tuple(_jointly_sampled(block) for block in noise["noise"])
-    return Setup(**common, t_max=t_max, epsilon_m=eps_m, honest=_honest(cfg), **noise)
+    plan = _nma_noise(cfg, d, e, t_max) if nma else _amn_noise(cfg, d, e, t_max, bounds)
+    honest = _honest(cfg)
+    noise = tuple(_measured(cfg, block, honest) for block in plan.pop("blocks"))
+    # the thesis's calibration buys a larger ε where its Δ is below the truth
+    claimed = cfg.epsilon if cfg.sensitivity == "thesis" and plan["sensitivity"] else None
+    return Setup(
+        **common,
+        t_max=t_max,
+        epsilon_m=eps_m,
+        honest=honest,
+        noise=noise,
+        claimed_epsilon=claimed,
+        **plan,
+    )
 
 
-def _jointly_sampled(block: Noise) -> Noise:
-    """The block's noise as the clients' MPC samples it: the coins for DLap(ε/Δ₁), charged at
-    the ε their realised parameter buys (a' ≈ a; the gap is ~1e-9 relative with κ = 128)."""
-    sampler = BitGeometric.plan(block.epsilon / block.l1_sensitivity)
-    epsilon = sampler.noise_parameter * block.l1_sensitivity
-    return Noise(block.label, block.length, block.l1_sensitivity, epsilon, sampler)
+@dataclass(frozen=True)
+class _Block:
+    """A block before its mechanism is chosen: its true Δ₁ (grid units) with the domain or the
+    reason it comes from, and the ε one draw spends against it."""
+
+    key: str
+    length: int
+    domain: Interval
+    sensitivity: Declared | None  # None: derived from the domain (a sum of bounded points)
+    epsilon: float
+
+    @property
+    def l1(self) -> int:
+        if self.sensitivity is not None:
+            return int(self.sensitivity.value)
+        return int(self.domain.radius(1))
+
+
+def _measured(cfg: HflKmeansConfig, block: _Block, honest: int | None) -> Noise:
+    """The block's measurement under the run's topology: the server's noise on the padded
+    aggregate, every client's own noise (ring, local), a 1/h share of one noise (ring, split) or
+    a share of one noise the clients sample jointly (ring, mpc: its coins planned for
+    DLap(ε/Δ₁), charged at the ε their realised parameter buys, a' ≈ a; the gap is ~1e-9
+    relative with κ = 128)."""
+    where = {"server": "server noise on the padded aggregate"}.get(cfg.topology)
+    if cfg.topology == "ring":
+        where = {
+            "local": "each client's own noise (ring)",
+            "split": f"split noise, 1/{honest} shares (ring)",
+            "mpc": "noise sampled jointly by the clients' MPC (ring)",
+        }[cfg.ring_noise]
+    if cfg.topology == "server":
+        mechanism = PaddedDiscreteLaplace(block.epsilon, cfg.ring_bits)
+    elif cfg.ring_noise == "local":
+        mechanism = DiscreteLaplace(block.epsilon)
+    elif cfg.ring_noise == "split":
+        mechanism = SplitDiscreteLaplace(block.epsilon, honest)
+    else:
+        sampler = BitGeometric.plan(block.epsilon / block.l1)
+        # 2·length truncated geometric variables: their total variations add up
+        tail = 2 * block.length * sampler.tail
+        mechanism = JointDiscreteLaplace(sampler.noise_parameter, tail, sampler)
+    label = f"cluster {block.key}: {where}"
+    measurement = Measurement(label, mechanism, block.domain, RELATION, block.sensitivity)
+    return Noise(block.key, measurement, block.length)
 
 
 def _honest(cfg: HflKmeansConfig) -> int | None:
@@ -205,43 +294,114 @@ def _honest(cfg: HflKmeansConfig) -> int | None:
     return cfg.honest_clients
 
 
+def _grid_point(scale: int, d: int) -> Interval:
+    """A point's coordinates on the grid: [-1, 1]^d (the declared bounds mapped) x 2^f, rounded:
+    exactly [-2^f, 2^f]^d."""
+    return Interval(-dplloyd.BOUND * scale, dplloyd.BOUND * scale, d)
+
+
 def _nma_noise(cfg: HflKmeansConfig, d: int, e: int, t_max: int) -> dict[str, Any]:
-    """DPLloyd's split of ε over the sums and counts, and their noise blocks in grid units."""
+    """DPLloyd's split of ε over the sums and counts, and their blocks in grid units. The sums'
+    Δ₁ is derived from the grid point's domain where only the point's own cluster changes
+    (unconstrained); under a size bound it moves other points (dplloyd.sums_sensitivity), a
+    bound the domain rule does not cover, declared with its reason. With sensitivity=thesis the
+    noise is the thesis's (Δ^Σ = B·E per coordinate, Δ^C = E), charged at the ε it buys
+    against the true Δ₁."""
     k, scale = cfg.k, 1 << cfg.frac_bits
     eps_sum, eps_count = dplloyd.nma_split(cfg.epsilon, t_max, d, cfg.rho)
-    # one point moves a sum coordinate by its own grid value, at most B·2^f — or, where a
-    # non-exclusive cluster keeps its size, swaps out another point: 2B·2^f
-    swap = 2 if cfg.assignment == "non-exclusive" else 1
-    grid_bound = swap * round(dplloyd.BOUND * scale)
-    noise = (
-        Noise("sums", k * d, e * d * grid_bound, d * eps_sum),
-        Noise("counts", k, e * scale, eps_count),
-    )
-    return {"split": {"eps_sum": eps_sum, "eps_count": eps_count}, "noise": noise}
+    point = _grid_point(scale, d)
+    sums_factor = dplloyd.sums_sensitivity(cfg.assignment, k, e)
+    counts_factor = dplloyd.counts_sensitivity(cfg.assignment, k, e)
+    true_sums = sums_factor * d * scale
+    true_counts = counts_factor * scale
+    sums_reason = counts_reason = None
+    if cfg.assignment == "non-exclusive":
+        sums_reason = Declared(
+            true_sums,
+            f"non-exclusive: each of the k = {k} clusters keeps its size, so one point may "
+            "swap a point in or out of every cluster: 2k·d·B on the 2^-f grid",
+        )
+        counts_reason = Declared(
+            true_counts,
+            f"non-exclusive: the k = {k} fixed sizes move only where a client has fewer rows "
+            "than a size: k on the grid",
+        )
+    elif cfg.assignment == "constrained":
+        path = (
+            f"2k - 1 = {sums_factor}"
+            if e == 1
+            else f"2k·E = {sums_factor} (E = {e} paths, each may end at the escape node)"
+        )
+        sums_reason = Declared(
+            true_sums,
+            f"size-constrained min-cost flow: one point's augmenting path enters it and moves up "
+            f"to k - 1 = {k - 1} other points between clusters, so the sums move by up to {path} "
+            "times d·B on the 2^-f grid (assumes the flow's optimum unique up to equal points)",
+        )
+        counts_reason = Declared(
+            true_counts,
+            f"size-constrained min-cost flow: displaced points keep the counts; the point's "
+            f"E = {e} memberships move them by E on the grid",
+        )
+    thesis_sums, thesis_counts = e * d * scale, e * scale
+    blocks = [
+        _Block("sums", k * d, point, sums_reason, d * eps_sum),
+        _Block("counts", k, Interval(0.0, float(scale), 1), counts_reason, eps_count),
+    ]
+    sensitivity = {"sums": (thesis_sums, true_sums), "counts": (thesis_counts, true_counts)}
+    if cfg.sensitivity == "thesis":
+        # the thesis's noise scale Δ_thesis/ε; the charge is what that scale buys
+        blocks = [
+            b
+            if b.l1 == thesis
+            else _Block(b.key, b.length, b.domain, b.sensitivity, b.epsilon * b.l1 / thesis)
+            for b, thesis in zip(blocks, (thesis_sums, thesis_counts), strict=True)
+        ]
+    return {
+        "split": {"eps_sum": eps_sum, "eps_count": eps_count},
+        "blocks": blocks,
+        "sensitivity": {key: v for key, v in sensitivity.items() if v[0] != v[1]},
+    }
 
 
 def _amn_noise(
     cfg: HflKmeansConfig, d: int, e: int, t_max: int, bounds: dplloyd.SizeBounds
 ) -> dict[str, Any]:
-    """CDPLloyd's ε^μ and the centroid noise block, calibrated to the true sensitivity — or, with
-    sensitivity=thesis, to the thesis's, charged at the ε that noise actually buys."""
+    """CDPLloyd's ε^μ and the centroid block, calibrated to the true sensitivity — a mean, not a
+    sum, so no domain rule: declared with its reason — or, with sensitivity=thesis, to the
+    thesis's Δ^μ = B·E/c_min, charged at the ε that noise actually buys."""
     constrained = cfg.assignment != "unconstrained"
     scale = 1 << cfg.frac_bits
     eps_mu = dplloyd.amn_epsilon(cfg.epsilon, t_max, d)
-    true = dplloyd.centroid_sensitivity(cfg.clients, bounds.client_min, cfg.assignment)
+    l1 = dplloyd.centroid_sensitivity_grid(
+        cfg.assignment, cfg.k, d, e, cfg.clients, bounds.client_min, scale
+    )
     thesis = dplloyd.centroid_sensitivity_thesis(bounds.c_min, e, constrained)
-    # one coordinate of one rounded local centroid moves by at most floor(true·2^f) + 1 grid units
-    l1 = e * d * (math.floor(true * scale) + 1)
-    claimed = None
+    why = {
+        "unconstrained": "a local cluster goes from empty (the previous centroid, in the box) "
+        "to one point: 2B/M per coordinate",
+        "non-exclusive": f"each of the k = {cfg.k} local clusters (size ⌈c_min/M⌉ = "
+        f"{bounds.client_min}) may swap one point: 2B/(M·{max(bounds.client_min, 1)}) per "
+        "coordinate",
+        "constrained": f"size-constrained min-cost flow: the augmenting path replaces a point "
+        f"in up to k - 1 = {cfg.k - 1} local clusters (2B/(M·⌈c_min/M⌉) per coordinate, "
+        f"⌈c_min/M⌉ = {bounds.client_min}) and adds one to the last (2B/(M(⌈c_min/M⌉ + 1))); "
+        f"E = {e} paths (assumes the flow's optimum unique up to equal points)",
+    }[cfg.assignment]
+    reason = Declared(
+        l1,
+        f"uploaded local centroids / M on the 2^-f grid: {why}; each rounded coordinate moves "
+        "by at most ⌊move·2^f⌋ + 1",
+    )
     epsilon = d * eps_mu
     if cfg.sensitivity == "thesis":
         # the thesis's noise scale Δ^μ/ε^μ; the charge is what that scale buys against the truth
-        epsilon, claimed = eps_mu * l1 / (thesis * scale), cfg.epsilon
+        epsilon = eps_mu * l1 / (thesis * scale)
+    block = _Block("centroids", cfg.k * d, _grid_point(scale, d), reason, epsilon)
     return {
         "split": {"eps_mu": eps_mu},
-        "noise": (Noise("centroids", cfg.k * d, l1, epsilon),),
-        "sensitivity": {"thesis": thesis, "true": true * e},
-        "claimed_epsilon": claimed,
+        "blocks": [block],
+        "sensitivity": {"centroids": (d * thesis * scale, l1)},
     }
 
 

@@ -8,11 +8,12 @@ import numpy as np
 import pyarrow as pa
 
 from rayfed import rng
+from rayfed.clustering import dplloyd
 from rayfed.clustering.constrained import empty_clusters, silhouette, wcss
 from rayfed.data.scaling import from_unit
 from rayfed.protocols.base import Outcome
 from rayfed.protocols.hfl_kmeans.config import HflKmeansConfig
-from rayfed.protocols.hfl_kmeans.params import Params, Setup
+from rayfed.protocols.hfl_kmeans.params import Evaluation, Params, Setup
 
 MASKING = {
     "shared-seed": "uploads and aggregates are one-time-padded in Z_2^{b} with pads every "
@@ -39,8 +40,12 @@ def notes(cfg: HflKmeansConfig, setup: Setup) -> list[str]:
     masking = (RING if cfg.topology == "ring" else MASKING)[cfg.masking]
     out = [
         masking.replace("{b}", str(setup.ring_bits)),
-        f"N = {setup.n} and the clients' row counts are sent in the clear and treated as "
-        "public (t_max and c_min depend on them; spec A3)",
+        f"N = {setup.n} is a public input of the run, as the thesis treats it (spec §1.1, A3): "
+        "t_max, c_min, c_max and ε^(m) derive from it, and the guarantee does not protect the "
+        "number of rows (the clients do not send their row counts). Under add/remove "
+        "neighbours N itself discloses whether a point is present: what the noise protects is "
+        "a point's value, and the ε holds for the parameters planned from this N (a neighbour "
+        "with one point more or less is compared under the same t_max, sizes and noise)",
     ]
     if cfg.noise == "none":
         return [*out, "noise=none: not private; the clients see exact aggregates"]
@@ -55,19 +60,39 @@ def notes(cfg: HflKmeansConfig, setup: Setup) -> list[str]:
         "noise: discrete Laplace on the 2^-{f} grid (integer noise, so Theorem 7.2.1's "
         f"quantisation argument is not needed; {sampler})".replace("{f}", str(setup.frac_bits))
     )
-    if cfg.assignment != "unconstrained":
+    if cfg.assignment == "constrained":
         out.append(
-            "the sensitivities assume one point changes only the clusters it joins; under a "
-            "size-constrained assignment it can re-route other points, which neither the "
-            "thesis's analysis nor this one covers (an assumption, not a proof)"
+            "size-constrained assignment: one added or removed point can re-route up to k - 1 "
+            "other points between clusters (an augmenting path of the min-cost flow), which the "
+            "thesis's analysis (§6.2.1, §6.3.1) does not count; the corrected sensitivities do: "
+            "sums (2k - 1)·d·B at E = 1, counts E, AMN centroids k - 1 replacements and one "
+            "addition. The bound assumes the flow's optimum is unique up to exchanging equal "
+            "points. The flow's costs are squared distances to the centroids shifted by public "
+            "offsets (i + 1)·2^-16·u (u ∝ (√2, √3, √5, …)), in integers as fine as the "
+            "solver's int64 range allows: coinciding centroids no longer tie every point, and "
+            "centroid truncation (which makes them coincide often) is refused. An exact tie of "
+            "the integer costs — distinct points re-routed at zero total cost, which needs an "
+            "exact linear relation between the points and the noisy centroids to within the "
+            "rounding — is not excluded; there, the solver's choice is outside the bound"
         )
+        if cfg.aggregation == "nma" and setup.claimed_epsilon is None:
+            e = setup.contribution
+            factor = dplloyd.sums_sensitivity(cfg.assignment, setup.k, e) / e
+            out.append(
+                f"NMA: at the true ε the size bound costs {factor:g} times the sums' noise of "
+                "one point's own clusters; on S1 and Iris assignment=unconstrained gives 1.9-3.6x "
+                "lower WCSS at the same ε (docs/protocols/hfl-kmeans.md)"
+            )
     if setup.claimed_epsilon is not None:
         true_eps = setup.t_max * setup.epsilon_per_iteration
+        moved = ", ".join(
+            f"{key} {thesis:.6g} (true {true:,})"
+            for key, (thesis, true) in setup.sensitivity.items()
+        )
         out.append(
-            f"sensitivity=thesis: noise calibrated to Δ^μ = B·E/c_min = "
-            f"{setup.sensitivity['thesis']:.4g}, but one point moves an uploaded local "
-            f"centroid by up to {setup.sensitivity['true']:.4g}: the thesis claims "
-            f"ε = {setup.claimed_epsilon:g}, the noise buys ε = {true_eps:.4g} (ledger)"
+            f"sensitivity=thesis: noise calibrated to the thesis's Δ₁ in grid units — {moved}: "
+            f"the thesis claims ε = {setup.claimed_epsilon:g}, the noise buys "
+            f"ε = {true_eps:.4g} (ledger)"
         )
     if setup.joint:
         blocks = setup.noise
@@ -106,7 +131,7 @@ def outcome(
     setup: Setup,
     centers: np.ndarray,
     seconds: float,
-    evaluation: dict | None,
+    evaluation: Evaluation | None,
 ) -> Outcome:
     data_centers = from_unit(centers, params.lo, params.hi)
     table = pa.table(
@@ -114,12 +139,17 @@ def outcome(
         | {c: data_centers[:, j] for j, c in enumerate(params.features)}
     )
     metrics = _metrics(cfg, setup, seconds)
+    # what entering the declared bounds clipped, per feature column
+    metrics["clipped"] = {c.field.removeprefix("bounds."): c.to_dict() for c in params.clipped}
     headline = (
         f"{cfg.aggregation.upper()} {cfg.assignment}, {setup.n:,} points over "
         f"{setup.clients} clients, k = {setup.k}, t_max = {setup.t_max}"
     )
+    clips = [c.statement() for c in params.clipped if c.count]
+    if clips:
+        headline += "; " + ", ".join(clips)
     if evaluation is not None:
-        x = evaluation["x"]
+        x = evaluation.x
         score, labels = wcss(x, centers)
         gen = rng.stream(0, "evaluation", 0, "silhouette")
         sil, used = silhouette(x, labels, gen, cfg.silhouette_points)
@@ -153,7 +183,7 @@ def _metrics(cfg: HflKmeansConfig, setup: Setup, seconds: float) -> dict[str, An
         "client_max": b.client_max,
         **setup.split,
         # in real units, not grid units
-        "noise_scales": {blk.label: blk.scale / setup.scale for blk in setup.noise},
+        "noise_scales": {blk.key: blk.scale / setup.scale for blk in setup.noise},
         "upload_bytes": setup.length * setup.ring_bits // 8,
         "ms_per_iteration": 1000.0 * seconds / setup.t_max,
     }

@@ -20,9 +20,8 @@ from rayfed.clustering.constrained import (
     sphere_packing,
 )
 from rayfed.data.scaling import features_of, to_unit
-from rayfed.privacy import discrete_laplace, joint_discrete_laplace, split_discrete_laplace
-from rayfed.protocols.hfl_kmeans.config import HflKmeansConfig
-from rayfed.protocols.hfl_kmeans.params import Noise, Settings, Setup, derive_setup, noise_event
+from rayfed.errors import DataError
+from rayfed.protocols.hfl_kmeans.params import Noise, Settings, Setup, noise_event
 from rayfed.secagg import mpc, pads
 
 COUNT_FLOOR = 0.5  # a noisy count below this divides as 0.5 (diffprivlib's clamp, A10)
@@ -30,14 +29,22 @@ COUNT_FLOOR = 0.5  # a noisy count below this divides as 0.5 (diffprivlib's clam
 
 # --- clients ---------------------------------------------------------------------------------------
 def unit_features(ctx: StepContext) -> np.ndarray:
+    """The client's rows mapped from their declared bounds to [-1, 1]^d. The plan put them inside
+    the bounds (clipped and counted, or refused), so nothing is clipped here; a value outside
+    is a DataError, never changed."""
     meta = ctx.meta
-    x = features_of(ctx.table, meta["columns"])
-    return np.clip(to_unit(x, np.asarray(meta["lo"]), np.asarray(meta["hi"])), -1.0, 1.0)
-
-
-def size_step(ctx: StepContext, *, to: str) -> Message:
-    """Client: its row count N_l, in the clear (N is treated as public, A3)."""
-    return Message("size", int(ctx.table.num_rows), to=to)
+    x = to_unit(
+        features_of(ctx.table, meta["columns"]), np.asarray(meta["lo"]), np.asarray(meta["hi"])
+    )
+    outside = np.abs(x) > dplloyd.BOUND
+    if outside.any():
+        col = meta["columns"][int(np.flatnonzero(outside.any(axis=0))[0])]
+        raise DataError(
+            f"bounds.{col}",
+            f"{int(outside.sum())} value(s) of {ctx.name}'s rows lie outside their declared bounds",
+            "plan the data through hfl-kmeans (out_of_bounds decides)",
+        )
+    return x
 
 
 def data_init_step(ctx: StepContext, *, init: str, k: int) -> Message:
@@ -193,37 +200,17 @@ def ring_close_step(ctx: StepContext, running: np.ndarray) -> Message:
 
 
 def _ring_noise(ctx: StepContext, values: np.ndarray, t: int, *, carries: bool):
+    """This client's noise on its ring upload: its own (local), its share of one split noise, or
+    its share of the jointly sampled one; a share's event rides on the last client's message."""
     setup = ctx.state["setup"]
     if not setup.noise:
         return values, None
-    if setup.joint:
-        return _add_joint_noise(ctx, values, carried=carries)
-    if setup.honest is None:
-        return _add_noise(ctx, values, setup.noise, t)
-    noisy, event = _add_noise(ctx, values, setup.noise, t, parts=setup.honest, carried=carries)
-    return noisy, event if carries else None
-
-
-def _add_joint_noise(ctx: StepContext, values: np.ndarray, *, carried: bool):
-    """Add this client's share of the jointly sampled noise (ring_noise=mpc), block by block;
-    the last client's message carries the release's event."""
-    st, p = ctx.state, ctx.state["setup"]
-    share, out, events, start = st.pop("mpc_share"), [], [], 0
-    for block in p.noise:
-        part = slice(start, start + block.length)
-        noisy, event = joint_discrete_laplace(
-            ctx.noise,
-            values[part],
-            share[part],
-            l1_sensitivity=block.l1_sensitivity,
-            noise_parameter=block.sampler.noise_parameter,
-            tail=block.joint_tail,
-            part_of=None if carried else "the ring's release",
-        )
-        out.append(noisy)
-        events.append(event)
-        start += block.length
-    return np.concatenate(out), noise_event(events) if carried else None
+    share = ctx.state.pop("mpc_share") if setup.joint else None
+    shared = setup.joint or setup.honest is not None
+    noisy, event = _add_noise(
+        ctx, values, setup.noise, t, carried=carries or not shared, share=share
+    )
+    return noisy, event if carries or not shared else None
 
 
 # --- F2: the clients' MPC that samples the noise in shares (rayfed.secagg.mpc) ---------------------
@@ -302,10 +289,10 @@ def mpc_layer_step(ctx: StepContext, opened: np.ndarray, *, t: int) -> Message |
 
 
 # --- the coordinator (the server; on the ring, its setup runs on the first client) -----------------
-def setup_step(ctx: StepContext, sizes: dict[str, int], *, cfg: HflKmeansConfig, d: int) -> Message:
-    """Server (or the ring's first client): N = Σ N_l, then t_max and the rest of the public
-    setup; broadcast to the clients."""
-    return Message("parameters", derive_setup(cfg, int(sum(sizes.values())), d), to="parties")
+def setup_step(ctx: StepContext, *, setup: Setup) -> Message:
+    """Server (or the ring's first client): broadcast the public setup — t_max and the rest,
+    derived from the public N (spec A3) in the plan — to the clients."""
+    return Message("parameters", setup, to="parties")
 
 
 def aggregate_step(ctx: StepContext, uploads: dict[str, np.ndarray], *, setup: Setup, t: int):
@@ -317,8 +304,7 @@ def aggregate_step(ctx: StepContext, uploads: dict[str, np.ndarray], *, setup: S
         total = total + np.asarray(words, dtype=dtype)
     if not setup.noise:
         return Message("masked_aggregate", total, to="parties")
-    noise, event = _add_noise(ctx, np.zeros(setup.length, np.int64), setup.noise, t)
-    total = total + pads.to_ring(noise, setup.ring_bits)
+    total, event = _add_noise(ctx, total, setup.noise, t)
     return Message("masked_aggregate", total, to="parties", dp_event=event, scope="clients")
 
 
@@ -328,26 +314,20 @@ def _add_noise(
     blocks: tuple[Noise, ...],
     t: int,
     *,
-    parts: int | None = None,
     carried: bool = True,
+    share: np.ndarray | None = None,
 ):
-    """Discrete Laplace per block from the actor's noise source — or, with ``parts``, this
-    client's 1/parts share of it (a release another client's message may carry: ``carried``);
-    the event is the block's, or their composition."""
+    """Every block of ``values`` released through its measurement (the server's noise on padded
+    words, a client's own, or its share of one noise: a share whose release another client's
+    message carries is drawn ``part_of`` it); the event is the block's, or their composition."""
     out, events, start = values.copy(), [], 0
     for block in blocks:
         part = slice(start, start + block.length)
-        common = dict(l1_sensitivity=block.l1_sensitivity, epsilon=block.epsilon, round=t)
-        if parts is None:
-            out[part], event = discrete_laplace(ctx.noise, values[part], **common)
-        else:
-            out[part], event = split_discrete_laplace(
-                ctx.noise,
-                values[part],
-                parts=parts,
-                part_of=None if carried else "the ring's release",
-                **common,
-            )
+        m = block.measurement
+        options = {} if share is None else {"share": share[part]}  # its MPC noise share
+        out[part], event = m(
+            ctx.noise, values[part], round=t, part_of=None if carried else m, **options
+        )
         events.append(event)
         start += block.length
     return out, noise_event(events)

@@ -18,7 +18,11 @@ distances) give Table III's "kCluster –" rows.
 Privacy, honestly: every bit is ε-LDP, but two values' codes can differ in k_max bits (all s when
 t covers half the range), so one attribute value is (k_max·ε)-LDP and a record of d attributes
 (d·k_max·ε)-LDP. That is what the ledger charges and the result states. The paper's
-(ε, δ = p^s - e^ε q^s) of its Theorem 4 is reported as a label only: it does not hold.
+(ε, δ = p^s - e^ε q^s) of its Theorem 4 is reported as a label only: it does not hold. Each
+custodian's codes are one measurement built in plan (per-bit RR on codes encoded a block at a time,
+:class:`~rayfed.privacy.CodeResponse`), its Δ₀ derived from the codes' domain
+(:class:`~rayfed.ldp.bitvector.Codes`: the bits each attribute's anchors let differ on [L, U]).
+Feature values outside the declared bounds are refused or clipped and counted (``out_of_domain``).
 
 The maths is in :mod:`rayfed.ldp.bitvector` (encoding, distances, the decomposition's pair sums)
 and :mod:`rayfed.clustering.precomputed`; this package is config, params, plan, steps, driver and

@@ -99,6 +99,11 @@ class LdpBitvectorConfig:
     bounds: list[float] | None = option(
         None, "declared [low, high] of every feature (mapped to [L, U]); digits: [0, 16]"
     )
+    out_of_domain: Literal["refuse", "clip"] = option(
+        "refuse",
+        "a feature value outside the declared bounds is refused, or clipped to them (the count "
+        "is stated in the headline and the metrics)",
+    )
     label: str | None = option(None, "data file: the true-label column (for NMI)", source="file")
     max_points: int = option(
         40_000, "refuse more records: the n x n distance matrix takes 4n² bytes", at_least=1

@@ -3,10 +3,6 @@ collector estimates the distance matrix and clusters."""
 
 from __future__ import annotations
 
-from dp_accounting import dp_event
-
-from rayfed.ldp import bitvector as bv
-from rayfed.privacy import binary_rr_event
 from rayfed.protocols.base import Outcome, Plan
 from rayfed.protocols.ldp_bitvector import report
 from rayfed.protocols.ldp_bitvector.config import BASELINES, LdpBitvectorConfig
@@ -38,9 +34,10 @@ def drive(fed, cfg: LdpBitvectorConfig, plan: Plan) -> Outcome:
             out = _decomposition(fed, cfg, params)
         else:
             out = _encode_and_collect(fed, cfg, params)
-    for note in report.notes(cfg, params):
+    for note in report.notes(cfg, params, plan.privacy.budget.epsilon):
         fed.note(note)
-    return report.outcome(cfg, params, out, plan.budget.epsilon, plan.evaluation)
+    truth = plan.evaluation.labels if plan.evaluation is not None else None
+    return report.outcome(cfg, params, out, plan.privacy.budget.epsilon, truth)
 
 
 def _eps(cfg: LdpBitvectorConfig) -> float | None:
@@ -53,20 +50,15 @@ def _encode_and_collect(fed, cfg: LdpBitvectorConfig, params: Params) -> Cluster
     if cfg.encoding == "exact":
         sent = fed.parties.run(exact_step, phase="values")
     else:
-        if eps is not None:
-            event = binary_rr_event(bv.keep_probability(eps))
-            fed.charge(
-                [
-                    (
-                        p,
-                        "per-bit randomized response",
-                        dp_event.SelfComposedDpEvent(event, params.attributes[p] * params.k_max),
-                    )
-                    for p in params.order
-                ]
-            )
+        releases = params.releases  # empty for the noise-free BV
+        if releases:
+            fed.charge([releases[p].charge(p) for p in params.order])
         sent = fed.parties.run(
-            encode_step, eps=eps, s=cfg.bits, t=cfg.half_width, round=0, phase="encode"
+            encode_step,
+            releases=releases,
+            t=cfg.half_width,
+            round=0,
+            phase="encode",
         )
     return fed.coordinator.call(
         collector_step,
@@ -86,22 +78,18 @@ def _encode_and_collect(fed, cfg: LdpBitvectorConfig, params: Params) -> Cluster
 def _decomposition(fed, cfg: LdpBitvectorConfig, params: Params) -> Clusters:
     """Alice sends her values in the clear (she is the analyst), Bob the pair codes of u and v."""
     alice, bob = params.order
-    eps = _eps(cfg)
-    if eps is not None:
-        per_record = 2 * (params.records - 1) * params.pair_k_max
-        event = dp_event.SelfComposedDpEvent(binary_rr_event(bv.keep_probability(eps)), per_record)
-        fed.charge([(bob, "pair codes of u and v (randomized response)", event)])
+    release = params.releases.get(bob)  # None: the noise-free BV
+    if release is not None:
+        fed.charge([release.charge(bob)])
     exact = fed.parties.run(exact_step, members=[alice], phase="alice-values")
-    codes = fed.parties.run(
-        pair_step, eps=eps, s=cfg.bits, round=0, members=[bob], phase="pair-codes"
-    )
+    codes = fed.parties.run(pair_step, release=release, round=0, members=[bob], phase="pair-codes")
     return fed.coordinator.call(
         decomposition_collector_step,
         exact.single(),
         codes.single(),
         bits=cfg.bits,
         pair_mu=params.pair_mu,
-        eps=eps,
+        eps=_eps(cfg),
         clustering=params.clustering,
         phase="collect",
     )

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from rayfed.privacy import Clipped, Measurement
 
 
 @dataclass(frozen=True)
@@ -18,11 +22,21 @@ class Clustering:
 
 
 @dataclass(frozen=True)
+class Evaluation:
+    """Ground truth (a labelled data set): every record's true label, for the clustering's
+    scores. Not private; never sent to an actor."""
+
+    labels: np.ndarray
+
+
+@dataclass(frozen=True)
 class Params:
     """The custodians in order (the trusted party alone for a baseline; Alice then Bob for the
     decomposition), the records n and attributes d, the most bits two values' codes can differ in
     (k_max), the anchor range μ, each custodian's attribute count, Algorithm 1's radius (None:
-    off) and, for the decomposition, Bob's pair codes' μ and k_max."""
+    off) and, for the decomposition, Bob's pair codes' μ and k_max; each encoding custodian's
+    release (per-bit RR on its codes: None for the noise-free encodings and the baselines), and
+    what the declared bounds clipped."""
 
     order: list[str]
     records: int
@@ -35,3 +49,5 @@ class Params:
     pair_mu: float | None
     pair_k_max: int | None
     clustering: Clustering
+    releases: dict[str, Measurement] = field(default_factory=dict)
+    clipped: Clipped | None = None

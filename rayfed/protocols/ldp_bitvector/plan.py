@@ -11,10 +11,21 @@ from rayfed.data import even_groups, horizontal, load_table, require_clean, sort
 from rayfed.data.scaling import features_of
 from rayfed.errors import ConfigError, DataError
 from rayfed.ldp import bitvector as bv
-from rayfed.privacy import Budget
+from rayfed.privacy import (
+    Budget,
+    Clipped,
+    CodeResponse,
+    DataDomain,
+    Field,
+    Interval,
+    Measurement,
+    Neighbours,
+    PrivacyDeclaration,
+    enforce,
+)
 from rayfed.protocols.base import Plan
 from rayfed.protocols.ldp_bitvector.config import BASELINES, LdpBitvectorConfig
-from rayfed.protocols.ldp_bitvector.params import Clustering, Params
+from rayfed.protocols.ldp_bitvector.params import Clustering, Evaluation, Params
 from rayfed.protocols.ldp_bitvector.steps import MAX_ATTRIBUTES
 from rayfed.sizing import machine_memory
 
@@ -25,6 +36,9 @@ ACTOR_MEMORY_SHARE = 0.7
 DIGITS_SHAPE = (1797, 64)  # scikit-learn's bundled digits
 
 Parties = dict[str, tuple[pa.Table, dict]]
+RELATION = Neighbours("replace_one", "record")
+#: the decomposition protects Bob's part of a record only: Alice's values are hers, in the clear
+BOB_RELATION = Neighbours("replace_one", "record's values at Bob")
 
 
 def data_bytes(cfg: LdpBitvectorConfig) -> int:
@@ -44,7 +58,7 @@ def _matrix_bytes(cfg: LdpBitvectorConfig, n: int) -> int:
 
 
 def plan(cfg: LdpBitvectorConfig, seed: int) -> Plan:
-    table, features, label, bounds = _load(cfg)
+    table, features, label, bounds, clipped = _load(cfg)
     n, d = table.num_rows, len(features)
     _check_size(cfg, n, d)
     gen = rng.stream(seed, "anchors", 0, "custodians")
@@ -54,20 +68,26 @@ def plan(cfg: LdpBitvectorConfig, seed: int) -> Plan:
     parties, order, pair = _custodians(cfg, table, features, r, common, seed)
     private = cfg.method not in BASELINES and cfg.encoding == "dpbv"
     decomposition = cfg.partition == "vertical-decomposition" and cfg.encoding != "exact"
-    record_eps = d * k_max * cfg.epsilon
-    if decomposition:  # Bob's record enters n - 1 pairs, two codes each; Alice's part is exact
-        record_eps = 2 * (n - 1) * pair["pair_k_max"] * cfg.epsilon
+    relation = BOB_RELATION if decomposition else RELATION
+    releases = _releases(cfg, parties, order, n, relation) if private else {}
+    record_eps = _record_bits(cfg, releases) * cfg.epsilon
+    protected = parties[order[-1]][1]["columns"] if decomposition else features
     return Plan(
-        budget=Budget(record_eps, 0.0) if private else Budget.none(),
-        ledger=dict(
+        privacy=PrivacyDeclaration(
+            budget=Budget(record_eps, 0.0) if private else Budget.none(),
             accountant="pure",
-            relation="replace_one",
+            relation=relation,
             composition="parallel" if cfg.partition == "horizontal" else "sequential",
-            statement=_statement(cfg, n, d, k_max, pair.get("pair_k_max"), record_eps),
+            statement=_statement(cfg, releases, d, k_max, pair.get("pair_k_max"), record_eps),
+            measurements=tuple(releases.values()),
+            data=DataDomain(
+                tuple(Field((c,), Interval(*map(float, bounds))) for c in protected),
+                key="record",
+            ),
         ),
         parties=parties,
         rounds=1,
-        evaluation=table.column(label).to_numpy() if label else None,
+        evaluation=Evaluation(labels=table.column(label).to_numpy()) if label else None,
         params=Params(
             order=order,
             records=n,
@@ -80,8 +100,50 @@ def plan(cfg: LdpBitvectorConfig, seed: int) -> Plan:
             pair_mu=pair.get("pair_mu"),
             pair_k_max=pair.get("pair_k_max"),
             clustering=_clustering(cfg),
+            releases=releases,
+            clipped=clipped,
         ),
     )
+
+
+def _releases(
+    cfg: LdpBitvectorConfig, parties: Parties, order: list[str], n: int, relation: Neighbours
+) -> dict[str, Measurement]:
+    """Every encoding custodian's release: per-bit RR on the BV codes of its records. Its Δ₀
+    (bits) follows from the codes' domain: replacing a record moves each of its codes within
+    the bits its anchors let two values of the range differ in (``Codes``) — a custodian's
+    attributes on [L, U]; Bob's u and v of the n − 1 pairs the record enters, on their range."""
+    rr = CodeResponse(bv.keep_probability(cfg.epsilon))
+    if cfg.partition == "vertical-decomposition":
+        bob = order[-1]
+        meta = parties[bob][1]
+        codes = bv.Codes.of(
+            meta["pair_anchors"],
+            meta["pair_t"],
+            *meta["pair_range"],
+            copies=2 * (n - 1),
+            what="u and v of the record's pairs",
+        )
+        return {
+            bob: Measurement("pair codes of u and v (randomized response)", rr, codes, relation)
+        }
+    out = {}
+    for p in order:
+        meta = parties[p][1]
+        codes = bv.Codes.of(meta["anchors"], cfg.half_width, cfg.low, cfg.high, what="attributes")
+        label = f"{p}: per-bit randomized response on its BV codes"
+        out[p] = Measurement(label, rr, codes, relation)
+    return out
+
+
+def _record_bits(cfg: LdpBitvectorConfig, releases: dict[str, Measurement]) -> int:
+    """The bits of a record's codes one replacement can change, each ε-LDP: the worst
+    custodian's Δ₀ where they hold disjoint records (horizontal), the sum over the custodians
+    a record's attributes span (vertical; Bob's alone in the decomposition)."""
+    bits = [int(m.sensitivity) for m in releases.values()]
+    if not bits:
+        return 0
+    return max(bits) if cfg.partition == "horizontal" else sum(bits)
 
 
 def _clustering(cfg: LdpBitvectorConfig) -> Clustering:
@@ -96,7 +158,12 @@ def _clustering(cfg: LdpBitvectorConfig) -> Clustering:
 
 
 def _statement(
-    cfg: LdpBitvectorConfig, n: int, d: int, k_max: int, pair_k_max: int | None, record_eps: float
+    cfg: LdpBitvectorConfig,
+    releases: dict[str, Measurement],
+    d: int,
+    k_max: int,
+    pair_k_max: int | None,
+    record_eps: float,
 ) -> str:
     """The ledger's statement: the true per-record guarantee, or why the run is not private."""
     if cfg.method in BASELINES:
@@ -104,15 +171,17 @@ def _statement(
     if cfg.encoding != "dpbv":
         return f"not private: {cfg.encoding} distances without noise"
     if cfg.partition == "vertical-decomposition":
+        (codes,) = (m.domain for m in releases.values())
         return (
-            f"decomposition: Alice is the analyst and uses her attributes exactly (not "
-            f"protected); each of Bob's records enters {n - 1} pairs x 2 codes x up to "
-            f"{pair_k_max} differing bits: pure {record_eps:g}-LDP"
+            f"decomposition: Alice is the analyst and uses her attributes exactly (sent in the "
+            f"clear, not protected); each of Bob's records enters {len(codes.reach) // 2} pairs "
+            f"x 2 codes x up to {pair_k_max} differing bits: pure {record_eps:g}-LDP"
         )
     return (
-        f"pure ε-LDP per record: {d} attributes x up to {k_max} differing "
-        f"bits x ε={cfg.epsilon:g} per bit = {record_eps:g} (the paper's (ε, δ) "
-        "of Thm 4 does not hold)"
+        f"pure ε-LDP per record: {d} attributes, their codes differing in at most "
+        f"{_record_bits(cfg, releases)} bits (up to {k_max} per attribute) x "
+        f"ε={cfg.epsilon:g} per bit = "
+        f"{record_eps:g} (the paper's (ε, δ) of Thm 4 does not hold)"
         + (
             "; custodians hold disjoint records, so they compose in parallel"
             if cfg.partition == "horizontal"
@@ -208,13 +277,16 @@ def _decomposition_parties(cfg, table, features, common, seed) -> tuple[Parties,
             "a sample, or partition=vertical",
         )
     (alice, alice_cols), (bob, bob_cols) = groups.items()
-    top = 2 * len(bob_cols) * max(abs(cfg.low), abs(cfg.high)) ** 2
-    t = top / 2
-    anchors = bv.anchors(rng.stream(seed, "anchors", 1, "pairs"), 1, cfg.bits, 0.0, top, t)[0]
+    # u and v of every pair lie in [lo, top] (lo < 0 only when L < 0 < U: v = 2a·b can be
+    # negative); t covers the whole range, so |u - v| is in local view
+    lo, top = bv.pair_range(cfg.low, cfg.high, len(bob_cols))
+    t = (top - lo) / 2
+    anchors = bv.anchors(rng.stream(seed, "anchors", 1, "pairs"), 1, cfg.bits, lo, top, t)[0]
     pair = {
         "pair_t": t,
-        "pair_mu": bv.anchor_range(0.0, top, t),
-        "pair_k_max": bv.max_differing_bits(anchors, t, 0.0, top),
+        "pair_range": (lo, top),
+        "pair_mu": bv.anchor_range(lo, top, t),
+        "pair_k_max": bv.max_differing_bits(anchors, t, lo, top),
     }
     parts = vertical(table, groups, "record")
     parties = {
@@ -225,25 +297,36 @@ def _decomposition_parties(cfg, table, features, common, seed) -> tuple[Parties,
 
 
 # --- the data --------------------------------------------------------------------------------------
-def _load(cfg: LdpBitvectorConfig) -> tuple[pa.Table, list[str], str | None, list[float]]:
-    """(table with a 'record' column, feature columns, label column, declared bounds)."""
+def _load(
+    cfg: LdpBitvectorConfig,
+) -> tuple[pa.Table, list[str], str | None, list[float], Clipped]:
+    """(table with a 'record' column, feature columns, label column, declared bounds, what the
+    bounds clipped). A feature value outside the bounds is refused (a DataError naming its
+    column, ``data.<column>``), or clipped to them and counted per column (``out_of_domain``)."""
     if cfg.data.path is None:
         table, features, label, bounds = _digits(cfg)
     else:
         table, features, label, bounds = _from_file(cfg)
-    x = features_of(table, features)
-    outside = int(np.count_nonzero((x < bounds[0]) | (x > bounds[1])))
-    if outside:
-        raise DataError(
-            "bounds",
-            f"{outside} value(s) lie outside the declared bounds {bounds}",
-            "bounds covering the domain",
-        )
+    domain = Interval(float(bounds[0]), float(bounds[1]), len(features))
+    x, clipped = enforce(
+        features_of(table, features),
+        domain,
+        cfg.out_of_domain,
+        field="data",
+        option="out_of_domain",
+        columns=features,
+        widen="widen bounds",
+    )
+    if clipped.count:
+        for j, c in enumerate(features):
+            i = table.schema.get_field_index(c)
+            table = table.set_column(i, c, pa.array(x[:, j]))
     return (
         table.append_column("record", pa.array(np.arange(table.num_rows, dtype=np.int64))),
         features,
         label,
         bounds,
+        clipped,
     )
 
 

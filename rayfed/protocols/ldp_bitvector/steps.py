@@ -6,7 +6,6 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from dp_accounting import dp_event
 from sklearn.cluster import KMeans
 
 from rayfed.actors.base import Message, StepContext
@@ -14,7 +13,7 @@ from rayfed.clustering import seed_of
 from rayfed.clustering.precomputed import agglomerative, best_kcluster, dbscan
 from rayfed.data.scaling import features_of
 from rayfed.ldp import bitvector as bv
-from rayfed.privacy import binary_randomized_response
+from rayfed.privacy import Measurement
 from rayfed.protocols.ldp_bitvector.params import Clustering
 
 MAX_ATTRIBUTES = 4096  # the RR coins are keyed by record x MAX_ATTRIBUTES + attribute
@@ -36,24 +35,24 @@ def _scaled(ctx: StepContext) -> np.ndarray:
     return meta["low"] + (raw - lo) / (hi - lo) * (meta["high"] - meta["low"])
 
 
-def encode_step(ctx: StepContext, *, eps: float | None, s: int, t: float, round: int) -> Message:
+def encode_step(
+    ctx: StepContext, *, releases: dict[str, Measurement], t: float, round: int
+) -> Message:
     """Custodian: every attribute of every record as s bits with the shared anchors, then per-bit
-    randomized response (eps None: noise-free BV). Sends the packed bits."""
+    randomized response (its release in ``releases``; none: noise-free BV), each record's coins
+    keyed by (record, attribute). Sends the packed bits."""
+    release = releases.get(ctx.name)
     x = _scaled(ctx)
-    r = ctx.meta["anchors"]
     ids = ctx.table.column("record").to_numpy().astype(np.uint64)
-    codes, event = [], None
-    for j in range(x.shape[1]):
-        bits = bv.encode(x[:, j], r[j], t)
-        if eps is not None:  # each record's coins keyed by (record, attribute)
-            keys = ids * np.uint64(MAX_ATTRIBUTES) + np.uint64(ctx.meta["attributes"][j])
-            bits, bit_event = binary_randomized_response(
-                ctx.noise, bits, keep_probability=bv.keep_probability(eps), ids=keys, round=round
-            )
-            event = dp_event.SelfComposedDpEvent(bit_event, x.shape[1] * ctx.meta["k_max"])
-        codes.append(np.packbits(bits, axis=1))
+    attributes = np.asarray(ctx.meta["attributes"], dtype=np.uint64)
+    keys = ids[None, :] * np.uint64(MAX_ATTRIBUTES) + attributes[:, None]
+    codes = bv.RecordCodes(x, ctx.meta["anchors"], t, keys)
+    if release is None:
+        packed, event = codes.pack(bits for _, bits in codes.blocks()), None
+    else:
+        packed, event = release(ctx.noise, codes, round=round, ids=ids)
     return Message(
-        "bit_vectors", {"codes": np.stack(codes), "records": ids.astype(np.int64)}, dp_event=event
+        "bit_vectors", {"codes": packed, "records": ids.astype(np.int64)}, dp_event=event
     )
 
 
@@ -63,27 +62,16 @@ def exact_step(ctx: StepContext) -> Message:
     return Message("values", {"x": _scaled(ctx), "records": ctx.table.column("record").to_numpy()})
 
 
-def pair_step(ctx: StepContext, *, eps: float | None, s: int, round: int) -> Message:
-    """Bob (decomposition, Eq. 21–23): DPBV codes of u and v for every record pair, on a common
-    range whose half-width t covers it (so |u - v| is in local view)."""
-    x = _scaled(ctx)
-    u, v = bv.pair_sums(x)
-    r, t = ctx.meta["pair_anchors"], ctx.meta["pair_t"]
-    block = bv.PAIR_BLOCK
-    packed, event = [], None
-    for a in range(0, u.size, block):
-        both = np.concatenate([u[a : a + block], v[a : a + block]])
-        bits = bv.encode(both, r, t)
-        if eps is not None:
-            ids = np.arange(a, a + both.size // 2, dtype=np.uint64)
-            keys = np.concatenate([2 * ids, 2 * ids + np.uint64(1)])
-            bits, bit_event = binary_randomized_response(
-                ctx.noise, bits, keep_probability=bv.keep_probability(eps), ids=keys, round=round
-            )
-            per_record = 2 * (x.shape[0] - 1) * ctx.meta["pair_k_max"]
-            event = dp_event.SelfComposedDpEvent(bit_event, per_record)
-        packed.append(np.packbits(bits, axis=1).reshape(2, -1, (s + 7) // 8))
-    return Message("pair_codes", np.concatenate(packed, axis=1), dp_event=event)
+def pair_step(ctx: StepContext, *, release: Measurement | None, round: int) -> Message:
+    """Bob (decomposition, Eq. 21–23): DPBV codes of u and v for every record pair (his
+    ``release``; None: noise-free BV), on a common range whose half-width t covers it (so
+    |u - v| is in local view)."""
+    u, v = bv.pair_sums(_scaled(ctx))
+    codes = bv.PairCodes(u, v, ctx.meta["pair_anchors"], ctx.meta["pair_t"])
+    if release is None:
+        return Message("pair_codes", codes.pack(bits for _, bits in codes.blocks()))
+    packed, event = release(ctx.noise, codes, round=round)
+    return Message("pair_codes", packed, dp_event=event)
 
 
 # --- the collector (the coordinator) ---------------------------------------------------------------

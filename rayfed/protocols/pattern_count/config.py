@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -85,9 +84,3 @@ class PatternCountConfig:
                 )
             if isinstance(dom, list) and len(set(map(str, dom))) != len(dom):
                 raise ConfigError(f"domains.{col}", "lists a value twice", "distinct values")
-
-    def eps_prime(self) -> float:
-        """The randomized-response bias ε' of the chosen calibration."""
-        if self.calibration == "paper":
-            return self.epsilon / 16.0
-        return math.tanh(self.epsilon / 4.0) / 2.0

@@ -3,7 +3,6 @@ estimate."""
 
 from __future__ import annotations
 
-from rayfed.ldp.patterns import rr_event
 from rayfed.protocols.base import Outcome, Plan
 from rayfed.protocols.pattern_count import report
 from rayfed.protocols.pattern_count.config import PatternCountConfig
@@ -13,15 +12,10 @@ from rayfed.protocols.pattern_count.steps import estimate_step, randomize_step
 def drive(fed, cfg: PatternCountConfig, plan: Plan) -> Outcome:
     params = plan.params
     with fed.round(0):
-        fed.charge(
-            [
-                (p, "randomized response on one-hot values", rr_event(params.eps_prime))
-                for p in params.order
-            ]
-        )
+        fed.charge([params.releases[p].charge(p) for p in params.order])
         bits = fed.parties.run(
             randomize_step,
-            eps_prime=params.eps_prime,
+            releases=params.releases,
             sample_rate=cfg.sample_rate,
             round=0,
             phase="randomize",

@@ -14,19 +14,22 @@ from rayfed.data import even_groups, load_table, party_names, require_clean, sor
 from rayfed.errors import ConfigError, DataError
 from rayfed.ldp.patterns import (
     Domain,
+    bias,
     encode_values,
     one_hot,
     out_of_domain,
     predicted_variance,
     product_sums,
     public_sample,
+    rr_measurement,
 )
-from rayfed.privacy import Budget
+from rayfed.privacy import Budget, DataDomain, Field, Neighbours, OneHot, PrivacyDeclaration
 from rayfed.protocols.base import Plan
 from rayfed.protocols.pattern_count.config import PatternCountConfig
-from rayfed.protocols.pattern_count.params import Params
+from rayfed.protocols.pattern_count.params import Evaluation, Params
 
 MAX_ONEHOT_BYTES = 4 << 30
+RELATION = Neighbours("replace_one", "user's value", at_one_party=True)
 STATEMENT = (
     "DP in VFL (Def. 1.2): one user's value changes at one party; each party's messages depend "
     "only on its own data, so scopes (parties) compose in parallel"
@@ -57,13 +60,29 @@ def plan(cfg: PatternCountConfig, seed: int) -> Plan:
         for p, lab in zip(order, labels, strict=True)
     }
     sent = int(public_sample(seed, table.num_rows, cfg.sample_rate).sum())
+    eps_prime = bias(cfg.epsilon, cfg.calibration)
+    releases = {
+        p: rr_measurement(
+            f"{p}: randomized response on one-hot values", eps_prime, len(lab), RELATION
+        )
+        for p, lab in zip(order, labels, strict=True)
+    }
     evaluation = None
     if cfg.evaluate or (cfg.evaluate is None and cfg.data.path is None):
-        evaluation = _evaluation(cfg, partitions, groups, domains, labels, patterns)
+        evaluation = _evaluation(cfg, eps_prime, partitions, groups, domains, labels, patterns)
     return Plan(
-        budget=Budget(cfg.epsilon, 0.0),
-        ledger=dict(
-            accountant="pure", relation="replace_one", composition="parallel", statement=STATEMENT
+        privacy=PrivacyDeclaration(
+            budget=Budget(cfg.epsilon, 0.0),
+            accountant="pure",
+            relation=RELATION,
+            composition="parallel",
+            statement=STATEMENT,
+            measurements=tuple(releases.values()),
+            data=DataDomain(
+                tuple(Field((c,), OneHot(_size(domains[c]))) for p in order for c in groups[p]),
+                key=key,
+                partition="vertical",
+            ),
         ),
         parties=parties,
         rounds=1,
@@ -75,7 +94,8 @@ def plan(cfg: PatternCountConfig, seed: int) -> Plan:
             users=table.num_rows,
             sent=sent,
             outside=outside,
-            eps_prime=cfg.eps_prime(),
+            eps_prime=eps_prime,
+            releases=releases,
         ),
     )
 
@@ -138,17 +158,21 @@ def _outside(cfg, partitions, groups, domains, order) -> dict[str, int]:
     return outside
 
 
-def _evaluation(cfg, partitions, groups, domains, labels, patterns) -> dict:
+def _evaluation(cfg, eps_prime, partitions, groups, domains, labels, patterns) -> Evaluation:
     """The true counts and the estimator's predicted variance, from the raw data (not private)."""
     order = list(groups)
     onehots = [
         one_hot(encode_values(partitions[p], groups[p], domains), len(lab))
         for p, lab in zip(order, labels, strict=True)
     ]
-    return {
-        "true": product_sums(onehots, 0.0, 1.0, patterns),
-        "variance": predicted_variance(onehots, cfg.eps_prime(), patterns, cfg.sample_rate),
-    }
+    return Evaluation(
+        true=product_sums(onehots, 0.0, 1.0, patterns),
+        variance=predicted_variance(onehots, eps_prime, patterns, cfg.sample_rate),
+    )
+
+
+def _size(domain: Domain) -> int:
+    return domain if isinstance(domain, int) else len(domain)
 
 
 def _domain_labels(columns: list[str], domains: dict[str, Domain]) -> list[str]:

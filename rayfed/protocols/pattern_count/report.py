@@ -63,8 +63,8 @@ def outcome(cfg: PatternCountConfig, params: Params, raw: np.ndarray, evaluation
     }
     headline = f"{len(raw)} pattern counts over {v} parties and {m:,} users"
     if evaluation is not None:
-        true = np.asarray(evaluation["true"]).reshape(-1)
-        sd = np.sqrt(np.asarray(evaluation["variance"]).reshape(-1))
+        true = np.asarray(evaluation.true).reshape(-1)
+        sd = np.sqrt(np.asarray(evaluation.variance).reshape(-1))
         columns.update(true_count=true, error=raw - true, predicted_sd=sd)
         metrics.update(
             max_abs_error=float(np.max(np.abs(raw - true))),

@@ -3,28 +3,24 @@
 from __future__ import annotations
 
 import numpy as np
-from dp_accounting import dp_event
 
 from rayfed.actors.base import Message, StepContext
-from rayfed.ldp.patterns import encode_values, keep_probability, one_hot, public_sample, raw_counts
-from rayfed.privacy import binary_randomized_response
+from rayfed.ldp.patterns import encode_values, one_hot, public_sample, raw_counts
+from rayfed.privacy import Measurement
 
 
 # --- parties ---------------------------------------------------------------------------------------
 def randomize_step(
-    ctx: StepContext, *, eps_prime: float, sample_rate: float, round: int
+    ctx: StepContext, *, releases: dict[str, Measurement], sample_rate: float, round: int
 ) -> Message:
-    """Party: encode each user's values one-hot, apply per-bit RR, send the packed bits."""
+    """Party: encode each user's values one-hot, apply per-bit RR (its release), send the
+    packed bits."""
     values = encode_values(ctx.table, ctx.meta["columns"], ctx.meta["domains"])
     values = values[public_sample(ctx.seed, values.size, sample_rate)]
     onehot = one_hot(values, ctx.meta["size"])
-    noisy, bit_event = binary_randomized_response(
-        ctx.noise, onehot, keep_probability=keep_probability(eps_prime), round=round
-    )
+    noisy, event = releases[ctx.name](ctx.noise, onehot, round=round)
     payload = {"bits": np.packbits(noisy, axis=1), "users": int(values.size)}
-    return Message(
-        "rr_bits", payload, to="coordinator", dp_event=dp_event.SelfComposedDpEvent(bit_event, 2)
-    )
+    return Message("rr_bits", payload, to="coordinator", dp_event=event)
 
 
 # --- the coordinator -------------------------------------------------------------------------------

@@ -2,7 +2,9 @@
 
 The protocol of :mod:`rayfed.secagg` on its own, for measuring it: users, vector length, dropout
 rates and patterns, mode and degree are options; the result says whether the decoded sum equals
-the plaintext sum of the survivors' quantised inputs *exactly*, with the time of every phase.
+the plaintext sum of the survivors' quantised inputs, clipped to [-clip, clip], *exactly*, with
+the time of every phase. A data file's values outside that range are refused, or clipped and
+counted (``out_of_domain``), and the raw plaintext sum is kept beside the clipped one.
 
 Privacy: secure aggregation adds no noise, so there is no differential privacy here: the server
 learns the exact sum over the users whose masked input arrived and, in ``secure`` mode under the

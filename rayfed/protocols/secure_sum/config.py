@@ -68,7 +68,19 @@ class SecureSumConfig:
         default_factory=PopulationConfig,
         metadata={"help": "who is online each round and how fast they answer (models)"},
     )
-    clip: float = option(1.0, "inputs are clipped to [-clip, clip]", above=0)
+    clip: float = option(
+        1.0,
+        "inputs lie in [-clip, clip] (the fixed-point range; synthetic inputs are drawn in it, a "
+        "data file's values outside it: see out_of_domain)",
+        above=0,
+    )
+    out_of_domain: Literal["refuse", "clip"] = option(
+        "refuse",
+        "a data file's values outside [-clip, clip]: refuse the run (a DataError naming the "
+        "column) or clip them into it (the count is stated in the result, and the raw plaintext "
+        "sum kept beside the clipped one secure aggregation computes)",
+        source="file",
+    )
     frac_bits: int = option(16, "fixed-point scale 2^frac_bits", at_least=0, at_most=52)
     modulus_bits: int | None = option(
         None, "modulus 2^b (default: the smallest that holds the sum)", at_least=8, at_most=64

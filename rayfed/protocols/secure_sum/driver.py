@@ -1,5 +1,5 @@
 """The rounds of ``secure-sum``: one secure aggregation per round (every phase inside
-:func:`rayfed.secagg.secure_sum`), each checked against the exact sum of the expected survivors."""
+:func:`rayfed.secagg.secure_sum`), each checked against the exact (clipped) sum of the expected survivors, the raw sum beside."""
 
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ def drive(fed, cfg: SecureSumConfig, plan: Plan) -> Outcome:
                 survivors=int(result.survivors.size),
                 dropouts=int(params.registry.size - result.survivors.size),
             )
-        survivors, reference = report.reference(
+        survivors, reference, raw = report.reference(
             cfg,
             plan,
             spec,
@@ -54,6 +54,7 @@ def drive(fed, cfg: SecureSumConfig, plan: Plan) -> Outcome:
         rows,
         result,
         reference,
+        raw,
         cohorts=len(fed.cohorts),
         phase_seconds=fed.phase_seconds(),
         simulated_seconds=clock,

@@ -5,17 +5,27 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import pyarrow as pa
 
 from rayfed.dropout import DropoutSchedule
+from rayfed.privacy import Clipped
 from rayfed.protocols.secure_sum.config import SecureSumConfig
 from rayfed.secagg import FixedPoint, SecAggParams, check_params, find_params
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """Ground truth: a data file's raw rows (None for synthetic inputs, which the reference
+    regenerates), for the raw and clipped plaintext sums. Never sent to an actor."""
+
+    table: pa.Table | None
 
 
 @dataclass(frozen=True)
 class Params:
     """The sorted user ids (the registry), the neighbour graph and threshold, the fixed-point
     encoding, the vector length, the value columns of a data file (empty: synthetic inputs) and
-    the dropout schedule."""
+    the dropout schedule; what the data file's domain check clipped (None: synthetic inputs)."""
 
     registry: np.ndarray
     secagg: SecAggParams
@@ -25,6 +35,8 @@ class Params:
     #: who drops when: the rates, the lists and the population models, resolved (trace read,
     #: outage cohort named by its users)
     schedule: DropoutSchedule
+    #: a data file's values moved into [-clip, clip] (out_of_domain=clip; a count of 0 otherwise)
+    clipped: Clipped | None = None
 
 
 def secagg_params(cfg: SecureSumConfig, n: int) -> SecAggParams:

@@ -8,10 +8,10 @@ import pyarrow as pa
 
 from rayfed.data import load_table, per_user, require_clean, require_columns
 from rayfed.errors import ConfigError, DataError
-from rayfed.privacy import Budget
+from rayfed.privacy import Clipped, Interval, PrivacyDeclaration, enforce
 from rayfed.protocols.base import Plan
 from rayfed.protocols.secure_sum.config import SecureSumConfig
-from rayfed.protocols.secure_sum.params import Params, secagg_params
+from rayfed.protocols.secure_sum.params import Evaluation, Params, secagg_params
 from rayfed.protocols.secure_sum.report import STATEMENTS
 from rayfed.secagg import FixedPoint, SecAggParams
 from rayfed.sizing import default_cohorts
@@ -29,10 +29,11 @@ def data_bytes(cfg: SecureSumConfig) -> int:
 
 def plan(cfg: SecureSumConfig, seed: int) -> Plan:
     table, columns = _users(cfg)
+    inside, clipped = _in_domain(cfg, table, columns)
     n = table.num_rows
     dim = len(columns) or cfg.dim
     n_cohorts = default_cohorts(n, cfg.cohorts)
-    cohorts = per_user(table, cfg.data.key or "user_id", n_cohorts)
+    cohorts = per_user(inside, cfg.data.key or "user_id", n_cohorts)
     kill = cfg.kill_point()
     if kill is not None and kill[0] not in cohorts:
         raise ConfigError("kill", f"no cohort {kill[0]!r}", sorted(cohorts))
@@ -45,12 +46,11 @@ def plan(cfg: SecureSumConfig, seed: int) -> Plan:
     encoding = FixedPoint.choose(n, cfg.clip, cfg.frac_bits, cfg.modulus_bits)
     _check_params(cfg, secagg, n, n_cohorts)
     return Plan(
-        budget=Budget.none(),
-        ledger=dict(statement=STATEMENTS[cfg.mode]),
+        privacy=PrivacyDeclaration.none(STATEMENTS[cfg.mode]),
         cohorts={name: (t, {}) for name, t in cohorts.items()},
         rounds=cfg.rounds,
         cohort_restarts=cfg.rounds,  # a cohort's state lives for one round: restart it
-        evaluation={"table": table if columns else None},
+        evaluation=Evaluation(table=table if columns else None),  # the raw values: both references
         params=Params(
             registry=np.sort(table.column(key).to_numpy()),
             secagg=secagg,
@@ -58,6 +58,7 @@ def plan(cfg: SecureSumConfig, seed: int) -> Plan:
             dim=dim,
             columns=columns,
             schedule=schedule,
+            clipped=clipped,
         ),
     )
 
@@ -86,6 +87,33 @@ def _users(cfg: SecureSumConfig) -> tuple[pa.Table, list[str]]:
             "data.key", "one row per user is expected", "aggregate the rows per user first"
         )
     return table, columns
+
+
+def _in_domain(
+    cfg: SecureSumConfig, table: pa.Table, columns: list[str]
+) -> tuple[pa.Table, Clipped | None]:
+    """A data file's values in [-clip, clip], the range the fixed-point encoding holds: refused
+    (``out_of_domain=refuse``, a DataError naming the column) or clipped and counted — the users'
+    table then holds the clipped values, so nothing downstream clips in silence. Synthetic
+    inputs are drawn inside it (None)."""
+    if not columns:
+        return table, None
+    values = np.column_stack([table.column(c).to_numpy() for c in columns])
+    largest = float(np.max(np.abs(values))) if values.size else 0.0
+    x, clipped = enforce(
+        values,
+        Interval(-cfg.clip, cfg.clip, len(columns)),
+        cfg.out_of_domain,
+        field="data",
+        option="out_of_domain",
+        columns=columns,
+        widen=f"set clip >= {largest:g} (the largest |value|; clip is {cfg.clip:g})",
+    )
+    if not clipped.count:
+        return table, clipped  # the values as given, not converted
+    for j, c in enumerate(columns):
+        table = table.set_column(table.column_names.index(c), c, pa.array(x[:, j]))
+    return table, clipped
 
 
 def _check_params(cfg: SecureSumConfig, params: SecAggParams, n: int, n_cohorts: int) -> None:

@@ -1,6 +1,11 @@
 """What a ``secure-sum`` run reports: the privacy statement of each mode, the exactness check of
 every round against a reference computed outside the protocol, the sum and rounds tables and the
-headline."""
+headline.
+
+Two references per round: the *clipped* sum (the survivors' inputs clipped to [-clip, clip] and
+quantised, what secure aggregation must decode to bit for bit: the exactness check) and the *raw*
+plaintext sum (the same without the clip). They differ only where a data file's values were
+clipped (``out_of_domain=clip``), and then the headline states both."""
 
 from __future__ import annotations
 
@@ -17,7 +22,13 @@ from rayfed.protocols.secure_sum.params import Params
 from rayfed.protocols.secure_sum.steps import synthetic_inputs
 from rayfed.secagg import AggregationResult, RoundSpec
 from rayfed.secagg.graph import NeighbourGraph
-from rayfed.secagg.reference import PHASE_INDEX, exact_sum, expected_survivors
+from rayfed.secagg.reference import (
+    PHASE_INDEX,
+    exact_sum,
+    expected_survivors,
+    raw_sum,
+    to_float,
+)
 
 STATEMENTS = {
     "secure": "no differential privacy: the server learns the exact sum of the survivors' inputs and, under "
@@ -41,11 +52,13 @@ def reference(
     seed: int,
     graph_seed: int,
     faults: tuple,
-) -> tuple[np.ndarray, np.ndarray]:
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """With :mod:`rayfed.secagg.reference`: the users whose input must be in round ``spec.round``'s
     sum — from the dropout schedule, the round's graph (``graph_seed``: in secure mode the server's
-    draw or the PKI's beacon, published with the key table) and the cohorts planned to die — and the
-    exact integer sum of their raw inputs. A cohort that died unplanned makes the round
+    draw or the PKI's beacon, published with the key table) and the cohorts planned to die — and
+    the exact integer sums of their inputs, clipped (what the protocol must decode to) and raw
+    (read from the file as given, not from the users' clipped table; column by column, so an
+    integer column is added as integers). A cohort that died unplanned makes the round
     unverifiable (not exact)."""
     params: Params = plan.params
     registry = params.registry
@@ -57,15 +70,18 @@ def reference(
         _lost_at(cfg, plan, spec, kill, faults),
     )
     if params.columns:
-        table = plan.evaluation["table"]
+        table = plan.evaluation.table
         keys = table.column(cfg.data.key).to_numpy()
         order = np.argsort(keys)
         rows = order[np.searchsorted(keys[order], survivors)]
-        x = np.column_stack([table.column(c).to_numpy()[rows] for c in params.columns])
+        cols = [table.column(c).to_numpy()[rows] for c in params.columns]
+        x = np.column_stack(cols)
+        raw = np.concatenate([raw_sum(col[:, None], cfg.frac_bits) for col in cols])
     else:
         ctx = StepContext(name="evaluation", role="driver", seed=seed)
         x = synthetic_inputs(ctx, spec.round, survivors, params.dim, cfg.clip)
-    return survivors, exact_sum(x, cfg.clip, cfg.frac_bits)
+        raw = raw_sum(x, cfg.frac_bits)
+    return survivors, exact_sum(x, cfg.clip, cfg.frac_bits), raw
 
 
 def _lost_at(
@@ -97,7 +113,7 @@ def round_row(
     reference: np.ndarray,
 ) -> dict[str, Any]:
     """Round ``r``'s line of the rounds table: exact when the protocol's survivors and decoded sum
-    are the reference's."""
+    are the reference's (the clipped sum: ``reference``)."""
     exact = bool(
         np.array_equal(survivors, result.survivors)
         and np.array_equal(params.encoding.signed(result.words), reference)
@@ -119,13 +135,17 @@ def outcome(
     rows: list[dict[str, Any]],
     last: AggregationResult,
     reference: np.ndarray,
+    raw: np.ndarray,
     *,
     cohorts: int,
     phase_seconds: dict[str, float],
     simulated_seconds: list[dict[str, float]],
 ) -> Outcome:
-    """The last round's sum next to the plaintext sum, every round's check, and the metrics."""
+    """The last round's sum next to the raw plaintext sum and the clipped one it must equal, every
+    round's check, and the metrics (what the domain check clipped among them)."""
     secagg = params.secagg
+    plaintext = to_float(raw, cfg.frac_bits)  # ±inf where the raw sum is beyond float64
+    clipped = to_float(reference, cfg.frac_bits)
     metrics = {
         "exact": all(row["exact"] for row in rows),
         "mode": cfg.mode,
@@ -145,32 +165,63 @@ def outcome(
         "simulated_seconds": simulated_seconds,
         "simulated_round_seconds": [sum(r.values()) for r in simulated_seconds],
         "rounds": rows,
+        # a data file's values clipped into [-clip, clip] (None: synthetic inputs, drawn there)
+        "clipped": params.clipped.to_dict() if params.clipped else None,
+        # the last round: the largest |raw plaintext sum - clipped sum| over the coordinates
+        "clipping_gap": float(np.max(np.abs(plaintext - clipped), initial=0.0)),
+        # coordinates whose raw plaintext sum lies beyond float64's range (±inf in the table)
+        "raw_sum_beyond_float64": int(np.count_nonzero(np.isinf(plaintext))),
     }
     tables = {
         "sum": pa.table(
             {
                 "coordinate": np.arange(params.dim),
                 "secure_sum": last.sum,
-                "plaintext_sum": np.ldexp(reference.astype(np.float64), -cfg.frac_bits),
+                "plaintext_sum": plaintext,  # the raw inputs (no clip)
+                "clipped_sum": clipped,  # what secure aggregation computes: the exactness check
             }
         ),
         "rounds": pa.Table.from_pylist(rows),
     }
-    return Outcome(tables=tables, metrics=metrics, headline=headline(cfg, params, last, metrics))
+    text = headline(cfg, params, last, metrics, plaintext)
+    return Outcome(tables=tables, metrics=metrics, headline=text)
 
 
 def headline(
-    cfg: SecureSumConfig, params: Params, last: AggregationResult, metrics: dict[str, Any]
+    cfg: SecureSumConfig,
+    params: Params,
+    last: AggregationResult,
+    metrics: dict[str, Any],
+    plaintext: np.ndarray,
 ) -> str:
+    """Survivors, exactness, graph and mode; where a data file's values were clipped, exactness is
+    claimed against the clipped values only, with the count and the raw plaintext sum beside."""
     secagg = params.secagg
     graph = (
         "complete graph (SecAgg)"
         if secagg.complete
         else f"Harary graph k={secagg.degree} (SecAgg+)"
     )
+    verdict = "EXACT" if metrics["exact"] else "NOT EXACT"
+    clipped = params.clipped
+    if clipped is not None and clipped.count:
+        if params.dim == 1:
+            raw = f"secure sum {last.sum[0]:.6g}, raw plaintext sum {plaintext[0]:.6g}"
+        else:
+            raw = (
+                f"the raw plaintext sum differs by up to {metrics['clipping_gap']:.6g} in a "
+                "coordinate (sum table: plaintext_sum beside clipped_sum)"
+            )
+        beyond = metrics["raw_sum_beyond_float64"]
+        if beyond:
+            raw += (
+                f"; the raw plaintext sum lies beyond float64's range in {beyond} coordinate(s): "
+                "±inf in the sum table"
+            )
+        verdict += f" for the clipped values ({clipped.statement()}: {raw})"
     text = (
         f"sum of {last.survivors.size}/{params.registry.size} survivors' {params.dim}-vectors "
-        f"{'EXACT' if metrics['exact'] else 'NOT EXACT'}; {graph}, t={secagg.threshold}, mode={cfg.mode}"
+        f"{verdict}; {graph}, t={secagg.threshold}, mode={cfg.mode}"
     )
     if cfg.mode != "secure":
         text += f" [{STATEMENTS[cfg.mode].split(':')[0]}]"

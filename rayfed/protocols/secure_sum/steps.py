@@ -22,7 +22,8 @@ def synthetic_inputs(
 
 
 def table_inputs(ctx: StepContext, round: int, ids: np.ndarray, columns: list[str]) -> np.ndarray:
-    """The users' rows of the value columns (one row per user)."""
+    """The users' rows of the value columns (one row per user), inside [-clip, clip]: plan
+    refused the file or clipped them (counted), so the encoding's clip changes nothing here."""
     rows = np.searchsorted(ctx.table.column("user_id").to_numpy(), ids)
     return np.column_stack([ctx.table.column(c).to_numpy()[rows] for c in columns]).astype(
         np.float64

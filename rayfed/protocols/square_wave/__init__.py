@@ -20,6 +20,9 @@ reconstructs a d-bucket histogram of [0, 1].
   ``moments=both`` half the users report v and the other half (v - μ̃)² for the variance.
 
 Privacy: every user sends one report, ε-LDP (replace-one on its value); users compose in parallel.
+Each kind of report is one :class:`~rayfed.privacy.LocalReport` measurement built in plan (Δ₀ = 1
+user); a data file's values outside the declared bounds are refused or clipped and counted
+(``out_of_domain``); an outage by a data column is stated as revealing that column.
 
 The maths is in :mod:`rayfed.ldp` (the methods' reports and estimates in
 :mod:`rayfed.ldp.distribution`); this package is config, params, plan, steps, driver and report,

@@ -138,6 +138,12 @@ class SquareWaveConfig:
     missing: Literal["error", "drop"] = option(
         "error", "data file: a missing value is an error, or its row is dropped", source="file"
     )
+    out_of_domain: Literal["refuse", "clip"] = option(
+        "refuse",
+        "data file: a value outside the declared bounds is refused, or clipped to them (the "
+        "count is stated in the headline and the metrics)",
+        source="file",
+    )
     cohorts: int | None = option(
         None, "user-cohort actors (default: this machine's CPUs)", at_least=1
     )

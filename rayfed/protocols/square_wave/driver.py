@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from rayfed.privacy import EpsilonDeltaDpEvent
 from rayfed.protocols.base import Outcome, Plan
 from rayfed.protocols.square_wave import report
 from rayfed.protocols.square_wave.config import SquareWaveConfig
@@ -28,14 +27,10 @@ def drive(fed, cfg: SquareWaveConfig, plan: Plan) -> Outcome:
         return _drive_moments(fed, cfg, plan)
     estimator = params.estimator
     lost: set[str] = set()
+    release = params.releases["distribution"]
     with fed.round(0):
-        fed.charge(
-            [
-                (c, f"{cfg.method} report per user (ε-LDP)", EpsilonDeltaDpEvent(cfg.epsilon, 0.0))
-                for c in fed.cohorts.names
-            ]
-        )
-        reports = _perturb(fed, cfg, lost, estimator, params.schedule)
+        fed.charge([release.charge(c) for c in fed.cohorts.names])
+        reports = _perturb(fed, cfg, lost, estimator, release, params.schedule)
         out = fed.coordinator.call(estimate_step, reports, estimator=estimator, phase="estimate")
     for note in report.notes(cfg, lost):
         fed.note(note)
@@ -45,10 +40,10 @@ def drive(fed, cfg: SquareWaveConfig, plan: Plan) -> Outcome:
     return outcome
 
 
-def _perturb(fed, cfg: SquareWaveConfig, lost: set[str], estimator: Estimator, schedule):
-    """Every cohort's users report by the method's randomizer."""
-    method, eps, d = estimator.method, estimator.epsilon, estimator.buckets
-    common = dict(eps=eps, round=0, schedule=schedule, phase="perturb")
+def _perturb(fed, cfg: SquareWaveConfig, lost: set[str], estimator: Estimator, release, schedule):
+    """Every cohort's users report by the method's randomizer (the plan's ``release``)."""
+    method, d = estimator.method, estimator.buckets
+    common = dict(release=release, round=0, schedule=schedule, phase="perturb")
     if method in ("sw-ems", "sw-em"):
         step, kw = (
             sw_step,
@@ -74,30 +69,21 @@ def _reports(fed, cfg: SquareWaveConfig, lost: set[str], step, **kwargs):
 
 
 def _drive_moments(fed, cfg: SquareWaveConfig, plan: Plan) -> Outcome:
-    eps = cfg.epsilon
     lost: set[str] = set()
     results: dict[str, float] = {}
     mu = 0.0
     for r, part in enumerate(plan.params.moment_parts):
         name = part or "mean"
+        release = plan.params.releases[name]
         with fed.round(r):
-            fed.charge(
-                [
-                    (
-                        f"{c}/{name}",
-                        f"{cfg.method} report ({name}, ε-LDP)",
-                        EpsilonDeltaDpEvent(eps, 0.0),
-                    )
-                    for c in fed.cohorts.names
-                ]
-            )
+            fed.charge([release.charge(f"{c}/{name}") for c in fed.cohorts.names])
             reports = _reports(
                 fed,
                 cfg,
                 lost,
                 moment_step,
-                mechanism=cfg.method,
-                eps=eps,
+                release=release,
+                method=cfg.method,
                 part=part,
                 mu=mu,
                 round=r,

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from rayfed.dropout import DropoutSchedule
+from rayfed.privacy import Clipped, Measurement
 
 
 @dataclass(frozen=True)
@@ -29,12 +32,27 @@ class Estimator:
 
 
 @dataclass(frozen=True)
+class Evaluation:
+    """Ground truth from the raw values (``evaluate``): the true histogram over the buckets, the
+    mean and the variance. Not private; never sent to an actor."""
+
+    histogram: np.ndarray
+    mean: float
+    variance: float
+
+
+@dataclass(frozen=True)
 class Params:
     """How many users there are; the aggregator's settings (histogram methods), or the parts of
     SR/PM in round order (``"mean"`` and ``"variance"`` halves, or ``None``: every user for the
-    mean); whose report arrives in which round (the dropout rate and the population models)."""
+    mean); whose report arrives in which round (the dropout rate and the population models);
+    the releases, one per kind of report (``"distribution"``, or the moments' ``"mean"`` and
+    ``"variance"``); and what the declared bounds clipped (a data file with
+    ``out_of_domain=clip``)."""
 
     users: int
     estimator: Estimator | None
     moment_parts: tuple[str | None, ...]
     schedule: DropoutSchedule = field(default_factory=DropoutSchedule)
+    releases: dict[str, Measurement] = field(default_factory=dict)
+    clipped: Clipped | None = None

@@ -11,14 +11,31 @@ import pyarrow.compute as pc
 from rayfed import rng
 from rayfed.data import load_table, per_user, require_clean
 from rayfed.errors import ConfigError, DataError
+from rayfed.ldp import distribution, oracles, wave
 from rayfed.ldp import square_wave as sw
 from rayfed.ldp.distribution import true_histogram
-from rayfed.privacy import Budget
+from rayfed.privacy import (
+    Budget,
+    Clipped,
+    DataDomain,
+    Field,
+    Interval,
+    LocalReport,
+    Measurement,
+    Neighbours,
+    PrivacyDeclaration,
+    enforce,
+)
 from rayfed.protocols.base import Plan
 from rayfed.protocols.square_wave.config import MOMENT_METHODS, SW_METHODS, SquareWaveConfig
-from rayfed.protocols.square_wave.params import Estimator, Params
-from rayfed.protocols.square_wave.report import STATEMENT
+from rayfed.protocols.square_wave.params import Estimator, Evaluation, Params
+from rayfed.protocols.square_wave.report import statement
 from rayfed.sizing import default_cohorts
+
+RELATION = Neighbours("replace_one", "user's value")
+#: where a user's value lives in a cohort's table, and its domain: the sensitivity check moves
+#: one user's value from one end of [0, 1] to the other
+DATA = DataDomain((Field(("value",), Interval(0.0, 1.0)),), members="cohorts", key="user_id")
 
 
 def data_bytes(cfg: SquareWaveConfig) -> int:
@@ -33,7 +50,7 @@ def data_bytes(cfg: SquareWaveConfig) -> int:
 
 
 def plan(cfg: SquareWaveConfig, seed: int) -> Plan:
-    values, rows = _load_values(cfg, seed)
+    values, rows, clipped = _load_values(cfg, seed)
     n = values.size
     n_cohorts = default_cohorts(n, cfg.cohorts)
     table = pa.table({"user_id": np.arange(n, dtype=np.int64), "value": values})
@@ -47,18 +64,24 @@ def plan(cfg: SquareWaveConfig, seed: int) -> Plan:
     )
     evaluation = None
     if cfg.evaluate:
-        evaluation = {
-            "histogram": true_histogram(values, cfg.buckets),
-            "mean": float(values.mean()),
-            "variance": float(values.var()),
-        }
+        evaluation = Evaluation(
+            histogram=true_histogram(values, cfg.buckets),
+            mean=float(values.mean()),
+            variance=float(values.var()),
+        )
     moments = cfg.method in MOMENT_METHODS
     parts = (("mean", "variance") if cfg.moments == "both" else (None,)) if moments else ()
     rounds = max(1, len(parts))
+    releases = _releases(cfg, parts)
     return Plan(
-        budget=Budget(cfg.epsilon, 0.0),
-        ledger=dict(
-            accountant="pure", relation="replace_one", composition="parallel", statement=STATEMENT
+        privacy=PrivacyDeclaration(
+            budget=Budget(cfg.epsilon, 0.0),
+            accountant="pure",
+            relation=RELATION,
+            composition="parallel",
+            statement=statement(cfg),
+            measurements=tuple(releases.values()),
+            data=DATA,
         ),
         cohorts=cohorts,
         rounds=rounds,
@@ -70,8 +93,61 @@ def plan(cfg: SquareWaveConfig, seed: int) -> Plan:
             estimator=None if moments else _estimator(cfg),
             moment_parts=parts,
             schedule=schedule,
+            releases=releases,
+            clipped=clipped,
         ),
     )
+
+
+def _releases(cfg: SquareWaveConfig, parts: tuple[str | None, ...]) -> dict[str, Measurement]:
+    """One ε-LDP report per user and kind of release: the histogram methods' one report
+    (``"distribution"``), or SR/PM's report of each part (``"mean"``, ``"variance"``). Each user
+    reports once per release from its own value alone, so replacing one user's value changes
+    one report: Δ₀ = 1 user, the event (ε, 0)."""
+    if parts:
+        perturb = oracles.sr_perturb if cfg.method == "sr" else oracles.pm_perturb
+        # SR/PM take v mapped to [-1, 1] (the variance half: (v - μ̃)² mapped so)
+        return {
+            (p or "mean"): Measurement(
+                f"{cfg.method} report ({p or 'mean'}, ε-LDP)",
+                LocalReport(cfg.epsilon, perturb, width=2),
+                Interval(-1.0, 1.0),
+                RELATION,
+            )
+            for p in parts
+        }
+    perturb, width = _randomizer(cfg)
+    label = f"{cfg.method} report per user (ε-LDP)"
+    return {
+        "distribution": Measurement(
+            label, LocalReport(cfg.epsilon, perturb, width), _report_domain(cfg), RELATION
+        )
+    }
+
+
+def _report_domain(cfg: SquareWaveConfig) -> Interval:
+    """What a user's randomizer takes: its value in [0, 1] (continuous SW, a General Wave), or
+    the index of its value's bucket (discrete SW, the hierarchies: d buckets; CFO: its bins)."""
+    if cfg.method in SW_METHODS and cfg.bucketize != "br":
+        return Interval(0.0, 1.0)
+    categories = cfg.bins if cfg.method == "cfo" else cfg.buckets
+    return Interval(0.0, float(categories - 1))
+
+
+def _randomizer(cfg: SquareWaveConfig):
+    """(the histogram method's randomizer, uniforms it takes per user): SW's continuous or
+    discrete report, a General Wave's, CFO's GRR/OLH on the value's bin, the hierarchy's or
+    the Haar hierarchy's report of one layer."""
+    if cfg.method in SW_METHODS:
+        if cfg.bucketize == "br":
+            return sw.perturb_discrete, 2
+        return (sw.perturb, 1) if cfg.wave_ratio() == 1.0 else (wave.perturb, 3)
+    return {
+        "cfo": (distribution.frequency_report, 2),
+        "hh": (distribution.hh_report, 3),
+        "hh-admm": (distribution.hh_report, 3),
+        "haar-hrr": (distribution.haar_report, 3),
+    }[cfg.method]
 
 
 def synthetic_values(users: int, a: float, b: float, seed: int) -> np.ndarray:
@@ -97,29 +173,35 @@ def _estimator(cfg: SquareWaveConfig) -> Estimator:
     )
 
 
-def _load_values(cfg: SquareWaveConfig, seed: int) -> tuple[np.ndarray, pa.Table | None]:
-    """The users' values in [0, 1], and a data file's rows aligned with them (the population's
-    ``outage_column`` reads them)."""
+def _load_values(
+    cfg: SquareWaveConfig, seed: int
+) -> tuple[np.ndarray, pa.Table | None, Clipped | None]:
+    """The users' values in [0, 1], a data file's rows aligned with them (the population's
+    ``outage_column`` reads them), and what the declared bounds clipped (a file's values outside
+    them are refused, or clipped and counted: ``out_of_domain``)."""
     if cfg.data.path is None:
-        return synthetic_values(cfg.users, cfg.beta_a, cfg.beta_b, seed), None
+        return synthetic_values(cfg.users, cfg.beta_a, cfg.beta_b, seed), None, None
     if cfg.column is None or cfg.bounds is None:
         raise ConfigError(
             "column" if cfg.column is None else "bounds",
             "a data file needs the column to estimate and its declared bounds",
             "e.g. --set column=air_time --set bounds=[0,700]",
         )
+    if cfg.population.outage_column == cfg.column:
+        raise ConfigError(
+            "population.outage_column",
+            f"the estimated column {cfg.column!r} would decide who reports: a user's silence "
+            "would reveal its value without noise (the ε-LDP guarantee would not hold)",
+            "another column (e.g. region), or population.outage_cohort",
+        )
     values, rows = _file_column(cfg)
     lo, hi = cfg.bounds
-    outside = int(np.count_nonzero((values < lo) | (values > hi)))
-    if outside:
-        raise DataError(
-            "bounds",
-            f"{outside} value(s) of {cfg.column!r} lie outside the declared bounds [{lo:g}, {hi:g}]",
-            "bounds that cover the domain (public knowledge, not the data's min/max)",
-        )
+    values, clipped = enforce(
+        values, Interval(float(lo), float(hi)), cfg.out_of_domain, cfg.column, "out_of_domain"
+    )
     if values.size < 2:
         raise DataError("column", f"{values.size} usable value(s)", "2 or more users")
-    return (values - lo) / (hi - lo), rows
+    return (values - lo) / (hi - lo), rows, clipped
 
 
 def _file_column(cfg: SquareWaveConfig) -> tuple[np.ndarray, pa.Table]:

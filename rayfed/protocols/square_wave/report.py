@@ -13,12 +13,29 @@ from rayfed.ldp import metrics
 from rayfed.ldp import square_wave as sw
 from rayfed.protocols.base import Outcome
 from rayfed.protocols.square_wave.config import RANGE_ONLY, SW_METHODS, SquareWaveConfig
-from rayfed.protocols.square_wave.params import Params
+from rayfed.protocols.square_wave.params import Evaluation, Params
 
 STATEMENT = (
     "ε-LDP: every user sends one report computed from its own value alone; "
     "users (and the two halves of SR/PM's moments) compose in parallel"
 )
+
+
+def statement(cfg: SquareWaveConfig) -> str:
+    """The privacy statement: ε-LDP per user, and what who-reports reveals. Dropouts, stragglers
+    and outages by cohort or id do not depend on anyone's data; an outage by a data column
+    (``population.outage_column``, never the estimated column: plan refuses that) reveals
+    through a user's silence whether its row holds ``outage_value`` there — a column the
+    relation does not protect."""
+    column = cfg.population.outage_column
+    if column is None:
+        return STATEMENT
+    return (
+        f"{STATEMENT}; who reports is decided by the data column {column!r} "
+        f"(population.outage_column): a user's missing report reveals, without noise, whether "
+        f"its {column!r} is {cfg.population.outage_value!r} — that column is not protected "
+        "(the relation covers the estimated value only)"
+    )
 
 
 def notes(cfg: SquareWaveConfig, lost: set[str] = frozenset()) -> list[str]:
@@ -46,7 +63,7 @@ def notes(cfg: SquareWaveConfig, lost: set[str] = frozenset()) -> list[str]:
 
 
 def histogram_outcome(
-    cfg: SquareWaveConfig, params: Params, out: dict, evaluation: dict | None
+    cfg: SquareWaveConfig, params: Params, out: dict, evaluation: Evaluation | None
 ) -> Outcome:
     d = cfg.buckets
     est = np.asarray(out["estimate"])
@@ -73,8 +90,9 @@ def histogram_outcome(
         result.update(iterations=out["iterations"], tolerance=params.estimator.tolerance)
     method = cfg.method if "wave" not in result else f"{cfg.method} ({cfg.wave} wave)"
     headline = f"{method}: {d}-bucket distribution of {params.users:,} users at ε={cfg.epsilon:g}"
+    result.update(_clipped(params))
     if evaluation is not None:
-        truth = evaluation["histogram"]
+        truth = evaluation.histogram
         columns["true"] = truth
         scores = _scores(cfg, truth, est)
         result.update(scores)
@@ -82,7 +100,20 @@ def histogram_outcome(
             headline += f"; W1 {scores['wasserstein']:.2e}, KS {scores['ks']:.2e}"
         else:
             headline += f"; range error (α=0.1) {scores['range_error_0.1']:.2e}"
+    headline += _clip_note(params)
     return Outcome(tables={"histogram": pa.table(columns)}, metrics=result, headline=headline)
+
+
+def _clipped(params: Params) -> dict[str, int]:
+    """A data file's values clipped to its declared bounds (metrics; 0 when none was, or the
+    values were refused instead)."""
+    return {} if params.clipped is None else {"clipped": params.clipped.count}
+
+
+def _clip_note(params: Params) -> str:
+    """The headline's "k of n values clipped to [a, b]" when a value was clipped."""
+    c = params.clipped
+    return f"; {c.statement()}" if c is not None and c.count else ""
 
 
 def _scores(cfg: SquareWaveConfig, truth: np.ndarray, est: np.ndarray) -> dict[str, float]:
@@ -118,7 +149,10 @@ def population(
 
 
 def moments_outcome(
-    cfg: SquareWaveConfig, params: Params, results: dict[str, float], evaluation: dict | None
+    cfg: SquareWaveConfig,
+    params: Params,
+    results: dict[str, float],
+    evaluation: Evaluation | None,
 ) -> Outcome:
     metrics_: dict[str, Any] = {
         "method": cfg.method,
@@ -130,12 +164,14 @@ def moments_outcome(
         metrics_["variance"] = results["variance"]
     headline = f"{cfg.method}: mean {results['mean']:.4f}"
     if evaluation is not None:
-        metrics_["mean_error"] = abs(results["mean"] - evaluation["mean"])
+        metrics_["mean_error"] = abs(results["mean"] - evaluation.mean)
         headline += f" (error {metrics_['mean_error']:.2e})"
         if "variance" in results:
-            metrics_["variance_error"] = abs(results["variance"] - evaluation["variance"])
+            metrics_["variance_error"] = abs(results["variance"] - evaluation.variance)
     if "variance" in results:
         headline += f", variance {results['variance']:.4f}"
+    metrics_.update(_clipped(params))
+    headline += _clip_note(params)
     table = pa.table(
         {
             "statistic": list(k for k in ("mean", "variance") if k in results),

@@ -11,9 +11,8 @@ from rayfed import rng
 from rayfed.actors.base import Message, StepContext
 from rayfed.dropout import DropoutSchedule
 from rayfed.errors import BelowThreshold
-from rayfed.ldp import distribution, hierarchy, oracles, wave
-from rayfed.ldp import square_wave as sw
-from rayfed.privacy import local_randomizer
+from rayfed.ldp import distribution, hierarchy, oracles
+from rayfed.privacy import Measurement
 from rayfed.protocols.square_wave.params import Estimator
 
 
@@ -21,7 +20,7 @@ from rayfed.protocols.square_wave.params import Estimator
 def sw_step(
     ctx: StepContext,
     *,
-    eps: float,
+    release: Measurement,
     b: float,
     discrete: bool,
     d: int,
@@ -33,116 +32,68 @@ def sw_step(
     a General Wave's of top/bottom ``ratio`` < 1 (trapezoid; 0 the triangle)."""
     ids, v = _users(ctx, None, schedule, round)
     if discrete:
-        values = distribution.bucket_index(v, d)
-        return _report(
-            ctx,
-            "sw_reports",
-            sw.perturb_discrete,
-            values,
-            eps=eps,
-            ids=ids,
-            width=2,
-            round=round,
-            d=d,
-        )
+        return _report(ctx, "sw_reports", release, distribution.bucket_index(v, d), ids, round, d=d)
     if ratio != 1.0:  # three uniforms per user (rayfed.ldp.wave.perturb)
-        return _report(
-            ctx,
-            "sw_reports",
-            wave.perturb,
-            v,
-            eps=eps,
-            ids=ids,
-            width=3,
-            round=round,
-            b=b,
-            ratio=ratio,
-        )
-    return _report(ctx, "sw_reports", sw.perturb, v, eps=eps, ids=ids, width=1, round=round, b=b)
+        return _report(ctx, "sw_reports", release, v, ids, round, b=b, ratio=ratio)
+    return _report(ctx, "sw_reports", release, v, ids, round, b=b)
 
 
 def cfo_step(
-    ctx: StepContext, *, eps: float, bins: int, round: int, schedule: DropoutSchedule
+    ctx: StepContext, *, release: Measurement, bins: int, round: int, schedule: DropoutSchedule
 ) -> Message:
     """Users: the bin of the value through GRR or OLH."""
     ids, v = _users(ctx, None, schedule, round)
     binned = distribution.bucket_index(v, bins)
-    hashes = _olh_hashes(ctx, ids, bins, eps, round)
-    return _report(
-        ctx,
-        "cfo_reports",
-        distribution.frequency_report,
-        binned,
-        bins,
-        hashes,
-        eps=eps,
-        ids=ids,
-        width=2,
-        round=round,
-    )
+    hashes = _olh_hashes(ctx, ids, bins, release.mechanism.epsilon, round)
+    return _report(ctx, "cfo_reports", release, binned, ids, round, domain=bins, hashes=hashes)
 
 
 def hh_step(
-    ctx: StepContext, *, eps: float, d: int, branching: int, round: int, schedule: DropoutSchedule
+    ctx: StepContext,
+    *,
+    release: Measurement,
+    d: int,
+    branching: int,
+    round: int,
+    schedule: DropoutSchedule,
 ) -> Message:
     """Users: a uniformly chosen layer ℓ and the FO report of the value's ancestor there."""
     ids, v = _users(ctx, None, schedule, round)
     leaf = distribution.bucket_index(v, d)
+    eps = release.mechanism.epsilon
     hashes = [
         _olh_hashes(ctx, ids, size, eps, round) for size in hierarchy.layer_sizes(d, branching)
     ]
     return _report(
-        ctx,
-        "hh_reports",
-        distribution.hh_report,
-        leaf,
-        d,
-        branching,
-        hashes,
-        eps=eps,
-        ids=ids,
-        width=3,
-        round=round,
+        ctx, "hh_reports", release, leaf, ids, round, d=d, branching=branching, hashes=hashes
     )
 
 
 def haar_step(
-    ctx: StepContext, *, eps: float, d: int, round: int, schedule: DropoutSchedule
+    ctx: StepContext, *, release: Measurement, d: int, round: int, schedule: DropoutSchedule
 ) -> Message:
     """Users: a uniformly chosen height and an HRR report of that level's signed coefficient."""
     ids, v = _users(ctx, None, schedule, round)
     leaf = distribution.bucket_index(v, d)
-    return _report(
-        ctx,
-        "haar_reports",
-        distribution.haar_report,
-        leaf,
-        d,
-        eps=eps,
-        ids=ids,
-        width=3,
-        round=round,
-    )
+    return _report(ctx, "haar_reports", release, leaf, ids, round, d=d)
 
 
 def moment_step(
     ctx: StepContext,
     *,
-    mechanism: str,
-    eps: float,
+    release: Measurement,
+    method: str,
     part: str | None,
     mu: float,
     round: int,
     schedule: DropoutSchedule,
 ) -> Message:
-    """Users (SR/PM): report v mapped to [-1, 1], or — the variance half — (v - μ̃)² mapped so."""
+    """Users (SR/PM): report v mapped to [-1, 1], or — the variance half — (v - μ̃)² mapped so
+    (μ̃ in [0, 1], so the value stays in [-1, 1])."""
     ids, v = _users(ctx, part, schedule, round)
     x = 2 * v - 1 if part != "variance" else 2 * (v - mu) ** 2 - 1
-    perturb = oracles.sr_perturb if mechanism == "sr" else oracles.pm_perturb
     scope = f"{ctx.name}/{part or 'mean'}"
-    return _report(
-        ctx, f"{mechanism}_reports", perturb, x, eps=eps, ids=ids, width=2, round=round, scope=scope
-    )
+    return _report(ctx, f"{method}_reports", release, x, ids, round, scope=scope)
 
 
 def in_part(seed: int, ids: np.ndarray, part: str) -> np.ndarray:
@@ -167,15 +118,20 @@ def _users(
 
 
 def _report(
-    ctx: StepContext, name: str, randomizer, *args, eps: float, ids, width: int, round: int, **kw
+    ctx: StepContext,
+    name: str,
+    release: Measurement,
+    values,
+    ids,
+    round: int,
+    scope: str | None = None,
+    **options,
 ) -> Message:
-    """Every user's ε-LDP report through :func:`rayfed.privacy.local_randomizer`: ``randomizer``
-    gets (``*args``, eps, u) with ``width`` uniforms per user from the cohort's noise source,
-    keyed by user id; the message carries the mechanism's event."""
-    scope = kw.pop("scope", None)
-    payload, event = local_randomizer(
-        ctx.noise, randomizer, *args, epsilon=eps, ids=ids, width=width, round=round, **kw
-    )
+    """Every user's ε-LDP report through the plan's ``release`` (a
+    :class:`~rayfed.privacy.LocalReport`): its randomizer gets the ``values``, ``options`` and
+    its uniforms keyed by user id from the cohort's noise source; the message carries the
+    release's event."""
+    payload, event = release(ctx.noise, values, round=round, ids=ids, **options)
     return Message(name, payload, dp_event=event, scope=scope)
 
 

@@ -6,7 +6,7 @@ S parties hold column blocks of the same n users (rows aligned by key); the untr
 coordinator. One round: the parties agree on secret hash keys among themselves (X25519 + AES-GCM,
 the server relays only ciphertexts); one random party sends n̂ = n + Lap(1/ε0); every party runs
 DPLSF on its columns (ε1), assigns its users to the nearest local center, and sends its local
-centers and an M x k' matrix of DP FM sketches of the clusters ((ε2, δ2)); the server weighs the
+centers and an M x k' matrix of DP FM sketches of the clusters (all parties' together (S·ε2, δ)); the server weighs the
 k'^S grid of concatenated local centers (BasicEst or 2PEst) and runs weighted k-means on it.
 
 ``method`` picks the membership encoding and weight estimator; the baselines share everything else:
@@ -23,10 +23,17 @@ central-dplsf      one curator with every column: DPLSF           ε
 central-kmeans     one curator with every column: k-means         not private
 =================  =============================================  ===============================
 
-Privacy (Theorem 4): sequential over the parties, ε0 + S(ε1 + ε2) = ε and S·δ2 = δ, under
-add/remove-one-user neighbours, assuming an ideal hash with keys the server does not know and no
-party colluding with the server. The ledger records Lemma 1's (ε2, δ2) per sketch message; the
-result also states the tighter zCDP bound for the same noise.
+Privacy (Theorem 4, corrected): sequential over the phases and parties, ε0 + S·ε1 + ε_FM = ε,
+under add/remove-one-user neighbours, assuming an ideal hash with keys the server does not know
+and no party colluding with the server. The parties hash a user with the same keys, so their
+sketch matrices are one release, charged once at its share (ε_FM, δ) = (S·ε2, S·δ2); ε′ (the
+phantoms n_p and the floor α_min) is calibrated against the exact joint privacy loss of that
+release (:mod:`rayfed.clustering.fm_privacy`), not composed per party from Lemma 1 as the paper
+does (``sketch_calibration=lemma1`` keeps the paper's noise and charges what it costs jointly).
+δ is public, never counted from the data (the server is sent n_p, a function of δ): ``delta``, or
+1/users — the synthetic data's declared size; a data file needs ``delta`` given. Every release is
+a Measurement built in plan; data outside its declared bounds is refused or clipped and counted
+(``out_of_bounds``).
 
 The maths is in :mod:`rayfed.clustering` (DPLSF, FM sketches and the grid estimators, the k'
 rule) and the parties' hash keys come from :mod:`rayfed.secagg.keys`; this package is config,

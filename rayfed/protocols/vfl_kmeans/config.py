@@ -42,7 +42,9 @@ class VflKmeansConfig:
     epsilon: float = option(1.0, "total privacy budget ε over all parties and phases", above=0)
     delta: float | None = option(
         None,
-        "total δ (FM sketches only); default 1/n as the paper",
+        "total δ (FM sketches only), public: the server is sent the phantom count it sets. "
+        "Default 1/users (synthetic data: its declared size, as the paper's δ = 1/n); a data "
+        "file needs it given (1/n counted from the file would tell the server n)",
         at_least=0,
         below=1,
         when={"method": FM_METHODS},
@@ -68,6 +70,14 @@ class VflKmeansConfig:
         "corrected",
         "FM cardinality estimator: corrected (bias-corrected harmonic mean); literal (the paper's "
         "formula, biased x1.5-2.2: shown for comparison only)",
+    )
+    sketch_calibration: Literal["joint", "lemma1"] = option(
+        "joint",
+        "FM sketches' ε′: joint (the fewest phantoms that keep all parties' sketches together "
+        "within their share (bε/2, δ) — they share the hash keys); lemma1 (the paper's "
+        "ε′ = ε2/(4·sqrt(M·ln 1/δ2)), which composes the parties as independent: the run charges "
+        "and reports the true joint ε of that noise, above the ε requested)",
+        when={"method": FM_METHODS},
     )
     count_fraction: float = option(
         0.02, "1 - b: share of ε spent on the noisy user count n̂", above=0, below=1
@@ -118,8 +128,10 @@ class VflKmeansConfig:
         "data file: declared [low, high] of every feature column (mapped to [-1, 1])",
         source="file",
     )
-    out_of_bounds: Literal["error", "clip"] = option(
-        "error", "a data value outside its declared bounds: error, or clip it to the bounds"
+    out_of_bounds: Literal["error", "refuse", "clip"] = option(
+        "error",
+        "a data value outside its declared bounds: error (refuse: the same) stops the run naming "
+        "the column; clip clips it to the bounds, counted in the headline and the metrics",
     )
     label: str | None = option(
         None,
@@ -134,7 +146,15 @@ class VflKmeansConfig:
     def validate(self) -> None:
         check_budget(self.epsilon, 0.0 if self.delta is None else self.delta)
         if self.delta == 0 and self.method in FM_METHODS:
-            raise ConfigError("delta", "FM sketches need δ > 0", "e.g. 1/n (the default)")
+            raise ConfigError("delta", "FM sketches need δ > 0", "e.g. 1/users (the default)")
+        if self.delta is None and self.method in FM_METHODS and self.data.path is not None:
+            raise ConfigError(
+                "delta",
+                f"{self.method} with a data file needs a public δ for its FM sketches: the server "
+                "is sent their phantom count, a function of δ, so δ = 1/n counted from the file "
+                "would tell it n (which the add/remove-one guarantee protects)",
+                "delta=1/N for a public bound N on the number of users (e.g. --set delta=1e-6)",
+            )
         check_party_split(self)
 
 

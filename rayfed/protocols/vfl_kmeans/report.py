@@ -12,7 +12,7 @@ from rayfed.clustering import fm, nearest, normalised_loss, v_measure
 from rayfed.data.scaling import from_unit
 from rayfed.protocols.base import Outcome
 from rayfed.protocols.vfl_kmeans.config import ENCODING, VflKmeansConfig
-from rayfed.protocols.vfl_kmeans.params import Params
+from rayfed.protocols.vfl_kmeans.params import Evaluation, Params
 from rayfed.protocols.vfl_kmeans.steps import ServerOutput
 
 CENTRAL_NOTE = "central DP: one trusted curator holds every column (a comparator, not VFL)"
@@ -21,16 +21,17 @@ CENTRAL_NOTE = "central DP: one trusted curator holds every column (a comparator
 def notes(
     cfg: VflKmeansConfig, params: Params, k_prime: int, rule: str, *, evaluated: bool
 ) -> list[str]:
-    n, s = params.users, len(params.order)
-    out = []
+    s = len(params.order)
+    out = [c.statement() for c in params.clipped]
     if ENCODING[cfg.method] == "fm":
         out += _sketch_notes(cfg, params)
     if cfg.method == "vfl-nonprivate":
         out.append("not private: every user's local label reaches the server")
     if cfg.delta is None and ENCODING[cfg.method] == "fm":
         out.append(
-            f"δ = 1/n = {1 / n:.3g}, the paper's setting: it treats the data size n as public; "
-            "give delta explicitly to keep n private (the server is sent n_p, not δ)"
+            f"δ = 1/users = {params.delta:.4g} (the paper's δ = 1/n at the synthetic data's "
+            "declared size, a public option): the phantom count n_p the server is sent depends "
+            "on δ, so it is never counted from the data"
         )
     out.append(f"k' = {k_prime} ({rule}); {s} parties, grid of {k_prime**s:,} cells")
     if evaluated:
@@ -39,15 +40,24 @@ def notes(
 
 
 def _sketch_notes(cfg: VflKmeansConfig, params: Params) -> list[str]:
-    split = params.split
-    eps_prime = fm.sketch_epsilon(split.eps2, split.delta2, cfg.sketches)
-    tight = fm.tight_epsilon(eps_prime, cfg.sketches, split.delta2)
+    split, sketch, s = params.split, params.releases.sketch, len(params.order)
+    lemma1 = fm.sketch_epsilon(split.eps2, split.delta2, cfg.sketches)
+    how = (
+        "Lemma 1's ε′ (sketch_calibration=lemma1), whose noise the paper charges as "
+        f"(ε2, δ2) = ({split.eps2:.4g}, {split.delta2:.3g}) per party as if the parties were "
+        "independent"
+        if cfg.sketch_calibration == "lemma1"
+        else f"ε′ calibrated so that the S = {s} parties' sketches together spend their share "
+        f"(S·ε2, S·δ2) = ({s * split.eps2:.4g}, {s * split.delta2:.3g}) and no more (Lemma 1 "
+        f"would give ε′ = {lemma1:.4g}, n_p = {fm.phantom_count(lemma1):,}, which composes the "
+        "parties as independent)"
+    )
     out = [
-        f"FM sketches: ε'={eps_prime:.3g} per key, n_p={fm.phantom_count(eps_prime)} "
-        f"phantoms; Lemma 1 charges (ε2={split.eps2:.4g}, δ2={split.delta2:.3g}) per party. "
-        f"One party's M keys are also ({tight:.4g}, δ2)-DP by zCDP composition (Lemma 1 is "
-        "loose); the ledger keeps Lemma 1's account, and composing the parties assumes "
-        "their sketches are independent although they share the keys (as the paper does)",
+        f"FM sketches: ε′ = {sketch.eps_prime:.4g} per key, n_p = {sketch.phantoms:,} phantoms, "
+        f"α_min = {sketch.floor}: {how}. Every party hashes a user with the same keys, so the "
+        f"sketches are charged as one release: ({sketch.epsilon:.4g}, {sketch.delta:.3g})-DP "
+        "jointly, the exact per-key privacy loss of the worst case (the user alone in its "
+        "cluster at every party) composed over the M keys",
         "the sketches' guarantee assumes an ideal hash whose keys the server never sees: "
         "AES-256 under the parties' group key (X25519 + AES-GCM key transport) stands in",
     ]
@@ -63,7 +73,7 @@ def outcome(
     cfg: VflKmeansConfig,
     params: Params,
     out: ServerOutput,
-    evaluation: dict | None,
+    evaluation: Evaluation | None,
     n_hat: float,
     k_prime: int,
     rule: str,
@@ -90,7 +100,17 @@ def outcome(
         "epsilon2": split.eps2,
         "delta2": split.delta2,
         "iterations_2pest": out.iterations,
+        "clipped": {c.field: c.count for c in params.clipped},
     }
+    sketch = params.releases.sketch
+    if sketch is not None:
+        metrics.update(
+            sketch_eps_prime=sketch.eps_prime,
+            sketch_phantoms=sketch.phantoms,
+            sketch_floor=sketch.floor,
+            sketch_epsilon=sketch.epsilon,
+            sketch_delta=sketch.delta,
+        )
     grid_cols: dict[str, Any] = {}
     if out.weights is not None:
         w = np.asarray(out.weights)
@@ -108,15 +128,17 @@ def outcome(
         tables["grid"] = pa.table(grid_cols)
     if k_prime and out.weights is not None:
         headline += f" (k'={k_prime})"
+    if params.clipped:
+        headline += "; " + "; ".join(c.statement() for c in params.clipped)
     return Outcome(tables=tables, metrics=metrics, headline=headline)
 
 
 def _scores(
-    params: Params, out: ServerOutput, evaluation: dict, centers: np.ndarray, k_prime: int
+    params: Params, out: ServerOutput, evaluation: Evaluation, centers: np.ndarray, k_prime: int
 ) -> tuple[dict[str, float], np.ndarray | None]:
     """Loss, V-measure and (with a grid) the intersection error against the grid's true weights,
     which are returned too: all from the raw data, not private."""
-    x, reference = evaluation["x"], evaluation["reference"]
+    x, reference = evaluation.x, evaluation.reference
     scores = {"loss": normalised_loss(x, centers), "v_measure": v_measure(reference, x, centers)}
     if out.weights is None:
         return scores, None

@@ -11,28 +11,39 @@ import numpy as np
 from rayfed import rng
 from rayfed.actors.base import Message, StepContext
 from rayfed.clustering import fm, nearest, product_grid, weighted_kmeans
-from rayfed.clustering.dplsf import dplsf
+from rayfed.clustering.dplsf import DplsfReleases, dplsf
 from rayfed.data.scaling import features_of, to_unit
-from rayfed.privacy import kary_randomized_response, randomized
-from rayfed.privacy import laplace as laplace_mechanism
+from rayfed.errors import DataError
+from rayfed.privacy import Measurement
+from rayfed.privacy.ledger import RUN_SCOPE
 from rayfed.protocols.vfl_kmeans.params import ServerParams
 from rayfed.secagg import groupkey
 
 
 # --- parties ---------------------------------------------------------------------------------------
 def unit_features(ctx: StepContext) -> np.ndarray:
-    """The party's columns mapped to [-1, 1] from their declared (public) bounds."""
+    """The party's columns mapped to [-1, 1] from their declared (public) bounds. The plan has
+    enforced the bounds (a value outside was refused, or clipped and counted): nothing is clipped
+    here, and a value outside is an error."""
     meta = ctx.meta
-    x = features_of(ctx.table, meta["columns"])
-    return np.clip(to_unit(x, np.asarray(meta["lo"]), np.asarray(meta["hi"])), -1.0, 1.0)
+    x = to_unit(
+        features_of(ctx.table, meta["columns"]), np.asarray(meta["lo"]), np.asarray(meta["hi"])
+    )
+    if x.size and not (x.min() >= -1.0 and x.max() <= 1.0):
+        raise DataError(
+            "bounds",
+            f"{ctx.name}: a value outside its declared bounds reached the local clustering",
+            "the plan enforces out_of_bounds; this is a defect",
+        )
+    return x
 
 
-def count_step(ctx: StepContext, *, epsilon0: float | None) -> Message:
-    """Party: n̂ = n + Lap(1/ε0) (sensitivity 1, add/remove), or n itself where n is public."""
+def count_step(ctx: StepContext, *, release: Measurement | None) -> Message:
+    """Party: n̂ = n + Lap(1/ε0) (a user adds 1 to the count), or n itself where n is public."""
     n = np.array([float(ctx.table.num_rows)])
-    if epsilon0 is None:
+    if release is None:
         return Message("n", float(n[0]))
-    noisy, event = laplace_mechanism(ctx.noise, n, l1_sensitivity=1, epsilon=epsilon0)
+    noisy, event = release(ctx.noise, n)
     return Message("n_hat", float(noisy[0]), dp_event=event)
 
 
@@ -40,22 +51,16 @@ def local_cluster_step(
     ctx: StepContext,
     *,
     k: int,
-    epsilon: float | None,
-    replace_one: bool,
+    releases: DplsfReleases | None,
     round: int,
     leaf_threshold: str = "coordinate",
 ) -> Message:
-    """Party: DPLSF at ε (None: non-private k-means) on its columns; label users by nearest center."""
+    """Party: DPLSF through its releases (None: non-private k-means) on its columns; label users
+    by nearest center."""
     x = unit_features(ctx)
-    if epsilon is not None:
+    if releases is not None:
         centers, event, _ = dplsf(
-            ctx.noise,
-            x,
-            k,
-            epsilon,
-            round=round,
-            replace_one=replace_one,
-            leaf_threshold=leaf_threshold,
+            ctx.noise, x, k, releases, round=round, leaf_threshold=leaf_threshold
         )
     else:
         centers, event = weighted_kmeans(x, np.ones(len(x)), k, ctx.rng("clustering", round)), None
@@ -63,48 +68,31 @@ def local_cluster_step(
     return Message("local_centers", centers, dp_event=event)
 
 
-def fm_step(
-    ctx: StepContext,
-    *,
-    k: int,
-    m: int,
-    gamma: float,
-    eps2: float,
-    delta2: float,
-    round: int,
-) -> Message:
+def fm_step(ctx: StepContext, *, k: int, release: Measurement, round: int) -> Message:
     """Party: M x k' DP FM sketches of its local clusters (DPFMPS-Gen, Alg. 3): the same secret
-    keys at every party (AES as the keyed hash), fresh phantoms per entry."""
+    keys at every party (AES as the keyed hash), fresh phantoms per entry. A user is named by its
+    row: the rows are aligned by key at every party, and with an ideal hash any naming that is
+    the same at every party gives the same sketches in distribution. The sketches of all parties
+    are one release, charged once (run scope)."""
     labels = ctx.state["labels"]
     key = ctx.state["hash_key"]
-    eps_prime = fm.sketch_epsilon(eps2, delta2, m)
-    real = fm.cluster_max_hash(
-        lambda ids, n: groupkey.keyed_words(key, ids, n, np.uint32),
-        np.arange(labels.size, dtype=np.uint64),  # row order is aligned across parties
-        labels,
-        k,
-        m,
-        gamma,
-    )
-    sketch, event = randomized(
+    rows = np.arange(labels.size, dtype=np.uint64)
+    sketch, event = release(
         ctx.noise,
-        fm.dp_sketch,
-        real,
-        fm.phantom_count(eps_prime),
-        fm.alpha_min(eps_prime, gamma),
-        gamma,
-        epsilon=eps2,
-        delta=delta2,
-        purpose="sketch",
+        labels,
         round=round,
+        ids=rows,
+        k=k,
+        hash_words=lambda ids, n: groupkey.keyed_words(key, ids, n, np.uint32),
+        rows=rows,
     )
-    return Message("fm_sketches", sketch, dp_event=event)
+    return Message("fm_sketches", sketch, dp_event=event, scope=RUN_SCOPE)
 
 
-def histogram_step(ctx: StepContext, *, k: int, eps2: float, round: int) -> Message:
+def histogram_step(ctx: StepContext, *, k: int, release: Measurement, round: int) -> Message:
     """Party (IND-LAP): the sizes of its k' clusters plus Lap(1/ε2) each."""
     counts = np.bincount(ctx.state["labels"], minlength=k)
-    noisy, event = laplace_mechanism(ctx.noise, counts, l1_sensitivity=1, epsilon=eps2, round=round)
+    noisy, event = release(ctx.noise, counts, round=round)
     return Message("noisy_histogram", noisy, dp_event=event)
 
 
@@ -115,15 +103,15 @@ def olh_hashes(seed: int, party: int, users: int, k: int, g: int) -> np.ndarray:
     return np.minimum((u * g).astype(np.int64), g - 1)
 
 
-def ldp_step(ctx: StepContext, *, k: int, eps2: float, party: int, round: int) -> Message:
+def ldp_step(ctx: StepContext, *, k: int, release: Measurement, party: int, round: int) -> Message:
     """Party (LDP-AGG): each user's local label through GRR over [k'] or OLH (ε2-LDP)."""
     labels = ctx.state["labels"]
-    oracle, g, _, _ = fm.ldp_probabilities(eps2, k)
+    oracle, g, _, _ = fm.ldp_probabilities(release.mechanism.epsilon, k)
+    if release.mechanism.k != (g if oracle == "olh" else k):
+        raise ValueError(f"the label reports were planned over {release.mechanism.k} values")
     if oracle == "olh":
-        hashed = olh_hashes(ctx.seed, party, labels.size, k, g)[np.arange(labels.size), labels]
-        reports, event = kary_randomized_response(ctx.noise, hashed, k=g, epsilon=eps2, round=round)
-    else:
-        reports, event = kary_randomized_response(ctx.noise, labels, k=k, epsilon=eps2, round=round)
+        labels = olh_hashes(ctx.seed, party, labels.size, k, g)[np.arange(labels.size), labels]
+    reports, event = release(ctx.noise, labels, round=round)
     return Message("ldp_reports", reports, dp_event=event)
 
 
@@ -133,12 +121,10 @@ def labels_step(ctx: StepContext) -> Message:
 
 
 def curator_step(
-    ctx: StepContext, *, k: int, epsilon: float | None, leaf_threshold: str = "coordinate"
+    ctx: StepContext, *, k: int, releases: DplsfReleases | None, leaf_threshold: str = "coordinate"
 ) -> Message:
     """The central baselines: one curator with every column clusters directly."""
-    return local_cluster_step(
-        ctx, k=k, epsilon=epsilon, replace_one=False, round=0, leaf_threshold=leaf_threshold
-    )
+    return local_cluster_step(ctx, k=k, releases=releases, round=0, leaf_threshold=leaf_threshold)
 
 
 # --- the coordinator -------------------------------------------------------------------------------

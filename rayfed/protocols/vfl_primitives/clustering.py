@@ -12,11 +12,10 @@ from threadpoolctl import threadpool_limits
 from rayfed import rng
 from rayfed.actors.base import Message, StepContext
 from rayfed.clustering import nearest, product_grid, weighted_kmeans
-from rayfed.clustering.dplsf import dplsf, dplsf_event
 from rayfed.clustering.kmedian import weighted_kmedian
 from rayfed.data.scaling import features_of
 from rayfed.ldp.patterns import public_sample
-from rayfed.privacy import laplace, laplace_event
+from rayfed.privacy import Measurement
 from rayfed.privacy.ledger import RUN_SCOPE
 from rayfed.protocols.base import Outcome, Plan
 from rayfed.protocols.vfl_primitives import report
@@ -24,16 +23,15 @@ from rayfed.protocols.vfl_primitives.config import VflPrimitivesConfig
 from rayfed.protocols.vfl_primitives.params import ClusteringParams
 from rayfed.protocols.vfl_primitives.patterns import count_patterns
 
-#: one user's labels changing (at one server) moves one unit of count between two cells
-HISTOGRAM_L1_SENSITIVITY = 2
-
 
 # --- servers ---------------------------------------------------------------------------------------
-def local_cluster_step(ctx: StepContext, *, k: int, eps: float, radius: float) -> Message:
-    """Server: (ε)-DP local k-clustering (DPLSF on the block scaled by 1/Δ into [-1, 1], replace-one
-    neighbours) and each user's nearest local center as its label."""
+def local_cluster_step(
+    ctx: StepContext, *, k: int, radius: float, releases: dict[str, Measurement]
+) -> Message:
+    """Server: DP local k-clustering (its release: DPLSF on the block scaled by 1/Δ into
+    [-1, 1], replace-one neighbours) and each user's nearest local center as its label."""
     x = features_of(ctx.table, ctx.meta["columns"]) / radius
-    centers, event, _ = dplsf(ctx.noise, x, k, eps, replace_one=True)
+    centers, event = releases[ctx.name](ctx.noise, x, k=k)
     ctx.state["labels"] = nearest(x, centers)
     return Message("local_centers", centers * radius, dp_event=event)
 
@@ -46,17 +44,21 @@ def labels_step(ctx: StepContext) -> Message:
 
 # --- the coordinator -------------------------------------------------------------------------------
 def curator_histogram_step(
-    ctx: StepContext, labels: dict[str, np.ndarray], *, order: list[str], k: int, eps: float
+    ctx: StepContext,
+    labels: dict[str, np.ndarray],
+    *,
+    order: list[str],
+    k: int,
+    release: Measurement,
 ) -> Message:
     """CC as a trusted curator (central baseline): the joint histogram of the labels over [k]^v
-    plus Lap(2/ε) per cell. One user changing at one server moves one count between two cells
-    (ℓ₁ sensitivity 2), so the release is ε-DP for every server's data: charged run-wide."""
+    plus Laplace per cell (``release``: one user's labels changing at one server move one count
+    between two cells, ℓ₁ sensitivity 2), so the release is DP for every server's data: charged
+    run-wide."""
     shape = (k,) * len(order)
     cells = np.ravel_multi_index(tuple(np.asarray(labels[p]) for p in order), shape)
     hist = np.bincount(cells, minlength=k ** len(order)).astype(np.float64)
-    noisy, event = laplace(
-        ctx.noise, hist, l1_sensitivity=HISTOGRAM_L1_SENSITIVITY, epsilon=eps, round=1
-    )
+    noisy, event = release(ctx.noise, hist, round=1)
     # the curator's own release (the grid weights it clusters): it stays at the CC
     return Message("central_histogram", noisy.reshape(shape), dp_event=event, scope=RUN_SCOPE)
 
@@ -68,31 +70,23 @@ def drive(fed, cfg: VflPrimitivesConfig, plan: Plan) -> Outcome:
     params: ClusteringParams = plan.params
     order, k = params.order, cfg.k
     with fed.round(0):
-        fed.charge(
-            [
-                (
-                    q,
-                    "local DPLSF (ε/2, replace-one)",
-                    dplsf_event(cfg.epsilon / 2, len(pos), replace_one=True),
-                )
-                for q, pos in zip(order, params.positions, strict=True)
-            ]
-        )
+        fed.charge([params.local[q].charge(q) for q in order])
         centers = fed.get(
             fed.parties.run(
                 local_cluster_step,
                 k=k,
-                eps=cfg.epsilon / 2,
                 radius=cfg.radius,
+                releases=params.local,
                 phase="local-clustering",
             )
         )
     with fed.round(1):
         if cfg.baseline == "central":
-            counts, eps_prime = _central_histogram(fed, cfg, order), None
+            counts, eps_prime = _central_histogram(fed, cfg, params), None
         else:
-            counts, eps_prime = count_patterns(
-                fed, cfg, order, None, k, cfg.epsilon / 2, 1, sample_rate=cfg.sample_rate
+            eps_prime = params.eps_prime
+            counts = count_patterns(
+                fed, order, params.counting, eps_prime, None, k, 1, sample_rate=cfg.sample_rate
             )
     if cfg.baseline == "central":
         fed.note(report.CENTRAL_NOTE)
@@ -105,29 +99,21 @@ def drive(fed, cfg: VflPrimitivesConfig, plan: Plan) -> Outcome:
     if plan.evaluation is not None:
         evaluation = _evaluate(fed.seed, cfg, params, plan.evaluation.a, local, grid)
     return report.clustering_outcome(
-        cfg, grid, final, raw, eps_prime, report.Communication(sent, k * sent), evaluation
+        cfg, params, grid, final, raw, eps_prime, report.Communication(sent, k * sent), evaluation
     )
 
 
-def _central_histogram(fed, cfg: VflPrimitivesConfig, order: list[str]) -> np.ndarray:
+def _central_histogram(fed, cfg: VflPrimitivesConfig, params: ClusteringParams) -> np.ndarray:
     """Central baseline (spec §4.4): labels in the clear to the CC, a Laplace histogram at ε/2."""
-    fed.charge(
-        [
-            (
-                RUN_SCOPE,
-                "central Laplace histogram (trusted curator, ε/2)",
-                laplace_event(HISTOGRAM_L1_SENSITIVITY, cfg.epsilon / 2),
-            )
-        ]
-    )
+    fed.charge([params.central.charge(RUN_SCOPE)])
     labels = fed.parties.run(labels_step, phase="labels-to-curator")
     return np.asarray(
         fed.coordinator.call(
             curator_histogram_step,
             labels,
-            order=order,
+            order=params.order,
             k=cfg.k,
-            eps=cfg.epsilon / 2,
+            release=params.central,
             phase="central-histogram",
         )
     )

@@ -16,6 +16,13 @@ MOMENT_TASKS = ("l1-moment", "lp-moment", "l2-moment")
 CLUSTER_TASKS = ("kmeans", "kmedian")
 SKETCH_TASKS = ("l2-moment", "lowrank", "regression")  # release a noisy Gaussian sketch (E.3)
 PATTERN_TASKS = ("lp-moment", *CLUSTER_TASKS)  # count patterns (Alg. 1)
+#: the tasks whose paper calibration is for event-level or ν-bounded neighbours (spec §1.2): they
+#: run user-level by default (declared bounds, clipped) or, with neighbours=paper, as the paper
+NEIGHBOUR_TASKS = (*MOMENT_TASKS, "lowrank", "regression")
+#: user-level value bounds [lo, hi] per moment task (l1/lp: the synthetic generator's largest
+#: value, 400; l2: ±4 standard deviations of its N(0, 1) values)
+DEFAULT_VALUE_BOUNDS = {"l1-moment": (0, 400), "lp-moment": (0, 400), "l2-moment": (-4.0, 4.0)}
+DEFAULT_LABEL_BOUNDS = (-1.0, 1.0)
 BASELINES = {  # spec §4.4: baseline -> the tasks it replaces the VFL algorithm of
     "central": CLUSTER_TASKS,
     "input-perturbation": ("lowrank",),
@@ -71,11 +78,45 @@ class VflPrimitivesConfig:
     sketch_size: int | None = option(
         None, "s, overriding C and α", at_least=1, size=True, when={"task": SKETCH_TASKS}
     )
+    neighbours: Literal["user", "paper"] = option(
+        "user",
+        "what the guarantee protects: user (one user's data replaced anywhere in the declared "
+        "bounds, clipped to them: value_bounds, row_radius, label_bounds) or paper (the paper's "
+        "weaker neighbours, NOT user-level: one entry moves by at most 1 (l1/lp-moment) or one "
+        "row / value / label by at most ν (sketch tasks))",
+        when={"task": NEIGHBOUR_TASKS},
+    )
+    value_bounds: list[float] | None = option(
+        None,
+        "user-level moment tasks: every value x^(j)_i in [lo, hi] (l1/lp: integers, lo >= 0; "
+        "default [0, 400]; l2: default [-4, 4]); values outside: out_of_domain",
+        when={"task": MOMENT_TASKS, "neighbours": ("user",)},
+    )
+    row_radius: float = option(
+        1.0,
+        "user-level lowrank/regression: each server's part of a user's row has ‖A^(j)[i]‖₂ <= C "
+        "(C = row_radius); rows outside: out_of_domain",
+        above=0,
+        when={"task": ("lowrank", "regression"), "neighbours": ("user",)},
+    )
+    label_bounds: list[float] | None = option(
+        None,
+        "user-level regression: every label b_i in [lo, hi] (default [-1, 1]); labels outside: "
+        "out_of_domain",
+        when={"task": ("regression",), "neighbours": ("user",)},
+    )
+    out_of_domain: Literal["clip", "refuse"] = option(
+        "clip",
+        "user-level: data outside the declared bounds is clipped into them (counted in the "
+        "headline and metrics) or refused (a DataError naming the column)",
+        when={"task": NEIGHBOUR_TASKS, "neighbours": ("user",)},
+    )
     nu: float = option(
         1.0,
-        "ν: how far one user's row (or label) may move (ℓ₂), sketch tasks",
+        "neighbours=paper, sketch tasks: ν, how far the paper lets one user's row (or value, or "
+        "label) move (ℓ₂)",
         above=0,
-        when={"task": SKETCH_TASKS},
+        when={"task": SKETCH_TASKS, "neighbours": ("paper",)},
     )
     radius: float = option(
         1.0,
@@ -147,6 +188,12 @@ class VflPrimitivesConfig:
                 "the central baseline runs no randomized response to calibrate",
                 "calibration=paper (the default), or baseline=none",
             )
+        for name in ("value_bounds", "label_bounds"):
+            _check_bounds(
+                name,
+                getattr(self, name),
+                integers=name == "value_bounds" and self.task in ("l1-moment", "lp-moment"),
+            )
         if self.baseline == "central" and self.sample_rate != 1.0:
             raise ConfigError(
                 "sample_rate",
@@ -154,6 +201,20 @@ class VflPrimitivesConfig:
                 "sample_rate=1, or baseline=none",
             )
 
-    def eps_prime(self, epsilon: float) -> float:
-        """The randomized-response bias ε' of pattern counting at budget ``epsilon``."""
-        return epsilon / 16 if self.calibration == "paper" else math.tanh(epsilon / 4) / 2
+    def user_level(self) -> bool:
+        """True where the guarantee is user-level: every task but the paper's neighbours."""
+        return self.task not in NEIGHBOUR_TASKS or self.neighbours == "user"
+
+
+def _check_bounds(name: str, bounds: list[float] | None, *, integers: bool) -> None:
+    """[lo, hi] with lo < hi, finite (integers >= 0 for the counts of l1/lp-moment)."""
+    if bounds is None:
+        return
+    if len(bounds) != 2 or not all(math.isfinite(b) for b in bounds) or not bounds[0] < bounds[1]:
+        raise ConfigError(name, f"must be [lo, hi] with finite lo < hi, got {bounds}")
+    if integers and (bounds[0] < 0 or any(b != round(b) for b in bounds)):
+        raise ConfigError(
+            name,
+            f"the moment tasks count non-negative integers: got {bounds}",
+            "integer bounds with lo >= 0, e.g. [0, 400]",
+        )

@@ -10,15 +10,15 @@ import numpy as np
 
 from rayfed.actors.base import Message, StepContext
 from rayfed.data.scaling import features_of
-from rayfed.ldp.patterns import per_user_variance_constant, raw_counts, rr_event
-from rayfed.privacy import laplace, laplace_event
+from rayfed.ldp.patterns import per_user_variance_constant, raw_counts
+from rayfed.privacy import Measurement
 from rayfed.protocols.base import Outcome, Plan
 from rayfed.protocols.vfl_primitives import report
 from rayfed.protocols.vfl_primitives.config import VflPrimitivesConfig
 from rayfed.protocols.vfl_primitives.params import (
-    Params,
+    L1Params,
+    LpParams,
     SketchParams,
-    lp_constants,
     pattern_weights,
 )
 from rayfed.protocols.vfl_primitives.patterns import count_patterns, pattern_bits_step
@@ -26,17 +26,18 @@ from rayfed.protocols.vfl_primitives.sketches import sketch_round
 
 
 # --- servers ---------------------------------------------------------------------------------------
-def l1_step(ctx: StepContext, *, eps: float) -> Message:
-    """Server: ‖x^(j)‖₁ + Lap(1/ε) (event-level sensitivity 1)."""
+def l1_step(ctx: StepContext, *, releases: dict[str, Measurement]) -> Message:
+    """Server: ‖x^(j)‖₁ + Laplace (Δ₁ = hi − lo user-level; 1 under the paper's neighbours)."""
     total = np.array([features_of(ctx.table, ctx.meta["columns"]).sum()])
-    noisy, event = laplace(ctx.noise, total, l1_sensitivity=1, epsilon=eps)
+    noisy, event = releases[ctx.name](ctx.noise, total)
     return Message("l1_norm", float(noisy[0]), dp_event=event)
 
 
-def noisy_vector_step(ctx: StepContext, *, eps: float) -> Message:
-    """Server (Alg. 2 round 1): y^(j) = x^(j) + Lap(2/ε) per entry (ε/2-DP, event-level)."""
+def noisy_vector_step(ctx: StepContext, *, releases: dict[str, Measurement]) -> Message:
+    """Server (Alg. 2 round 1): y^(j) = x^(j) + Laplace per entry at ε/2 (scale 2(hi − lo)/ε
+    user-level; 2/ε under the paper's neighbours)."""
     x = features_of(ctx.table, ctx.meta["columns"])[:, 0]
-    noisy, event = laplace(ctx.noise, x, l1_sensitivity=1, epsilon=eps / 2)
+    noisy, event = releases[ctx.name](ctx.noise, x)
     return Message("noisy_vector", noisy, dp_event=event)
 
 
@@ -47,23 +48,16 @@ def heavy_step(ctx: StepContext, ys: dict[str, np.ndarray], **constants) -> Mess
 
 
 def heavy_coordinates(
-    ys: dict[str, np.ndarray],
-    *,
-    v: int,
-    m: int,
-    eps: float,
-    alpha: float,
-    bound: int | None,
-    p: float,
+    ys: dict[str, np.ndarray], *, tau: float, big_m: int, theorem_m: int, p: float
 ) -> dict:
-    """y = Σ y^(j); L = {i : y_i >= τ}; the bound M (given, or the theorem's); Σ_{i∈L} y_i^p."""
+    """y = Σ y^(j); L = {i : y_i >= τ}; the bound M (public: given, or from the theorem);
+    Σ_{i∈L} y_i^p."""
     y = np.sum([ys[name] for name in sorted(ys)], axis=0)
-    _, tau, big_m = lp_constants(v, m, eps, alpha)
     heavy = np.flatnonzero(y >= tau)
     return {
         "L": heavy,
-        "M": bound or big_m,
-        "theorem_M": big_m,
+        "M": big_m,
+        "theorem_M": theorem_m,
         "heavy_part": float(np.sum(y[heavy] ** p)),
     }
 
@@ -81,7 +75,7 @@ def light_counts_step(
     pattern counts of the servers' RR bits summed over the users outside L only — it sends
     nothing back. Returns the heavy-set facts with the counts under "counts"."""
     heavy = heavy_coordinates(ys, **heavy_args)
-    light = np.ones(heavy_args["m"], dtype=bool)
+    light = np.ones(len(next(iter(ys.values()))), dtype=bool)
     light[heavy["L"]] = False
     unpacked = [
         np.unpackbits(bits[q]["bits"], axis=1, count=bits[q]["users"])[:, light] for q in order
@@ -111,64 +105,62 @@ def drive(fed, cfg: VflPrimitivesConfig, plan: Plan) -> Outcome:
 
 
 def _l1(fed, cfg: VflPrimitivesConfig, plan: Plan) -> Outcome:
-    order = plan.params.order
+    params: L1Params = plan.params
     with fed.round(0):
-        fed.charge([(p, "ℓ1 norm + Laplace", laplace_event(1, cfg.epsilon)) for p in order])
-        norms = fed.get(fed.parties.run(l1_step, eps=cfg.epsilon, phase="l1"))
-    return report.l1_outcome(cfg, plan.params, math.fsum(norms.values()), plan.evaluation)
+        fed.charge([params.releases[p].charge(p) for p in params.order])
+        norms = fed.get(fed.parties.run(l1_step, releases=params.releases, phase="l1"))
+    return report.l1_outcome(cfg, params, math.fsum(norms.values()), plan.evaluation)
 
 
 def _lp(fed, cfg: VflPrimitivesConfig, plan: Plan) -> Outcome:
     """Round 0: noisy vectors, the CC's heavy set; round 1: pattern counting with L zeroed."""
     if cfg.interaction == "non-interactive":
         return _lp_non_interactive(fed, cfg, plan)
-    params: Params = plan.params
+    params: LpParams = plan.params
     order, v, m = params.order, len(params.order), params.users
     with fed.round(0):
-        fed.charge(
-            [(p, "per-entry Laplace (ε/2)", laplace_event(1, cfg.epsilon / 2)) for p in order]
-        )
-        ys = fed.parties.run(noisy_vector_step, eps=cfg.epsilon, phase="noisy-vectors")
+        fed.charge([params.vectors[p].charge(p) for p in order])
+        ys = fed.parties.run(noisy_vector_step, releases=params.vectors, phase="noisy-vectors")
         heavy_reply = fed.coordinator.run(
-            heavy_step, ys, **_heavy_constants(cfg, v, m), phase="heavy"
+            heavy_step, ys, **_heavy_constants(cfg, params), phase="heavy"
         )
         heavy = fed.get(heavy_reply.single())
+    eps_prime = params.eps_prime
     with fed.round(1):
-        counts, eps_prime = count_patterns(
-            fed, cfg, order, heavy_reply.single(), heavy["M"] + 1, cfg.epsilon / 2, 1
+        counts = count_patterns(
+            fed, order, params.counting, eps_prime, heavy_reply.single(), params.big_m + 1, 1
         )
     estimate = lp_estimate(cfg, heavy, counts, eps_prime, v, m)
-    for note in report.lp_notes(cfg, estimate):
+    for note in report.lp_notes(cfg, params, estimate):
         fed.note(note)
-    return report.lp_outcome(cfg, estimate, plan.evaluation)
+    return report.lp_outcome(cfg, params, estimate, plan.evaluation)
 
 
-def _heavy_constants(cfg: VflPrimitivesConfig, v: int, m: int) -> dict:
-    """The public constants the CC needs to pick the heavy users L and the bound M."""
-    return dict(v=v, m=m, eps=cfg.epsilon, alpha=cfg.alpha, bound=cfg.bound, p=cfg.p)
+def _heavy_constants(cfg: VflPrimitivesConfig, params: LpParams) -> dict:
+    """The public constants the CC needs to pick the heavy users L, and the bound M."""
+    return dict(tau=params.tau, big_m=params.big_m, theorem_m=params.theorem_m, p=cfg.p)
 
 
 def _lp_non_interactive(fed, cfg: VflPrimitivesConfig, plan: Plan) -> Outcome:
     """Spec §2.5's non-interactive variant (not in the paper): M depends only on public values
-    (m, v, ε, α, or the given bound), so every server sends its noisy vector (ε/2) and the pattern
-    bits of its raw x^(j) (ε/2; values > M as all-zero) at once, and the CC drops the users of L
-    from the counts itself. One round, nothing sent back; the same ε/2 + ε/2 per server (basic
-    composition of two releases of the same data)."""
-    params: Params = plan.params
+    (m, v, ε, α and the bounds, or the given bound), so every server sends its noisy vector (ε/2)
+    and the pattern bits of its raw x^(j) (ε/2; values > M as all-zero) at once, and the CC drops
+    the users of L from the counts itself. One round, nothing sent back; the same ε/2 + ε/2 per
+    server (basic composition of two releases of the same data)."""
+    params: LpParams = plan.params
     order, v, m = params.order, len(params.order), params.users
-    size = (cfg.bound or lp_constants(v, m, cfg.epsilon, cfg.alpha)[2]) + 1
-    eps_prime = cfg.eps_prime(cfg.epsilon / 2)
+    eps_prime = params.eps_prime
     with fed.round(0):
         fed.charge(
-            [(p, "per-entry Laplace (ε/2)", laplace_event(1, cfg.epsilon / 2)) for p in order]
-            + [(p, "pattern counting (randomized response)", rr_event(eps_prime)) for p in order]
+            [params.vectors[p].charge(p) for p in order]
+            + [params.counting[p].charge(p) for p in order]
         )
-        ys = fed.parties.run(noisy_vector_step, eps=cfg.epsilon, phase="noisy-vectors")
+        ys = fed.parties.run(noisy_vector_step, releases=params.vectors, phase="noisy-vectors")
         bits = fed.parties.run(
             pattern_bits_step,
             None,
-            size=size,
-            eps_prime=eps_prime,
+            releases=params.counting,
+            size=params.big_m + 1,
             round=0,
             source="column",
             phase="pattern-counting",
@@ -179,14 +171,14 @@ def _lp_non_interactive(fed, cfg: VflPrimitivesConfig, plan: Plan) -> Outcome:
             bits,
             order=order,
             eps_prime=eps_prime,
-            **_heavy_constants(cfg, v, m),
+            **_heavy_constants(cfg, params),
             phase="counts",
         )
     counts = np.asarray(reply.pop("counts"))
     estimate = lp_estimate(cfg, reply, counts, eps_prime, v, m - len(reply["L"]))
-    for note in report.lp_notes(cfg, estimate):
+    for note in report.lp_notes(cfg, params, estimate):
         fed.note(note)
-    return report.lp_outcome(cfg, estimate, plan.evaluation)
+    return report.lp_outcome(cfg, params, estimate, plan.evaluation)
 
 
 def lp_estimate(

@@ -15,6 +15,8 @@ from rayfed.ldp.patterns import exact_loss, one_hot, predicted_variance
 from rayfed.protocols.base import Outcome
 from rayfed.protocols.vfl_primitives.config import VflPrimitivesConfig
 from rayfed.protocols.vfl_primitives.params import (
+    L1Params,
+    LpParams,
     Params,
     PerturbationParams,
     SketchParams,
@@ -27,22 +29,47 @@ L2_BIAS_NOTE = (
 )
 
 
+def outcome(
+    cfg: VflPrimitivesConfig,
+    params: Params,
+    tables: dict[str, pa.Table],
+    metrics: dict[str, Any],
+    headline: str,
+) -> Outcome:
+    """The outcome, its headline tagged with what the guarantee protects — user-level on the
+    declared domain, or the paper's weaker neighbours, named — and what the plan clipped into
+    the declared bounds (in the headline where anything was, and always in the metrics)."""
+    metrics["neighbours"] = "user" if cfg.user_level() else "paper"
+    if params.clipped:
+        metrics["clipped"] = [c.to_dict() for c in params.clipped]
+    clips = "".join(f"; {c.statement()}" for c in params.clipped if c.count)
+    mark = f"({params.protects})" if cfg.user_level() else f"[{params.protects}]"
+    return Outcome(tables=tables, metrics=metrics, headline=f"{headline} {mark}{clips}")
+
+
 # --- moments ---------------------------------------------------------------------------------------
 def l1_outcome(
-    cfg: VflPrimitivesConfig, params: Params, estimate: float, truth: Truth | None
+    cfg: VflPrimitivesConfig, params: L1Params, estimate: float, truth: Truth | None
 ) -> Outcome:
+    """The estimate, and its predicted sd √(2v)·Δ₁/ε (v Laplace draws of scale Δ₁/ε)."""
+    sens = params.releases[params.order[0]].sensitivity
     metrics: dict[str, Any] = {
         "task": "l1-moment",
         "estimate": estimate,
-        "predicted_sd": math.sqrt(2 * len(params.order)) / cfg.epsilon,
+        "sensitivity": sens,
+        "predicted_sd": math.sqrt(2 * len(params.order)) * sens / cfg.epsilon,
     }
     if truth is not None:
         metrics["true"] = float(truth.a.sum())
         metrics["error"] = estimate - metrics["true"]
-    return Outcome(
-        tables={"result": pa.table({"estimate": [estimate]})},
-        metrics=metrics,
-        headline=f"ℓ1 moment ≈ {estimate:,.1f}",
+        if truth.unclipped is not None:  # the raw data's moment, beside the clipped one
+            metrics["true_unclipped"] = float(truth.unclipped.sum())
+    return outcome(
+        cfg,
+        params,
+        {"result": pa.table({"estimate": [estimate]})},
+        metrics,
+        f"ℓ1 moment ≈ {estimate:,.1f}",
     )
 
 
@@ -61,7 +88,7 @@ class LpEstimate:
     eps_prime: float
 
 
-def lp_notes(cfg: VflPrimitivesConfig, est: LpEstimate) -> list[str]:
+def lp_notes(cfg: VflPrimitivesConfig, params: LpParams, est: LpEstimate) -> list[str]:
     interaction = (
         "Alg. 2 is interactive: the CC sends the heavy set L back before round 2 (the paper calls "
         "its algorithms non-interactive); privacy holds by adaptive composition (ε/2 + ε/2)"
@@ -71,15 +98,27 @@ def lp_notes(cfg: VflPrimitivesConfig, est: LpEstimate) -> list[str]:
         "(ε/2; values > M as all-zero) in one round, and the CC leaves the users of L out of the "
         "counts; nothing is sent back; ε/2 + ε/2 by basic composition"
     )
-    return [
+    where = "given" if cfg.bound else ("the theorem" if est.big_m == est.theorem_m else "hi")
+    notes = [
         interaction,
-        f"pattern bound M = {est.big_m} ({'given' if cfg.bound else 'the theorem'}: theorem's M = "
+        f"pattern bound M = {est.big_m} ({where}: theorem's M = "
         f"{est.theorem_m}); predicted sd of the light part {est.predicted_sd:.3g}",
         "Thm C.2's explicit bound omits a factor of about the number of patterns (spec §2.5)",
     ]
+    if cfg.user_level():
+        notes.append(
+            f"user-level: the Laplace noise is {params.unit:g} times the paper's (Δ₁ = hi − lo per "
+            f"entry), and so are B and τ = {params.tau:.4g}; every value is at most hi, so M = "
+            f"min(theorem's M, hi) counts them all and the heavy set L is empty unless the noise "
+            f"alone passes τ ({len(est.heavy_set)} users in L here): the estimate is the pattern "
+            "counting's"
+        )
+    return notes
 
 
-def lp_outcome(cfg: VflPrimitivesConfig, est: LpEstimate, truth: Truth | None) -> Outcome:
+def lp_outcome(
+    cfg: VflPrimitivesConfig, params: LpParams, est: LpEstimate, truth: Truth | None
+) -> Outcome:
     metrics: dict[str, Any] = {
         "task": "lp-moment",
         "p": cfg.p,
@@ -91,10 +130,13 @@ def lp_outcome(cfg: VflPrimitivesConfig, est: LpEstimate, truth: Truth | None) -
         "theorem_M": est.theorem_m,
         "light_part_predicted_sd": est.predicted_sd,
         "exact_epsilon_pattern_counting": exact_loss(est.eps_prime),
+        "laplace_scale": params.unit / (cfg.epsilon / 2),
     }
     if truth is not None:
         x = truth.a.sum(axis=1)
         true = float((x**cfg.p).sum())
+        if truth.unclipped is not None:
+            metrics["true_unclipped"] = float((truth.unclipped.sum(axis=1) ** cfg.p).sum())
         light = np.delete(x, est.heavy_set)
         light_true = float(light @ light ** (cfg.p - 1)) if cfg.p != 1 else float(light.sum())
         metrics.update(
@@ -103,10 +145,12 @@ def lp_outcome(cfg: VflPrimitivesConfig, est: LpEstimate, truth: Truth | None) -
         sd = _light_part_sd(cfg, est, truth.a)
         if sd is not None:
             metrics["light_part_sd"] = sd
-    return Outcome(
-        tables={"result": pa.table({"estimate": [est.estimate]})},
-        metrics=metrics,
-        headline=f"ℓ{cfg.p:g} moment ≈ {est.estimate:.4g}",
+    return outcome(
+        cfg,
+        params,
+        {"result": pa.table({"estimate": [est.estimate]})},
+        metrics,
+        f"ℓ{cfg.p:g} moment ≈ {est.estimate:.4g}",
     )
 
 
@@ -145,10 +189,14 @@ def l2_outcome(
             relative_error=(debiased - true) / true,
             raw_relative_error=(raw - true) / true,
         )
-    return Outcome(
-        tables={"result": pa.table({"raw": [raw], "estimate": [debiased]})},
-        metrics=metrics,
-        headline=f"ℓ2 moment ≈ {debiased:.4g} (raw {raw:.4g})",
+        if truth.unclipped is not None:
+            metrics["true_unclipped"] = float((truth.unclipped.sum(axis=1) ** 2).sum())
+    return outcome(
+        cfg,
+        params,
+        {"result": pa.table({"raw": [raw], "estimate": [debiased]})},
+        metrics,
+        f"ℓ2 moment ≈ {debiased:.4g} (raw {raw:.4g})",
     )
 
 
@@ -186,6 +234,7 @@ class ClusteringTruth:
 
 def clustering_outcome(
     cfg: VflPrimitivesConfig,
+    params: Params,
     grid: np.ndarray,
     final: np.ndarray,
     raw: np.ndarray,
@@ -222,7 +271,7 @@ def clustering_outcome(
         )
         headline += f"; cost / non-private {metrics['cost_ratio']:.3f}"
     table = pa.table({f"c{i}": final[:, i] for i in range(final.shape[1])})
-    return Outcome(tables={"centers": table}, metrics=metrics, headline=headline)
+    return outcome(cfg, params, {"centers": table}, metrics, headline)
 
 
 def _weights_sd(cfg: VflPrimitivesConfig, truth: ClusteringTruth, eps_prime: float | None) -> float:
@@ -235,12 +284,24 @@ def _weights_sd(cfg: VflPrimitivesConfig, truth: ClusteringTruth, eps_prime: flo
 
 
 # --- sketches --------------------------------------------------------------------------------------
+def _calibration(cfg: VflPrimitivesConfig) -> str:
+    """How z was found: against the tightest accountant (user-level), or RDP (the paper's mode,
+    as before)."""
+    if cfg.user_level():
+        return "dp-accounting calibration against the tightest accountant (PLD and RDP)"
+    return "dp-accounting RDP calibration"
+
+
 def sigma_note(cfg: VflPrimitivesConfig, params: SketchParams) -> str:
     classical = params.sensitivity * math.sqrt(2 * math.log(1.25 / cfg.delta)) / cfg.epsilon
-    return (
-        f"σ = {params.sigma:.4g} per entry (dp-accounting RDP calibration for one release at "
-        f"(ε, δ)); the paper's classical formula gives {classical:.4g} (valid for ε < 1)"
+    text = (
+        f"σ = {params.sigma:.4g} per entry, Δ₂ = {params.sensitivity:.4g} ({_calibration(cfg)} "
+        f"for one release at (ε, δ)); the paper's classical formula gives {classical:.4g} "
+        "(valid for ε < 1)"
     )
+    if params.label_sigma is not None and params.label_sigma != params.sigma:
+        text += f"; the label server's σ = {params.label_sigma:.4g}"
+    return text
 
 
 def ridge_note(params: SketchParams) -> str:
@@ -256,7 +317,9 @@ def _sketch_metrics(cfg: VflPrimitivesConfig, params: SketchParams) -> dict[str,
         "sketch_size": params.s,
         "sigma": params.sigma,
         "sensitivity": params.sensitivity,
+        "noise_multiplier": params.z,
         "sketch_draws": params.attempt + 1,
+        **({"label_sigma": params.label_sigma} if params.label_sigma is not None else {}),
     }
 
 
@@ -292,15 +355,15 @@ def lowrank_outcome(
             metrics["ratio_noiseless_sketch"] = _lowrank_errors(cfg.k, a, noiseless)["ratio"]
         headline += f"; ‖A - AVVᵀ‖ / ‖A - A_k‖ = {metrics['ratio']:.3f}"
     table = pa.table({f"v{i}": v_mat[:, i] for i in range(v_mat.shape[1])})
-    return Outcome(tables={"result": table}, metrics=metrics, headline=headline)
+    return outcome(cfg, params, {"result": table}, metrics, headline)
 
 
 def perturbation_note(cfg: VflPrimitivesConfig, params: PerturbationParams) -> str:
     return (
         "baseline=input-perturbation (spec §4.4, not the paper's algorithm): each server releases "
-        f"A^(j) + N(0, σ²), σ = {params.sigma:.4g} per entry (the same dp-accounting RDP "
-        f"calibration at (ε, δ) as the sketch's, with sensitivity ν = {cfg.nu:g}); the CC takes the "
-        "top-k right singular vectors of the noisy rows. m x d^(j) reals per server"
+        f"A^(j) + N(0, σ²), σ = {params.sigma:.4g} per entry (the sketch's {_calibration(cfg)} "
+        f"at (ε, δ), with sensitivity {params.sensitivity:g} in place of the sketch's); the CC "
+        "takes the top-k right singular vectors of the noisy rows. m x d^(j) reals per server"
     )
 
 
@@ -321,7 +384,7 @@ def perturbation_outcome(
         metrics.update(_lowrank_errors(cfg.k, truth.a, v_mat))
         headline += f"; ‖A - AVVᵀ‖ / ‖A - A_k‖ = {metrics['ratio']:.3f}"
     table = pa.table({f"v{i}": v_mat[:, i] for i in range(v_mat.shape[1])})
-    return Outcome(tables={"result": table}, metrics=metrics, headline=headline)
+    return outcome(cfg, params, {"result": table}, metrics, headline)
 
 
 def regression_outcome(
@@ -346,6 +409,4 @@ def regression_outcome(
             distance_to_ols=float(np.linalg.norm(x - opt_x) / np.linalg.norm(opt_x)),
         )
         headline += f"; loss / OPT {metrics['loss_ratio']:.3f}"
-    return Outcome(
-        tables={"result": pa.table({"coefficient": x})}, metrics=metrics, headline=headline
-    )
+    return outcome(cfg, params, {"result": pa.table({"coefficient": x})}, metrics, headline)

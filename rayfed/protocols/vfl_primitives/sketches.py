@@ -11,7 +11,7 @@ from rayfed import rng
 from rayfed.actors.base import Message, StepContext
 from rayfed.data.scaling import features_of
 from rayfed.errors import ConfigError
-from rayfed.privacy import gaussian, gaussian_event
+from rayfed.privacy import Measurement
 from rayfed.protocols.base import Outcome, Plan
 from rayfed.protocols.vfl_primitives import report
 from rayfed.protocols.vfl_primitives.config import VflPrimitivesConfig
@@ -63,18 +63,20 @@ def passing_sketch(seed: int, s: int, m: int, max_attempts: int = 100) -> tuple[
 
 
 # --- servers ---------------------------------------------------------------------------------------
-def sketch_step(ctx: StepContext, *, s: int, attempt: int, z: float, sensitivity: float) -> Message:
-    """Server: G A^(j) + N(0, σ²) per entry, σ = z·Δ (the label server: G b + n)."""
+def sketch_step(
+    ctx: StepContext, *, s: int, attempt: int, releases: dict[str, Measurement]
+) -> Message:
+    """Server: G A^(j) + N(0, σ²) per entry, σ = z·Δ₂ of its release (the label server: G b + n)."""
     sketch = sketch_multiply(ctx.seed, attempt, s, features_of(ctx.table, ctx.meta["columns"]))
-    noisy, event = gaussian(ctx.noise, sketch, l2_sensitivity=sensitivity, noise_multiplier=z)
+    noisy, event = releases[ctx.name](ctx.noise, sketch)
     return Message("noisy_sketch", noisy, dp_event=event)
 
 
-def perturbed_rows_step(ctx: StepContext, *, z: float, sensitivity: float) -> Message:
-    """Server (input-perturbation baseline): A^(j) + N(0, σ²) per entry, σ = z·ν — every row,
+def perturbed_rows_step(ctx: StepContext, *, releases: dict[str, Measurement]) -> Message:
+    """Server (input-perturbation baseline): A^(j) + N(0, σ²) per entry, σ = z·Δ₂ — every row,
     m x d^(j) reals."""
     rows = features_of(ctx.table, ctx.meta["columns"])
-    noisy, event = gaussian(ctx.noise, rows, l2_sensitivity=sensitivity, noise_multiplier=z)
+    noisy, event = releases[ctx.name](ctx.noise, rows)
     return Message("noisy_rows", noisy, dp_event=event)
 
 
@@ -100,15 +102,13 @@ def regression_step(
 # --- the rounds ------------------------------------------------------------------------------------
 def sketch_round(fed, params: SketchParams, senders: list[str], combine, **kwargs):
     """Round 0 of every sketch task: each sender's noisy sketch, combined by the CC's ``combine``."""
-    event = gaussian_event(params.z)
     with fed.round(0):
-        fed.charge([(q, "Gaussian sketch", event) for q in senders])
+        fed.charge([params.releases[q].charge(q) for q in senders])
         sketches = fed.parties.run(
             sketch_step,
             s=params.s,
             attempt=params.attempt,
-            z=params.z,
-            sensitivity=params.sensitivity,
+            releases=params.releases,
             members=senders,
             phase="sketch",
         )
@@ -121,12 +121,8 @@ def perturbation_round(fed, params: PerturbationParams, k: int) -> np.ndarray:
     """Input perturbation (spec §4.4): every server's noisy rows; the CC's top-k right singular
     vectors of [A^(1) + N^(1) | …] (the same combination as Alg. 4's, without the sketch)."""
     with fed.round(0):
-        fed.charge(
-            [(q, "input perturbation (Gaussian)", gaussian_event(params.z)) for q in params.order]
-        )
-        rows = fed.parties.run(
-            perturbed_rows_step, z=params.z, sensitivity=params.sensitivity, phase="noisy-rows"
-        )
+        fed.charge([params.releases[q].charge(q) for q in params.order])
+        rows = fed.parties.run(perturbed_rows_step, releases=params.releases, phase="noisy-rows")
         return fed.coordinator.call(lowrank_step, rows, order=params.order, k=k, phase="combine")
 
 

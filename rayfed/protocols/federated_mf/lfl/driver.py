@@ -6,14 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from rayfed.errors import BelowThreshold
-from rayfed.mf.lfl import (
-    applied_variance,
-    effective_variance,
-    noise_shares,
-    round1_event,
-    round1_noise,
-)
-from rayfed.privacy import EpsilonDeltaDpEvent, ShuffledDpEvent
+from rayfed.mf.lfl import applied_variance, effective_variance, noise_shares
 from rayfed.protocols.base import Outcome, Plan
 from rayfed.protocols.federated_mf.config import FederatedMFConfig
 from rayfed.protocols.federated_mf.lfl import report
@@ -83,7 +76,7 @@ def drive(fed, cfg: FederatedMFConfig, plan: Plan) -> Outcome:
         )
         baselines["train_mse"] = _mean(fed.get(trained))
     outcome = report.outcome(
-        cfg, params, plan.budget.epsilon, _mean(fed.get(evaluated)), history, baselines
+        cfg, params, plan.privacy.budget.epsilon, _mean(fed.get(evaluated)), history, baselines
     )
     outcome.metrics["lost_cohorts"] = sorted(evaluated.failed)
     return outcome
@@ -111,12 +104,11 @@ def _stopped_here(fed, cfg: FederatedMFConfig, v_msg) -> float:
 
 def _iterations(fed, cfg: FederatedMFConfig, params: LflParams, v_msg):
     """Stage 2: T iterations, each charged before its noise is drawn (a skipped one too)."""
-    noise = round1_noise(cfg.mode, params.method, params.n, cfg.omega, params.z, params.sensitivity)
     history = []
     for t in range(cfg.iterations):
         with fed.round(t):
-            fed.charge([("run", f"iteration {t}", round1_event(noise))])
-            v_msg, row = _iteration(fed, cfg, params, t, v_msg, noise)
+            fed.charge([params.releases.round1.charge("run")])
+            v_msg, row = _iteration(fed, cfg, params, t, v_msg)
             row["test_mse"] = _stopped_here(fed, cfg, v_msg)
             fed.record(
                 survivors_round1=row.get("u1", 0),
@@ -136,13 +128,13 @@ def _gddr_iterations(fed, cfg: FederatedMFConfig, params: LflParams, v_msg):
     history = []
     for t in range(cfg.iterations):
         with fed.round(t):
-            event = ShuffledDpEvent(EpsilonDeltaDpEvent(gd.epsilon0, 0.0), gd.quorum, gd.step_delta)
-            fed.charge([("run", f"iteration {t}", event)])
+            fed.charge([params.releases.reports.charge("run")])
             reports = fed.cohorts.run(
                 gddr_report_step,
                 v_msg.single(),
                 round=t,
                 params=gd,
+                release=params.releases.reports,
                 schedule=params.schedule,
                 lr=cfg.local_lr,
                 bound=cfg.bound,
@@ -171,7 +163,7 @@ def _gddr_iterations(fed, cfg: FederatedMFConfig, params: LflParams, v_msg):
     return v_msg, history
 
 
-def _iteration(fed, cfg: FederatedMFConfig, params: LflParams, t: int, v_msg, noise: dict):
+def _iteration(fed, cfg: FederatedMFConfig, params: LflParams, t: int, v_msg):
     """One iteration: (the coordinator's V reply, the iteration's row). Below the threshold t it
     is skipped and V is broadcast unchanged."""
     spec = make_spec(
@@ -190,7 +182,7 @@ def _iteration(fed, cfg: FederatedMFConfig, params: LflParams, t: int, v_msg, no
     v = fed.get(v_msg.single())
     row: dict[str, Any] = {"iteration": t, "skipped": False}
     try:
-        agg = secure_sum(fed, spec, lfl_round1_inputs, (v, noise))
+        agg = secure_sum(fed, spec, lfl_round1_inputs, (v, params.releases.round1))
     except BelowThreshold as err:
         row.update(skipped=True, reason=str(err))
         return fed.coordinator.run(current_v_step, phase="keep_v"), row
@@ -199,7 +191,7 @@ def _iteration(fed, cfg: FederatedMFConfig, params: LflParams, t: int, v_msg, no
         row.update(skipped=True, reason=f"|U1| = {u1} < t = {params.threshold}")
         return fed.coordinator.run(current_v_step, phase="keep_v"), row
     zeta1, zeta2, beta = noise_shares(cfg.mode, params.method, params.n, cfg.omega, u1)
-    round2, u2 = _round2(fed, cfg, params, t, agg.survivors, noise, zeta2)
+    round2, u2 = _round2(fed, cfg, params, t, agg.survivors, zeta2)
     v_msg = fed.coordinator.run(
         update_v_step,
         agg.sum,
@@ -220,15 +212,16 @@ def _iteration(fed, cfg: FederatedMFConfig, params: LflParams, t: int, v_msg, no
     return v_msg, row
 
 
-def _round2(fed, cfg: FederatedMFConfig, params: LflParams, t: int, survivors, noise, zeta2):
+def _round2(fed, cfg: FederatedMFConfig, params: LflParams, t: int, survivors, zeta2):
     """(Round 2's replies, |U2|); no round when ζ2 = 0 (the LDP-level baseline)."""
     if zeta2 > 0:
         round2 = fed.cohorts.run(
             lfl_round2_step,
             survivors,
             round=t,
-            shapes=(params.m, cfg.rank),
-            noise=noise,
+            width=params.m * cfg.rank,
+            release=params.releases.round2,
+            round1=params.releases.round1,
             zeta2=zeta2,
             dropout=cfg.dropout,
             phase="round2",

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from rayfed.dropout import DropoutSchedule
+from rayfed.privacy import Clipped, Measurement
 from rayfed.secagg import FixedPoint, SecAggParams
 
 
@@ -22,6 +23,20 @@ class GddrParams:
     step_delta: float
     quorum: int
     scale: float
+
+
+@dataclass(frozen=True)
+class LflReleases:
+    """The releases an LFL run draws, each built once in plan: Round 1's gradient rows with
+    their distributed Gaussian shares, Round 2's replacement shares (part of Round 1's release;
+    none without a replacement round), or GD-DR's one-bit reports."""
+
+    round1: Measurement | None = None
+    round2: Measurement | None = None
+    reports: Measurement | None = None
+
+    def all(self) -> tuple[Measurement, ...]:
+        return tuple(m for m in (self.round1, self.round2, self.reports) if m is not None)
 
 
 @dataclass(frozen=True)
@@ -43,5 +58,9 @@ class LflParams:
     registry: np.ndarray
     #: who drops from Round 1 (secure aggregation): the dropout rate and the population models
     schedule: DropoutSchedule
+    #: the releases (none for stage1 and central)
+    releases: LflReleases = LflReleases()
+    #: ratings outside [0, R] clipped (out_of_domain=clip; a count of 0 otherwise)
+    clipped: Clipped | None = None
     #: method=gd-dr only
     gddr: GddrParams | None = None

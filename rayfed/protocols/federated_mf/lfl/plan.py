@@ -11,37 +11,62 @@ from rayfed import mf, rng
 from rayfed.data import per_user
 from rayfed.errors import ConfigError
 from rayfed.mf import gddr as gddr_maths
-from rayfed.mf.lfl import noise_shares, round1_event, round1_noise, threshold
-from rayfed.privacy import Budget, check_budget, gaussian_noise_multiplier, one_bit_scale
-from rayfed.privacy.calibration import gaussian_steps_event, shuffled_ldp_epsilon
+from rayfed.mf.lfl import noise_shares, round1_noise, threshold
+from rayfed.privacy import (
+    Ball,
+    Budget,
+    Interval,
+    Measurement,
+    Neighbours,
+    PrivacyDeclaration,
+    check_budget,
+    gaussian_noise_multiplier,
+    one_bit_scale,
+)
+from rayfed.privacy.calibration import shuffled_ldp_epsilon
 from rayfed.privacy.ledger import make_accountant
+from rayfed.privacy.measurement import DistributedGaussianShare, OneBitReport, ReplacementShare
 from rayfed.protocols.base import Plan
 from rayfed.protocols.federated_mf import ratings as ratings_data
-from rayfed.protocols.federated_mf.config import FederatedMFConfig
-from rayfed.protocols.federated_mf.lfl.params import GddrParams, LflParams
+from rayfed.protocols.federated_mf.config import FederatedMFConfig, calibration_accountant
+from rayfed.protocols.federated_mf.lfl.params import GddrParams, LflParams, LflReleases
 from rayfed.secagg import FixedPoint, find_params
 from rayfed.sizing import default_cohorts
 
 #: the share of users the secure aggregation's parameters assume corrupt (γ)
 CORRUPT_FRACTION = 0.05
 
+#: what the plan reads from the data and uses without noise, stated rather than hidden (as the
+#: VFL/HFL statements do): δ's default, n, m and the mean rating
 GDDR_STATEMENT = (
     "per-user DP of the item embeddings V: ε0-LDP per iteration against the server; the "
     "central ε assumes a trusted shuffler (the server sees only the multiset of reports), which "
     "this simulation does not build (Feldman et al. 2021 Thm 3.1 per iteration at δ/T, basic "
-    "composition over T); taken as public, not covered: the training mean rating that scales "
-    "the initial embeddings"
+    "composition over T); taken as public, not covered: the number of ratings (the default "
+    "δ = 1/|ratings|), the number of users n (the quorum t = ⌈(1−ω)n⌉ a release needs, at which "
+    "the shuffle bound and so ε0 are taken), the number of items m (the projection's default "
+    "k = min(m, 64)) and the training mean rating that scales the initial embeddings"
 )
 STATEMENT = (
     "per-user DP of the published item embeddings V against the server, which sees "
     "every Round-1 secure-aggregation sum and every Round-2 message (dummy-row adjacency); "
-    "taken as public, not covered: the training mean rating that scales the initial embeddings"
+    "taken as public, not covered: the number of ratings (the default δ = 1/|ratings|), the "
+    "number of users n (the registry secure aggregation runs over: its threshold "
+    "t = ⌈(1−ω)n⌉, the noise shares and the fixed-point encoding follow from it; a neighbour's "
+    "user stays registered), the number of items m (a gradient row's width m·p) and the training "
+    "mean rating that scales the initial embeddings"
 )
+
+
+#: LFL's neighbours: one user's ratings added or removed, the user staying registered (its device
+#: sends the zero row: "dummy-row adjacency"); GD-DR's shuffling theorem is for one user replaced
+RELATION = Neighbours("add_or_remove_one", "user")
+GDDR_RELATION = Neighbours("replace_one", "user")
 
 
 def plan(cfg: FederatedMFConfig, seed: int) -> Plan:
     gen = rng.stream(seed, "synthetic", 0, "federated-mf")
-    ratings = ratings_data.load(cfg, gen)
+    ratings, clipped = ratings_data.load(cfg, gen)
     train, test = mf.split(ratings, cfg.test_fraction, gen, by_user=True)
     delta = cfg.delta if cfg.delta is not None else 1.0 / len(ratings)
     check_budget(cfg.epsilon, delta)
@@ -49,18 +74,26 @@ def plan(cfg: FederatedMFConfig, seed: int) -> Plan:
     table = ratings_data.member_table(train, test)
     n_cohorts = default_cohorts(n, cfg.cohorts)
     dealt = per_user(table, "user_id", n_cohorts)
-    cohorts = {name: (t, {}) for name, t in dealt.items()}
     users = {name: np.unique(t.column("user_id").to_numpy()) for name, t in dealt.items()}
+    # each cohort's registered users are public (secure aggregation's registry): a user takes
+    # part whether or not its table holds a rating of it
+    cohorts = {name: (t, {"users": users[name]}) for name, t in dealt.items()}
     schedule = _schedule(cfg, users)
     method = cfg.resolved_method()
     gddr = _gddr(cfg, n, m, delta, seed) if method == "gd-dr" else None
     # GD-DR draws no Gaussian noise: its noise multiplier is not calibrated (reported as 0)
-    z = 0.0 if gddr else gaussian_noise_multiplier(cfg.epsilon, delta, steps=cfg.iterations)
+    z = (
+        0.0
+        if gddr
+        else gaussian_noise_multiplier(
+            cfg.epsilon, delta, steps=cfg.iterations, accountant=calibration_accountant(cfg)
+        )
+    )
     sensitivity = 2.0 * cfg.bound**1.5
+    releases = _releases(cfg, method, n, m, z, sensitivity, gddr)
+    budget = Budget(_charged_epsilon(cfg, method, releases, delta), delta)
     return Plan(
-        budget=Budget(_charged_epsilon(cfg, method, n, z, sensitivity, delta), delta),
-        requested_epsilon=cfg.epsilon,
-        ledger=_gddr_ledger() if gddr else _ledger(),
+        privacy=(_gddr_privacy if gddr else _privacy)(cfg, budget, releases),
         cohorts=cohorts,
         rounds=cfg.iterations if method in ("lfl", "ldp", "gd-dr") else 1,
         # a restarted cohort resumes from its users' checkpoint: restart it once per iteration
@@ -79,9 +112,45 @@ def plan(cfg: FederatedMFConfig, seed: int) -> Plan:
             threshold=threshold(n, cfg.omega),
             registry=np.arange(n, dtype=np.int64),
             schedule=schedule,
+            releases=releases,
+            clipped=clipped,
             gddr=gddr,
         ),
     )
+
+
+def _releases(
+    cfg: FederatedMFConfig,
+    method: str,
+    n: int,
+    m: int,
+    z: float,
+    sensitivity: float,
+    gddr: GddrParams | None,
+) -> LflReleases:
+    """Round 1's gradient rows with their distributed Gaussian shares (Δ₂: a user's row
+    G_i = -2(x - ⟨u_i, v_j⟩)u_i lies in the ball of radius 2R^{3/2}: x and ⟨u_i, v_j⟩ in [0, R],
+    ‖u_i‖ <= √R), and Round 2's replacements; or GD-DR's reports (one user's entry in [-c, c])."""
+    if gddr is not None:
+        k = gddr.projection.shape[0]
+        report = OneBitReport(gddr.epsilon0, k * cfg.rank, gddr.clip, gddr.quorum, gddr.step_delta)
+        entry = Interval(-gddr.clip, gddr.clip)
+        return LflReleases(
+            reports=Measurement("GD-DR one-bit reports", report, entry, GDDR_RELATION, shared=True)
+        )
+    if method not in ("lfl", "ldp"):
+        return LflReleases()
+    noise = round1_noise(cfg.mode, method, n, cfg.omega, z, sensitivity)
+    row = Ball(sensitivity, 2, m * cfg.rank)
+    share = DistributedGaussianShare(z, noise["zeta1"], noise["quorum"], noise["zeta2"])
+    # every cohort's message carries the one release's event (its users' shares): one charge
+    round1 = Measurement(
+        "Round 1: gradient rows with Gaussian shares", share, row, RELATION, shared=True
+    )
+    if noise["zeta2"] == 0:  # the LDP-level baseline: no replacement round
+        return LflReleases(round1=round1)
+    round2 = Measurement("Round 2: replacement shares", ReplacementShare(share), row, RELATION)
+    return LflReleases(round1=round1, round2=round2)
 
 
 def _gddr(cfg: FederatedMFConfig, n: int, m: int, delta: float, seed: int) -> GddrParams:
@@ -104,23 +173,37 @@ def _gddr(cfg: FederatedMFConfig, n: int, m: int, delta: float, seed: int) -> Gd
     )
 
 
-def _ledger() -> dict:
-    return dict(
-        accountant="rdp",
-        relation="add_or_remove_one",
+def _privacy(cfg: FederatedMFConfig, budget: Budget, releases: LflReleases) -> PrivacyDeclaration:
+    if not releases.all():  # Stage 1 only, central SGD: references that release nothing noisy
+        return PrivacyDeclaration.none(
+            f"the {cfg.resolved_method()} reference adds no DP noise: not a private release"
+        )
+    return PrivacyDeclaration(
+        budget=budget,
+        accountant=cfg.accountant,
+        relation=RELATION,
         composition="sequential",
         statement=STATEMENT,
+        measurements=releases.all(),
+        requested_epsilon=cfg.epsilon,
+        data=ratings_data.data_domain(cfg, "cohorts", per_user=True),
     )
 
 
-def _gddr_ledger() -> dict:
+def _gddr_privacy(
+    cfg: FederatedMFConfig, budget: Budget, releases: LflReleases
+) -> PrivacyDeclaration:
     """Shuffled LDP releases compose by basic composition (the pure accountant); the shuffling
     theorem is for one user's data replaced."""
-    return dict(
+    return PrivacyDeclaration(
+        budget=budget,
         accountant="pure",
-        relation="replace_one",
+        relation=GDDR_RELATION,
         composition="sequential",
         statement=GDDR_STATEMENT,
+        measurements=releases.all(),
+        requested_epsilon=cfg.epsilon,
+        data=ratings_data.data_domain(cfg, "cohorts", per_user=True),
     )
 
 
@@ -131,18 +214,16 @@ def _schedule(cfg: FederatedMFConfig, cohorts: dict[str, np.ndarray]):
 
 
 def _charged_epsilon(
-    cfg: FederatedMFConfig, method: str, n: int, z: float, sensitivity: float, delta: float
+    cfg: FederatedMFConfig, method: str, releases: LflReleases, delta: float
 ) -> float:
     """The ε the ledger is declared with. Faithful mode runs as the thesis specifies although its
-    guarantee is weaker, so its budget is the worst-case effective ε, which the result reports
-    next to the nominal one."""
+    guarantee is weaker, so its budget is the true ε of the T iterations' Round-1 releases (their
+    event credits the worst-case effective noise) under the ledger's own accountant (budget and
+    report agree), which the result reports next to the nominal one."""
     if not (method == "lfl" and cfg.mode == "faithful"):
         return cfg.epsilon
-    noise = round1_noise(cfg.mode, method, n, cfg.omega, z, sensitivity)
-    z_charge = round1_event(noise).noise_multiplier
-    acc = make_accountant("rdp", "add_or_remove_one").compose(
-        gaussian_steps_event(z_charge, cfg.iterations)
-    )
+    acc = make_accountant(cfg.accountant, RELATION.kind)
+    acc.compose(releases.round1.charge("run", times=cfg.iterations)[2])
     return float(acc.get_epsilon(delta)) * (1 + 1e-9)
 
 

@@ -9,7 +9,7 @@ import pyarrow as pa
 
 from rayfed.mf.lfl import worst_case_variance
 from rayfed.protocols.base import Outcome
-from rayfed.protocols.federated_mf.config import FederatedMFConfig
+from rayfed.protocols.federated_mf.config import FederatedMFConfig, calibration_accountant
 from rayfed.protocols.federated_mf.lfl.params import LflParams
 
 ITERATION_COLUMNS = ("iteration", "skipped", "u1", "u2", "f_eff", "f_applied")
@@ -32,9 +32,11 @@ def notes(cfg: FederatedMFConfig, params: LflParams) -> list[str]:
             "aggregation; in this mode the coordinator could derive the masks (a simulation, "
             "not a deployment)"
         )
+    accountant = "RDP" if calibration_accountant(cfg) == "rdp" else "PLD and RDP, the smaller ε"
     out.append(
-        f"σ_v = z·2R^(3/2) with z = {params.z:.4g} from dp-accounting (RDP, T={cfg.iterations}, "
-        f"δ={params.delta:.3g}); skipped iterations are charged too (conservative)"
+        f"σ_v = z·2R^(3/2) with z = {params.z:.4g} from dp-accounting ({accountant}, "
+        f"T={cfg.iterations}, δ={params.delta:.3g}); skipped iterations are charged too "
+        "(conservative)"
     )
     return out
 
@@ -136,6 +138,10 @@ def outcome(
             metrics[unused] = None
         metrics.update(_gddr_metrics(cfg, params))
     headline = f"{METHOD_NAMES[params.method]} test MSE {test_mse:.4f} ({params.n} users, {params.m} items)"
+    if params.clipped is not None:
+        metrics["clipped"] = params.clipped.to_dict()
+        if params.clipped.count:
+            headline += f"; {params.clipped.statement()}"
     if skipped:
         headline += f"; {len(skipped)} iteration(s) skipped below threshold"
     details = []

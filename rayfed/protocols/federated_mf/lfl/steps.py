@@ -4,8 +4,6 @@
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pyarrow as pa
 from dp_accounting import dp_event
@@ -15,13 +13,7 @@ from rayfed.actors.base import Message, StepContext
 from rayfed.dropout import DropoutSchedule
 from rayfed.mf import gddr
 from rayfed.mf.training import descend_users
-from rayfed.privacy import (
-    ShuffledDpEvent,
-    distributed_gaussian,
-    gaussian,
-    sampled_one_bit,
-    share_noise,
-)
+from rayfed.privacy import Measurement
 from rayfed.privacy.ledger import RUN_SCOPE
 from rayfed.protocols.federated_mf.lfl.params import GddrParams
 from rayfed.protocols.federated_mf.steps import descend, user_ratings
@@ -29,12 +21,12 @@ from rayfed.protocols.federated_mf.steps import descend, user_ratings
 
 # --- cohorts (users) -------------------------------------------------------------------------------
 def lfl_round1_inputs(
-    ctx: StepContext, round: int, ids: np.ndarray, v: np.ndarray, noise: dict[str, float]
+    ctx: StepContext, round: int, ids: np.ndarray, v: np.ndarray, release: Measurement
 ) -> tuple[np.ndarray, dp_event.DpEvent]:
     """Round 1 for the online users ``ids``: (G_i + ξ_i flattened (m·p), the event of the sum), as
-    secure aggregation's input (:func:`rayfed.secagg.secure_sum` fixes this signature). ``noise``
-    holds the distributed Gaussian's parameters (:func:`rayfed.privacy.distributed_gaussian`): z,
-    Δ, ζ1, t and ζ2 at |U1| = t."""
+    secure aggregation's input (:func:`rayfed.secagg.secure_sum` fixes this signature), drawn by
+    ``release`` (the distributed Gaussian: each user's share keyed by its id). A registered user
+    with no training rating sends the zero row with its share (a dummy row)."""
     all_ids = ctx.state["ids"]
     rows = np.searchsorted(all_ids, ids)
     users, items, ratings = user_ratings(ctx, "train")
@@ -42,26 +34,16 @@ def lfl_round1_inputs(
     order = np.argsort(urows, kind="stable")
     counts = np.bincount(urows, minlength=all_ids.size)
     starts = np.cumsum(counts) - counts
-    pick = starts[rows] + np.floor(
-        ctx.noise.user_uniform("sample", round, ids, 1)[:, 0] * counts[rows]
-    ).astype(np.int64)  # the sampled rating is secret too
+    draw = ctx.noise.user_uniform("sample", round, ids, 1)[:, 0]  # the sampled rating is secret too
+    rated = np.flatnonzero(counts[rows] > 0)
+    pick = starts[rows[rated]] + np.floor(draw[rated] * counts[rows[rated]]).astype(np.int64)
     j, x = items[order][pick], ratings[order][pick]
-    u = ctx.state["u"][rows]
+    u = ctx.state["u"][rows[rated]]
     m, p = v.shape
     grads = np.zeros((len(ids), m * p))
     grad = -2.0 * (x - np.einsum("ij,ij->i", u, v[j]))[:, None] * u
-    grads.reshape(len(ids), m, p)[np.arange(len(ids)), j] = grad
-    return distributed_gaussian(
-        ctx.noise,
-        grads,
-        ids=ids,
-        l2_sensitivity=noise["sensitivity"],
-        noise_multiplier=noise["z"],
-        share=noise["zeta1"],
-        quorum=noise["quorum"],
-        replacement=noise["zeta2"],
-        round=round,
-    )
+    grads.reshape(len(ids), m, p)[rated, j] = grad
+    return release(ctx.noise, grads, round=round, ids=ids)
 
 
 def lfl_round2_step(
@@ -69,35 +51,25 @@ def lfl_round2_step(
     u1: np.ndarray,
     *,
     round: int,
-    shapes: tuple[int, int],
-    noise: dict[str, float],
+    width: int,
+    release: Measurement,
+    round1: Measurement,
     zeta2: float,
     dropout: float,
 ) -> Message:
     """Round 2: each Round-1 survivor (``u1``) still online sends ξ̄_i = -ξ_i + ξ'_i: ξ_i
-    regenerated from its own noise source, ξ'_i ~ N(0, ζ2 σ²) with ζ2 from the realised |U1|."""
+    regenerated from its own noise source, ξ'_i ~ N(0, ζ2 σ²) with ζ2 from the realised |U1|
+    (``release``, part of the iteration's Round-1 release ``round1``, whose event covers it)."""
     ids = ctx.state["ids"][np.isin(ctx.state["ids"], u1)]
     online = rng.keyed_uniform(ctx.seed, "dropout-round2", round, ids, 1)[:, 0] >= dropout
     ids = ids[online]
-    m, p = shapes
-    xi = share_noise(
+    values, _ = release(
         ctx.noise,
-        ids,
-        m * p,
-        l2_sensitivity=noise["sensitivity"],
-        noise_multiplier=noise["z"],
-        share=noise["zeta1"],
+        np.zeros((ids.size, width)),  # no data: the message replaces noise only
         round=round,
-    )
-    values, _ = gaussian(
-        ctx.noise,
-        -xi,
-        l2_sensitivity=noise["sensitivity"],
-        noise_multiplier=math.sqrt(zeta2) * noise["z"],
         ids=ids,
-        round=round,
-        purpose="replacement",
-        part_of="this iteration's Round-1 release",  # its event covers the replacement (F)
+        part_of=round1,
+        replacement=zeta2,
     )
     return Message("noise_replacement", {"ids": ids, "values": values}, to="coordinator")
 
@@ -108,37 +80,33 @@ def gddr_report_step(
     *,
     round: int,
     params: GddrParams,
+    release: Measurement,
     schedule: DropoutSchedule,
     lr: float,
     bound: float,
 ) -> Message:
     """GD-DR, one iteration for every online user: its one-bit report of one sampled entry of
-    G_i = Φ∇_i (:func:`rayfed.privacy.sampled_one_bit`), then one local step on u_i with V fixed.
-    The message carries the report's ε0-LDP event as shuffled among at least ``params.quorum``
-    users (the charge), run-wide: every user's report is part of one shuffled release."""
+    G_i = Φ∇_i (``release``: :class:`~rayfed.privacy.measurement.OneBitReport`), then one local
+    step on u_i with V fixed. The message carries the report's ε0-LDP event as shuffled among at
+    least ``params.quorum`` users (the charge), run-wide: every user's report is part of one
+    shuffled release."""
     ids = ctx.state["ids"]
     online = schedule.one_message(ctx.seed, round, ids)[0]  # a dropout sends nothing
     users, items, ratings = user_ratings(ctx, "train")
     rows = np.searchsorted(ids, users)
     u = ctx.state["u"]
     reporting = np.flatnonzero(online)
-    phi, p = params.projection, v.shape[1]
-    (index, y), event = sampled_one_bit(
-        ctx.noise,
-        lambda index: gddr.projected_entries(u, v, phi, rows, items, ratings, index, reporting),
-        size=phi.shape[0] * p,
-        bound=params.clip,
-        epsilon=params.epsilon0,
-        ids=ids[reporting],
-        round=round,
-    )
+    phi = params.projection
+    index = release.mechanism.index(ctx.noise, ids[reporting], round=round)
+    entries = gddr.projected_entries(u, v, phi, rows, items, ratings, index, reporting)
+    (index, y), event = release(ctx.noise, entries, round=round, ids=ids[reporting], index=index)
     stepped = descend_users(u, v, rows, items, ratings, steps=1, lr=lr, bound=bound)
     ctx.state["u"] = np.where(online[:, None], stepped, u)  # offline users did not get V
     return Message(
         "ldp_reports",
         {"index": index, "y": y},  # no ids: the shuffler would show the server the multiset
         to="coordinator",
-        dp_event=ShuffledDpEvent(event, params.quorum, params.step_delta),
+        dp_event=event,
         scope=RUN_SCOPE,
     )
 

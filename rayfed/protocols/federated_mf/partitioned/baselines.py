@@ -8,6 +8,7 @@ import numpy as np
 
 from rayfed.actors.base import Message, StepContext
 from rayfed.mf.baselines import objpert_alternation, sgld
+from rayfed.privacy import Measurement
 
 
 def sgld_local_step(
@@ -18,10 +19,8 @@ def sgld_local_step(
     steps: int,
     eta: float,
     rate: float,
-    z: float,
-    sensitivity: float,
+    release: Measurement,
     bound: float,
-    unit: str,
     sampled: str,
 ) -> Message:
     """Party: ``steps`` DP-SGLD steps of size ``eta`` on (U, V) from the U it last uploaded (the server's initial U
@@ -36,10 +35,8 @@ def sgld_local_step(
         round=round,
         step=eta,
         rate=rate,
-        z=z,
-        sensitivity=sensitivity,
+        release=release,
         bound=bound,
-        unit=unit,
         sampled=sampled,
     )
     return Message("user_embeddings", ctx.state["u"], to="coordinator", dp_event=event)
@@ -51,8 +48,7 @@ def objpert_step(
     *,
     round: int,
     reg: float,
-    scale: float,
-    epsilon_k: float,
+    release: Measurement,
     bound: float,
 ) -> Message:
     """Party: one ObjPertb alternation (the perturbed V-solve, then the U-solve) from its own U,
@@ -65,8 +61,7 @@ def objpert_step(
         ctx.meta["items"].size,
         round=round,
         reg=reg,
-        scale=scale,
-        epsilon_k=epsilon_k,
+        release=release,
         bound=bound,
     )
     return Message("item_embeddings", ctx.state["v"], to="coordinator", dp_event=event)

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from rayfed.federation import PerMember
 from rayfed.mf.training import step_rates
-from rayfed.privacy import objective_perturbation_event
-from rayfed.privacy.calibration import sampled_steps_event
+from rayfed.privacy import Measurement
 from rayfed.protocols.base import Outcome, Plan
 from rayfed.protocols.federated_mf.config import FederatedMFConfig
 from rayfed.protocols.federated_mf.partitioned import report
@@ -47,15 +46,12 @@ def _note_sampling(fed, cfg: FederatedMFConfig, params: PartitionedParams) -> No
         fed.note(note)
 
 
-def _charge(fed, params: PartitionedParams, steps: int, rate: float, what: str) -> None:
-    """Every party's ``steps`` sampled Gaussian releases, before they are drawn; nothing with
-    ``noise=none`` (z None: no noise is drawn and nothing is DP)."""
-    if params.z is None:
+def _charge(fed, release: Measurement | None, steps: int) -> None:
+    """Every party's ``steps`` draws of ``release``, before they are drawn; nothing with
+    ``noise=none`` (no release: no noise is drawn and nothing is DP)."""
+    if release is None:
         return
-    event = sampled_steps_event(
-        params.z, steps, rate, unit=params.privacy_unit, sampled=params.sampled
-    )
-    fed.charge([(k, what.format(n=steps), event) for k in fed.parties.names])
+    fed.charge([release.charge(k, times=steps) for k in fed.parties.names])
 
 
 # --- VFL -------------------------------------------------------------------------------------------
@@ -97,9 +93,7 @@ def _vfl_rounds(fed, cfg: FederatedMFConfig, params: PartitionedParams, u_arg):
     shares = PerMember({k: params.shares[k] for k in names})
     for t in range(cfg.iterations):
         with fed.round(t):
-            _charge(
-                fed, params, cfg.local_steps, cfg.sampling_rate, f"round {t}: {{n}} DP-SGD steps"
-            )
+            _charge(fed, params.releases.local, cfg.local_steps)
             uploads = fed.parties.run(
                 vfl_local_step,
                 u_arg,
@@ -107,11 +101,9 @@ def _vfl_rounds(fed, cfg: FederatedMFConfig, params: PartitionedParams, u_arg):
                 steps=cfg.local_steps,
                 lr=_rates(cfg, t),
                 rate=cfg.sampling_rate,
-                z=params.z,
-                delta_joint=params.delta_joint,
+                release=params.releases.local,
                 bound=cfg.bound,
                 m_share=shares,
-                unit=params.privacy_unit,
                 sampled=params.sampled,
                 phase="local_steps",
             )
@@ -132,18 +124,16 @@ def _vfl_rounds(fed, cfg: FederatedMFConfig, params: PartitionedParams, u_arg):
 def _vfl_finetune(fed, cfg: FederatedMFConfig, params: PartitionedParams, u_arg) -> None:
     """κ noisy steps on each V_Fk with U frozen: published, so charged."""
     names = fed.parties.names
-    _charge(fed, params, cfg.finetune_steps, cfg.sampling_rate, "fine-tuning V_Fk")
+    _charge(fed, params.releases.finetune, cfg.finetune_steps)
     fed.parties.run(
         vfl_finetune_step,
         u_arg,
         steps=cfg.finetune_steps,
         lr=cfg.vfl_lr if cfg.vfl_lr_end is None else cfg.vfl_lr_end,
         rate=cfg.sampling_rate,
-        z=params.z,
-        delta_v=params.delta_v,
+        release=params.releases.finetune,
         bound=cfg.bound,
         m_share=PerMember({k: params.shares[k] for k in names}),
-        unit=params.privacy_unit,
         sampled=params.sampled,
         phase="finetune",
     )
@@ -167,7 +157,7 @@ def _sgld_rounds(fed, cfg: FederatedMFConfig, params: PartitionedParams, u_arg) 
     sgld = params.baseline
     for t in range(cfg.iterations):
         with fed.round(t):
-            _charge(fed, params, cfg.local_steps, cfg.sampling_rate, f"round {t}: {{n}} SGLD steps")
+            _charge(fed, params.releases.local, cfg.local_steps)
             uploads = fed.parties.run(
                 sgld_local_step,
                 u_arg,
@@ -175,10 +165,8 @@ def _sgld_rounds(fed, cfg: FederatedMFConfig, params: PartitionedParams, u_arg) 
                 steps=cfg.local_steps,
                 eta=sgld.step,
                 rate=cfg.sampling_rate,
-                z=params.z,
-                sensitivity=sgld.sensitivity,
+                release=params.releases.local,
                 bound=cfg.bound,
-                unit=params.privacy_unit,
                 sampled=params.sampled,
                 phase="local_steps",
             )
@@ -187,17 +175,15 @@ def _sgld_rounds(fed, cfg: FederatedMFConfig, params: PartitionedParams, u_arg) 
 
 def _objpert_rounds(fed, cfg: FederatedMFConfig, params: PartitionedParams, u_arg) -> None:
     objpert = params.baseline
-    event = objective_perturbation_event(objpert.epsilon_k)
     for k in range(objpert.alternations):
         with fed.round(k):
-            fed.charge([(name, f"alternation {k}: V-solve", event) for name in fed.parties.names])
+            _charge(fed, params.releases.local, 1)
             fed.parties.run(
                 objpert_step,
                 u_arg if k == 0 else None,
                 round=k,
                 reg=objpert.reg,
-                scale=objpert.scale,
-                epsilon_k=objpert.epsilon_k,
+                release=params.releases.local,
                 bound=cfg.bound,
                 phase="v_solve",
             )
@@ -232,8 +218,9 @@ def _drive_hfl(fed, cfg: FederatedMFConfig, params: PartitionedParams) -> Outcom
         phase="finetune",
     )
     parts = fed.get(fed.parties.run(hfl_evaluate_step, phase="evaluate"))
-    if params.privacy_unit == "rating":
+    if params.rating_gap:
         fed.note(report.RATING_GAP_NOTE)
+    if params.privacy_unit == "rating":
         _note_sampling(fed, cfg, params)
     if params.z is None:
         fed.note(report.NOT_PRIVATE_NOTE)
@@ -247,13 +234,7 @@ def _hfl_rounds(fed, cfg: FederatedMFConfig, params: PartitionedParams, v_msg):
     weights = {k: params.shares[k] for k in names}
     for t in range(cfg.iterations):
         with fed.round(t):
-            _charge(
-                fed,
-                params,
-                cfg.local_steps,
-                cfg.sampling_rate,
-                f"round {t}: {{n}} DP-SGD steps on V",
-            )
+            _charge(fed, params.releases.local, cfg.local_steps)
             uploads = fed.parties.run(
                 hfl_local_step,
                 v_msg.single(),
@@ -261,10 +242,8 @@ def _hfl_rounds(fed, cfg: FederatedMFConfig, params: PartitionedParams, v_msg):
                 steps=cfg.local_steps,
                 lr=_rates(cfg, t),
                 rate=cfg.sampling_rate,
-                z=params.z,
-                delta_v=params.delta_v,
+                release=params.releases.local,
                 bound=cfg.bound,
-                unit=params.privacy_unit,
                 sampled=params.sampled,
                 phase="local_steps",
             )

@@ -4,6 +4,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from rayfed.privacy import Clipped, Measurement
+
+
+@dataclass(frozen=True)
+class PartitionedReleases:
+    """The releases a VFL/HFL run draws, each built once in plan: ``local``, every local step's
+    gradient sums (VFL: of (U, V_Fk) jointly; HFL: of V), DP-SGLD's step or ObjPertb's V-solve;
+    ``finetune``, VFL's fine-tuning steps on V_Fk. None where the method makes no such release
+    (both with ``noise=none``)."""
+
+    local: Measurement | None = None
+    finetune: Measurement | None = None
+
+    def all(self) -> tuple[Measurement, ...]:
+        return tuple(m for m in (self.local, self.finetune) if m is not None)
+
 
 @dataclass(frozen=True)
 class PartitionedParams:
@@ -30,13 +46,19 @@ class PartitionedParams:
     baseline: SgldParams | ObjPertParams | None = None
     sampled: str = "user"
     faithful_epsilon: float | None = None
+    releases: PartitionedReleases = PartitionedReleases()
+    #: ratings outside [0, R] clipped (out_of_domain=clip; a count of 0 otherwise)
+    clipped: Clipped | None = None
+    #: per-rating HFL with pre-training: the guarantee holds given the pre-trained U only
+    rating_gap: bool = False
 
 
 @dataclass(frozen=True)
 class SgldParams:
-    """DP-SGLD (spec §2.10): the step size η, the gradient bound L of one rating (θL per user: the
-    sensitivity), the temperature τ = 2q/(z√η·L) and the z the papers' advanced composition gives
-    (the run's ``z``; the RDP accountant proves a smaller ε for it)."""
+    """DP-SGLD (spec §2.10): the step size η, the sensitivity (L, the gradient bound of one
+    rating; per user √(θ²+θ)·2R^{3/2}, or θL with ``user_sensitivity=thesis``), the temperature
+    τ = 2q/(z√η·L) and the z the papers' advanced composition gives (the run's ``z``; the
+    ledger's accountant proves a smaller ε for it)."""
 
     step: float
     sensitivity: float

@@ -21,15 +21,30 @@ from rayfed import mf, rng
 from rayfed.data import load_table, require_columns
 from rayfed.errors import ConfigError
 from rayfed.mf import baselines
-from rayfed.privacy import Budget, gaussian_noise_multiplier
-from rayfed.privacy.calibration import advanced_composition_noise_multiplier, sampled_steps_event
+from rayfed.privacy import (
+    Ball,
+    Budget,
+    Declared,
+    Gaussian,
+    Measurement,
+    Neighbours,
+    PrivacyDeclaration,
+    gaussian_noise_multiplier,
+)
+from rayfed.privacy.calibration import advanced_composition_noise_multiplier
 from rayfed.privacy.ledger import make_accountant
+from rayfed.privacy.measurement import GroupSampledGaussian, ObjectivePerturbation
 from rayfed.protocols.base import Plan
 from rayfed.protocols.federated_mf import ratings as ratings_data
-from rayfed.protocols.federated_mf.config import BASELINES, FederatedMFConfig
+from rayfed.protocols.federated_mf.config import (
+    BASELINES,
+    FederatedMFConfig,
+    calibration_accountant,
+)
 from rayfed.protocols.federated_mf.partitioned.params import (
     ObjPertParams,
     PartitionedParams,
+    PartitionedReleases,
     SgldParams,
 )
 
@@ -42,7 +57,7 @@ NOT_PRIVATE = (
 def plan(cfg: FederatedMFConfig, seed: int) -> Plan:
     vfl = cfg.setting == "vfl"
     gen = rng.stream(seed, "synthetic", 0, "federated-mf")
-    ratings = ratings_data.load(cfg, gen)
+    ratings, clipped = ratings_data.load(cfg, gen)
     train, test = mf.split(ratings, cfg.test_fraction, gen, by_user=True)
     axis = ratings.m if vfl else ratings.n
     _check_parties(cfg, axis, vfl)
@@ -53,7 +68,8 @@ def plan(cfg: FederatedMFConfig, seed: int) -> Plan:
     else:
         owner, n_parties = gen.integers(0, cfg.parties, axis), cfg.parties
     parties = _deal(ratings, train, test, owner, n_parties, vfl)
-    private = cfg.private()
+    # the central and HFL-local references add no DP noise, whatever `noise` says: no budget
+    private = cfg.private() and cfg.noisy_method()
     unit = cfg.resolved_unit() if private else None
     per_user = unit == "user"
     # per-user VFL: a user's ratings span every party, so every party's releases compose (the
@@ -61,19 +77,25 @@ def plan(cfg: FederatedMFConfig, seed: int) -> Plan:
     compose_all = per_user and vfl
     theta = cfg.resolved_trim() if per_user else 1
     if cfg.resolved_method() in BASELINES:
-        return _plan_baseline(cfg, delta, parties, train, test, ratings)
+        return _plan_baseline(cfg, delta, parties, train, test, ratings, clipped)
     z = _noise_multiplier(cfg, delta, n_parties if compose_all else 1, vfl) if private else None
+    delta_joint, delta_v = gradient_bounds(cfg, theta)
+    releases = (
+        _releases(cfg, z, theta, delta_joint, delta_v, vfl) if private else PartitionedReleases()
+    )
     # VFL publishes V_Fk after κ more noisy steps; HFL's Stage 3 is local and never published
-    steps = cfg.iterations * cfg.local_steps + (cfg.finetune_steps if vfl else 0)
-    true_eps = _faithful_epsilon(cfg, z, steps, delta) if private else None
+    steps = {"local": cfg.iterations * cfg.local_steps, "finetune": cfg.finetune_steps}
+    true_eps = _faithful_epsilon(cfg, releases, steps, delta) if private else None
     return Plan(
-        budget=Budget(true_eps or cfg.epsilon, delta) if private else Budget.none(),
-        requested_epsilon=cfg.epsilon if true_eps else None,
-        ledger=dict(
-            accountant="rdp",
-            relation="add_or_remove_one",
+        privacy=PrivacyDeclaration(
+            budget=Budget(true_eps or cfg.epsilon, delta) if private else Budget.none(),
+            accountant=cfg.accountant,
+            relation=Neighbours("add_or_remove_one", unit or "rating"),
             composition="sequential" if compose_all else "parallel",
-            statement=_statement(unit, vfl) + TAKEN_AS_PUBLIC if private else NOT_PRIVATE,
+            statement=_statement(cfg, unit, vfl) + TAKEN_AS_PUBLIC if private else NOT_PRIVATE,
+            measurements=releases.all(),
+            requested_epsilon=cfg.epsilon if true_eps else None,
+            data=ratings_data.data_domain(cfg, "parties", per_user) if private else None,
         ),
         parties=parties,
         rounds=cfg.iterations,
@@ -86,14 +108,73 @@ def plan(cfg: FederatedMFConfig, seed: int) -> Plan:
             m=ratings.m,
             delta=delta,
             z=z,
-            delta_joint=theta * 2 * math.sqrt(2) * cfg.bound**1.5,
-            delta_v=theta * 2 * cfg.bound**1.5,
+            delta_joint=delta_joint,
+            delta_v=delta_v,
             mean=float(train.rating.mean()),
             shares={name: meta["m_share"] for name, (_, meta) in parties.items()},
             sampled=sampled_unit(cfg),
             faithful_epsilon=true_eps,
+            releases=releases,
+            clipped=clipped,
+            rating_gap=private and rating_gap(cfg),
         ),
     )
+
+
+def gradient_bounds(cfg: FederatedMFConfig, theta: int) -> tuple[float, float]:
+    """(Δ₂ of a unit's joint (U, V) gradient rows, Δ₂ of its V rows): the radius of the ball
+    they lie in. One rating's row: (∇u_i, ∇v_j) = −2(x − ⟨u_i, v_j⟩)(v_j, u_i) with x and
+    ⟨u_i, v_j⟩ in [0, R] and every row in 𝒰/𝒱 (‖·‖² <= R, the projection Π keeps them there),
+    so ‖∇u_i‖, ‖∇v_j‖ <= 2R^{3/2} and the joint row 2√2·R^{3/2}. A user trimmed to θ ratings
+    per party (``user_sensitivity=tight``, the default): a user rates an item at most once (a
+    file with a pair twice is refused), so its θ rows ∇v_j lie on θ distinct items — orthogonal
+    blocks, √θ·2R^{3/2} together — while their ∇u_i parts add on one row u_i, θ·2R^{3/2}
+    (triangle inequality): √(θ² + θ)·2R^{3/2} jointly. Both are the supremum, reached at
+    u_i = √R·e₀, every v_j = √R·e₁, X = R (tests/test_federated_mf_extremal.py).
+    ``user_sensitivity=thesis``: θ times one rating's (the triangle inequality on every block,
+    the thesis's bound, spec §7.7)."""
+    if theta == 1 or cfg.user_sensitivity == "thesis":
+        return theta * 2 * math.sqrt(2) * cfg.bound**1.5, theta * 2 * cfg.bound**1.5
+    return math.sqrt(theta**2 + theta) * 2 * cfg.bound**1.5, math.sqrt(theta) * 2 * cfg.bound**1.5
+
+
+def _rows(cfg: FederatedMFConfig, theta: int) -> str:
+    """What one unit contributes to a release, and the bound its Δ takes."""
+    if cfg.resolved_unit() != "user":
+        return "one rating's gradient row"
+    if cfg.user_sensitivity == "thesis":
+        return f"a user's <= {theta} gradient rows, θ times one rating's Δ (the thesis's bound)"
+    return f"a user's <= {theta} gradient rows on distinct items"
+
+
+def _releases(
+    cfg: FederatedMFConfig, z: float, theta: int, delta_joint: float, delta_v: float, vfl: bool
+) -> PartitionedReleases:
+    """Every published DP-SGD step's gradient sums, a unit's rows in the ball of
+    :func:`gradient_bounds`."""
+    p = cfg.rank
+    rows = _rows(cfg, theta)
+    if vfl:
+        joint = Ball(delta_joint, 2, (theta + 1) * p)
+        local = _sampled_gaussian(cfg, f"DP-SGD step on (U, V_Fk): {rows}", z, joint)
+        v_only = Ball(delta_v, 2, theta * p)
+        finetune = _sampled_gaussian(cfg, f"fine-tuning step on V_Fk: {rows}", z, v_only)
+        return PartitionedReleases(local=local, finetune=finetune if cfg.finetune_steps else None)
+    v_only = Ball(delta_v, 2, theta * p)
+    given = " (u_i taken as given)" if rating_gap(cfg) else ""
+    label = f"DP-SGD step on V: {rows}{given}"
+    return PartitionedReleases(local=_sampled_gaussian(cfg, label, z, v_only))
+
+
+def _sampled_gaussian(cfg: FederatedMFConfig, label: str, z: float, domain: Ball) -> Measurement:
+    """One DP-SGD step's Gaussian release on a Poisson sample at η: the subsampled Gaussian when
+    the protected unit is what is sampled; for one rating of a sampled user (mode=faithful) the
+    group-sampled event, which gets no amplification of ε."""
+    relation = Neighbours("add_or_remove_one", cfg.resolved_unit())
+    q = cfg.sampling_rate
+    if sampled_unit(cfg) == cfg.resolved_unit() or q >= 1:
+        return Measurement(label, Gaussian(z), domain, relation, sampling=min(q, 1.0))
+    return Measurement(label, GroupSampledGaussian(z, q), domain, relation)
 
 
 def sampled_unit(cfg: FederatedMFConfig) -> str:
@@ -103,22 +184,28 @@ def sampled_unit(cfg: FederatedMFConfig) -> str:
     return "rating" if cfg.resolved_unit() == "rating" and cfg.mode == "corrected" else "user"
 
 
-def _faithful_epsilon(cfg: FederatedMFConfig, z: float, steps: int, delta: float) -> float | None:
-    """The true ε of a faithful per-rating run's ``steps`` DP-SGD releases per party (they compose
-    in parallel), which its ledger is declared with; None when the nominal ε holds."""
-    unit, sampled = cfg.resolved_unit(), sampled_unit(cfg)
-    if unit == sampled:
+def _faithful_epsilon(
+    cfg: FederatedMFConfig, releases: PartitionedReleases, steps: dict[str, int], delta: float
+) -> float | None:
+    """The true ε of a faithful per-rating run: each party's releases, ``steps[name]`` draws of
+    each (they compose in parallel across parties), under the ledger's own accountant (budget
+    and report agree), which its ledger is declared with; None when the nominal ε holds."""
+    if cfg.resolved_unit() == sampled_unit(cfg):
         return None
-    event = sampled_steps_event(z, steps, cfg.sampling_rate, unit=unit, sampled=sampled)
-    acc = make_accountant("rdp", "add_or_remove_one").compose(event)
+    acc = make_accountant(cfg.accountant, "add_or_remove_one")
+    for name, release in (("local", releases.local), ("finetune", releases.finetune)):
+        if release is not None and steps.get(name):
+            acc.compose(release.charge(name, times=steps[name])[2])
     return float(acc.get_epsilon(delta)) * (1 + 1e-9)  # the ledger's rounding must not refuse it
 
 
-def _plan_baseline(cfg: FederatedMFConfig, delta: float, parties, train, test, ratings) -> Plan:
+def _plan_baseline(
+    cfg: FederatedMFConfig, delta: float, parties, train, test, ratings, clipped
+) -> Plan:
     """DP-SGLD or ObjPertb on the one party's ratings (spec §2.10): the whole run composes
-    sequentially (one party); DP-SGLD's Gaussian events under RDP, ObjPertb's pure ε_k events
-    under basic composition. Both trim per user; ObjPertb trims per rating too (a rating reaches
-    all of its user's items through u_i: :func:`rayfed.mf.baselines.objpert_blocks`)."""
+    sequentially (one party); DP-SGLD's Gaussian events under the run's accountant, ObjPertb's
+    pure ε_k events under basic composition. Both trim per user; ObjPertb trims per rating too (a
+    rating reaches all of its user's items through u_i: :func:`rayfed.mf.baselines.objpert_blocks`)."""
     unit = cfg.resolved_unit()
     sgld = cfg.resolved_method() == "dp-sgld"
     trim = cfg.resolved_trim() if unit == "user" or not sgld else None
@@ -128,8 +215,12 @@ def _plan_baseline(cfg: FederatedMFConfig, delta: float, parties, train, test, r
         z = advanced_composition_noise_multiplier(
             cfg.epsilon, delta, steps=steps, sampling_rate=cfg.sampling_rate
         )
-        true_eps = _faithful_epsilon(cfg, z, steps, delta)
-        sensitivity = (trim or 1) * baselines.sgld_sensitivity(cfg.bound)
+        # the clipped prediction's residual is in [-R, R], as DP-SGD's is: the same joint bound
+        sensitivity = (
+            gradient_bounds(cfg, trim)[0]
+            if unit == "user" and cfg.user_sensitivity == "tight"
+            else (trim or 1) * baselines.sgld_sensitivity(cfg.bound)
+        )
         baseline = SgldParams(
             step=cfg.sgld_step,
             sensitivity=sensitivity,
@@ -137,6 +228,12 @@ def _plan_baseline(cfg: FederatedMFConfig, delta: float, parties, train, test, r
                 z, cfg.sgld_step, cfg.sampling_rate, sensitivity
             ),
             target_epsilon=cfg.epsilon,
+        )
+        rows = _rows(cfg, trim)
+        gradient = Ball(sensitivity, 2, ((trim or 1) + 1) * cfg.rank)
+        release = _sampled_gaussian(cfg, f"SGLD step on (U, V): {rows}", z, gradient)
+        true_eps = _faithful_epsilon(
+            cfg, PartitionedReleases(local=release), {"local": steps}, delta
         )
     else:
         z = None
@@ -151,14 +248,17 @@ def _plan_baseline(cfg: FederatedMFConfig, delta: float, parties, train, test, r
             scale=scale,
             epsilon_prime=eps_prime,
         )
+        release = _objpert_release(cfg, unit, trim, epsilon_k, scale)
     return Plan(
-        budget=Budget(true_eps or cfg.epsilon, delta if sgld else 0.0),
-        requested_epsilon=cfg.epsilon if true_eps else None,
-        ledger=dict(
-            accountant="rdp" if sgld else "pure",
-            relation="add_or_remove_one",
+        privacy=PrivacyDeclaration(
+            budget=Budget(true_eps or cfg.epsilon, delta if sgld else 0.0),
+            accountant=cfg.accountant if sgld else "pure",
+            relation=Neighbours("add_or_remove_one", unit),
             composition="sequential",
             statement=_baseline_statement(unit, sgld) + TAKEN_AS_PUBLIC,
+            measurements=(release,),
+            requested_epsilon=cfg.epsilon if true_eps else None,
+            data=ratings_data.data_domain(cfg, "parties", unit == "user"),
         ),
         parties=parties,
         rounds=cfg.iterations if sgld else cfg.objpert_alternations,
@@ -178,7 +278,31 @@ def _plan_baseline(cfg: FederatedMFConfig, delta: float, parties, train, test, r
             baseline=baseline,
             sampled=sampled_unit(cfg),
             faithful_epsilon=true_eps,
+            releases=PartitionedReleases(local=release),
+            clipped=clipped,
         ),
+    )
+
+
+def _objpert_release(
+    cfg: FederatedMFConfig, unit: str, trim: int, epsilon_k: float, scale: float
+) -> Measurement:
+    """ObjPertb's V-solve: ε_k-DP for a neighbour that changes at most the item blocks of
+    :func:`rayfed.mf.baselines.objpert_blocks` (no domain rule counts them: declared, with the
+    argument's reason)."""
+    blocks, _ = baselines.objpert_blocks(unit, trim)
+    reason = (
+        f"a user's <= {trim} kept ratings change the data terms of <= {trim} items"
+        if unit == "user"
+        else f"a rating moves u_i, which enters each of its user's <= {trim} kept items, and may "
+        "swap one kept rating: <= θ + 1 items' data terms change"
+    )
+    return Measurement(
+        "V-solve by objective perturbation",
+        ObjectivePerturbation(epsilon_k, scale, blocks),
+        Ball(baselines.objpert_gradient_bound(cfg.bound), 2, cfg.rank),
+        Neighbours("add_or_remove_one", unit),
+        declared=Declared(float(blocks), reason),
     )
 
 
@@ -186,7 +310,9 @@ def _plan_baseline(cfg: FederatedMFConfig, delta: float, parties, train, test, r
 #: for the initial scale)
 TAKEN_AS_PUBLIC = (
     "; taken as public, not covered: the number of ratings (the batch normaliser q·|Ω_k| and the "
-    "default δ = 1/|ratings|) and the training mean rating that scales the initial embeddings"
+    "default δ = 1/|ratings|), the number of users n and the number of items m (the shapes of U "
+    "and V, and each party's share of them: the server's averaging weights) and the training "
+    "mean rating that scales the initial embeddings"
 )
 
 
@@ -221,7 +347,11 @@ def _noise_multiplier(cfg: FederatedMFConfig, delta: float, composed: int, vfl: 
     # VFL publishes V_Fk after κ more noisy steps; HFL's Stage 3 is local and never published
     steps = cfg.iterations * cfg.local_steps + (cfg.finetune_steps if vfl else 0)
     return gaussian_noise_multiplier(
-        cfg.epsilon, delta, steps=steps * composed, sampling_rate=cfg.sampling_rate
+        cfg.epsilon,
+        delta,
+        steps=steps * composed,
+        sampling_rate=cfg.sampling_rate,
+        accountant=calibration_accountant(cfg),
     )
 
 
@@ -247,8 +377,28 @@ def _deal(
     return parties
 
 
-def _statement(unit: str, vfl: bool) -> str:
+def rating_gap(cfg: FederatedMFConfig) -> bool:
+    """Whether a run's per-rating guarantee holds only given the pre-trained U (spec §7.8): HFL
+    pre-trains each u_i on all of user i's ratings (Stage 1), so one rating also reaches, through
+    u_i, the gradient rows of the user's other ratings, which Δ does not cover. Without
+    pre-training (pretrain_steps=0) u_i is data-independent and the gap is closed."""
+    return cfg.setting == "hfl" and cfg.resolved_unit() == "rating" and cfg.pretrain_steps > 0
+
+
+#: the thesis's weaker relation for per-rating HFL, named as such (spec §7.8)
+GIVEN_U = "given the pre-trained user embeddings U (the thesis's per-rating relation, spec §7.8)"
+
+
+def _statement(cfg: FederatedMFConfig, unit: str, vfl: bool) -> str:
     if not vfl:
+        if rating_gap(cfg):
+            return (
+                f"per-rating DP in HFL {GIVEN_U}: Stage 1 pre-trains u_i on all of user i's "
+                "ratings and a rating's influence through u_i on the user's other gradient rows "
+                "is not covered (pretrain_steps=0 closes the gap; privacy_unit=user is sound); "
+                "users are disjoint across parties, so parties compose in parallel; only the "
+                "Stage-2 uploads and the published V count"
+            )
         return (
             f"per-{unit} DP in HFL: users are disjoint across parties, so parties "
             "compose in parallel; only the Stage-2 uploads and the published V count"

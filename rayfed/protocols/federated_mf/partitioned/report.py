@@ -6,19 +6,26 @@ from __future__ import annotations
 import pyarrow as pa
 
 from rayfed.protocols.base import Outcome
-from rayfed.protocols.federated_mf.config import FederatedMFConfig
+from rayfed.protocols.federated_mf.config import FederatedMFConfig, calibration_accountant
 from rayfed.protocols.federated_mf.partitioned.params import (
     ObjPertParams,
     PartitionedParams,
     SgldParams,
 )
 
+#: how the notes name the accountants
+ACCOUNTANTS = {
+    "tightest": "tightest accountant (PLD and RDP side by side, the smaller ε)",
+    "rdp": "RDP accountant",
+}
+
 LOCAL_NOTE = (
     "local non-private SGD baseline: each party trains on its own data only; nothing is released"
 )
 RATING_GAP_NOTE = (
     "per-rating in HFL has a gap (spec §7.8): the pre-trained u_i depends on all of the user's "
-    "ratings; per-user (privacy_unit=user) is sound"
+    "ratings, so the guarantee holds given the pre-trained U only; pretrain_steps=0 closes it, "
+    "and per-user (privacy_unit=user) is sound"
 )
 
 
@@ -48,7 +55,7 @@ def baseline_notes(cfg: FederatedMFConfig, params: PartitionedParams) -> list[st
             f"in the SGLD papers (Gaussian (ε0, δ0) per step, amplified by sampling at "
             f"q = {cfg.sampling_rate:g}, {cfg.iterations * cfg.local_steps} steps) for "
             f"ε = {baseline.target_epsilon:g}; the ledger charges the true events of its steps "
-            "and the RDP accountant proves the ε this run reports"
+            f"and the {ACCOUNTANTS[cfg.accountant]} proves the ε this run reports"
             + ("" if params.faithful_epsilon else ", below that target"),
             f"DP-SGLD: step η = {baseline.step:g}, temperature τ = {baseline.temperature:.4g}, "
             f"L = {baseline.sensitivity:.4g}; releases the last sample (U, V) (each round's U "
@@ -105,9 +112,21 @@ def vfl_noise_note(cfg: FederatedMFConfig, params: PartitionedParams) -> str:
         return NOT_PRIVATE_NOTE
     return (
         f"noise multiplier z = {params.z:.4g} (σ = z·Δ, Δ = {params.delta_joint:.4g} joint, "
-        f"{params.delta_v:.4g} fine-tuning) for "
+        f"{params.delta_v:.4g} fine-tuning{_per_user_bound(cfg, params)}) for "
         f"{cfg.iterations}x{cfg.local_steps}+{cfg.finetune_steps} "
-        f"steps at η = {cfg.sampling_rate:g}, δ = {params.delta:.3g}"
+        f"steps at η = {cfg.sampling_rate:g}, δ = {params.delta:.3g}, calibrated with the "
+        + ACCOUNTANTS[calibration_accountant(cfg)]
+    )
+
+
+def _per_user_bound(cfg: FederatedMFConfig, params: PartitionedParams) -> str:
+    """Which per-user Δ the run took (``user_sensitivity``)."""
+    if params.trim is None:
+        return ""
+    if cfg.user_sensitivity == "thesis":
+        return f"; θ = {params.trim} times one rating's: the thesis's bound, more noise than needed"
+    return (
+        f"; a user's θ = {params.trim} ratings on distinct items: √(θ²+θ)·2R^(3/2) and √θ·2R^(3/2)"
     )
 
 
@@ -139,10 +158,16 @@ def outcome(
             delta=params.delta, trim=params.trim, baseline=dict(params.baseline.__dict__)
         )
     guarantee = f"per-{params.privacy_unit} DP" if private else "not private"
+    if params.rating_gap:
+        guarantee += " given the pre-trained U (the thesis's relation, spec §7.8)"
     headline = (
         f"{cfg.setting.upper()} {params.method} test MSE {test_mse:.4f} ({len(parts)} parties, "
         f"{guarantee})"
     )
+    if params.clipped is not None:
+        metrics["clipped"] = params.clipped.to_dict()
+        if params.clipped.count:
+            headline += f"; {params.clipped.statement()}"
     table = pa.table(
         {
             "party": list(parts),

@@ -9,6 +9,7 @@ import numpy as np
 from rayfed import mf
 from rayfed.actors.base import Message, StepContext
 from rayfed.mf.training import descend_jointly, dp_sgd, trim_mask
+from rayfed.privacy import Measurement
 from rayfed.protocols.federated_mf.steps import pretrain_step, user_ratings
 
 
@@ -39,14 +40,13 @@ def vfl_local_step(
     steps: int,
     lr: float | np.ndarray,
     rate: float,
-    z: float | None,
-    delta_joint: float,
+    release: Measurement | None,
     bound: float,
     m_share: float,
-    unit: str | None,
     sampled: str,
 ) -> Message:
-    """Party: T' noisy local steps on (U^(k), V_Fk) from the broadcast U; uploads U^(k)."""
+    """Party: T' noisy local steps on (U^(k), V_Fk) from the broadcast U (``release``: the joint
+    gradient sums' Gaussian; None without noise); uploads U^(k)."""
     u, ctx.state["v"], event = dp_sgd(
         ctx.noise,
         np.array(u),
@@ -57,12 +57,10 @@ def vfl_local_step(
         round=round,
         lr=lr,
         rate=rate,
-        z=z,
-        sensitivity=delta_joint,
+        release=release,
         bound=bound,
         m_share=m_share,
         update_u=True,
-        unit=unit,
         sampled=sampled,
     )
     ctx.state["u"] = u
@@ -76,14 +74,13 @@ def vfl_finetune_step(
     steps: int,
     lr: float,
     rate: float,
-    z: float | None,
-    delta_v: float,
+    release: Measurement | None,
     bound: float,
     m_share: float,
-    unit: str | None,
     sampled: str,
 ) -> Message:
-    """Party: κ noisy steps on V_Fk with U frozen (convex, smaller sensitivity); V_Fk is published."""
+    """Party: κ noisy steps on V_Fk with U frozen (convex, smaller sensitivity: ``release``);
+    V_Fk is published."""
     ctx.state["u"] = np.array(u)
     _, ctx.state["v"], event = dp_sgd(
         ctx.noise,
@@ -95,12 +92,10 @@ def vfl_finetune_step(
         round=0,  # the draw counter keeps these streams apart from round 0's
         lr=lr,
         rate=rate,
-        z=z,
-        sensitivity=delta_v,
+        release=release,
         bound=bound,
         m_share=m_share,
         update_u=False,
-        unit=unit,
         sampled=sampled,
     )
     return Message("item_embeddings", ctx.state["v"], to="coordinator", dp_event=event)
@@ -153,13 +148,12 @@ def hfl_local_step(
     steps: int,
     lr: float | np.ndarray,
     rate: float,
-    z: float | None,
-    delta_v: float,
+    release: Measurement | None,
     bound: float,
-    unit: str | None,
     sampled: str,
 ) -> Message:
-    """Party: T' DP-SGD steps on its copy V^(k) with its pre-trained U fixed; uploads V^(k)."""
+    """Party: T' DP-SGD steps on its copy V^(k) with its pre-trained U fixed (``release``: the
+    V-gradient sums' Gaussian); uploads V^(k)."""
     ctx.state["v"] = np.array(v)
     _, ctx.state["v"], event = dp_sgd(
         ctx.noise,
@@ -171,12 +165,10 @@ def hfl_local_step(
         round=round,
         lr=lr,
         rate=rate,
-        z=z,
-        sensitivity=delta_v,
+        release=release,
         bound=bound,
         m_share=1.0,
         update_u=False,
-        unit=unit,
         sampled=sampled,
     )
     return Message("item_embeddings", ctx.state["v"], to="coordinator", dp_event=event)
