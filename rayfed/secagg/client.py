@@ -465,7 +465,8 @@ def masked_input(
 
     ``input_fn`` returns the users' inputs, or ``(inputs, event)`` when it adds DP noise through a
     :mod:`rayfed.privacy` mechanism: every cohort's message then carries the event of the one
-    release their sum is (scope ``"run"``)."""
+    release their sum is (scope ``"run"``), or ``(inputs, event, scope)`` for another scope (a
+    party's own noise: its name)."""
     _maybe_die(ctx, spec, "masked_input")
     st = _state(ctx, spec, "masked_input")
     u2 = np.asarray(routed["u2"])
@@ -482,9 +483,9 @@ def masked_input(
     ] = False
     st.received = {k: routed[k] for k in ("sender", "receiver", "ct") if k in routed}
     rows = np.flatnonzero(st.active)
-    x, event = input_fn(ctx, spec.round, st.ids[rows], *input_args), None
-    if isinstance(x, tuple) and len(x) == 2 and isinstance(x[1], DpEvent):
-        x, event = x
+    x, event, scope = input_fn(ctx, spec.round, st.ids[rows], *input_args), None, "run"
+    if isinstance(x, tuple) and len(x) in (2, 3) and isinstance(x[1], DpEvent):
+        x, event, scope = x if len(x) == 3 else (*x, scope)
     x = _as_inputs(x)
     if x.shape != (len(rows), spec.dim):
         raise ValueError(
@@ -495,7 +496,7 @@ def masked_input(
         {"pos": st.pos[rows], "y": _masked_sum(ctx, spec, st, rows, u2_member, x)[None, :]},
         to="coordinator",
         dp_event=event,
-        scope="run" if event is not None else None,
+        scope=scope if event is not None else None,
     )
 
 
