@@ -6,6 +6,7 @@ integers, never the result."""
 
 from __future__ import annotations
 
+import re
 import sys
 
 import numpy as np
@@ -185,3 +186,21 @@ def test_hfl_a_client_lost_in_the_secure_sum_ends_the_run_naming_it():
         rayfed.run(
             "hfl-kmeans", masking="pairwise", clients=5, fail=["party=p3@phase=masked_input"], **HFL
         )
+
+
+# --- the worked example of docs/adding-a-protocol.md -------------------------------------------
+def _docs_example():
+    """The page's party_sum.py block, executed as a module."""
+    import types
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "adding-a-protocol.md").read_text()
+    (block,) = [b for b in re.findall(r"```python\n(.*?)```", page, re.S) if "party_sum.py" in b]
+    module = types.ModuleType("party_sum_example")
+    exec(compile(block, "docs/adding-a-protocol.md", "exec"), module.__dict__)
+    return module
+
+
+def test_the_docs_party_sum_survives_carol_in_process():
+    result = _docs_example().main("local")
+    assert result.survivors.tolist() == [0, 1, 3, 4]
