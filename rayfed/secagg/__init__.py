@@ -1,10 +1,10 @@
 """Secure aggregation (SecAgg, Bonawitz et al. CCS 2017; SecAgg+, Bell et al. CCS 2020) over
-simulated users held in UserCohortActors.
+any group of members: simulated users held in UserCohortActors, or the parties (one user each).
 
-The one recipe protocols use is :func:`secure_sum`: every cohort's users contribute a vector
-(computed by ``input_fn`` inside the cohort), and the coordinator learns the sum over the users
+The one recipe protocols use is :func:`secure_sum`: every member's users contribute a vector
+(computed by ``input_fn`` inside the member), and the server learns the sum over the users
 whose masked input arrived — nothing else — or the round ends with BelowThreshold. Driver calls
-per phase are one per cohort, never one per user.
+per phase are one per member, never one per user (:mod:`rayfed.secagg.group`).
 
 Modes (same code path for the first two):
 
