@@ -44,14 +44,13 @@ def drive(fed, cfg: HflKmeansConfig, plan: Plan) -> Outcome:
     for t in range(1, setup.t_max + 1):
         with fed.round(t):
             uploads = fed.parties.run(iterate_step, aggregate, t=t, phase="assign-upload")
-            if cfg.masking == "pairwise":
-                if cfg.topology == "ring":  # the clients add their noise to their uploads
-                    _charge_ring(fed, setup, order, t)
+            if cfg.masking == "pairwise" and cfg.topology == "ring":
+                _charge_ring(fed, setup, order, t)  # the clients' noise is in their uploads
+                words = _secure_sum(fed, setup, order, t)
+                aggregate = fed.coordinator.run(release_step, words, phase="release").single()
+            elif cfg.masking == "pairwise":  # the padded uploads, summed securely
                 uploads = {"secure-sum": _secure_sum(fed, setup, order, t)}
-            if cfg.topology == "ring" and cfg.masking == "pairwise":
-                aggregate = fed.coordinator.run(
-                    release_step, uploads["secure-sum"], phase="release"
-                ).single()
+                aggregate = _aggregate(fed, setup, uploads, t).single()
             elif cfg.topology == "ring":
                 aggregate = _ring(fed, setup, order, t).single()
             else:
