@@ -128,7 +128,14 @@ def run_one(name: str, users: int, dim: int, variant: str, dropout: float, seed:
 
         sample("start")
         started = time.perf_counter()
-        result = secure_sum(fed, spec, synthetic_inputs, (dim, 1.0), after_phase=sample)
+        result = secure_sum(
+            fed.cohorts,
+            spec,
+            synthetic_inputs,
+            (dim, 1.0),
+            server=fed.coordinator,
+            after_phase=sample,
+        )
         wall = (
             time.perf_counter()
             - started

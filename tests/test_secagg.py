@@ -223,7 +223,7 @@ def _run(
         backend=backend,
         randomness="secure" if mode == "secure" else "seeded",
     ) as fed:
-        result = secure_sum(fed, spec, _inputs, (dim,))
+        result = secure_sum(fed.cohorts, spec, _inputs, (dim,), server=fed.coordinator)
         transcript = list(fed.transcript.rows)
     reference = _reference(spec, seed, params, graph_seed=result.graph_seed)
     return result, _exact(result, spec, reference), params, transcript
@@ -886,7 +886,7 @@ def test_a_cohort_killed_in_process_becomes_dropouts(phase):
         privacy=PrivacyDeclaration.none("test"),
         backend="local",
     ) as fed:
-        result = secure_sum(fed, spec, _inputs, (3,))
+        result = secure_sum(fed.cohorts, spec, _inputs, (3,), server=fed.coordinator)
     assert result.failed_cohorts == ["c2"]
     c2 = cohorts["c2"][0]["user_id"].to_numpy()
     lost = np.full(ids.size, NEVER)

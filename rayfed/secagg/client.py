@@ -120,17 +120,19 @@ def registered_users(ctx: StepContext) -> np.ndarray:
 
 
 # --- phase 1: advertise keys ---------------------------------------------------------------------
-def advertise(ctx: StepContext, spec: RoundSpec) -> Message:
+def advertise(ctx: StepContext, spec: RoundSpec, ids: np.ndarray | None = None) -> Message:
     """Each user draws two X25519 key pairs (c: share encryption, s: pairwise masks) and sends
-    the public keys. Keys come from the cohort's noise source: the OS in a secure run (``secure``
-    mode), the run's stream keyed by user id otherwise."""
+    the public keys. Keys come from the member's noise source: the OS in a secure run (``secure``
+    mode), the run's stream keyed by user id otherwise. The member's users are ``ids`` when the
+    driver gives them (a party is one user: its index in the party order), else its registered
+    users."""
     _maybe_die(ctx, spec, "advertise")
     check_source(spec, ctx.noise)
     if spec.round in ctx.state.get("secagg", {}):
         raise ProtocolViolation(
             f"{ctx.name}: round {spec.round} was already started; keys are never re-issued"
         )
-    ids = registered_users(ctx)
+    ids = registered_users(ctx) if ids is None else np.asarray(ids, dtype=np.int64)
     pos = spec.positions(ids)
     drop = spec.dropout.drop_phase(ctx.seed, spec.round, ids)
     active = drop > BEFORE_ADVERTISE
@@ -463,7 +465,8 @@ def masked_input(
 
     ``input_fn`` returns the users' inputs, or ``(inputs, event)`` when it adds DP noise through a
     :mod:`rayfed.privacy` mechanism: every cohort's message then carries the event of the one
-    release their sum is (scope ``"run"``)."""
+    release their sum is (scope ``"run"``), or ``(inputs, event, scope)`` for another scope (a
+    party's own noise: its name)."""
     _maybe_die(ctx, spec, "masked_input")
     st = _state(ctx, spec, "masked_input")
     u2 = np.asarray(routed["u2"])
@@ -480,10 +483,10 @@ def masked_input(
     ] = False
     st.received = {k: routed[k] for k in ("sender", "receiver", "ct") if k in routed}
     rows = np.flatnonzero(st.active)
-    x, event = input_fn(ctx, spec.round, st.ids[rows], *input_args), None
-    if isinstance(x, tuple) and len(x) == 2 and isinstance(x[1], DpEvent):
-        x, event = x
-    x = np.asarray(x, dtype=np.float64)
+    x, event, scope = input_fn(ctx, spec.round, st.ids[rows], *input_args), None, "run"
+    if isinstance(x, tuple) and len(x) in (2, 3) and isinstance(x[1], DpEvent):
+        x, event, scope = x if len(x) == 3 else (*x, scope)
+    x = _as_inputs(x)
     if x.shape != (len(rows), spec.dim):
         raise ValueError(
             f"input function returned shape {x.shape}, expected {(len(rows), spec.dim)}"
@@ -493,8 +496,23 @@ def masked_input(
         {"pos": st.pos[rows], "y": _masked_sum(ctx, spec, st, rows, u2_member, x)[None, :]},
         to="coordinator",
         dp_event=event,
-        scope="run" if event is not None else None,
+        scope=scope if event is not None else None,
     )
+
+
+def _as_inputs(x) -> np.ndarray:
+    """Integer inputs stay integers (words of the ring, see :func:`_encode`); others are floats."""
+    x = np.asarray(x)
+    return x if np.issubdtype(x.dtype, np.integer) else x.astype(np.float64)
+
+
+def _encode(spec: RoundSpec, x: np.ndarray) -> np.ndarray:
+    """Inputs as words mod 2^b: floats fixed-point encoded (clipped, scaled, rounded); integers
+    taken as they are, mod 2^b (two's complement) — a protocol that sums words of its own ring
+    (hfl-kmeans's padded uploads) gets its words' sum back exactly in ``AggregationResult.words``."""
+    if np.issubdtype(x.dtype, np.integer):
+        return spec.encoding.reduce(x.astype(np.int64, copy=False).astype(np.uint64))
+    return spec.encoding.encode(x)
 
 
 def _masked_sum(
@@ -520,13 +538,11 @@ def _masked_sum(
         masks = np.zeros((1, spec.dim), dtype)
         for a in range(0, len(rows), _ENCODE_CHUNK_ROWS):
             part = rows[a : a + _ENCODE_CHUNK_ROWS]
-            total += spec.encoding.encode(x[a : a + _ENCODE_CHUNK_ROWS]).sum(
-                axis=0, dtype=np.uint64
-            )
+            total += _encode(spec, x[a : a + _ENCODE_CHUNK_ROWS]).sum(axis=0, dtype=np.uint64)
             if spec.mode == "dealer":
                 _add_dealer_round_masks(ctx, spec, st.pos[part], peers, masks)
         return spec.encoding.reduce(total + masks[0].astype(np.uint64))
-    y = spec.encoding.encode(x)
+    y = _encode(spec, x)
     if len(rows):
         for i, row in enumerate(rows):
             y[i] += _crypto.expand(st.b_seed[row].tobytes(), spec.dim, dtype)

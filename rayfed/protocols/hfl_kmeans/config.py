@@ -90,10 +90,12 @@ class HflKmeansConfig:
     )
     masking: Literal["shared-seed", "pairwise", "none"] = option(
         "shared-seed",
-        "shared-seed: the thesis's pads from a seed all clients share; pairwise: plus pairwise "
-        "X25519 masks (a server colluding with one client sees no other client's upload, M >= 3); "
+        "shared-seed: the thesis's pads from a seed all clients share; pairwise: the padded "
+        "uploads go through the one secure sum over the clients (SecAgg pairwise masks, threshold "
+        "max(2, M/2 + 1): a server colluding with fewer clients sees no client's upload, M >= 3); "
         "none: plaintext uploads (an insecure baseline); on the ring, shared-seed is the first "
-        "client's random pad and pairwise the pairwise masks alone",
+        "client's random pad and pairwise the secure sum of the noisy values (the coordinator "
+        "relays it and learns only the released sum)",
     )
     topology: Literal["server", "ring"] = option(
         "server",

@@ -4,11 +4,13 @@ ring), and a last update that leaves every client with the final centroids."""
 
 from __future__ import annotations
 
+import math
 import time
 
 import numpy as np
 
 from rayfed.backends import PerMember
+from rayfed.errors import PartyFailed
 from rayfed.protocols.base import Outcome, Plan
 from rayfed.protocols.hfl_kmeans import report
 from rayfed.protocols.hfl_kmeans.config import DATA_INITS, HflKmeansConfig
@@ -21,11 +23,13 @@ from rayfed.protocols.hfl_kmeans.steps import (
     mpc_layer_step,
     mpc_start_step,
     prepare_step,
+    release_step,
     ring_close_step,
     ring_step,
+    secure_input,
     setup_step,
 )
-from rayfed.secagg import mpc, pads
+from rayfed.secagg import FixedPoint, SecAggParams, make_spec, mpc, party_ids, secure_sum
 from rayfed.secagg.keys import agree_group_key
 
 
@@ -40,7 +44,14 @@ def drive(fed, cfg: HflKmeansConfig, plan: Plan) -> Outcome:
     for t in range(1, setup.t_max + 1):
         with fed.round(t):
             uploads = fed.parties.run(iterate_step, aggregate, t=t, phase="assign-upload")
-            if cfg.topology == "ring":
+            if cfg.masking == "pairwise" and cfg.topology == "ring":
+                _charge_ring(fed, setup, order, t)  # the clients' noise is in their uploads
+                words = _secure_sum(fed, setup, order, t)
+                aggregate = fed.coordinator.run(release_step, words, phase="release").single()
+            elif cfg.masking == "pairwise":  # the padded uploads, summed securely
+                uploads = {"secure-sum": _secure_sum(fed, setup, order, t)}
+                aggregate = _aggregate(fed, setup, uploads, t).single()
+            elif cfg.topology == "ring":
                 aggregate = _ring(fed, setup, order, t).single()
             else:
                 aggregate = _aggregate(fed, setup, uploads, t).single()
@@ -61,13 +72,7 @@ def _setup(fed, cfg: HflKmeansConfig, setup: Setup, order: list[str]) -> None:
     """The clients' group key, then the server (on the ring: the first client) broadcasts the
     public setup of the public N; every client prepares its initial centroids."""
     ring = cfg.topology == "ring"
-    agree_group_key(
-        fed,
-        order,
-        purpose="group-key",
-        slot="group_key",
-        pair_info=pads.INFO_PAIRS if cfg.masking == "pairwise" else None,
-    )
+    agree_group_key(fed, order, purpose="group-key", slot="group_key")
     host = fed.parties if ring else fed.coordinator
     broadcast = host.run(
         setup_step, setup=setup, phase="setup", **({"members": [order[0]]} if ring else {})
@@ -93,19 +98,58 @@ def _aggregate(fed, setup: Setup, uploads, t: int):
     return fed.coordinator.run(aggregate_step, uploads, setup=setup, t=t, phase="aggregate")
 
 
-def _ring(fed, setup: Setup, order: list[str], t: int):
-    running = None
+def _secure_sum(fed, setup: Setup, order: list[str], t: int) -> np.ndarray:
+    """masking=pairwise: the parties' uploads (:func:`secure_input`) through the one secure sum
+    (SecAgg on the complete graph over the parties, one user each, the coordinator relaying); the
+    sum's words in Z_2^b. The sum survives a party that drops after sharing its keys, but
+    hfl-kmeans does not: its pads and its next iteration need every client (the thesis aborts,
+    [C] fail_together), so a dropped party ends the run with PartyFailed naming it."""
+    spec = make_spec(
+        round=t,
+        mode="secure" if fed.randomness == "secure" else "simulation",
+        registry=np.arange(len(order)),
+        params=sum_params(len(order)),
+        encoding=FixedPoint(float(2 ** (setup.ring_bits - 1)), 0, setup.ring_bits),
+        dim=setup.length,
+        tag=b"hfl-kmeans",
+    )
+    ids = party_ids(order)
+    if setup.joint:
+        _sample_noise(fed, setup, order, t)
+    result = secure_sum(fed.parties, spec, secure_input, (t,), server=fed.coordinator, ids=ids)
+    if result.failed_cohorts:
+        name = result.failed_cohorts[0]
+        raise PartyFailed(name, t, "parties:secure-sum", "dropped out of the secure sum")
+    return result.words
+
+
+def sum_params(m: int) -> SecAggParams:
+    """SecAgg on the complete graph over m parties: threshold t = max(2, ⌊m/2⌋ + 1) (at most
+    m - 1), so the server with fewer than t clients (one, at least) reconstructs no secret; the
+    sum then survives m - 1 - t parties dropping after sharing (m >= 5: at least one)."""
+    t = min(m - 1, max(2, m // 2 + 1))
+    return SecAggParams(m, m - 1, t, t + 1, True, -math.inf, -math.inf)
+
+
+def _charge_ring(fed, setup: Setup, order: list[str], t: int) -> None:
+    """The ring's charges, for the noise the clients added to their secure-sum uploads."""
     if setup.joint:
         label = "discrete-Laplace noise sampled in shares by the clients' MPC (ring, dealer)"
         fed.charge([setup.charge("clients", label)])
-        _sample_noise(fed, setup, order, t)
     elif setup.noise and setup.honest is not None:
         label = f"split discrete-Laplace noise (ring, {setup.honest} honest clients)"
         fed.charge([setup.charge("clients", label)])
-    local = setup.noise and setup.honest is None and not setup.joint
-    for p in order:
-        if local:
+    elif setup.noise:
+        for p in order:
             fed.charge([setup.charge(p, "local discrete-Laplace noise (ring)")])
+
+
+def _ring(fed, setup: Setup, order: list[str], t: int):
+    _charge_ring(fed, setup, order, t)
+    if setup.joint:
+        _sample_noise(fed, setup, order, t)
+    running = None
+    for p in order:
         running = fed.parties.run(ring_step, running, t=t, members=[p], phase="ring").single()
     return fed.parties.run(ring_close_step, running, members=[order[0]], phase="ring-close")
 

@@ -30,9 +30,17 @@ def drive(fed, cfg: SecureSumConfig, plan: Plan) -> Outcome:
                 corrupt=cfg.corrupt_fraction,
             )
             if params.columns:
-                result = secure_sum(fed, spec, table_inputs, (params.columns,))
+                result = secure_sum(
+                    fed.cohorts, spec, table_inputs, (params.columns,), server=fed.coordinator
+                )
             else:
-                result = secure_sum(fed, spec, synthetic_inputs, (params.dim, cfg.clip))
+                result = secure_sum(
+                    fed.cohorts,
+                    spec,
+                    synthetic_inputs,
+                    (params.dim, cfg.clip),
+                    server=fed.coordinator,
+                )
             fed.record(
                 survivors=int(result.survivors.size),
                 dropouts=int(params.registry.size - result.survivors.size),

@@ -182,7 +182,13 @@ def _iteration(fed, cfg: FederatedMFConfig, params: LflParams, t: int, v_msg):
     v = fed.get(v_msg.single())
     row: dict[str, Any] = {"iteration": t, "skipped": False}
     try:
-        agg = secure_sum(fed, spec, lfl_round1_inputs, (v, params.releases.round1))
+        agg = secure_sum(
+            fed.cohorts,
+            spec,
+            lfl_round1_inputs,
+            (v, params.releases.round1),
+            server=fed.coordinator,
+        )
     except BelowThreshold as err:
         row.update(skipped=True, reason=str(err))
         return fed.coordinator.run(current_v_step, phase="keep_v"), row

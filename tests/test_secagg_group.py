@@ -1,0 +1,206 @@
+"""The one secure sum over any group (issue 26): ``secure_sum`` over the parties — one SecAgg user
+per party, its index in the party order — with a party that dies after sharing its keys
+recovered (its pairwise masks rebuilt from the others' key shares), on both backends; and
+hfl-kmeans's pairwise masking, which runs on it. References are the inputs summed in exact
+integers, never the result."""
+
+from __future__ import annotations
+
+import re
+import sys
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+import rayfed
+from rayfed.errors import PartyFailed
+from rayfed.faults import Fault
+from rayfed.federation import Federation
+from rayfed.privacy import PrivacyDeclaration
+from rayfed.secagg import FixedPoint, ProtocolViolation, find_params, make_spec, secure_sum
+from rayfed.secagg.group import party_ids
+
+NAMES = ["alice", "bob", "carol", "dave", "erin"]
+DIM, FRAC = 4, 16
+
+
+def _inputs(m: int) -> np.ndarray:
+    """Party i's vector: values on the 2^-16 grid, so every sum of them is an exact float."""
+    gen = np.random.default_rng(26)
+    return gen.integers(-(2**16), 2**16, (m, DIM)) / 2.0**FRAC
+
+
+def party_input(ctx, round, ids, x):
+    """A party's input: its one user's row (ids = [its index in the party order])."""
+    return x[ids]
+
+
+def _party_sum(names, *, backend="local", fail=None, mode="simulation", dropout=0.0, x=None):
+    m = len(names)
+    x = _inputs(m) if x is None else x
+    params = find_params(m, dropout=dropout, graph="complete")
+    spec = make_spec(
+        round=1,
+        mode=mode,
+        registry=np.arange(m),
+        params=params,
+        encoding=FixedPoint.choose(m, 1.0, FRAC),
+        dim=DIM,
+    )
+    parties = {name: (pa.table({"row": [i]}), {}) for i, name in enumerate(names)}
+    faults = [Fault("parties", fail, phase="masked_input")] if fail else []
+    with Federation(
+        run_id="group",
+        seed=5,
+        parties=parties,
+        privacy=PrivacyDeclaration.none("test"),
+        backend=backend,
+        randomness="secure" if mode == "secure" else "seeded",
+        faults=faults,
+    ) as fed:
+        result = secure_sum(
+            fed.parties, spec, party_input, (x,), server=fed.coordinator, ids=party_ids(names)
+        )
+    return result, x, spec
+
+
+@pytest.mark.parametrize("mode", ["simulation", "secure"])
+def test_a_sum_over_parties_without_dropout_equals_the_plain_sum(mode):
+    result, x, spec = _party_sum(NAMES[:4], mode=mode)
+    exact = np.rint(x * 2**FRAC).astype(np.int64).sum(axis=0)
+    assert np.array_equal(spec.encoding.signed(result.words), exact)
+    assert np.array_equal(result.sum, x.sum(axis=0))  # exact: every input is on the grid
+    assert result.survivors.tolist() == [0, 1, 2, 3] and not result.failed_cohorts
+
+
+def _check_dropped(result, x, dead: int) -> None:
+    survivors = [i for i in range(len(x)) if i != dead]
+    assert result.failed_cohorts == [NAMES[dead]]
+    assert result.survivors.tolist() == survivors
+    assert result.dropped_after_sharing.tolist() == [dead]  # its masks had to be recovered
+    assert np.array_equal(result.sum, x[survivors].sum(axis=0))
+    assert not np.array_equal(result.sum, x.sum(axis=0))  # the dead party's input is absent
+
+
+@pytest.mark.parametrize("mode", ["simulation", "secure"])
+def test_a_party_killed_after_sharing_its_keys_leaves_the_exact_sum_of_the_others(mode):
+    """5 parties (t = 3 of the 4 others, one dropout tolerated); carol dies at masked_input, after
+    share_keys: the others' pairwise masks with her are rebuilt from her key shares."""
+    result, x, _ = _party_sum(NAMES, fail="carol", mode=mode, dropout=0.2)
+    _check_dropped(result, x, NAMES.index("carol"))
+
+
+def test_a_party_killed_on_ray_leaves_the_exact_sum_of_the_others(ray_cluster):
+    """The same on Ray: bob's actor really dies (its process exits) after share_keys."""
+    from ray import cloudpickle
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])  # party_input, for the workers
+    result, x, _ = _party_sum(NAMES, backend="ray", fail="bob", dropout=0.2)
+    _check_dropped(result, x, NAMES.index("bob"))
+
+
+def test_a_party_with_another_partys_id_is_refused():
+    """The ids the driver gives must be the registry's: a party cannot sum as a user that is not
+    registered."""
+    params = find_params(3, dropout=0.0, graph="complete")
+    spec = make_spec(
+        round=1,
+        mode="simulation",
+        registry=np.arange(3),
+        params=params,
+        encoding=FixedPoint.choose(3, 1.0, FRAC),
+        dim=DIM,
+    )
+    parties = {name: (pa.table({"row": [i]}), {}) for i, name in enumerate(NAMES[:3])}
+    with Federation(
+        run_id="group",
+        seed=5,
+        parties=parties,
+        privacy=PrivacyDeclaration.none("test"),
+        backend="local",
+    ) as fed:
+        ids = {name: i + 5 for i, name in enumerate(NAMES[:3])}
+        with pytest.raises(ProtocolViolation, match="not in the round's registry"):
+            secure_sum(
+                fed.parties, spec, party_input, (_inputs(3),), server=fed.coordinator, ids=ids
+            )
+
+
+def test_integer_inputs_are_ring_words_summed_exactly():
+    """Integer inputs (a protocol's own ring words, hfl-kmeans's padded uploads) are summed mod
+    2^b as they are, neither clipped nor scaled: uniform 32-bit words come back exactly."""
+    m, bits = 4, 32
+    words = np.random.default_rng(7).integers(0, 2**bits, (m, DIM), dtype=np.uint64)
+    words = words.astype(np.uint32)
+    spec = make_spec(
+        round=1,
+        mode="simulation",
+        registry=np.arange(m),
+        params=find_params(m, dropout=0.0, graph="complete"),
+        encoding=FixedPoint(float(2 ** (bits - 1)), 0, bits),
+        dim=DIM,
+    )
+    parties = {name: (pa.table({"row": [i]}), {}) for i, name in enumerate(NAMES[:m])}
+    with Federation(
+        run_id="group",
+        seed=5,
+        parties=parties,
+        privacy=PrivacyDeclaration.none("test"),
+        backend="local",
+    ) as fed:
+        result = secure_sum(
+            fed.parties,
+            spec,
+            party_input,
+            (words,),
+            server=fed.coordinator,
+            ids=party_ids(NAMES[:m]),
+        )
+    expected = words.astype(np.uint64).sum(axis=0) % 2**bits
+    assert np.array_equal(result.words.astype(np.uint64), expected)
+
+
+# --- hfl-kmeans's pairwise masking on the one secure sum --------------------------------------
+HFL = dict(users=600, k=3, backend="local", out_dir=None, seed=1)
+
+
+@pytest.mark.parametrize("topology", ["server", "ring"])
+def test_hfl_pairwise_masking_runs_on_the_secure_sum_and_changes_nothing(topology):
+    """masking=pairwise sends every client's upload through the secure sum over the parties (a
+    masked_input per client and iteration); the masks cancel exactly, so the centroids are those
+    of masking=shared-seed (the server) or of the first client's ring pad."""
+    options = dict(HFL, clients=5, topology=topology, noise="none")
+    shared = rayfed.run("hfl-kmeans", **options)
+    pairwise = rayfed.run("hfl-kmeans", masking="pairwise", **options)
+    assert shared.tables["centroids"].equals(pairwise.tables["centroids"])
+    masked = [r for r in pairwise.transcript.to_pylist() if r["name"] == "masked_input"]
+    assert len(masked) == 5 * pairwise.metrics["t_max"]
+    assert {r["receiver"] for r in masked} == {"coordinator"}
+
+
+def test_hfl_a_client_lost_in_the_secure_sum_ends_the_run_naming_it():
+    """The sum survives a client that dies after sharing its keys, hfl-kmeans does not (its pads
+    and its next iteration need every client: the thesis aborts): PartyFailed names it."""
+    with pytest.raises(PartyFailed, match="p3"):
+        rayfed.run(
+            "hfl-kmeans", masking="pairwise", clients=5, fail=["party=p3@phase=masked_input"], **HFL
+        )
+
+
+# --- the worked example of docs/adding-a-protocol.md -------------------------------------------
+def _docs_example():
+    """The page's party_sum.py block, executed as a module."""
+    import types
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "adding-a-protocol.md").read_text()
+    (block,) = [b for b in re.findall(r"```python\n(.*?)```", page, re.S) if "party_sum.py" in b]
+    module = types.ModuleType("party_sum_example")
+    exec(compile(block, "docs/adding-a-protocol.md", "exec"), module.__dict__)
+    return module
+
+
+def test_the_docs_party_sum_survives_carol_in_process():
+    result = _docs_example().main("local")
+    assert result.survivors.tolist() == [0, 1, 3, 4]
