@@ -14,10 +14,13 @@ time:
 
 * ``exactly min_survivors`` — just enough users stay to the end (the global quorum): completes;
 * ``min_survivors - 1``     — one user fewer: aborts;
-* ``whole cohort lost``     — a cohort actor exits during the masked input: its users become
-  dropouts; completes if enough users remain in the other cohorts;
-* ``t / t-1 / no neighbour of one user`` — all but t (then t-1, then 0) of user 0's neighbours drop
-  after the masked input: with t its self-mask is still rebuilt from t shares; with fewer it is
+(the users that drop are ``population.lost={unmask: [...]}``: lost after their masked input)
+
+* ``whole cohort lost``     — a cohort actor exits during the masked input (``--fail
+  cohort=K@phase=masked_input``): its users become dropouts; completes if enough users remain
+  in the other cohorts;
+* ``t / t-1 / no neighbour of one user`` — all but t (then t-1, then 0) of user 0's neighbours are
+  lost at unmask: with t its self-mask is still rebuilt from t shares; with fewer it is
   not, the sparse graph's known failure mode, which the parameter finder makes unlikely for random
   dropouts but an adversary who knows the graph can force: aborts. (Not in secure mode on a
   sparse graph, which the server draws from the OS during the round.)
