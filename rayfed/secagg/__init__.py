@@ -29,7 +29,7 @@ import numpy as np
 
 from rayfed.dropout import DropoutSchedule
 from rayfed.errors import ConfigError
-from rayfed.secagg import client
+from rayfed.secagg import client, phases
 from rayfed.secagg import server as server_steps
 from rayfed.secagg.encoding import FixedPoint
 from rayfed.secagg.group import Members, PerMember, Server, member_ids, party_ids
@@ -84,7 +84,6 @@ def make_spec(
     dim: int,
     dropout: DropoutSchedule | None = None,
     tag: bytes = b"rayfed",
-    kill: tuple[str, str] | None = None,
     min_survivors: int | None = None,
     consistency: bool = False,
     corrupt: float = 0.05,
@@ -111,9 +110,8 @@ def make_spec(
         complete=params.complete,
         encoding=encoding,
         dim=dim,
-        dropout=dropout or DropoutSchedule(),
+        dropout=dropout or phases.schedule(),
         tag=tag,
-        kill=kill,
         consistency=consistency,
         corrupt_users=math.ceil(corrupt * len(registry)),
     )

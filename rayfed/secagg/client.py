@@ -7,7 +7,7 @@ user pair — an X25519 agreement, an AES-GCM encryption, a keystream under a pa
 over pairs, which is the protocol's own cost.
 
 Per-user state of the round lives in ``ctx.state["secagg"][round]``. Users drop out as the
-round's DropoutSchedule says; a user never reveals both the key share and the self-mask share of
+round's availability says (:func:`rayfed.secagg.phases.drop_codes`); a user never reveals both the key share and the self-mask share of
 the same peer.
 """
 
@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 import numpy as np
 from dp_accounting.dp_event import DpEvent
 
-from rayfed.actors.base import Crash, Message, StepContext
-from rayfed.dropout import NEVER, PHASES
+from rayfed.actors.base import Message, StepContext
 from rayfed.secagg import _crypto, shamir
+from rayfed.secagg.phases import ADVERTISE, MASKED_INPUT, NEVER, SHARE_KEYS, drop_codes
 from rayfed.secagg.spec import (
     ProtocolViolation,
     RoundSpec,
@@ -33,7 +33,6 @@ from rayfed.secagg.spec import (
     sign,
 )
 
-BEFORE_ADVERTISE, AFTER_SHARE_KEYS, AFTER_MASKED_INPUT, DURING_UNMASK = range(len(PHASES))
 SHARE_WORDS = 2 * shamir.CHUNKS  # a key share and a self-mask share per ciphertext
 PLAINTEXT_BYTES = 4 * SHARE_WORDS
 KIND_KEY, KIND_SELF = 0, 1
@@ -68,12 +67,6 @@ class ClientRound:
     graph_seed: int | None = None  # the server's, with the key table
     signed: bytes | None = None  # the survivors list its users signed (consistency round)
     stage: str = "advertise"
-
-
-def _maybe_die(ctx: StepContext, spec: RoundSpec, phase: str) -> None:
-    """Fault injection for tests and stress runs: this cohort's actor dies mid-round."""
-    if spec.kill is not None and spec.kill == (ctx.name, phase):
-        raise Crash(f"fault injection: {ctx.name} at {phase}")
 
 
 STAGES = ("advertise", "share_keys", "masked_input", "consistency", "unmask")
@@ -126,7 +119,6 @@ def advertise(ctx: StepContext, spec: RoundSpec, ids: np.ndarray | None = None) 
     mode), the run's stream keyed by user id otherwise. The member's users are ``ids`` when the
     driver gives them (a party is one user: its index in the party order), else its registered
     users."""
-    _maybe_die(ctx, spec, "advertise")
     check_source(spec, ctx.noise)
     if spec.round in ctx.state.get("secagg", {}):
         raise ProtocolViolation(
@@ -134,8 +126,8 @@ def advertise(ctx: StepContext, spec: RoundSpec, ids: np.ndarray | None = None) 
         )
     ids = registered_users(ctx) if ids is None else np.asarray(ids, dtype=np.int64)
     pos = spec.positions(ids)
-    drop = spec.dropout.drop_phase(ctx.seed, spec.round, ids)
-    active = drop > BEFORE_ADVERTISE
+    drop = drop_codes(spec.dropout, ctx.seed, spec.round, ids)
+    active = drop > ADVERTISE
     st = ClientRound(ids=ids, pos=pos, drop=drop, active=active)
     ctx.state.setdefault("secagg", {})
     ctx.state["secagg"] = {r: s for r, s in ctx.state["secagg"].items() if r >= spec.round - 1}
@@ -299,7 +291,6 @@ def share_keys(
     cannot protect its secrets and drops out. In a consistency round ``pki`` is the advertise
     replies (the simulated PKI) and every neighbour's keys must be signed under its PKI key; in a
     secure one the graph's seed must be the PKI's ``beacon``, else the server chose the graph."""
-    _maybe_die(ctx, spec, "share_keys")
     st = _state(ctx, spec, "share_keys")
     _check_table_shape(spec, table)
     u1 = np.asarray(table["pos"])
@@ -314,13 +305,15 @@ def share_keys(
     graph = _graph(ctx, spec)
     nb = graph.neighbours(st.pos[rows])  # (U, k) positions
     alive_nb = in_u1[nb]
-    enough = alive_nb.sum(axis=1) >= spec.threshold
+    # a user lost at share_keys advertised its keys (it counts in its neighbours' U1) and sends no
+    # shares
+    enough = (alive_nb.sum(axis=1) >= spec.threshold) & (st.drop[rows] > SHARE_KEYS)
     active[:] = False
     active[rows[enough]] = True
     st.active = active
     if spec.mode in ("plain", "dealer"):
         return Message("shares", {"pos": st.pos[active]}, to="coordinator")
-    key_rows = np.searchsorted(np.flatnonzero(st.drop > BEFORE_ADVERTISE), rows)
+    key_rows = np.searchsorted(np.flatnonzero(st.drop > ADVERTISE), rows)
     st.table_pos = u1
     st.table_c_pk = _crypto.public_keys(np.asarray(table["c_pk"]))
     st.table_s_pk = _crypto.public_keys(np.asarray(table["s_pk"]))
@@ -408,7 +401,7 @@ def _pair_masks_real(
     Diffie-Hellman), so it is agreed and expanded once, with the smaller position, and added to
     both rows with opposite signs; the words wrap, so the order of the additions does not matter.
     """
-    key_index = np.searchsorted(np.flatnonzero(st.drop > BEFORE_ADVERTISE), rows)
+    key_index = np.searchsorted(np.flatnonzero(st.drop > ADVERTISE), rows)
     nb = graph.neighbours(st.pos[rows])
     dtype = spec.word_dtype
     here = {int(p): i for i, p in enumerate(st.pos[rows])}  # every peer of theirs in U2 is a peer
@@ -467,14 +460,13 @@ def masked_input(
     :mod:`rayfed.privacy` mechanism: every cohort's message then carries the event of the one
     release their sum is (scope ``"run"``), or ``(inputs, event, scope)`` for another scope (a
     party's own noise: its name)."""
-    _maybe_die(ctx, spec, "masked_input")
     st = _state(ctx, spec, "masked_input")
     u2 = np.asarray(routed["u2"])
     if st.table_pos is not None and not np.isin(u2, st.table_pos).all():
         raise ProtocolViolation("the server's U2 names users outside the key table's U1: refused")
     st.u2 = u2
     u2_member = _member(spec.n, u2)
-    st.active &= u2_member[st.pos] & (st.drop > AFTER_SHARE_KEYS)
+    st.active &= u2_member[st.pos] & (st.drop > MASKED_INPUT)
     # a user left with fewer than t neighbours in U2 aborts (Flower's check): its mask would be
     # spread over too few peers
     rows = np.flatnonzero(st.active)
@@ -567,7 +559,6 @@ def consistency(ctx: StepContext, spec: RoundSpec, request: dict) -> Message:
     """Each user still online whose masked input is in U3 signs U3 (Bonawitz et al.'s
     ConsistencyCheck), once per round: a server that shows different users different survivor
     lists cannot gather enough signatures for two of them (``_check_signatures``)."""
-    _maybe_die(ctx, spec, "consistency")
     st = _state(ctx, spec, "consistency")
     survivors = np.asarray(request["survivors"])
     if not _member(spec.n, st.u2)[survivors].all():
@@ -575,7 +566,7 @@ def consistency(ctx: StepContext, spec: RoundSpec, request: dict) -> Message:
     signing = np.flatnonzero(st.active & _member(spec.n, survivors)[st.pos] & (st.drop == NEVER))
     message = spec.survivors_message(survivors)
     st.signed = message  # its users sign one list per round, and unmask for that list only
-    key_at = np.searchsorted(np.flatnonzero(st.drop > BEFORE_ADVERTISE), signing)
+    key_at = np.searchsorted(np.flatnonzero(st.drop > ADVERTISE), signing)
     sig = np.empty((len(signing), 64), dtype=np.uint8)
     for i, k in enumerate(key_at.tolist()):
         sig[i] = np.frombuffer(st.sign_sk[k].sign(message), np.uint8)
@@ -618,7 +609,6 @@ def unmask(ctx: StepContext, spec: RoundSpec, request: dict) -> Message:
     """Each user still online reveals, for every peer whose shares it holds, the self-mask share if
     the peer's masked input is in the sum (U3) or the key share if the peer dropped (U2 \\ U3) —
     never both for one peer, whatever the server asks."""
-    _maybe_die(ctx, spec, "unmask")
     st = _state(ctx, spec, "unmask")
     survivors, dropped = np.asarray(request["survivors"]), np.asarray(request["dropped"])
     if spec.consistency:

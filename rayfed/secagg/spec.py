@@ -11,6 +11,7 @@ import numpy as np
 from rayfed import rng
 from rayfed.dropout import DropoutSchedule
 from rayfed.errors import RayfedError
+from rayfed.secagg import phases
 from rayfed.secagg.encoding import FixedPoint
 from rayfed.secagg.graph import NeighbourGraph
 
@@ -56,9 +57,8 @@ class RoundSpec:
     complete: bool
     encoding: FixedPoint
     dim: int
-    dropout: DropoutSchedule = field(default_factory=DropoutSchedule)
+    dropout: DropoutSchedule = field(default_factory=phases.schedule)  # in SecAgg's phases
     tag: bytes = b"rayfed"
-    kill: tuple[str, str] | None = None  # fault injection: (cohort name, phase) exits that actor
     #: SecAgg's consistency round: users sign U3 and reveal no share unless more than (n + c)/2
     #: users signed the very list they signed themselves; users also sign their X25519 keys,
     #: checked against the simulated PKI (the driver) in share_keys

@@ -12,7 +12,6 @@ from rayfed.secagg import make_spec, secure_sum
 
 def drive(fed, cfg: SecureSumConfig, plan: Plan) -> Outcome:
     params = plan.params
-    kill = cfg.kill_point()
     rows, clock = [], []
     for r in range(cfg.rounds):
         with fed.round(r):
@@ -25,7 +24,6 @@ def drive(fed, cfg: SecureSumConfig, plan: Plan) -> Outcome:
                 dim=params.dim,
                 dropout=params.schedule,
                 tag=fed.run_id.encode(),
-                kill=kill if r == 0 else None,
                 consistency=cfg.consistency,
                 corrupt=cfg.corrupt_fraction,
             )
@@ -49,7 +47,6 @@ def drive(fed, cfg: SecureSumConfig, plan: Plan) -> Outcome:
             cfg,
             plan,
             spec,
-            kill=kill,
             seed=fed.seed,
             graph_seed=result.graph_seed,
             faults=fed.injected_faults,

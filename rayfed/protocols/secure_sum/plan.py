@@ -34,9 +34,6 @@ def plan(cfg: SecureSumConfig, seed: int) -> Plan:
     dim = len(columns) or cfg.dim
     n_cohorts = default_cohorts(n, cfg.cohorts)
     cohorts = per_user(inside, cfg.data.key or "user_id", n_cohorts)
-    kill = cfg.kill_point()
-    if kill is not None and kill[0] not in cohorts:
-        raise ConfigError("kill", f"no cohort {kill[0]!r}", sorted(cohorts))
     key = cfg.data.key or "user_id"
     schedule = cfg.schedule(
         {name: t.column("user_id").to_numpy() for name, t in cohorts.items()},

@@ -15,20 +15,14 @@ import numpy as np
 import pyarrow as pa
 
 from rayfed.actors.base import StepContext
-from rayfed.dropout import NEVER
 from rayfed.protocols.base import Outcome, Plan
 from rayfed.protocols.secure_sum.config import SecureSumConfig
 from rayfed.protocols.secure_sum.params import Params
 from rayfed.protocols.secure_sum.steps import synthetic_inputs
 from rayfed.secagg import AggregationResult, RoundSpec
 from rayfed.secagg.graph import NeighbourGraph
-from rayfed.secagg.reference import (
-    PHASE_INDEX,
-    exact_sum,
-    expected_survivors,
-    raw_sum,
-    to_float,
-)
+from rayfed.secagg.phases import INDEX, NEVER, drop_codes
+from rayfed.secagg.reference import exact_sum, expected_survivors, raw_sum, to_float
 
 STATEMENTS = {
     "secure": "no differential privacy: the server learns the exact sum of the survivors' inputs and, under "
@@ -48,7 +42,6 @@ def reference(
     plan: Plan,
     spec: RoundSpec,
     *,
-    kill: tuple[str, str] | None,
     seed: int,
     graph_seed: int,
     faults: tuple,
@@ -64,10 +57,10 @@ def reference(
     registry = params.registry
     survivors = expected_survivors(
         registry,
-        spec.dropout.drop_phase(seed, spec.round, registry),
+        drop_codes(spec.dropout, seed, spec.round, registry),
         NeighbourGraph.build(registry.size, spec.degree, spec.complete, graph_seed, spec.round),
         spec.threshold,
-        _lost_at(cfg, plan, spec, kill, faults),
+        _lost_at(plan, spec, faults),
     )
     if params.columns:
         table = plan.evaluation.table
@@ -84,24 +77,22 @@ def reference(
     return survivors, exact_sum(x, cfg.clip, cfg.frac_bits), raw
 
 
-def _lost_at(
-    cfg: SecureSumConfig, plan: Plan, spec: RoundSpec, kill: tuple[str, str] | None, faults: tuple
-) -> np.ndarray:
+def _lost_at(plan: Plan, spec: RoundSpec, faults: tuple) -> np.ndarray:
     """Per registry position, the index of the phase at which its cohort is planned to die."""
     registry = plan.params.registry
     lost = np.full(registry.size, NEVER)
-    planned = [kill] if kill and spec.round == 0 else []
+    planned = []
     for fault in faults:  # --fail: @round=R dies at R's first phase, @phase=P in
         if fault.role != "cohorts":  # the first round (cohorts restart after a round)
             continue
         if fault.round == spec.round or (fault.round is None and spec.round == 0):
             planned.append((fault.member, fault.phase or "advertise"))
     for cohort, phase in planned:
-        if phase not in PHASE_INDEX:  # a fault in no phase of secure aggregation never fires
+        if phase not in INDEX:  # a fault in no phase of secure aggregation never fires
             continue
         members = np.unique(plan.cohorts[cohort][0].column("user_id"))  # per_user renames the key
         at = np.searchsorted(registry, members)
-        lost[at] = np.minimum(lost[at], PHASE_INDEX[phase])  # the earliest death counts
+        lost[at] = np.minimum(lost[at], INDEX[phase])  # the earliest death counts
     return lost
 
 

@@ -31,6 +31,7 @@ from rayfed.protocols.federated_mf import ratings as ratings_data
 from rayfed.protocols.federated_mf.config import FederatedMFConfig, calibration_accountant
 from rayfed.protocols.federated_mf.lfl.params import GddrParams, LflParams, LflReleases
 from rayfed.secagg import FixedPoint, find_params
+from rayfed.secagg.phases import PHASES
 from rayfed.sizing import default_cohorts
 
 #: the share of users the secure aggregation's parameters assume corrupt (γ)
@@ -208,9 +209,9 @@ def _gddr_privacy(
 
 
 def _schedule(cfg: FederatedMFConfig, cohorts: dict[str, np.ndarray]):
-    """Round 1's dropouts: the rate before advertising, and the population models."""
-    rates = {"before_advertise": cfg.dropout} if cfg.dropout else {}
-    return cfg.population.schedule(rates, {}, cohorts)
+    """Round 1's dropouts (a secure aggregation): the rate, lost at advertise (the user sends
+    nothing that round), and the population models."""
+    return cfg.population.schedule(PHASES, {"advertise": cfg.dropout}, cohorts)
 
 
 def _charged_epsilon(
