@@ -201,9 +201,12 @@ def _run(
     backend="local",
     consistency=False,
 ):
+    """One round; ``consistency=True`` is threat_model=malicious (the consistency round, the PKI,
+    and t sized for a malicious server)."""
+    threat_model = "malicious" if consistency else "semi-honest"
     ids = np.arange(n, dtype=np.int64) * 7 + 1
     cohorts = {k: (t, {}) for k, t in per_user(pa.table({"uid": ids}), "uid", n_cohorts).items()}
-    params = find_params(n, dropout=dropout, corrupt=0.05, graph=graph)
+    params = find_params(n, dropout=dropout, corrupt=0.05, graph=graph, threat_model=threat_model)
     enc = FixedPoint.choose(n, 1.0, 12)
     spec = make_spec(
         round=0,
@@ -213,7 +216,7 @@ def _run(
         encoding=enc,
         dim=dim,
         dropout=schedule or DropoutSchedule(),
-        consistency=consistency,
+        threat_model=threat_model,
     )
     with Federation(
         run_id="t",

@@ -95,18 +95,26 @@ class SecureSumConfig:
     allow_weak_params: bool = option(
         False, "accept a degree/threshold override that misses the sigma/eta bounds"
     )
-    consistency: bool = option(
-        False,
-        "SecAgg's consistency round: users sign the survivors list U3 and reveal no share unless "
-        "more than (n + corrupt)/2 users signed the list they signed (catches a server that "
-        "shows users different lists), and users sign their keys, checked against a simulated "
-        "PKI (the driver): a server that substitutes keys is refused",
+    threat_model: Literal["semi-honest", "malicious"] = option(
+        "semi-honest",
+        "the server the round defends against. semi-honest: it follows the protocol (a server "
+        "that lies about who dropped can isolate a user on the sparse graph: out of scope); "
+        "malicious: SecAgg's consistency round (users sign the survivors list U3 and their keys, "
+        "checked against a simulated PKI) and t > (k + corrupt neighbours)/2 (Bell et al.), "
+        "with k grown to keep the bounds",
         when={"mode": ("secure", "simulation")},
     )
     data: DataConfig = field(default_factory=DataConfig, metadata={"help": "data source"})
 
     def validate(self) -> None:
         self.schedule()  # unknown phases or rates outside [0, 1] fail here, before any actor
+        if self.threat_model == "malicious" and self.allow_weak_params:
+            raise ConfigError(
+                "allow_weak_params",
+                "threat_model=malicious claims the sigma/eta bounds against a malicious server, "
+                "which a weak setting does not meet",
+                "allow_weak_params=false, or threat_model=semi-honest to measure a weak setting",
+            )
         if self.kill is not None:
             cohort, _, phase = self.kill.partition("@")
             if not cohort or phase not in KILL_PHASES:

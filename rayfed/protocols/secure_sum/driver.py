@@ -26,7 +26,7 @@ def drive(fed, cfg: SecureSumConfig, plan: Plan) -> Outcome:
                 dropout=params.schedule,
                 tag=fed.run_id.encode(),
                 kill=kill if r == 0 else None,
-                consistency=cfg.consistency,
+                threat_model=cfg.threat_model,
                 corrupt=cfg.corrupt_fraction,
             )
             if params.columns:
