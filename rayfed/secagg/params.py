@@ -81,6 +81,18 @@ class SecAggParams:
     def to_dict(self) -> dict:
         return dict(self.__dict__)
 
+    def bounds(self) -> str:
+        """The two failure bounds for the threat model, as the headlines print them (0: the
+        failure cannot occur, e.g. fewer corrupt clients than 2t - k)."""
+
+        def log2(x: float) -> str:
+            return "0" if x == -math.inf else f"2^{x:.1f}"
+
+        return (
+            f"P[security failure] <= {log2(self.log2_security_failure)}, "
+            f"P[abort] <= {log2(self.log2_correctness_failure)}"
+        )
+
 
 def _log2_sf(k: int, t: int, good: int, n_other: int) -> float:
     """log2 P[Hyp(n_other, good, k) >= t]."""
@@ -122,9 +134,7 @@ THREAT_MODELS = ("semi-honest", "malicious")
 
 def _check_model(threat_model: str) -> None:
     if threat_model not in THREAT_MODELS:
-        raise ConfigError(
-            "threat_model", f"unknown threat model {threat_model!r}", THREAT_MODELS
-        )
+        raise ConfigError("threat_model", f"unknown threat model {threat_model!r}", THREAT_MODELS)
 
 
 def _malicious_t_min(k: int, n_corrupt: int) -> int:
@@ -221,9 +231,7 @@ def check_params(
             raise ConfigError(
                 "threshold",
                 f"{threshold} lets a malicious server isolate a user (it needs 2t <= k + "
-                f"corrupt neighbours; k={k}"
-                + (f", {n_corrupt} corrupt" if complete else "")
-                + ")",
+                f"corrupt neighbours; k={k}" + (f", {n_corrupt} corrupt" if complete else "") + ")",
                 f"threshold >= {t_min} (better: no override), or threat_model=semi-honest",
             )
     if complete:
@@ -238,9 +246,7 @@ def check_params(
             )
         security = max(shares, _log2_windows_removed(n, n_corrupt + n_drop, k))
         correctness = math.log2(n) + _log2_cdf(k, threshold, n - 1 - n_drop, n - 1)
-    return SecAggParams(
-        n, k, threshold, n - n_drop, complete, security, correctness, threat_model
-    )
+    return SecAggParams(n, k, threshold, n - n_drop, complete, security, correctness, threat_model)
 
 
 def find_params(
@@ -321,7 +327,13 @@ def _find_malicious(
             correctness = log2n + _log2_cdf(k, t_max, honest_survivors, n - 1)
             connectivity = _log2_windows_removed(n, n_corrupt + n_drop, k)
             return SecAggParams(
-                n, k, t_max, n - n_drop, False, max(security, connectivity), correctness,
+                n,
+                k,
+                t_max,
+                n - n_drop,
+                False,
+                max(security, connectivity),
+                correctness,
                 "malicious",
             )
     if graph == "harary":

@@ -238,20 +238,8 @@ def headline(
     text = (
         f"sum of {last.survivors.size}/{params.registry.size} survivors' {params.dim}-vectors "
         f"{verdict}; {graph}, t={secagg.threshold}, mode={cfg.mode}; "
-        f"threat model {secagg.threat_model}: {bounds(secagg)}"
+        f"threat model {secagg.threat_model}: {secagg.bounds()}"
     )
     if cfg.mode != "secure":
         text += f" [{STATEMENTS[cfg.mode].split(':')[0]}]"
     return text
-
-
-def bounds(secagg) -> str:
-    """The two failure bounds the finder reports for its threat model (0: none can occur)."""
-
-    def log2(x: float) -> str:
-        return "0" if x == float("-inf") else f"2^{x:.1f}"
-
-    return (
-        f"P[security failure] <= "
-        f"{log2(secagg.log2_security_failure)}, P[abort] <= {log2(secagg.log2_correctness_failure)}"
-    )
