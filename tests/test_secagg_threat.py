@@ -368,3 +368,39 @@ def test_lfl_round1_isolation_under_a_semi_honest_threshold_with_the_consistency
     attack, row = _lfl_attack(monkeypatch, "malicious", mutant=(semi.degree, semi.threshold))
     assert attack.signatures > 0 and attack.self_shares >= attack.needed
     np.testing.assert_allclose(attack.recovered, row, atol=2 * 2.0**-16)
+
+
+# --- options: refused combinations and the headline ----------------------------------------------
+def test_the_headline_names_the_threat_model_k_t_and_both_bounds(tmp_path, capsys):
+    """`rayfed run secure-sum --set threat_model=malicious` prints the model, k, t and both
+    failure bounds (here at n = 200: k = 126, t = 69; no user can have 2t - k = 12 > 10 corrupt
+    neighbours, so the security bound is 0)."""
+    from rayfed.cli import main
+
+    args = ["run", "secure-sum", "--backend", "local", "--out", str(tmp_path)]
+    for option in ("users=200", "dim=2", "threat_model=malicious"):
+        args += ["--set", option]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "Harary graph k=126" in out and "t=69" in out
+    assert "threat model malicious: P[security failure] <= 0, P[abort] <= 2^-31.1" in out
+
+
+@pytest.mark.parametrize(
+    "options,field",
+    [
+        ({"allow_weak_params": True}, "allow_weak_params"),
+        ({"mode": "dealer"}, "threat_model"),
+        ({"mode": "plain"}, "threat_model"),
+        ({"threshold": 40}, "threshold"),  # k = 126 at n = 200: 2t <= k
+        ({"threshold": 64, "degree": 126}, "threshold"),  # 2t > k, but the bound is missed
+        ({"tolerated_dropout": 0.49}, "tolerated_dropout"),
+    ],
+)
+def test_malicious_refuses_what_cannot_hold_before_any_actor(options, field):
+    with pytest.raises(ConfigError) as err:
+        rayfed.run(
+            "secure-sum", backend="local", out_dir=None, users=200, dim=2,
+            threat_model="malicious", **options,
+        )  # fmt: skip
+    assert err.value.field == field
