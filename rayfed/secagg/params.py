@@ -28,17 +28,18 @@ Threat models (``threat_model``)
 ``semi-honest`` (the default) is the analysis above: the server follows the protocol and pools
 what it sees with ⌈γn⌉ corrupt clients. It does not cover a server that lies about who dropped.
 
-``malicious`` follows Bell et al.'s malicious-security analysis of SecAgg+ (CCS 2020, §4 / App. C)
-for a server that may show different clients different sets. The consistency round (signed
+``malicious`` follows Bell et al.'s malicious-security analysis of SecAgg+ (CCS 2020) for
+a server that may show different clients different sets. The consistency round (signed
 survivors lists U3, more than (n + c)/2 signatures needed) forces one U3 on every honest client,
 but the server can still show a victim v a U2 that holds only a subset S of its k neighbours, so
 that v's pairwise masks involve S only, and then declare S dropped: the honest neighbours outside
 S see v in U3 and reveal shares of v's self-mask seed b_v, while S's other neighbours reveal the
 mask keys s_w of S's members — no holder is asked for both shares of one owner, every check
 passes, and y_v - PRG(b_v) - Σ_{w∈S} ±PRG(s_vw) = x_v. Let c_v of v's neighbours be corrupt (they
-reveal both kinds). v masks only if |S| >= t (its own check), and every honest member of S must
-be declared dropped, so at most k - (t - c_v) honest neighbours plus the c_v corrupt ones can give
-b_v shares; the attack needs k - (t - c_v) >= t, i.e. 2t <= k + c_v. It fails for every honest v
+reveal both kinds, so the server puts them all in S). v masks only if |S| >= t (its own check),
+and S's honest members, at least t - c_v of them, must be declared dropped and reveal nothing, so
+at most k - (t - c_v) neighbours (the corrupt ones among them) can give b_v shares; the attack
+needs k - (t - c_v) >= t, i.e. 2t <= k + c_v. It fails for every honest v
 when t > (k + c_v)/2 for all of them, i.e. when no honest client has 2t - k corrupt neighbours:
 
 * security, malicious: n · P[Hyp(n-1, ⌈γn⌉, k) >= 2t - k] <= 2^-σ
