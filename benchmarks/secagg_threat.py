@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dim", type=int, default=10)
     p.add_argument("--out", default="benchmarks/results/secagg_threat.json")
     args = p.parse_args(argv)
-    rows = []
+    rows, load = [], [round(x, 2) for x in os.getloadavg()]
     for n in args.users:
         for model in ("semi-honest", "malicious"):
             params = find_params(n, dropout=0.3, corrupt=0.05, threat_model=model)
@@ -59,7 +59,13 @@ def main(argv: list[str] | None = None) -> int:
                 }
             )
             print(json.dumps(rows[-1]), flush=True)
-    machine = {"cpus": os.cpu_count(), "python": platform.python_version()}
+    machine = {
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        # the 1/5/15-minute load average before and after: the machine is shared
+        "load_before": load,
+        "load_after": [round(x, 2) for x in os.getloadavg()],
+    }
     out = {"dim": args.dim, "mode": "simulation", "tolerated_dropout": 0.3,
            "corrupt_fraction": 0.05, "sigma": 40, "eta": 30, "machine": machine, "rows": rows}  # fmt: skip
     Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
