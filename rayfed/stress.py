@@ -74,11 +74,11 @@ def _attempt(
 def secure_sum_scenarios(options: dict[str, Any], sets: list[str], rates) -> list[dict]:
     """Every scenario above, as result rows."""
     from rayfed.api import resolve
-    from rayfed.protocols.secure_sum.report import STATEMENTS
+    from rayfed.protocols.secure_sum.report import statement
 
     proto, run_opts, cfg = resolve("secure-sum", options, sets)
     plan = proto.plan(cfg, run_opts.seed)
-    note = STATEMENTS[cfg.mode]
+    note = statement(cfg)
     rows = [
         _attempt(
             "rate",

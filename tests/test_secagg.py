@@ -201,11 +201,13 @@ def _run(
     dropout=0.4,
     seed=3,
     backend="local",
-    consistency=False,
+    threat_model="semi-honest",
 ):
+    """One round; threat_model=malicious adds the consistency round and the PKI, with t sized
+    for a malicious server."""
     ids = np.arange(n, dtype=np.int64) * 7 + 1
     cohorts = {k: (t, {}) for k, t in per_user(pa.table({"uid": ids}), "uid", n_cohorts).items()}
-    params = find_params(n, dropout=dropout, corrupt=0.05, graph=graph)
+    params = find_params(n, dropout=dropout, corrupt=0.05, graph=graph, threat_model=threat_model)
     enc = FixedPoint.choose(n, 1.0, 12)
     spec = make_spec(
         round=0,
@@ -215,7 +217,7 @@ def _run(
         encoding=enc,
         dim=dim,
         dropout=schedule or DropoutSchedule(),
-        consistency=consistency,
+        threat_model=threat_model,
     )
     with Federation(
         run_id="t",
@@ -378,10 +380,10 @@ def test_a_request_for_both_shares_of_a_user_is_refused(monkeypatch):
 
 @pytest.mark.parametrize("mode", ["simulation", "secure"])
 def test_the_consistency_round_keeps_the_exact_sum(mode):
-    """consistency=true adds a round (users sign U3, the unmask request carries the signatures)
+    """threat_model=malicious adds a round (users sign U3, the unmask request carries the signatures)
     and changes nothing else: the sum and survivors still match the independent reference."""
     schedule = DropoutSchedule(rates={"masked_input": 0.1, "unmask": 0.2})
-    result, exact, params, transcript = _run(mode=mode, schedule=schedule, consistency=True)
+    result, exact, params, transcript = _run(mode=mode, schedule=schedule, threat_model="malicious")
     assert exact
     phases = [row["phase"] for row in transcript]
     assert phases.index("consistency") < phases.index("collect_signatures") < phases.index("unmask")
@@ -424,7 +426,7 @@ def test_without_the_consistency_round_a_forged_survivors_list_is_answered(monke
 
 
 def test_the_consistency_round_refuses_a_forged_survivors_list(monkeypatch):
-    """With consistency=true the users signed the true U3; the forged list carries signatures
+    """With threat_model=malicious the users signed the true U3; the forged list carries signatures
     that do not verify on it, so no user reveals a share."""
     original = server.collect_signatures
 
@@ -435,7 +437,7 @@ def test_the_consistency_round_refuses_a_forged_survivors_list(monkeypatch):
 
     monkeypatch.setattr(server, "collect_signatures", forging)
     with pytest.raises(ProtocolViolation, match="another survivors list than was signed"):
-        _run(schedule=DropoutSchedule(explicit={"unmask": [1]}), consistency=True)
+        _run(schedule=DropoutSchedule(explicit={"unmask": [1]}), threat_model="malicious")
 
 
 def test_the_consistency_round_refuses_lists_that_differ_by_cohort(monkeypatch):
@@ -468,11 +470,11 @@ def test_the_consistency_round_refuses_lists_that_differ_by_cohort(monkeypatch):
     monkeypatch.setattr(client, "consistency", equivocating_list)
     monkeypatch.setattr(client, "unmask", unmask_with_own_list)
     with pytest.raises(ProtocolViolation, match="only 20 users signed"):
-        _run(mode="secure", consistency=True)
+        _run(mode="secure", threat_model="malicious")
 
 
 def test_authenticated_keys_leave_the_honest_sum_bit_identical():
-    """consistency=true signs every user's keys at advertise and verifies them in share_keys:
+    """threat_model=malicious signs every user's keys at advertise and verifies them in share_keys:
     an honest server's round gives the same words and survivors as a round without it, and the
     key table carries a signature per row that verifies under the signer's own key."""
     schedule = DropoutSchedule(rates={"masked_input": 0.1, "unmask": 0.15})
@@ -487,7 +489,7 @@ def test_authenticated_keys_leave_the_honest_sum_bit_identical():
     plain = _run(schedule=schedule)[0]
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(server, "collect_keys", keep)
-        signed, exact, _, _ = _run(schedule=schedule, consistency=True)
+        signed, exact, _, _ = _run(schedule=schedule, threat_model="malicious")
     assert exact
     assert np.array_equal(signed.words, plain.words)
     assert np.array_equal(signed.survivors, plain.survivors)
@@ -576,7 +578,7 @@ def test_a_substituted_public_key_is_refused_before_any_share_is_sent(monkeypatc
     seen, routed = _substituting_server(monkeypatch, column), []
     monkeypatch.setattr(server, "route_shares", lambda *args: routed.append(args))
     with pytest.raises(UnauthenticatedKeys) as err:
-        _run(consistency=True)
+        _run(threat_model="malicious")
     assert not routed  # refused in share_keys: no share reached the server
     assert err.value.users == [seen["victim"]] and err.value.cohort == "c0"
     assert str(seen["victim"]) in str(err.value)
@@ -589,7 +591,7 @@ def test_a_server_that_also_replaces_the_signing_key_is_refused_by_the_pki(monke
     the fake server), but the users check it against the key the driver handed them."""
     seen = _substituting_server(monkeypatch, "c_pk", resign=True)
     with pytest.raises(UnauthenticatedKeys) as err:
-        _run(mode="secure", consistency=True)
+        _run(mode="secure", threat_model="malicious")
     assert err.value.users == [seen["victim"]]
 
 
@@ -620,7 +622,7 @@ def test_a_table_that_hides_some_peers_is_refused_when_u2_names_them(monkeypatch
 
     _shown_to(monkeypatch, "c0", hide_peers)
     with pytest.raises(ProtocolViolation, match="outside the key table"):
-        _run(consistency=True)
+        _run(threat_model="malicious")
 
 
 def _zero_key_forgery(message: bytes) -> bytes:
@@ -663,7 +665,7 @@ def test_a_row_for_a_user_the_pki_does_not_know_is_refused(monkeypatch):
     monkeypatch.setattr(server, "route_shares", lambda *args: routed.append(args))
     schedule = DropoutSchedule(explicit={"advertise": [8]})
     with pytest.raises(UnauthenticatedKeys) as err:
-        _run(schedule=schedule, consistency=True, graph="complete")
+        _run(schedule=schedule, threat_model="malicious", graph="complete")
     assert err.value.users == [8] and not routed
 
 
@@ -711,7 +713,7 @@ def test_survivor_signatures_are_checked_against_the_pki_not_the_table(monkeypat
     monkeypatch.setattr(client, "consistency", equivocating)
     monkeypatch.setattr(client, "unmask", with_forged_signatures)
     with pytest.raises(ProtocolViolation, match="signed the survivors list"):
-        _run(mode="secure", consistency=True)
+        _run(mode="secure", threat_model="malicious")
 
 
 def test_a_graph_seed_other_than_the_runs_is_refused_outside_secure_mode(monkeypatch):
@@ -729,7 +731,7 @@ def test_a_malformed_key_table_is_refused_not_indexed(monkeypatch):
 
     _shown_to(monkeypatch, "c0", swap_last_rows)
     with pytest.raises(ProtocolViolation, match="not increasing"):
-        _run(consistency=True)
+        _run(threat_model="malicious")
 
 
 def test_a_secure_round_draws_its_graph_from_the_os_after_the_keys():
@@ -747,7 +749,7 @@ def test_a_secure_consistency_round_takes_its_graph_from_the_pki_beacon(monkeypa
     import rayfed.secagg as secagg
 
     monkeypatch.setattr(secagg, "_beacon", lambda spec: 987654321)
-    result, exact, _, _ = _run(mode="secure", consistency=True)
+    result, exact, _, _ = _run(mode="secure", threat_model="malicious")
     assert result.graph_seed == 987654321 and exact
 
 
@@ -764,7 +766,7 @@ def test_a_server_that_picks_its_own_graph_seed_is_refused(monkeypatch):
     monkeypatch.setattr(server, "collect_keys", grinding)
     monkeypatch.setattr(server, "route_shares", lambda *args: routed.append(args))
     with pytest.raises(ProtocolViolation, match="not the PKI beacon's"):
-        _run(mode="secure", consistency=True)
+        _run(mode="secure", threat_model="malicious")
     assert not routed
 
 

@@ -16,10 +16,10 @@ SMALL = dict(users=60, dim=8, seed=5, out_dir=None)
 
 
 @pytest.mark.ray
-@pytest.mark.parametrize("consistency", [False, True])  # True: the PKI replies travel by reference
-def test_ray_path_equals_in_process_path(ray_cluster, consistency):
+@pytest.mark.parametrize("threat_model", ["semi-honest", "malicious"])  # malicious: the PKI
+def test_ray_path_equals_in_process_path(ray_cluster, threat_model):  # replies go by reference
     kw = dict(SMALL, population={"rates": {"masked_input": 0.05}}, dropout=0.1, cohorts=3)
-    kw["consistency"] = consistency
+    kw["threat_model"] = threat_model
     on_ray = rayfed.run("secure-sum", **kw)
     local = rayfed.run("secure-sum", backend="local", **kw)
     assert on_ray.metrics["exact"] and local.metrics["exact"]
@@ -356,22 +356,22 @@ def test_population_options_are_checked(options, field):
 
 
 @pytest.mark.parametrize("mode", ["dealer", "plain"])
-def test_the_consistency_round_needs_the_users_keys(mode):
+def test_the_malicious_threat_model_needs_the_users_keys(mode):
     """No keys, nothing to sign with: refused by the option and by make_spec itself."""
     with pytest.raises(ConfigError) as err:
-        rayfed.run("secure-sum", backend="local", out_dir=None, mode=mode, consistency=True)
-    assert err.value.field == "consistency"
+        rayfed.run("secure-sum", backend="local", out_dir=None, mode=mode, threat_model="malicious")
+    assert err.value.field == "threat_model"
     from rayfed.secagg import FixedPoint, find_params, make_spec
 
-    with pytest.raises(ConfigError, match="needs the users' keys"):
+    with pytest.raises(ConfigError, match="the users' own keys"):
         make_spec(
             round=0,
             mode=mode,
             registry=np.arange(20),
-            params=find_params(20, dropout=0.3),
+            params=find_params(20, dropout=0.3, threat_model="malicious"),
             encoding=FixedPoint.choose(20, 1.0, 8),
             dim=2,
-            consistency=True,
+            threat_model="malicious",
         )
 
 

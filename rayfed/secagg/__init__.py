@@ -33,7 +33,7 @@ from rayfed.secagg import client, phases
 from rayfed.secagg import server as server_steps
 from rayfed.secagg.encoding import FixedPoint
 from rayfed.secagg.group import Members, PerMember, Server, member_ids, party_ids
-from rayfed.secagg.params import SecAggParams, check_params, find_params
+from rayfed.secagg.params import THREAT_MODELS, SecAggParams, check_params, find_params
 from rayfed.secagg.spec import MODES, ProtocolViolation, RoundSpec, UnauthenticatedKeys
 
 __all__ = [
@@ -44,6 +44,7 @@ __all__ = [
     "ProtocolViolation",
     "RoundSpec",
     "SecAggParams",
+    "THREAT_MODELS",
     "UnauthenticatedKeys",
     "check_params",
     "find_params",
@@ -85,17 +86,30 @@ def make_spec(
     dropout: DropoutSchedule | None = None,
     tag: bytes = b"rayfed",
     min_survivors: int | None = None,
-    consistency: bool = False,
+    threat_model: str = "semi-honest",
     corrupt: float = 0.05,
 ) -> RoundSpec:
     """A round's public parameters; ``min_survivors`` can raise (never lower) the finder's quorum,
-    e.g. to a protocol's own threshold such as LFL's ⌈(1-ω)n⌉. ``consistency`` adds the signing
-    round, which needs the users' own keys: secure and simulation modes only."""
-    if consistency and mode not in ("secure", "simulation"):
+    e.g. to a protocol's own threshold such as LFL's ⌈(1-ω)n⌉. ``threat_model="malicious"`` adds
+    the consistency round and the simulated PKI (signed keys, signed survivors lists), which need
+    the users' own keys (secure and simulation modes only), and needs ``params`` sized for a
+    malicious server (``find_params(..., threat_model="malicious")``: t > (k + corrupt)/2)."""
+    if threat_model not in THREAT_MODELS:
+        raise ConfigError("threat_model", f"unknown threat model {threat_model!r}", THREAT_MODELS)
+    malicious = threat_model == "malicious"
+    if malicious and mode not in ("secure", "simulation"):
         raise ConfigError(
-            "consistency",
-            f"the consistency round needs the users' keys, which mode {mode!r} has none of",
-            "mode=secure or mode=simulation",
+            "threat_model",
+            f"malicious needs the consistency round and the users' own keys, which mode "
+            f"{mode!r} has none of",
+            "mode=secure or mode=simulation, or threat_model=semi-honest",
+        )
+    if malicious and params.threat_model != "malicious":
+        raise ConfigError(
+            "threat_model",
+            f"the threshold t={params.threshold} (k={params.degree}) was sized for a "
+            f"{params.threat_model} server",
+            'find_params(..., threat_model="malicious")',
         )
     quorum = (
         params.min_survivors if min_survivors is None else max(params.min_survivors, min_survivors)
@@ -112,7 +126,7 @@ def make_spec(
         dim=dim,
         dropout=dropout or phases.schedule(),
         tag=tag,
-        consistency=consistency,
+        threat_model=threat_model,
         corrupt_users=math.ceil(corrupt * len(registry)),
     )
 

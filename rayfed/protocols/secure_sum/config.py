@@ -9,6 +9,7 @@ import numpy as np
 
 from rayfed.config import DataConfig, option
 from rayfed.dropout import DropoutSchedule, PopulationConfig
+from rayfed.errors import ConfigError
 from rayfed.protocols.base import reconcile_randomness
 from rayfed.secagg.phases import PHASES
 
@@ -85,12 +86,13 @@ class SecureSumConfig:
     allow_weak_params: bool = option(
         False, "accept a degree/threshold override that misses the sigma/eta bounds"
     )
-    consistency: bool = option(
-        False,
-        "SecAgg's consistency round: users sign the survivors list U3 and reveal no share unless "
-        "more than (n + corrupt)/2 users signed the list they signed (catches a server that "
-        "shows users different lists), and users sign their keys, checked against a simulated "
-        "PKI (the driver): a server that substitutes keys is refused",
+    threat_model: Literal["semi-honest", "malicious"] = option(
+        "semi-honest",
+        "the server the round defends against. semi-honest: it follows the protocol (a server "
+        "that lies about who dropped can isolate a user on the sparse graph: out of scope); "
+        "malicious: SecAgg's consistency round (users sign the survivors list U3 and their keys, "
+        "checked against a simulated PKI) and t > (k + corrupt neighbours)/2 (Bell et al.), "
+        "with k grown to keep the bounds",
         when={"mode": ("secure", "simulation")},
     )
     data: DataConfig = field(default_factory=DataConfig, metadata={"help": "data source"})
@@ -105,10 +107,19 @@ class SecureSumConfig:
         "dropout_users": "population.lost, in SecAgg's phases (e.g. population.lost={unmask: [3]})",
         "kill": "--fail cohort=K@phase=P, the run's fault injection (e.g. --fail "
         "cohort=c1@phase=masked_input)",
+        "consistency": "threat_model=malicious (the consistency round, the PKI and a threshold "
+        "sized for a malicious server)",
     }
 
     def validate(self) -> None:
         self.schedule()  # unknown phases or rates outside [0, 1] fail here, before any actor
+        if self.threat_model == "malicious" and self.allow_weak_params:
+            raise ConfigError(
+                "allow_weak_params",
+                "threat_model=malicious claims the sigma/eta bounds against a malicious server, "
+                "which a weak setting does not meet",
+                "allow_weak_params=false, or threat_model=semi-honest to measure a weak setting",
+            )
 
     def schedule(self, cohorts: dict[str, np.ndarray] | None = None, users=None) -> DropoutSchedule:
         """The run's availability model in SecAgg's phases: ``dropout`` at unmask, and the

@@ -34,6 +34,21 @@ STATEMENTS = {
     "seed; no DP",
     "plain": "INSECURE baseline (mode=plain): inputs are sent unmasked; no DP",
 }
+#: secure mode's statement under threat_model=malicious (STATEMENTS["secure"] is semi-honest's)
+MALICIOUS_STATEMENT = (
+    "no differential privacy: the server learns the exact sum of the survivors' inputs and, under "
+    "the SecAgg+ assumptions against a malicious server (Bell et al.: it may lie about who dropped "
+    "and show users different lists, colluding with at most a corrupt_fraction of the users, "
+    "corrupted independently of the public neighbour graph; the consistency round and a PKI of "
+    "the users' signing keys), nothing else but an abort"
+)
+
+
+def statement(cfg: SecureSumConfig) -> str:
+    """The run's privacy statement: the mode's, and in secure mode the threat model's."""
+    if cfg.mode == "secure" and cfg.threat_model == "malicious":
+        return MALICIOUS_STATEMENT
+    return STATEMENTS[cfg.mode]
 
 
 # --- the exactness reference (evaluation only, computed outside the protocol) ----------------------
@@ -141,6 +156,7 @@ def outcome(
         "exact": all(row["exact"] for row in rows),
         "mode": cfg.mode,
         "secure": cfg.mode == "secure",
+        "threat_model": secagg.threat_model,
         "users": int(params.registry.size),
         "dim": params.dim,
         "cohorts": cohorts,
@@ -212,7 +228,8 @@ def headline(
         verdict += f" for the clipped values ({clipped.statement()}: {raw})"
     text = (
         f"sum of {last.survivors.size}/{params.registry.size} survivors' {params.dim}-vectors "
-        f"{verdict}; {graph}, t={secagg.threshold}, mode={cfg.mode}"
+        f"{verdict}; {graph}, t={secagg.threshold}, mode={cfg.mode}; "
+        f"threat model {secagg.threat_model}: {secagg.bounds()}"
     )
     if cfg.mode != "secure":
         text += f" [{STATEMENTS[cfg.mode].split(':')[0]}]"

@@ -107,7 +107,7 @@ def plan(cfg: FederatedMFConfig, seed: int) -> Plan:
             delta=delta,
             z=z,
             sensitivity=sensitivity,
-            secagg=find_params(n, dropout=cfg.omega, corrupt=CORRUPT_FRACTION),
+            secagg=_secagg_params(cfg, n),
             encoding=FixedPoint.choose(n, _clip(cfg, method, n, z, sensitivity), 16),
             mean=float(train.rating.mean()),
             threshold=threshold(n, cfg.omega),
@@ -118,6 +118,20 @@ def plan(cfg: FederatedMFConfig, seed: int) -> Plan:
             gddr=gddr,
         ),
     )
+
+
+def _secagg_params(cfg: FederatedMFConfig, n: int):
+    """Round 1's neighbour graph and threshold against the ``threat_model``'s server, tolerating
+    a fraction ω of dropouts (a malicious model that cannot hold at that ω names ``omega``)."""
+    try:
+        return find_params(
+            n, dropout=cfg.omega, corrupt=CORRUPT_FRACTION, threat_model=cfg.threat_model
+        )
+    except ConfigError as err:
+        if err.field != "tolerated_dropout":
+            raise
+        allowed = err.allowed.replace("tolerated_dropout", "omega")
+        raise ConfigError("omega", err.problem, allowed) from None
 
 
 def _releases(
