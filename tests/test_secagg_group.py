@@ -204,3 +204,51 @@ def _docs_example():
 def test_the_docs_party_sum_survives_carol_in_process():
     result = _docs_example().main("local")
     assert result.survivors.tolist() == [0, 1, 3, 4]
+
+
+def test_hfl_split_noise_drop_stops_before_the_coordinator_unmasks(monkeypatch):
+    """F1: a client lost after sharing ends hfl-kmeans before the coordinator reconstructs any sum:
+    on the ring with split noise the survivors' sum carries only their noise shares, which no
+    ledger event charged. The server's ``finish`` (the unmask) must never run in that round."""
+    from rayfed.secagg import server as server_steps
+
+    finished = []
+    real = server_steps.finish
+
+    def spy(ctx, spec, answers):
+        finished.append(spec.round)
+        return real(ctx, spec, answers)
+
+    monkeypatch.setattr(server_steps, "finish", spy)
+    with pytest.raises(PartyFailed, match="p3"):
+        rayfed.run(
+            "hfl-kmeans",
+            masking="pairwise",
+            topology="ring",
+            ring_noise="split",
+            clients=5,
+            fail=["party=p3@phase=masked_input"],
+            **HFL,
+        )
+    assert 1 not in finished, "the coordinator unmasked the survivors' sum of round 1"
+
+
+@pytest.mark.parametrize(
+    ("m", "h"), [(3, 2), (5, 3), (5, 2), (8, 2), (10, 2), (10, 6), (5, 1), (2, 1)]
+)
+def test_hfl_sum_threshold_exceeds_the_coalition_the_statement_covers(m, h):
+    """F1: the coordinator plus t clients hold t Shamir shares of every other client's secrets
+    and can unmask one upload. Split noise is DP against any M - h clients: with h >= 2 an upload
+    carries only a 1/h noise share, so t >= M - h + 1; on the server and elsewhere the statement
+    is a server with fewer than t clients (t >= 2 from M = 3). Any drop aborts: quorum M."""
+    from rayfed.protocols.hfl_kmeans.driver import sum_params
+
+    p = sum_params(m, honest=h)
+    assert p.min_survivors == m
+    assert p.threshold <= m - 1
+    if h >= 2:
+        assert m - h < p.threshold  # the coalition holds fewer than t shares
+    if m >= 3:
+        assert p.threshold >= max(2, m // 2 + 1)
+    plain = sum_params(m)
+    assert plain.min_survivors == m and plain.threshold == min(m - 1, max(2, m // 2 + 1))

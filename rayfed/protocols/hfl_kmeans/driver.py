@@ -10,7 +10,7 @@ import time
 import numpy as np
 
 from rayfed.backends import PerMember
-from rayfed.errors import PartyFailed
+from rayfed.errors import BelowThreshold, PartyFailed
 from rayfed.protocols.base import Outcome, Plan
 from rayfed.protocols.hfl_kmeans import report
 from rayfed.protocols.hfl_kmeans.config import DATA_INITS, HflKmeansConfig
@@ -101,14 +101,16 @@ def _aggregate(fed, setup: Setup, uploads, t: int):
 def _secure_sum(fed, setup: Setup, order: list[str], t: int) -> np.ndarray:
     """masking=pairwise: the parties' uploads (:func:`secure_input`) through the one secure sum
     (SecAgg on the complete graph over the parties, one user each, the coordinator relaying); the
-    sum's words in Z_2^b. The sum survives a party that drops after sharing its keys, but
-    hfl-kmeans does not: its pads and its next iteration need every client (the thesis aborts,
-    [C] fail_together), so a dropped party ends the run with PartyFailed naming it."""
+    sum's words in Z_2^b. hfl-kmeans needs every client (its pads and its next iteration; the
+    thesis aborts, [C] fail_together), so the quorum is M: a party lost at any phase ends the
+    round before the unmask request (BelowThreshold in the server), and the run with PartyFailed
+    naming it — the coordinator never reconstructs a sum of fewer than M uploads, which on the
+    ring with split noise would carry only the survivors' noise shares, never charged."""
     spec = make_spec(
         round=t,
         mode="secure" if fed.randomness == "secure" else "simulation",
         registry=np.arange(len(order)),
-        params=sum_params(len(order)),
+        params=sum_params(len(order), honest=setup.honest),
         encoding=FixedPoint(float(2 ** (setup.ring_bits - 1)), 0, setup.ring_bits),
         dim=setup.length,
         tag=b"hfl-kmeans",
@@ -116,19 +118,47 @@ def _secure_sum(fed, setup: Setup, order: list[str], t: int) -> np.ndarray:
     ids = party_ids(order)
     if setup.joint:
         _sample_noise(fed, setup, order, t)
-    result = secure_sum(fed.parties, spec, secure_input, (t,), server=fed.coordinator, ids=ids)
-    if result.failed_cohorts:
+    parties = _Watched(fed.parties)
+    try:
+        result = secure_sum(parties, spec, secure_input, (t,), server=fed.coordinator, ids=ids)
+    except BelowThreshold as e:
+        name = (parties.lost or ["a client"])[0]
+        raise PartyFailed(name, t, "parties:secure-sum", f"dropped out of the secure sum: {e}")
+    if result.failed_cohorts:  # unreachable with quorum M; kept as the last line of defence
         name = result.failed_cohorts[0]
         raise PartyFailed(name, t, "parties:secure-sum", "dropped out of the secure sum")
     return result.words
 
 
-def sum_params(m: int) -> SecAggParams:
-    """SecAgg on the complete graph over m parties: threshold t = max(2, ⌊m/2⌋ + 1) (at most
-    m - 1), so the server with fewer than t clients (one, at least) reconstructs no secret; the
-    sum then survives m - 1 - t parties dropping after sharing (m >= 5: at least one)."""
-    t = min(m - 1, max(2, m // 2 + 1))
-    return SecAggParams(m, m - 1, t, t + 1, True, -math.inf, -math.inf)
+class _Watched:
+    """The parties as :class:`~rayfed.secagg.group.Members`, recording whom each phase lost (the
+    secure sum only counts them; hfl-kmeans names the first in its PartyFailed)."""
+
+    def __init__(self, group):
+        self.group, self.lost = group, []
+
+    @property
+    def names(self) -> list[str]:
+        return self.group.names
+
+    def run(self, step, *args, **kwargs):
+        replies = self.group.run(step, *args, **kwargs)
+        self.lost.extend(replies.failed)
+        return replies
+
+
+def sum_params(m: int, honest: int | None = None) -> SecAggParams:
+    """SecAgg on the complete graph over m parties, quorum m (any drop aborts before the unmask).
+    The coordinator with c colluding clients holds c Shamir shares of every other client's keys
+    and unmasks one upload once c >= t. Threshold t = max(2, ⌊m/2⌋ + 1), at most m - 1: a server
+    with fewer than t clients sees no upload. With split noise (``honest`` = h >= 2) an upload
+    carries only a 1/h share of the noise and the release is claimed DP against any m - h
+    clients, so t >= m - h + 1 (<= m - 1 as h >= 2); at h = 1 every upload carries full noise."""
+    t = max(2, m // 2 + 1)
+    if honest is not None and honest >= 2:
+        t = max(t, m - honest + 1)
+    t = min(m - 1, t)
+    return SecAggParams(m, m - 1, t, m, True, -math.inf, -math.inf)
 
 
 def _charge_ring(fed, setup: Setup, order: list[str], t: int) -> None:
