@@ -18,7 +18,14 @@ from rayfed.errors import PartyFailed
 from rayfed.faults import Fault
 from rayfed.federation import Federation
 from rayfed.privacy import PrivacyDeclaration
-from rayfed.secagg import FixedPoint, ProtocolViolation, find_params, make_spec, secure_sum
+from rayfed.secagg import (
+    FixedPoint,
+    ProtocolViolation,
+    RingWords,
+    find_params,
+    make_spec,
+    secure_sum,
+)
 from rayfed.secagg.group import party_ids
 
 NAMES = ["alice", "bob", "carol", "dave", "erin"]
@@ -127,18 +134,31 @@ def test_a_party_with_another_partys_id_is_refused():
             )
 
 
-def test_integer_inputs_are_ring_words_summed_exactly():
-    """Integer inputs (a protocol's own ring words, hfl-kmeans's padded uploads) are summed mod
-    2^b as they are, neither clipped nor scaled: uniform 32-bit words come back exactly."""
+def test_ring_words_are_summed_exactly():
+    """RingWords (a protocol's own ring words, hfl-kmeans's padded uploads) are summed mod 2^b as
+    they are, neither clipped nor scaled: uniform 32-bit words come back exactly."""
     m, bits = 4, 32
     words = np.random.default_rng(7).integers(0, 2**bits, (m, DIM), dtype=np.uint64)
     words = words.astype(np.uint32)
+    result = _sum_of(words, FixedPoint(float(2 ** (bits - 1)), 0, bits), word_input)
+    expected = words.astype(np.uint64).sum(axis=0) % 2**bits
+    assert np.array_equal(result.words.astype(np.uint64), expected)
+
+
+def word_input(ctx, round, ids, words):
+    """A party's row as words of the ring (the opt-in)."""
+    return RingWords(words[ids])
+
+
+def _sum_of(inputs: np.ndarray, encoding: FixedPoint, input_fn=party_input):
+    """secure_sum over len(inputs) parties, party i returning inputs[i] (one row)."""
+    m = len(inputs)
     spec = make_spec(
         round=1,
         mode="simulation",
         registry=np.arange(m),
         params=find_params(m, dropout=0.0, graph="complete"),
-        encoding=FixedPoint(float(2 ** (bits - 1)), 0, bits),
+        encoding=encoding,
         dim=DIM,
     )
     parties = {name: (pa.table({"row": [i]}), {}) for i, name in enumerate(NAMES[:m])}
@@ -149,16 +169,36 @@ def test_integer_inputs_are_ring_words_summed_exactly():
         privacy=PrivacyDeclaration.none("test"),
         backend="local",
     ) as fed:
-        result = secure_sum(
+        return secure_sum(
             fed.parties,
             spec,
-            party_input,
-            (words,),
+            input_fn,
+            (inputs,),
             server=fed.coordinator,
             ids=party_ids(NAMES[:m]),
         )
-    expected = words.astype(np.uint64).sum(axis=0) % 2**bits
-    assert np.array_equal(result.words.astype(np.uint64), expected)
+
+
+def test_integer_values_are_fixed_point_encoded_not_taken_as_words():
+    """F3: a protocol whose input function returns plain integers (int64 counts) gets their sum,
+    fixed-point encoded as every float is: ring words are opt-in (RingWords). Before, any integer
+    dtype was taken as words, and 3 + 4 + 5 + 6 came back as 18 / 2^16 = 0.00027."""
+    x = np.repeat(np.array([[3], [4], [5], [6]], dtype=np.int64), DIM, axis=1)
+    result = _sum_of(x, FixedPoint.choose(4, 8.0, FRAC))
+    assert np.array_equal(result.sum, np.full(DIM, 18.0))
+
+
+def test_ring_words_outside_the_ring_are_refused():
+    """RingWords must be words of Z_2^b: a word >= 2^b (or negative) is an error naming it, not
+    silently reduced."""
+    bits = 32
+    words = np.zeros((3, DIM), dtype=np.int64)
+    words[1, 2] = 2**bits
+    with pytest.raises(PartyFailed, match=r"RingWords.*\[0, 2\^32\)"):
+        _sum_of(words, FixedPoint(float(2 ** (bits - 1)), 0, bits), word_input)
+    words[1, 2] = -1
+    with pytest.raises(PartyFailed, match=r"RingWords.*\[0, 2\^32\)"):
+        _sum_of(words, FixedPoint(float(2 ** (bits - 1)), 0, bits), word_input)
 
 
 # --- hfl-kmeans's pairwise masking on the one secure sum --------------------------------------
