@@ -121,4 +121,3 @@ class RingWords:
                 f"[{int(w.min())}, {int(w.max())}] (reduce them mod 2^{bits} first)"
             )
         return w.astype(np.uint64)
-

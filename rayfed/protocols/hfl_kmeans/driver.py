@@ -123,7 +123,9 @@ def _secure_sum(fed, setup: Setup, order: list[str], t: int) -> np.ndarray:
         result = secure_sum(parties, spec, secure_input, (t,), server=fed.coordinator, ids=ids)
     except BelowThreshold as e:
         name = (parties.lost or ["a client"])[0]
-        raise PartyFailed(name, t, "parties:secure-sum", f"dropped out of the secure sum: {e}")
+        raise PartyFailed(
+            name, t, "parties:secure-sum", f"dropped out of the secure sum: {e}"
+        ) from e
     if result.failed_cohorts:  # unreachable with quorum M; kept as the last line of defence
         name = result.failed_cohorts[0]
         raise PartyFailed(name, t, "parties:secure-sum", "dropped out of the secure sum")
