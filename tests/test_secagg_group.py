@@ -292,3 +292,38 @@ def test_hfl_sum_threshold_exceeds_the_coalition_the_statement_covers(m, h):
         assert p.threshold >= max(2, m // 2 + 1)
     plain = sum_params(m)
     assert plain.min_survivors == m and plain.threshold == min(m - 1, max(2, m // 2 + 1))
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(clients=5, topology="server"),
+        dict(clients=5, topology="ring", noise="none"),
+        dict(clients=6, topology="ring", ring_noise="split", honest_clients=2),
+        dict(clients=5, topology="ring", ring_noise="split"),
+    ],
+    ids=["server", "ring-exact", "ring-split-h2", "ring-split-majority"],
+)
+def test_hfl_pairwise_note_states_what_the_secure_sum_gives_the_coordinator(options):
+    """F2: the privacy note of masking=pairwise says what runs — the one secure sum over M clients,
+    no partial sums (no X25519 ring), the threshold t the driver uses, the coordinator learning
+    the released sum (the exact aggregate with noise=none) and one upload with t clients, against
+    a semi-honest server — with M, t and M − h from the parameters, not a fixed string."""
+    from rayfed.protocols.hfl_kmeans.params import sum_params
+
+    result = rayfed.run("hfl-kmeans", masking="pairwise", **{**HFL, **options})
+    m = options["clients"]
+    h = options.get("honest_clients", min(m // 2 + 1, m - 1) if "ring_noise" in options else None)
+    t = sum_params(m, honest=h).threshold
+    (note,) = [n for n in result.privacy.notes if n.startswith("masking=pairwise")]
+    assert f"M = {m} clients" in note and f"t = {t}" in note
+    assert f"with t = {t} clients" in note and "semi-honest server" in note
+    assert "partial sum" in note and "no partial sums" in note  # only to deny them
+    assert "X25519" not in note
+    if options["topology"] == "ring":
+        exact = options.get("noise") == "none"
+        assert ("the exact aggregate" in note) == exact
+        assert ("the released noisy sum" in note) == (not exact)
+    if h is not None:
+        assert f"a 1/{h} share" in note and f"t > M − h = {m - h}" in note
+        assert t > m - h

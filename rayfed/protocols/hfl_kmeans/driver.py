@@ -4,7 +4,6 @@ ring), and a last update that leaves every client with the final centroids."""
 
 from __future__ import annotations
 
-import math
 import time
 
 import numpy as np
@@ -14,7 +13,7 @@ from rayfed.errors import BelowThreshold, PartyFailed
 from rayfed.protocols.base import Outcome, Plan
 from rayfed.protocols.hfl_kmeans import report
 from rayfed.protocols.hfl_kmeans.config import DATA_INITS, HflKmeansConfig
-from rayfed.protocols.hfl_kmeans.params import Params, Settings, Setup
+from rayfed.protocols.hfl_kmeans.params import Params, Settings, Setup, sum_params
 from rayfed.protocols.hfl_kmeans.steps import (
     aggregate_step,
     data_init_step,
@@ -29,7 +28,7 @@ from rayfed.protocols.hfl_kmeans.steps import (
     secure_input,
     setup_step,
 )
-from rayfed.secagg import FixedPoint, SecAggParams, make_spec, mpc, party_ids, secure_sum
+from rayfed.secagg import FixedPoint, make_spec, mpc, party_ids, secure_sum
 from rayfed.secagg.keys import agree_group_key
 
 
@@ -147,20 +146,6 @@ class _Watched:
         replies = self.group.run(step, *args, **kwargs)
         self.lost.extend(replies.failed)
         return replies
-
-
-def sum_params(m: int, honest: int | None = None) -> SecAggParams:
-    """SecAgg on the complete graph over m parties, quorum m (any drop aborts before the unmask).
-    The coordinator with c colluding clients holds c Shamir shares of every other client's keys
-    and unmasks one upload once c >= t. Threshold t = max(2, ⌊m/2⌋ + 1), at most m - 1: a server
-    with fewer than t clients sees no upload. With split noise (``honest`` = h >= 2) an upload
-    carries only a 1/h share of the noise and the release is claimed DP against any m - h
-    clients, so t >= m - h + 1 (<= m - 1 as h >= 2); at h = 1 every upload carries full noise."""
-    t = max(2, m // 2 + 1)
-    if honest is not None and honest >= 2:
-        t = max(t, m - honest + 1)
-    t = min(m - 1, t)
-    return SecAggParams(m, m - 1, t, m, True, -math.inf, -math.inf)
 
 
 def _charge_ring(fed, setup: Setup, order: list[str], t: int) -> None:

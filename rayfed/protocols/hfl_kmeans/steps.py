@@ -196,8 +196,8 @@ def secure_input(ctx: StepContext, round: int, ids: np.ndarray, t: int):
     exactly (without the opt-in, integers would be fixed-point encoded as values).
 
     On the server: values plus the shared-seed pad, so the server still learns only the padded
-    aggregate (the thesis's MSA), and a server colluding with fewer than t clients learns no
-    client's upload. On the ring (F1-F3): values plus this client's noise (or noise share, whose
+    aggregate (the thesis's MSA), and a semi-honest server colluding with fewer than t clients
+    learns no client's upload. On the ring (F1-F3): values plus this client's noise (or noise share, whose
     event the last client's upload carries for the whole release), with no pad: the coordinator,
     relaying the secure sum, learns only the noisy sum every client gets."""
     st, p = ctx.state, ctx.state["setup"]
