@@ -51,7 +51,6 @@ from rayfed.errors import ConfigError, DataError
 
 #: a member's availability in one round (:attr:`Availability.state`)
 ONLINE, OFFLINE, LATE, LOST = 0, 1, 2, 3
-STATES = ("online", "offline", "late", "lost")
 
 
 @dataclass(frozen=True)
@@ -90,21 +89,6 @@ class Availability:
     ids: np.ndarray
     state: np.ndarray
     phase: np.ndarray
-
-    def answers(self, name: str) -> np.ndarray:
-        """Whether each member answers phase ``name``."""
-        return self.phase > self.phases.index(name)
-
-    def counts(self) -> dict[str, int]:
-        """Members per state, the late and lost ones per phase (``lost@unmask``)."""
-        out = {"online": int(np.sum(self.state == ONLINE))}
-        out["offline"] = int(np.sum(self.state == OFFLINE))
-        for state in (LATE, LOST):
-            for p, name in enumerate(self.phases.names):
-                hit = int(np.sum((self.state == state) & (self.phase == p)))
-                if hit:
-                    out[f"{STATES[state]}@{name}"] = hit
-        return out
 
 
 def _earlier(phase, state, at, new_state, ties: bool) -> None:

@@ -149,8 +149,12 @@ def _adversarial_rows(
 
 def _lost(options: dict[str, Any], users: np.ndarray) -> dict[str, Any]:
     """``options`` with no i.i.d. dropout and ``users`` lost at unmask (after their masked input
-    is in the sum) in every round."""
-    population = {**(options.get("population") or {}), "lost": {"unmask": users.tolist()}}
+    is in the sum) in every round, beside the users the options' own ``population.lost`` names
+    (merged: its other phases kept, its unmask list joined)."""
+    population = dict(options.get("population") or {})
+    lost = {phase: list(ids) for phase, ids in (population.get("lost") or {}).items()}
+    lost["unmask"] = sorted({int(u) for u in [*lost.get("unmask", []), *users.tolist()]})
+    population["lost"] = lost
     return {**options, "dropout": 0.0, "population": population}
 
 

@@ -491,7 +491,7 @@ def secure_sum_inputs(contexts, held, t: int) -> np.ndarray:
     for i, (ctx, values) in enumerate(zip(contexts, held, strict=True)):
         ctx.state["values"] = values
         out = secure_input(ctx, t, np.array([i]), t)
-        words = (out[0] if isinstance(out, tuple) else out)[0]
+        words = (out[0] if isinstance(out, tuple) else out).words[0]  # RingWords, one row
         total = words if total is None else total + words
     return total
 

@@ -340,7 +340,7 @@ def test_ring_release_carries_one_central_noise(clients):
         for i, ctx in enumerate(contexts):
             ctx.state["values"] = held[i]
             out = secure_input(ctx, t, np.array([i]), t)
-            words = (out[0] if isinstance(out, tuple) else out)[0]
+            words = (out[0] if isinstance(out, tuple) else out).words[0]  # RingWords, one row
             release = words if release is None else release + words
         assert out[1] == setup.event() and out[2] == "clients"
         noise.append(pads.from_ring(release, setup.ring_bits) - values)

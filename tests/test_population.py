@@ -179,14 +179,7 @@ def test_availability_says_online_offline_late_or_lost_in_the_protocols_phases()
     got = model.round(0, 0, np.arange(6))
     assert got.state.tolist() == [ONLINE, LOST, OFFLINE, LATE, LOST, OFFLINE]
     assert got.phase.tolist() == [3, 1, 0, 0, 2, 0]
-    assert got.answers("work").tolist() == [True, False, False, False, True, False]
-    assert got.counts() == {
-        "online": 1,
-        "offline": 2,
-        "late@hello": 1,
-        "lost@work": 1,
-        "lost@bye": 1,
-    }
+    assert (got.phase > phases.index("work")).tolist() == [True, False, False, False, True, False]
     with pytest.raises(ConfigError) as err:
         DropoutSchedule(phases, rates={"advertise": 0.1})
     assert err.value.field == "population.rates.advertise" and "hello" in str(err.value)

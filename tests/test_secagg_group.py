@@ -18,7 +18,14 @@ from rayfed.errors import PartyFailed
 from rayfed.faults import Fault
 from rayfed.federation import Federation
 from rayfed.privacy import PrivacyDeclaration
-from rayfed.secagg import FixedPoint, ProtocolViolation, find_params, make_spec, secure_sum
+from rayfed.secagg import (
+    FixedPoint,
+    ProtocolViolation,
+    RingWords,
+    find_params,
+    make_spec,
+    secure_sum,
+)
 from rayfed.secagg.group import party_ids
 
 NAMES = ["alice", "bob", "carol", "dave", "erin"]
@@ -127,18 +134,31 @@ def test_a_party_with_another_partys_id_is_refused():
             )
 
 
-def test_integer_inputs_are_ring_words_summed_exactly():
-    """Integer inputs (a protocol's own ring words, hfl-kmeans's padded uploads) are summed mod
-    2^b as they are, neither clipped nor scaled: uniform 32-bit words come back exactly."""
+def test_ring_words_are_summed_exactly():
+    """RingWords (a protocol's own ring words, hfl-kmeans's padded uploads) are summed mod 2^b as
+    they are, neither clipped nor scaled: uniform 32-bit words come back exactly."""
     m, bits = 4, 32
     words = np.random.default_rng(7).integers(0, 2**bits, (m, DIM), dtype=np.uint64)
     words = words.astype(np.uint32)
+    result = _sum_of(words, FixedPoint(float(2 ** (bits - 1)), 0, bits), word_input)
+    expected = words.astype(np.uint64).sum(axis=0) % 2**bits
+    assert np.array_equal(result.words.astype(np.uint64), expected)
+
+
+def word_input(ctx, round, ids, words):
+    """A party's row as words of the ring (the opt-in)."""
+    return RingWords(words[ids])
+
+
+def _sum_of(inputs: np.ndarray, encoding: FixedPoint, input_fn=party_input):
+    """secure_sum over len(inputs) parties, party i returning inputs[i] (one row)."""
+    m = len(inputs)
     spec = make_spec(
         round=1,
         mode="simulation",
         registry=np.arange(m),
         params=find_params(m, dropout=0.0, graph="complete"),
-        encoding=FixedPoint(float(2 ** (bits - 1)), 0, bits),
+        encoding=encoding,
         dim=DIM,
     )
     parties = {name: (pa.table({"row": [i]}), {}) for i, name in enumerate(NAMES[:m])}
@@ -149,16 +169,36 @@ def test_integer_inputs_are_ring_words_summed_exactly():
         privacy=PrivacyDeclaration.none("test"),
         backend="local",
     ) as fed:
-        result = secure_sum(
+        return secure_sum(
             fed.parties,
             spec,
-            party_input,
-            (words,),
+            input_fn,
+            (inputs,),
             server=fed.coordinator,
             ids=party_ids(NAMES[:m]),
         )
-    expected = words.astype(np.uint64).sum(axis=0) % 2**bits
-    assert np.array_equal(result.words.astype(np.uint64), expected)
+
+
+def test_integer_values_are_fixed_point_encoded_not_taken_as_words():
+    """F3: a protocol whose input function returns plain integers (int64 counts) gets their sum,
+    fixed-point encoded as every float is: ring words are opt-in (RingWords). Before, any integer
+    dtype was taken as words, and 3 + 4 + 5 + 6 came back as 18 / 2^16 = 0.00027."""
+    x = np.repeat(np.array([[3], [4], [5], [6]], dtype=np.int64), DIM, axis=1)
+    result = _sum_of(x, FixedPoint.choose(4, 8.0, FRAC))
+    assert np.array_equal(result.sum, np.full(DIM, 18.0))
+
+
+def test_ring_words_outside_the_ring_are_refused():
+    """RingWords must be words of Z_2^b: a word >= 2^b (or negative) is an error naming it, not
+    silently reduced."""
+    bits = 32
+    words = np.zeros((3, DIM), dtype=np.int64)
+    words[1, 2] = 2**bits
+    with pytest.raises(PartyFailed, match=r"RingWords.*\[0, 2\^32\)"):
+        _sum_of(words, FixedPoint(float(2 ** (bits - 1)), 0, bits), word_input)
+    words[1, 2] = -1
+    with pytest.raises(PartyFailed, match=r"RingWords.*\[0, 2\^32\)"):
+        _sum_of(words, FixedPoint(float(2 ** (bits - 1)), 0, bits), word_input)
 
 
 # --- hfl-kmeans's pairwise masking on the one secure sum --------------------------------------
@@ -204,3 +244,86 @@ def _docs_example():
 def test_the_docs_party_sum_survives_carol_in_process():
     result = _docs_example().main("local")
     assert result.survivors.tolist() == [0, 1, 3, 4]
+
+
+def test_hfl_split_noise_drop_stops_before_the_coordinator_unmasks(monkeypatch):
+    """F1: a client lost after sharing ends hfl-kmeans before the coordinator reconstructs any sum:
+    on the ring with split noise the survivors' sum carries only their noise shares, which no
+    ledger event charged. The server's ``finish`` (the unmask) must never run in that round."""
+    from rayfed.secagg import server as server_steps
+
+    finished = []
+    real = server_steps.finish
+
+    def spy(ctx, spec, answers):
+        finished.append(spec.round)
+        return real(ctx, spec, answers)
+
+    monkeypatch.setattr(server_steps, "finish", spy)
+    with pytest.raises(PartyFailed, match="p3"):
+        rayfed.run(
+            "hfl-kmeans",
+            masking="pairwise",
+            topology="ring",
+            ring_noise="split",
+            clients=5,
+            fail=["party=p3@phase=masked_input"],
+            **HFL,
+        )
+    assert 1 not in finished, "the coordinator unmasked the survivors' sum of round 1"
+
+
+@pytest.mark.parametrize(
+    ("m", "h"), [(3, 2), (5, 3), (5, 2), (8, 2), (10, 2), (10, 6), (5, 1), (2, 1)]
+)
+def test_hfl_sum_threshold_exceeds_the_coalition_the_statement_covers(m, h):
+    """F1: the coordinator plus t clients hold t Shamir shares of every other client's secrets
+    and can unmask one upload. Split noise is DP against any M - h clients: with h >= 2 an upload
+    carries only a 1/h noise share, so t >= M - h + 1; on the server and elsewhere the statement
+    is a server with fewer than t clients (t >= 2 from M = 3). Any drop aborts: quorum M."""
+    from rayfed.protocols.hfl_kmeans.driver import sum_params
+
+    p = sum_params(m, honest=h)
+    assert p.min_survivors == m
+    assert p.threshold <= m - 1
+    if h >= 2:
+        assert m - h < p.threshold  # the coalition holds fewer than t shares
+    if m >= 3:
+        assert p.threshold >= max(2, m // 2 + 1)
+    plain = sum_params(m)
+    assert plain.min_survivors == m and plain.threshold == min(m - 1, max(2, m // 2 + 1))
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(clients=5, topology="server"),
+        dict(clients=5, topology="ring", noise="none"),
+        dict(clients=6, topology="ring", ring_noise="split", honest_clients=2),
+        dict(clients=5, topology="ring", ring_noise="split"),
+    ],
+    ids=["server", "ring-exact", "ring-split-h2", "ring-split-majority"],
+)
+def test_hfl_pairwise_note_states_what_the_secure_sum_gives_the_coordinator(options):
+    """F2: the privacy note of masking=pairwise says what runs — the one secure sum over M clients,
+    no partial sums (no X25519 ring), the threshold t the driver uses, the coordinator learning
+    the released sum (the exact aggregate with noise=none) and one upload with t clients, against
+    a semi-honest server — with M, t and M − h from the parameters, not a fixed string."""
+    from rayfed.protocols.hfl_kmeans.params import sum_params
+
+    result = rayfed.run("hfl-kmeans", masking="pairwise", **{**HFL, **options})
+    m = options["clients"]
+    h = options.get("honest_clients", min(m // 2 + 1, m - 1) if "ring_noise" in options else None)
+    t = sum_params(m, honest=h).threshold
+    (note,) = [n for n in result.privacy.notes if n.startswith("masking=pairwise")]
+    assert f"M = {m} clients" in note and f"t = {t}" in note
+    assert f"with t = {t} clients" in note and "semi-honest server" in note
+    assert "partial sum" in note and "no partial sums" in note  # only to deny them
+    assert "X25519" not in note
+    if options["topology"] == "ring":
+        exact = options.get("noise") == "none"
+        assert ("the exact aggregate" in note) == exact
+        assert ("the released noisy sum" in note) == (not exact)
+    if h is not None:
+        assert f"a 1/{h} share" in note and f"t > M − h = {m - h}" in note
+        assert t > m - h

@@ -537,3 +537,19 @@ def test_integer_values_beyond_2_53_are_summed_exactly(tmp_path):
     assert table["plaintext_sum"].to_pylist() == [2.0]  # 2^62 + 1 - 2^62 + 3 - 2
     assert table["clipped_sum"].to_pylist() == table["secure_sum"].to_pylist() == [0.0]
     assert result.metrics["exact"] and "raw plaintext sum 2)" in result.headline
+
+
+def test_stress_adversarial_losses_keep_the_users_own_population_lost():
+    """The adversarial rows lose users at unmask on top of the options' own ``population.lost``
+    (merged, not replaced): a user's own losses at other phases and at unmask stay."""
+    from rayfed.stress import _lost
+
+    options = {
+        "dropout": 0.1,
+        "population": {"lost": {"share_keys": [7], "unmask": [9, 2]}, "availability": "markov"},
+    }
+    got = _lost(options, np.array([2, 3]))
+    assert got["dropout"] == 0.0
+    assert got["population"]["availability"] == "markov"
+    assert got["population"]["lost"] == {"share_keys": [7], "unmask": [2, 3, 9]}
+    assert options["population"]["lost"] == {"share_keys": [7], "unmask": [9, 2]}  # untouched

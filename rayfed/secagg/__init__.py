@@ -31,7 +31,7 @@ from rayfed.dropout import DropoutSchedule
 from rayfed.errors import ConfigError
 from rayfed.secagg import client, phases
 from rayfed.secagg import server as server_steps
-from rayfed.secagg.encoding import FixedPoint
+from rayfed.secagg.encoding import FixedPoint, RingWords
 from rayfed.secagg.group import Members, PerMember, Server, member_ids, party_ids
 from rayfed.secagg.params import THREAT_MODELS, SecAggParams, check_params, find_params
 from rayfed.secagg.spec import MODES, ProtocolViolation, RoundSpec, UnauthenticatedKeys
@@ -42,6 +42,7 @@ __all__ = [
     "DropoutSchedule",
     "FixedPoint",
     "ProtocolViolation",
+    "RingWords",
     "RoundSpec",
     "SecAggParams",
     "THREAT_MODELS",
@@ -155,7 +156,8 @@ def secure_sum(
     """Run one aggregation round over ``group``'s members (:class:`~rayfed.secagg.group.Members`:
     the user cohorts, or the parties), aggregated by ``server`` (the coordinator).
     ``input_fn(ctx, round, user_ids, *input_args)`` returns the (users x dim) inputs of a member's
-    surviving users: floats (fixed-point encoded) or integers (words of the ring, taken mod 2^b).
+    surviving users: values (floats or integers, fixed-point encoded), or :class:`RingWords` (words
+    of the ring Z_2^b, in [0, 2^b), summed as they are).
 
     A member holds the users it registered (``meta["users"]``, else its table's ``user_id``s);
     ``ids`` gives each member its user ids instead — ``party_ids(order)`` makes every party one

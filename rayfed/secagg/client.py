@@ -20,6 +20,7 @@ from dp_accounting.dp_event import DpEvent
 
 from rayfed.actors.base import Message, StepContext
 from rayfed.secagg import _crypto, shamir
+from rayfed.secagg.encoding import RingWords
 from rayfed.secagg.phases import ADVERTISE, MASKED_INPUT, NEVER, SHARE_KEYS, drop_codes
 from rayfed.secagg.spec import (
     ProtocolViolation,
@@ -478,7 +479,7 @@ def masked_input(
     x, event, scope = input_fn(ctx, spec.round, st.ids[rows], *input_args), None, "run"
     if isinstance(x, tuple) and len(x) in (2, 3) and isinstance(x[1], DpEvent):
         x, event, scope = x if len(x) == 3 else (*x, scope)
-    x = _as_inputs(x)
+    x = _as_inputs(spec, x)
     if x.shape != (len(rows), spec.dim):
         raise ValueError(
             f"input function returned shape {x.shape}, expected {(len(rows), spec.dim)}"
@@ -492,18 +493,20 @@ def masked_input(
     )
 
 
-def _as_inputs(x) -> np.ndarray:
-    """Integer inputs stay integers (words of the ring, see :func:`_encode`); others are floats."""
-    x = np.asarray(x)
-    return x if np.issubdtype(x.dtype, np.integer) else x.astype(np.float64)
+def _as_inputs(spec: RoundSpec, x) -> np.ndarray:
+    """:class:`~rayfed.secagg.encoding.RingWords` become uint64 words (checked in [0, 2^b));
+    any other input, integers included, is values, as float64."""
+    if isinstance(x, RingWords):
+        return x.checked(spec.encoding.modulus_bits)
+    return np.asarray(x, dtype=np.float64)
 
 
 def _encode(spec: RoundSpec, x: np.ndarray) -> np.ndarray:
-    """Inputs as words mod 2^b: floats fixed-point encoded (clipped, scaled, rounded); integers
-    taken as they are, mod 2^b (two's complement) — a protocol that sums words of its own ring
-    (hfl-kmeans's padded uploads) gets its words' sum back exactly in ``AggregationResult.words``."""
-    if np.issubdtype(x.dtype, np.integer):
-        return spec.encoding.reduce(x.astype(np.int64, copy=False).astype(np.uint64))
+    """Inputs as words mod 2^b: values fixed-point encoded (clipped, scaled, rounded); ring words
+    (uint64, from RingWords, already in [0, 2^b)) taken as they are — a protocol that sums words
+    of its own ring gets its words' sum back exactly in ``AggregationResult.words``."""
+    if x.dtype == np.uint64:
+        return spec.encoding.reduce(x)
     return spec.encoding.encode(x)
 
 

@@ -92,10 +92,12 @@ class HflKmeansConfig:
         "shared-seed",
         "shared-seed: the thesis's pads from a seed all clients share; pairwise: the padded "
         "uploads go through the one secure sum over the clients (SecAgg pairwise masks, threshold "
-        "max(2, M/2 + 1): a server colluding with fewer clients sees no client's upload, M >= 3); "
-        "none: plaintext uploads (an insecure baseline); on the ring, shared-seed is the first "
-        "client's random pad and pairwise the secure sum of the noisy values (the coordinator "
-        "relays it and learns only the released sum)",
+        "t = max(2, M/2 + 1), at least M - honest_clients + 1 with split noise, at most M - 1; "
+        "any lost client ends the run): a semi-honest server colluding with fewer than t clients "
+        "sees no client's upload (M >= 3); none: plaintext uploads (an insecure baseline); on "
+        "the ring, shared-seed is the first client's random pad and pairwise the secure sum of "
+        "the noisy values, no partial sums (the coordinator relays it and learns the released "
+        "sum)",
     )
     topology: Literal["server", "ring"] = option(
         "server",
@@ -199,8 +201,9 @@ class HflKmeansConfig:
         if self.ring_noise == "split" and self.masking != "pairwise":
             raise ConfigError(
                 "masking",
-                "ring_noise=split needs every partial sum hidden: with the first client's pad a "
-                "client's two ring neighbours see its upload with only its share of the noise",
+                "ring_noise=split needs each upload hidden: with the first client's pad a "
+                "client's two ring neighbours see its upload with only its share of the noise "
+                "(masking=pairwise sums the uploads securely, with no partial sums)",
                 "pairwise",
             )
         if self.ring_noise == "mpc" and self.masking != "pairwise":

@@ -4,17 +4,16 @@ ring), and a last update that leaves every client with the final centroids."""
 
 from __future__ import annotations
 
-import math
 import time
 
 import numpy as np
 
 from rayfed.backends import PerMember
-from rayfed.errors import PartyFailed
+from rayfed.errors import BelowThreshold, PartyFailed
 from rayfed.protocols.base import Outcome, Plan
 from rayfed.protocols.hfl_kmeans import report
 from rayfed.protocols.hfl_kmeans.config import DATA_INITS, HflKmeansConfig
-from rayfed.protocols.hfl_kmeans.params import Params, Settings, Setup
+from rayfed.protocols.hfl_kmeans.params import Params, Settings, Setup, sum_params
 from rayfed.protocols.hfl_kmeans.steps import (
     aggregate_step,
     data_init_step,
@@ -29,7 +28,7 @@ from rayfed.protocols.hfl_kmeans.steps import (
     secure_input,
     setup_step,
 )
-from rayfed.secagg import FixedPoint, SecAggParams, make_spec, mpc, party_ids, secure_sum
+from rayfed.secagg import FixedPoint, make_spec, mpc, party_ids, secure_sum
 from rayfed.secagg.keys import agree_group_key
 
 
@@ -101,14 +100,16 @@ def _aggregate(fed, setup: Setup, uploads, t: int):
 def _secure_sum(fed, setup: Setup, order: list[str], t: int) -> np.ndarray:
     """masking=pairwise: the parties' uploads (:func:`secure_input`) through the one secure sum
     (SecAgg on the complete graph over the parties, one user each, the coordinator relaying); the
-    sum's words in Z_2^b. The sum survives a party that drops after sharing its keys, but
-    hfl-kmeans does not: its pads and its next iteration need every client (the thesis aborts,
-    [C] fail_together), so a dropped party ends the run with PartyFailed naming it."""
+    sum's words in Z_2^b. hfl-kmeans needs every client (its pads and its next iteration; the
+    thesis aborts, [C] fail_together), so the quorum is M: a party lost at any phase ends the
+    round before the unmask request (BelowThreshold in the server), and the run with PartyFailed
+    naming it — the coordinator never reconstructs a sum of fewer than M uploads, which on the
+    ring with split noise would carry only the survivors' noise shares, never charged."""
     spec = make_spec(
         round=t,
         mode="secure" if fed.randomness == "secure" else "simulation",
         registry=np.arange(len(order)),
-        params=sum_params(len(order)),
+        params=sum_params(len(order), honest=setup.honest),
         encoding=FixedPoint(float(2 ** (setup.ring_bits - 1)), 0, setup.ring_bits),
         dim=setup.length,
         tag=b"hfl-kmeans",
@@ -116,19 +117,35 @@ def _secure_sum(fed, setup: Setup, order: list[str], t: int) -> np.ndarray:
     ids = party_ids(order)
     if setup.joint:
         _sample_noise(fed, setup, order, t)
-    result = secure_sum(fed.parties, spec, secure_input, (t,), server=fed.coordinator, ids=ids)
-    if result.failed_cohorts:
+    parties = _Watched(fed.parties)
+    try:
+        result = secure_sum(parties, spec, secure_input, (t,), server=fed.coordinator, ids=ids)
+    except BelowThreshold as e:
+        name = (parties.lost or ["a client"])[0]
+        raise PartyFailed(
+            name, t, "parties:secure-sum", f"dropped out of the secure sum: {e}"
+        ) from e
+    if result.failed_cohorts:  # unreachable with quorum M; kept as the last line of defence
         name = result.failed_cohorts[0]
         raise PartyFailed(name, t, "parties:secure-sum", "dropped out of the secure sum")
     return result.words
 
 
-def sum_params(m: int) -> SecAggParams:
-    """SecAgg on the complete graph over m parties: threshold t = max(2, ⌊m/2⌋ + 1) (at most
-    m - 1), so the server with fewer than t clients (one, at least) reconstructs no secret; the
-    sum then survives m - 1 - t parties dropping after sharing (m >= 5: at least one)."""
-    t = min(m - 1, max(2, m // 2 + 1))
-    return SecAggParams(m, m - 1, t, t + 1, True, -math.inf, -math.inf)
+class _Watched:
+    """The parties as :class:`~rayfed.secagg.group.Members`, recording whom each phase lost (the
+    secure sum only counts them; hfl-kmeans names the first in its PartyFailed)."""
+
+    def __init__(self, group):
+        self.group, self.lost = group, []
+
+    @property
+    def names(self) -> list[str]:
+        return self.group.names
+
+    def run(self, step, *args, **kwargs):
+        replies = self.group.run(step, *args, **kwargs)
+        self.lost.extend(replies.failed)
+        return replies
 
 
 def _charge_ring(fed, setup: Setup, order: list[str], t: int) -> None:

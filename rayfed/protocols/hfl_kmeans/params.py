@@ -10,6 +10,7 @@ server adds discrete-Laplace noise on the grid to the padded sum, so it never se
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,6 +29,7 @@ from rayfed.privacy.measurement import (
     SplitDiscreteLaplace,
 )
 from rayfed.protocols.hfl_kmeans.config import HflKmeansConfig
+from rayfed.secagg import SecAggParams
 from rayfed.secagg.mpc import BitGeometric
 
 #: the member (of the cohorts group) that deals the MPC's correlated randomness (ring_noise=mpc)
@@ -431,3 +433,17 @@ def overflow_check(setup: Setup, assignment: str, aggregation: str, topology: st
             f"±{limit:,.0f}; {what}: the aggregate could overflow",
             "ring_bits=64, or a constrained assignment with a smaller max_size",
         )
+
+
+def sum_params(m: int, honest: int | None = None) -> SecAggParams:
+    """SecAgg on the complete graph over m parties, quorum m (any drop aborts before the unmask).
+    The coordinator with c colluding clients holds c Shamir shares of every other client's keys
+    and unmasks one upload once c >= t. Threshold t = max(2, ⌊m/2⌋ + 1), at most m - 1: a server
+    with fewer than t clients sees no upload. With split noise (``honest`` = h >= 2) an upload
+    carries only a 1/h share of the noise and the release is claimed DP against any m - h
+    clients, so t >= m - h + 1 (<= m - 1 as h >= 2); at h = 1 every upload carries full noise."""
+    t = max(2, m // 2 + 1)
+    if honest is not None and honest >= 2:
+        t = max(t, m - honest + 1)
+    t = min(m - 1, t)
+    return SecAggParams(m, m - 1, t, m, True, -math.inf, -math.inf)

@@ -22,7 +22,7 @@ from rayfed.clustering.constrained import (
 from rayfed.data.scaling import features_of, to_unit
 from rayfed.errors import DataError
 from rayfed.protocols.hfl_kmeans.params import Noise, Settings, Setup, noise_event
-from rayfed.secagg import mpc, pads
+from rayfed.secagg import RingWords, mpc, pads
 
 #: HKDF label of the initial centroids' seed (hfl-kmeans's own; its value fixes the golden runs)
 INFO_INIT = b"rayfed-hfl/v1/initial-centroids"
@@ -192,22 +192,23 @@ def _ring_mask(ctx: StepContext, t: int) -> np.ndarray:
 
 def secure_input(ctx: StepContext, round: int, ids: np.ndarray, t: int):
     """Party, masking=pairwise: its upload for :func:`rayfed.secagg.secure_sum` over the parties
-    (one SecAgg user each), as words of the ring Z_2^b, which the sum adds exactly.
+    (one SecAgg user each), as :class:`~rayfed.secagg.RingWords` of Z_2^b, which the sum adds
+    exactly (without the opt-in, integers would be fixed-point encoded as values).
 
     On the server: values plus the shared-seed pad, so the server still learns only the padded
-    aggregate (the thesis's MSA), and a server colluding with fewer than t clients learns no
-    client's upload. On the ring (F1-F3): values plus this client's noise (or noise share, whose
+    aggregate (the thesis's MSA), and a semi-honest server colluding with fewer than t clients
+    learns no client's upload. On the ring (F1-F3): values plus this client's noise (or noise share, whose
     event the last client's upload carries for the whole release), with no pad: the coordinator,
     relaying the secure sum, learns only the noisy sum every client gets."""
     st, p = ctx.state, ctx.state["setup"]
     values = st.pop("values")
     if not len(ids):  # dropped out of the sum (cannot happen to a live party: one user each)
-        return np.zeros((0, p.length), pads.ring_dtype(p.ring_bits))
+        return RingWords(np.zeros((0, p.length), pads.ring_dtype(p.ring_bits)))
     if st["settings"].topology == "server":
-        return (pads.to_ring(values, p.ring_bits) + _pad(ctx, t))[None]
+        return RingWords((pads.to_ring(values, p.ring_bits) + _pad(ctx, t))[None])
     last = st["me"] == len(st["order"]) - 1
     noisy, event = _ring_noise(ctx, values, t, carries=last)
-    words = pads.to_ring(noisy, p.ring_bits)[None]
+    words = RingWords(pads.to_ring(noisy, p.ring_bits)[None])
     if event is None:
         return words
     return words, event, "clients" if p.honest is not None or p.joint else ctx.name

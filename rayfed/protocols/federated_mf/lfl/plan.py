@@ -9,6 +9,7 @@ import numpy as np
 
 from rayfed import mf, rng
 from rayfed.data import per_user
+from rayfed.dropout import Phases
 from rayfed.errors import ConfigError
 from rayfed.mf import gddr as gddr_maths
 from rayfed.mf.lfl import noise_shares, round1_noise, threshold
@@ -79,8 +80,8 @@ def plan(cfg: FederatedMFConfig, seed: int) -> Plan:
     # each cohort's registered users are public (secure aggregation's registry): a user takes
     # part whether or not its table holds a rating of it
     cohorts = {name: (t, {"users": users[name]}) for name, t in dealt.items()}
-    schedule = _schedule(cfg, users)
     method = cfg.resolved_method()
+    schedule = _schedule(cfg, method, users)
     gddr = _gddr(cfg, n, m, delta, seed) if method == "gd-dr" else None
     # GD-DR draws no Gaussian noise: its noise multiplier is not calibrated (reported as 0)
     z = (
@@ -222,9 +223,18 @@ def _gddr_privacy(
     )
 
 
-def _schedule(cfg: FederatedMFConfig, cohorts: dict[str, np.ndarray]):
-    """Round 1's dropouts (a secure aggregation): the rate, lost at advertise (the user sends
-    nothing that round), and the population models."""
+#: GD-DR has no secure aggregation: a user sends one report per iteration, lost in its one phase
+REPORT = Phases(("report",))
+
+
+def _schedule(cfg: FederatedMFConfig, method: str, cohorts: dict[str, np.ndarray]):
+    """The users' availability and the population models: for LFL and LDP in Round 1's secure
+    aggregation (its phases; the rate is lost at advertise, the user sending nothing that round);
+    for GD-DR in its one phase ``report`` (SecAgg's phases are unknown there, a ConfigError naming
+    population.rates.<phase>). Both rates read the same uniforms, so dropout=r loses the same
+    users either way."""
+    if method == "gd-dr":
+        return cfg.population.schedule(REPORT, {"report": cfg.dropout}, cohorts)
     return cfg.population.schedule(PHASES, {"advertise": cfg.dropout}, cohorts)
 
 
