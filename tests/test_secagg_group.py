@@ -14,7 +14,7 @@ import pyarrow as pa
 import pytest
 
 import rayfed
-from rayfed.errors import PartyFailed
+from rayfed.errors import ConfigError, PartyFailed
 from rayfed.faults import Fault
 from rayfed.federation import Federation
 from rayfed.privacy import PrivacyDeclaration
@@ -327,3 +327,54 @@ def test_hfl_pairwise_note_states_what_the_secure_sum_gives_the_coordinator(opti
     if h is not None:
         assert f"a 1/{h} share" in note and f"t > M − h = {m - h}" in note
         assert t > m - h
+
+
+def _isolates(t: int, holders: int, corrupt: int) -> bool:
+    """Brute force, independent of secagg.params: the server asks ``a`` of the victim's honest
+    holders for its self-mask share and the rest for its key share; the corrupt holders give
+    both. The upload is isolated when some split gathers t shares of each kind."""
+    honest = holders - corrupt
+    return any(corrupt + a >= t and corrupt + honest - a >= t for a in range(honest + 1))
+
+
+@pytest.mark.parametrize("m", range(3, 13))
+def test_hfl_malicious_threshold_defeats_the_isolation_up_to_m_minus_2_clients(m):
+    """threat_model=malicious: t = M - 1 holds against a server that splits a victim's M - 1
+    share holders (the complete graph) with up to M - 2 corrupt clients, and that bound is tight;
+    the semi-honest t does not hold (the mutant: malicious sized like semi-honest)."""
+    from rayfed.protocols.hfl_kmeans.params import malicious_coalition, sum_params
+
+    p = sum_params(m, threat_model="malicious")
+    c = malicious_coalition(m)
+    assert (p.threshold, p.min_survivors, p.threat_model) == (m - 1, m, "malicious")
+    assert not _isolates(p.threshold, m - 1, c)
+    assert _isolates(p.threshold, m - 1, c + 1)  # tight: one more corrupt client isolates
+    if m >= 5:  # the semi-honest t (< M - 1 from M = 5) falls to a malicious server with the same coalition
+        assert _isolates(sum_params(m).threshold, m - 1, c)
+
+
+def test_hfl_malicious_runs_the_consistency_round_and_changes_no_result():
+    """threat_model=malicious adds the signing round to every iteration's secure sum and names
+    the coalition in the note; the centroids are the semi-honest run's, bit for bit."""
+    options = dict(HFL, clients=4, topology="server", masking="pairwise", epsilon=2.0)
+    honest = rayfed.run("hfl-kmeans", **options)
+    malicious = rayfed.run("hfl-kmeans", threat_model="malicious", **options)
+    assert honest.tables["centroids"].equals(malicious.tables["centroids"])
+    signed = [r for r in malicious.transcript.to_pylist() if r["phase"] == "consistency"]
+    assert len(signed) == 4 * malicious.metrics["t_max"]
+    assert not [r for r in honest.transcript.to_pylist() if r["phase"] == "consistency"]
+    (note,) = [n for n in malicious.privacy.notes if n.startswith("masking=pairwise")]
+    assert "malicious server" in note and "t = 3 holds against up to c = 2" in note
+
+
+@pytest.mark.parametrize(
+    ("options", "field"),
+    [
+        (dict(clients=2, masking="pairwise", threat_model="malicious"), "threat_model"),
+        (dict(clients=4, masking="shared-seed", threat_model="malicious"), "threat_model"),
+    ],
+)
+def test_hfl_malicious_refuses_what_cannot_hold(options, field):
+    with pytest.raises(ConfigError) as err:
+        rayfed.run("hfl-kmeans", **{**HFL, **options})
+    assert err.value.field == field

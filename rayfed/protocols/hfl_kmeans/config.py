@@ -99,6 +99,14 @@ class HflKmeansConfig:
         "the noisy values, no partial sums (the coordinator relays it and learns the released "
         "sum)",
     )
+    threat_model: Literal["semi-honest", "malicious"] = option(
+        "semi-honest",
+        "the server masking=pairwise's secure sum defends against: semi-honest (follows the "
+        "protocol; t as above) or malicious (may lie about who dropped: SecAgg's consistency "
+        "round and signed keys, t = M - 1, holding against up to M - 2 colluding clients; "
+        "M >= 3)",
+        when={"masking": ("pairwise",)},
+    )
     topology: Literal["server", "ring"] = option(
         "server",
         "server: the server adds central noise to the padded sum; ring: serverless ring secure "

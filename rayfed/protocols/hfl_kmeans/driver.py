@@ -13,7 +13,13 @@ from rayfed.errors import BelowThreshold, PartyFailed
 from rayfed.protocols.base import Outcome, Plan
 from rayfed.protocols.hfl_kmeans import report
 from rayfed.protocols.hfl_kmeans.config import DATA_INITS, HflKmeansConfig
-from rayfed.protocols.hfl_kmeans.params import Params, Settings, Setup, sum_params
+from rayfed.protocols.hfl_kmeans.params import (
+    Params,
+    Settings,
+    Setup,
+    malicious_coalition,
+    sum_params,
+)
 from rayfed.protocols.hfl_kmeans.steps import (
     aggregate_step,
     data_init_step,
@@ -109,10 +115,12 @@ def _secure_sum(fed, setup: Setup, order: list[str], t: int) -> np.ndarray:
         round=t,
         mode="secure" if fed.randomness == "secure" else "simulation",
         registry=np.arange(len(order)),
-        params=sum_params(len(order), honest=setup.honest),
+        params=sum_params(len(order), setup.honest, setup.threat_model),
         encoding=FixedPoint(float(2 ** (setup.ring_bits - 1)), 0, setup.ring_bits),
         dim=setup.length,
         tag=b"hfl-kmeans",
+        threat_model=setup.threat_model,
+        corrupt=malicious_coalition(len(order)) / len(order),
     )
     ids = party_ids(order)
     if setup.joint:

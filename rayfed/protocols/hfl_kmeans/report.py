@@ -13,7 +13,13 @@ from rayfed.clustering.constrained import empty_clusters, silhouette, wcss
 from rayfed.data.scaling import from_unit
 from rayfed.protocols.base import Outcome
 from rayfed.protocols.hfl_kmeans.config import HflKmeansConfig
-from rayfed.protocols.hfl_kmeans.params import Evaluation, Params, Setup, sum_params
+from rayfed.protocols.hfl_kmeans.params import (
+    Evaluation,
+    Params,
+    Setup,
+    malicious_coalition,
+    sum_params,
+)
 
 MASKING = {
     "shared-seed": "uploads and aggregates are one-time-padded in Z_2^{b} with pads every "
@@ -34,7 +40,7 @@ def pairwise_note(cfg: HflKmeansConfig, setup: Setup) -> str:
     """masking=pairwise, from what runs: the one secure sum over the M clients (SecAgg on the
     complete graph, threshold t and quorum M of :func:`~.params.sum_params`), no partial sums."""
     m = setup.clients
-    t = sum_params(m, honest=setup.honest).threshold
+    t = sum_params(m, setup.honest, setup.threat_model).threshold
     head = (
         f"masking=pairwise: every client's upload goes through the one secure sum over the M = {m} "
         f"clients (SecAgg pairwise masks, complete graph, Shamir threshold t = {t}, the "
@@ -58,12 +64,19 @@ def pairwise_note(cfg: HflKmeansConfig, setup: Setup) -> str:
             "learns only the padded aggregate; colluding with one client it learns the aggregate "
             f"before its own noise (not DP), and with t = {t} clients one client's upload"
         )
-    return (
-        head
-        + seen
-        + ". Against a semi-honest server (it follows the protocol): there is no consistency "
-        "round, so a malicious server that lies about who dropped is not covered"
-    )
+    if setup.threat_model == "malicious":
+        server = (
+            ". Against a malicious server (threat_model=malicious: the consistency round, signed "
+            f"keys): it isolates an upload only with 2t <= M - 1 + c, so t = {t} holds against up "
+            f"to c = {malicious_coalition(m)} colluding clients"
+        )
+    else:
+        server = (
+            ". Against a semi-honest server (it follows the protocol): there is no consistency "
+            "round, so a malicious server that lies about who dropped is not covered "
+            "(threat_model=malicious)"
+        )
+    return head + seen + server
 
 
 def notes(cfg: HflKmeansConfig, setup: Setup) -> list[str]:
