@@ -146,6 +146,9 @@ class Isolation:
     """
 
     threshold_override: tuple[int, int] | None = None  # (k, t): the mutant's semi-honest sizing
+    #: the spec's quorum instead of the plan's (1: the clients' quorum check off, so that a test
+    #: sees what the threshold alone stops; the attack drops more users than the quorum allows)
+    quorum: int | None = None
     s: np.ndarray | None = None
     victim: int | None = None
     y: np.ndarray | None = None
@@ -219,12 +222,14 @@ class Isolation:
         monkeypatch.setattr(server, "finish", finish)
         monkeypatch.setattr(client, "consistency", silent("consistency"))
         monkeypatch.setattr(client, "unmask", silent("unmask"))
-        if self.threshold_override is not None:
+        if self.threshold_override is not None or self.quorum is not None:
             original = rayfed.secagg.make_spec
-            k, t = self.threshold_override
+            changes = {} if self.quorum is None else {"min_survivors": self.quorum}
+            if self.threshold_override is not None:
+                changes.update(zip(("degree", "threshold"), self.threshold_override, strict=True))
 
             def mutant_spec(**kw):
-                return dataclasses.replace(original(**kw), degree=k, threshold=t)
+                return dataclasses.replace(original(**kw), **changes)
 
             for module in (
                 "rayfed.protocols.secure_sum.driver",
@@ -274,10 +279,11 @@ _NO_SHARES = {
 SECURE_SUM = dict(users=100, dim=4, cohorts=3, seed=7, backend="local", out_dir=None)
 
 
-def _secure_sum_attack(monkeypatch, threat_model, mutant=None):
+def _secure_sum_attack(monkeypatch, threat_model, mutant=None, quorum=None, attack=None):
     plan = importlib.import_module("rayfed.protocols.secure_sum.plan")
     monkeypatch.setattr(plan, "per_user", _deal_victim_alone(per_user))
-    attack = Isolation(threshold_override=mutant)
+    attack = attack or Isolation()
+    attack.threshold_override, attack.quorum = mutant, quorum
     attack.install(monkeypatch)
     graph = "harary" if threat_model == "semi-honest" else "auto"
     with contextlib.suppress(BelowThreshold, ProtocolViolation):
@@ -298,11 +304,21 @@ def test_the_isolation_attack_recovers_a_users_input_under_semi_honest_parameter
     np.testing.assert_allclose(attack.recovered, truth, atol=2 * 2.0**-16)
 
 
-def test_the_isolation_attack_recovers_nothing_under_malicious(monkeypatch):
-    """threat_model=malicious (k = 66, t = 36): the signing round passes (the attack keeps one U3
-    for everyone) but the victim's other neighbours are k - t = 30 < t: its self-mask stays
-    hidden and the server's best interpolation is not even a 256-bit seed."""
+def test_the_isolation_attack_is_refused_by_the_clients_quorum_under_malicious(monkeypatch):
+    """threat_model=malicious: declaring t = 36 honest users dropped leaves U3 = 64 below the
+    quorum n - ⌈δn⌉ = 70, and the clients refuse to sign it (their own check: the server skips
+    its own), so no share is revealed."""
     attack, truth = _secure_sum_attack(monkeypatch, "malicious")
+    assert attack.s is not None and attack.signatures == 0 and attack.self_shares == 0
+    assert attack.recovered is None
+
+
+def test_the_isolation_attack_recovers_nothing_under_malicious(monkeypatch):
+    """threat_model=malicious (k = 66, t = 36), the clients' quorum check off (the threshold
+    alone): the signing round passes (the attack keeps one U3 for everyone) but the victim's
+    other neighbours are k - t = 30 < t: its self-mask stays hidden and the server's best
+    interpolation is not even a 256-bit seed."""
+    attack, truth = _secure_sum_attack(monkeypatch, "malicious", quorum=1)
     assert attack.signatures >= (100 + 5) // 2 + 1  # every client check passed
     # at most the k - t neighbours outside S answer (fewer: one left with < t neighbours in U3 is
     # silent)
@@ -325,7 +341,7 @@ def test_the_consistency_round_alone_does_not_stop_the_isolation_attack(monkeypa
 LFL = dict(users=100, items=12, iterations=1, cohorts=3, seed=3, backend="local", out_dir=None)
 
 
-def _lfl_attack(monkeypatch, threat_model, mutant=None):
+def _lfl_attack(monkeypatch, threat_model, mutant=None, quorum=None):
     driver = importlib.import_module("rayfed.protocols.federated_mf.lfl.driver")
     plan = importlib.import_module("rayfed.protocols.federated_mf.lfl.plan")
     monkeypatch.setattr(plan, "per_user", _deal_victim_alone(per_user))
@@ -339,7 +355,7 @@ def _lfl_attack(monkeypatch, threat_model, mutant=None):
         return out
 
     monkeypatch.setattr(driver, "lfl_round1_inputs", recording)
-    attack = Isolation(threshold_override=mutant)
+    attack = Isolation(threshold_override=mutant, quorum=quorum)
     attack.install(monkeypatch)
     with contextlib.suppress(BelowThreshold, ProtocolViolation):
         rayfed.run("federated-mf", threat_model=threat_model, **LFL)
@@ -363,7 +379,9 @@ def test_lfl_round1_isolation_recovers_the_users_noisy_gradient_under_semi_hones
 
 
 def test_lfl_round1_isolation_recovers_nothing_under_malicious(monkeypatch):
-    attack, row = _lfl_attack(monkeypatch, "malicious")
+    """The threshold alone (the clients' quorum check off; with it, U3 falls below ⌈(1-ω)n⌉ and
+    the clients refuse to sign)."""
+    attack, row = _lfl_attack(monkeypatch, "malicious", quorum=1)
     assert attack.s is not None and attack.self_shares < attack.needed
     assert attack.recovered is None or not np.allclose(attack.recovered, row, atol=0.5)
 
@@ -411,3 +429,62 @@ def test_malicious_refuses_what_cannot_hold_before_any_actor(options, field):
             threat_model="malicious", **options,
         )  # fmt: skip
     assert err.value.field == field
+
+
+# --- the clients' own quorum ---------------------------------------------------------------------
+def _skip_quorum_and_drop_a_cohort(monkeypatch) -> dict:
+    """The malicious server of the review: it skips its own quorum checks and declares the first
+    cohort's users dropped after their masked inputs arrived, so that the sum it decodes covers
+    fewer users than the quorum. Returns what it decoded (``survivors``) if it got that far."""
+    decoded: dict = {}
+    masked, finish = server.collect_masked, server.finish
+
+    def no_quorum(st, phase, alive):
+        st.counts[phase] = int(alive)
+
+    def collect_masked(ctx, spec, replies):
+        first = sorted(replies)[0]
+        return masked(ctx, spec, {k: v for k, v in replies.items() if k != first})
+
+    def finishing(ctx, spec, replies):
+        out = finish(ctx, spec, replies)
+        decoded.update(survivors=np.asarray(out["survivors"]), quorum=spec.min_survivors)
+        return out
+
+    monkeypatch.setattr(server, "_quorum", no_quorum)
+    monkeypatch.setattr(server, "collect_masked", collect_masked)
+    monkeypatch.setattr(server, "finish", finishing)
+    return decoded
+
+
+@pytest.mark.parametrize("threat_model", ["semi-honest", "malicious"])
+def test_the_clients_refuse_a_survivors_list_below_the_quorum_in_secure_sum(
+    monkeypatch, threat_model
+):
+    """A server that skips its quorum and drops a cohort of 33 decodes the sum of 67 < 70 users
+    under semi-honest (out of its scope: that server follows the protocol); under malicious the
+    clients refuse to sign the list, and nothing is decoded."""
+    decoded = _skip_quorum_and_drop_a_cohort(monkeypatch)
+    options = dict(SECURE_SUM, mode="simulation", threat_model=threat_model)
+    if threat_model == "semi-honest":
+        rayfed.run("secure-sum", **options)
+        assert decoded["survivors"].size == 67 < decoded["quorum"] == 70
+        return
+    with pytest.raises(ProtocolViolation, match="holds 67 users, fewer than the quorum of 70"):
+        rayfed.run("secure-sum", **options)
+    assert not decoded
+
+
+def test_the_clients_refuse_a_round1_sum_below_lfl_threshold(monkeypatch):
+    """LFL charges its Round 1 for |U1| >= t = ⌈(1-ω)n⌉ (70 of 100): the spec's quorum is t, so
+    the clients refuse to sign a U1 of 67 that a malicious server declares, skipping its quorum
+    and the driver's own |U1| < t skip (both on the server's side); without the clients' check
+    the server decoded the sum of 67 noisy gradients whose σ falls short of what was charged."""
+    decoded = _skip_quorum_and_drop_a_cohort(monkeypatch)
+    from rayfed.api import resolve
+
+    proto, run_opts, cfg = resolve("federated-mf", None, (), threat_model="malicious", **LFL)
+    assert proto.plan(cfg, run_opts.seed).params.threshold == 70
+    with pytest.raises(ProtocolViolation, match="holds 67 users, fewer than the quorum of 70"):
+        rayfed.run("federated-mf", threat_model="malicious", **LFL)
+    assert not decoded
