@@ -149,6 +149,11 @@ class Isolation:
     #: the spec's quorum instead of the plan's (1: the clients' quorum check off, so that a test
     #: sees what the threshold alone stops; the attack drops more users than the quorum allows)
     quorum: int | None = None
+    #: c: the victim's last c neighbours are corrupt (the stronger variant): the server puts them
+    #: in S but keeps them in U3 — they give the victim's self-mask shares AND hand the server
+    #: their own mask keys — so only S's t - c honest members are declared dropped
+    corrupt: int = 0
+    corrupt_keys: dict = dataclasses.field(default_factory=dict)  # position -> s_sk bytes
     s: np.ndarray | None = None
     victim: int | None = None
     y: np.ndarray | None = None
@@ -156,10 +161,12 @@ class Isolation:
     needed: int = 0
     recovered: np.ndarray | None = None
     signatures: int = 0
+    corrupt_nb: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.int64))
+    dropped: np.ndarray | None = None
 
     def install(self, monkeypatch):
         route, masked = server.route_shares, server.collect_masked
-        consistency, unmask = client.consistency, client.unmask
+        consistency, unmask, keys = client.consistency, client.unmask, client.share_keys
 
         def route_shares(ctx, spec, replies):
             out = route(ctx, spec, replies)
@@ -167,7 +174,9 @@ class Isolation:
             if spec.round == 0 and VICTIM_COHORT in out:
                 (v,) = st.cohort_of[VICTIM_COHORT]
                 nb = spec.graph(st.graph_seed).neighbours(np.array([v]))[0]
-                self.victim, self.s = int(v), nb[: spec.threshold]
+                self.corrupt_nb = nb[nb.size - self.corrupt :]
+                self.dropped = nb[: spec.threshold - self.corrupt]  # S's honest members
+                self.victim, self.s = int(v), np.union1d(self.dropped, self.corrupt_nb)
                 payload = out[VICTIM_COHORT].payload
                 payload["u2"] = np.setdiff1d(payload["u2"], np.setdiff1d(nb, self.s))
             return out
@@ -178,7 +187,7 @@ class Isolation:
                 return msg
             self.y = np.asarray(replies[VICTIM_COHORT]["y"])[0].astype(np.uint64)
             st = ctx.state["secagg_server"][spec.round]
-            st.u3 = np.setdiff1d(st.u3, self.s)  # S "dropped"
+            st.u3 = np.setdiff1d(st.u3, self.dropped)  # S's honest members "dropped"
             if spec.consistency:
                 return Message("sign_request", {"survivors": st.u3}, to="cohorts")
             return Message("unmask_request", server._unmask_request(st), to="cohorts")
@@ -216,6 +225,14 @@ class Isolation:
 
             return step
 
+        def share_keys(ctx, spec, table, *args, **kw):
+            st = ctx.state["secagg"][spec.round]  # what a corrupt user hands over
+            for p, key in zip(st.pos[st.drop > client.ADVERTISE], st.s_sk_bytes, strict=True):
+                self.corrupt_keys[int(p)] = key.tobytes()
+            return keys(ctx, spec, table, *args, **kw)
+
+        if self.corrupt:
+            monkeypatch.setattr(client, "share_keys", share_keys)
         monkeypatch.setattr(server, "route_shares", route_shares)
         monkeypatch.setattr(server, "collect_masked", collect_masked)
         monkeypatch.setattr(server, "collect_signatures", collect_signatures)
@@ -260,9 +277,13 @@ class Isolation:
         total = self.y - _crypto.expand(b_v.tobytes(), spec.dim, spec.word_dtype).astype(np.uint64)
         pk_v = _crypto.public_keys(st.s_pk[np.searchsorted(st.u1, [self.victim])])[0]
         for w in self.s.tolist():
-            wx, wy = shares_of(w, client.KIND_KEY)
-            s_w = shamir.reconstruct(wx[None, : spec.threshold], wy[None, : spec.threshold])[0]
-            sk, _ = _crypto.keypair(s_w.tobytes())
+            if w in self.corrupt_nb:
+                s_w = self.corrupt_keys[w]
+            else:
+                wx, wy = shares_of(w, client.KIND_KEY)
+                s_w = shamir.reconstruct(wx[None, : spec.threshold], wy[None, : spec.threshold])
+                s_w = s_w[0].tobytes()
+            sk, _ = _crypto.keypair(s_w)
             seed = _crypto.hkdf(_crypto.shared_secret(sk, pk_v), _crypto.INFO_MASK, spec.salt)
             mask = _crypto.expand(seed, spec.dim, spec.word_dtype).astype(np.uint64)
             total = total - mask if self.victim > w else total + mask  # v added sign(v, w)·mask
@@ -324,6 +345,43 @@ def test_the_isolation_attack_recovers_nothing_under_malicious(monkeypatch):
     # silent)
     assert attack.self_shares <= 66 - 36 < attack.needed == 36
     assert attack.recovered is None or not np.allclose(attack.recovered, truth, atol=0.5)
+
+
+@pytest.mark.parametrize(
+    "corrupt,threshold,quorum,outcome",
+    [
+        (5, None, 1, "nothing"),  # t = 36 > (66 + 5)/2, the quorum check off: the threshold alone
+        (5, None, None, "refused"),  # and with it: U3 = 100 - 31 = 69 < 70
+        (6, None, None, "recovered"),  # c = 6 = 2t - k: U3 = 70, every check passes
+        (5, 35, None, "recovered"),  # t = 35 <= (66 + 5)/2 (the mutant): U3 = 70
+    ],
+)
+def test_the_isolation_attack_with_corrupt_neighbours_is_tight_at_2t_minus_k(
+    monkeypatch, corrupt, threshold, quorum, outcome
+):
+    """The stronger attack (the "+ c" of t > (k + c)/2, end to end): the server puts the victim's
+    c corrupt neighbours in S and keeps them in U3 (they give the victim's self-mask shares and
+    their own mask keys), so only t - c honest users are declared dropped and k - (t - c) holders
+    answer. At n = 100 (k = 66, t = 36; all ⌈γn⌉ = 5 corrupt users next to the victim, the worst
+    case) nothing comes back; with c = 6 = 2t - k, or t forced to 35, the input does."""
+    p = find_params(100, dropout=0.3, corrupt=0.05, threat_model="malicious")
+    assert (p.degree, p.threshold) == (66, 36)
+    mutant = None if threshold is None else (p.degree, threshold)
+    attack, truth = _secure_sum_attack(
+        monkeypatch, "malicious", mutant, quorum, Isolation(corrupt=corrupt)
+    )
+    t = threshold or p.threshold
+    assert attack.s.size == t and attack.dropped.size == t - corrupt
+    if outcome == "refused":
+        assert attack.signatures == 0 and attack.recovered is None
+        return
+    assert attack.signatures >= (100 + 5) // 2 + 1  # every client check passed
+    assert attack.self_shares == 66 - (t - corrupt)
+    if outcome == "nothing":
+        assert attack.self_shares < t
+        assert attack.recovered is None or not np.allclose(attack.recovered, truth, atol=0.5)
+    else:
+        np.testing.assert_allclose(attack.recovered, truth, atol=2 * 2.0**-16)
 
 
 def test_the_consistency_round_alone_does_not_stop_the_isolation_attack(monkeypatch):
