@@ -546,3 +546,29 @@ def test_the_clients_refuse_a_round1_sum_below_lfl_threshold(monkeypatch):
     with pytest.raises(ProtocolViolation, match="holds 67 users, fewer than the quorum of 70"):
         rayfed.run("federated-mf", threat_model="malicious", **LFL)
     assert not decoded
+
+
+# --- make_spec: the model is the parameters' -----------------------------------------------------
+def test_make_spec_takes_the_threat_model_from_the_parameters():
+    """A round claims the model its t was sized for, both ways: malicious parameters give the
+    consistency round and the PKI (they used to give a semi-honest round reported as malicious
+    by its parameters), semi-honest ones never do, and there is no second argument to disagree."""
+    from rayfed.secagg import FixedPoint, make_spec
+
+    def spec(model, mode="simulation", **kw):
+        params = find_params(100, dropout=0.3, corrupt=0.05, threat_model=model)
+        return make_spec(
+            round=0, mode=mode, registry=np.arange(100), params=params,
+            encoding=FixedPoint.choose(100, 1.0, 8), dim=2, **kw,
+        )  # fmt: skip
+
+    malicious = spec("malicious")
+    assert malicious.threat_model == "malicious" and malicious.consistency
+    assert (malicious.degree, malicious.threshold) == (66, 36)
+    semi = spec("semi-honest")
+    assert semi.threat_model == "semi-honest" and not semi.consistency
+    with pytest.raises(TypeError, match="threat_model"):
+        spec("semi-honest", threat_model="malicious")
+    with pytest.raises(ConfigError, match="the users' own keys") as err:
+        spec("malicious", mode="dealer")
+    assert err.value.field == "threat_model"

@@ -133,7 +133,7 @@ ThreatModel = Literal["semi-honest", "malicious"]
 THREAT_MODELS = ("semi-honest", "malicious")
 
 
-def _check_model(threat_model: str) -> None:
+def check_model(threat_model: str) -> None:
     if threat_model not in THREAT_MODELS:
         raise ConfigError("threat_model", f"unknown threat model {threat_model!r}", THREAT_MODELS)
 
@@ -182,7 +182,7 @@ def complete_params(
 ) -> SecAggParams:
     """SecAgg on the complete graph: ⌈γn⌉ < t <= n - 1 - ⌈δn⌉ (semi-honest) or
     (n - 1 + ⌈γn⌉)/2 < t <= n - 1 - ⌈δn⌉ (malicious); default t: the upper end."""
-    _check_model(threat_model)
+    check_model(threat_model)
     n_corrupt, n_drop = math.ceil(corrupt * n), math.ceil(dropout * n)
     malicious = threat_model == "malicious"
     t_min = _malicious_t_min(n - 1, n_corrupt) if malicious else n_corrupt + 1
@@ -214,7 +214,7 @@ def check_params(
     failure bounds computed as in :func:`find_params` for the report. Under ``malicious`` a
     threshold the isolation attack defeats outright (2t <= k + c on the complete graph, 2t <= k on
     a sparse one) is refused here; the plan refuses any whose bound misses sigma."""
-    _check_model(threat_model)
+    check_model(threat_model)
     n_corrupt, n_drop = math.ceil(corrupt * n), math.ceil(dropout * n)
     complete = degree >= n - 1
     k = n - 1 if complete else degree
@@ -266,7 +266,7 @@ def find_params(
     Raises ConfigError when no sparse graph and no complete-graph threshold satisfy the bounds.
     """
     _check(n, dropout, corrupt, sigma, eta)
-    _check_model(threat_model)
+    check_model(threat_model)
     if threat_model == "malicious":
         return _find_malicious(n, dropout, corrupt, sigma, eta, graph)
     if graph == "complete":
