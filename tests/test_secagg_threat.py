@@ -572,3 +572,19 @@ def test_make_spec_takes_the_threat_model_from_the_parameters():
     with pytest.raises(ConfigError, match="the users' own keys") as err:
         spec("malicious", mode="dealer")
     assert err.value.field == "threat_model"
+
+
+def test_the_headlines_print_k_on_the_complete_graph_the_survivor_choice_and_the_mode():
+    """The complete graph's k = n - 1 is printed (secure-sum's headline, LFL's note); the
+    malicious statement says the server chooses the survivors above the quorum; LFL's headline
+    says when its Round 1 is not secure, as secure-sum's does."""
+    from rayfed.protocols.secure_sum.report import MALICIOUS_STATEMENT
+
+    assert "chooses which users count as survivors" in MALICIOUS_STATEMENT
+    assert "but an abort" not in MALICIOUS_STATEMENT
+    ss = rayfed.run("secure-sum", backend="local", out_dir=None, users=20, dim=2, graph="complete")
+    assert "complete graph k=19 (SecAgg, k = n - 1), t=" in ss.headline
+    lfl = rayfed.run("federated-mf", **dict(LFL, users=11), threat_model="malicious")
+    assert lfl.metrics["secagg_degree"] == 10  # n = 11 under malicious: the complete graph
+    assert "threat model malicious [simulation mode, NOT secure]" in lfl.headline
+    assert any("complete graph k=10 (n - 1), t=6" in note for note in lfl.privacy.notes)
