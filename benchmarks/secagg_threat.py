@@ -19,7 +19,6 @@ import time
 from pathlib import Path
 
 import rayfed
-from rayfed.secagg import find_params
 
 
 def _log2(x: float) -> float | None:
@@ -35,22 +34,24 @@ def main(argv: list[str] | None = None) -> int:
     rows, load = [], [round(x, 2) for x in os.getloadavg()]
     for n in args.users:
         for model in ("semi-honest", "malicious"):
-            params = find_params(n, dropout=0.3, corrupt=0.05, threat_model=model)
             start = time.perf_counter()
             result = rayfed.run(
                 "secure-sum", backend="local", out_dir=None, users=n, dim=args.dim,
                 threat_model=model, cohorts=2, seed=1,
             )  # fmt: skip
             seconds = time.perf_counter() - start
+            m = result.metrics  # the run's own parameters, not a recomputation
+            assert m["threat_model"] == model
             rows.append(
                 {
                     "users": n,
                     "threat_model": model,
-                    "degree": params.degree,
-                    "threshold": params.threshold,
-                    "complete": params.complete,
-                    "log2_security_failure": _log2(params.log2_security_failure),
-                    "log2_correctness_failure": _log2(params.log2_correctness_failure),
+                    "degree": m["degree"],
+                    "threshold": m["threshold"],
+                    "min_survivors": m["min_survivors"],
+                    "complete": m["complete_graph"],
+                    "log2_security_failure": _log2(m["log2_security_failure"]),
+                    "log2_correctness_failure": _log2(m["log2_correctness_failure"]),
                     "exact": result.metrics["exact"],
                     "round_seconds": round(seconds, 2),
                     "phase_seconds": {
@@ -66,8 +67,10 @@ def main(argv: list[str] | None = None) -> int:
         "load_before": load,
         "load_after": [round(x, 2) for x in os.getloadavg()],
     }
-    out = {"dim": args.dim, "mode": "simulation", "tolerated_dropout": 0.3,
-           "corrupt_fraction": 0.05, "sigma": 40, "eta": 30, "machine": machine, "rows": rows}  # fmt: skip
+    cfg = result.config["protocol"]  # the options every row ran with (secure-sum's defaults)
+    out = {"dim": args.dim, "mode": cfg["mode"], "tolerated_dropout": cfg["tolerated_dropout"],
+           "corrupt_fraction": cfg["corrupt_fraction"], "sigma": cfg["sigma"], "eta": cfg["eta"],
+           "machine": machine, "rows": rows}  # fmt: skip
     Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
     return 0
 

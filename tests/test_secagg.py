@@ -217,7 +217,6 @@ def _run(
         encoding=enc,
         dim=dim,
         dropout=schedule or DropoutSchedule(),
-        threat_model=threat_model,
     )
     with Federation(
         run_id="t",

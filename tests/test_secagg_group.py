@@ -349,7 +349,8 @@ def test_hfl_malicious_threshold_defeats_the_isolation_up_to_m_minus_2_clients(m
     assert (p.threshold, p.min_survivors, p.threat_model) == (m - 1, m, "malicious")
     assert not _isolates(p.threshold, m - 1, c)
     assert _isolates(p.threshold, m - 1, c + 1)  # tight: one more corrupt client isolates
-    if m >= 5:  # the semi-honest t (< M - 1 from M = 5) falls to a malicious server with the same coalition
+    # the semi-honest t (< M - 1 from M = 5) falls to a malicious server with the same coalition
+    if m >= 5:
         assert _isolates(sum_params(m).threshold, m - 1, c)
 
 

@@ -146,6 +146,14 @@ class Isolation:
     """
 
     threshold_override: tuple[int, int] | None = None  # (k, t): the mutant's semi-honest sizing
+    #: the spec's quorum instead of the plan's (1: the clients' quorum check off, so that a test
+    #: sees what the threshold alone stops; the attack drops more users than the quorum allows)
+    quorum: int | None = None
+    #: c: the victim's last c neighbours are corrupt (the stronger variant): the server puts them
+    #: in S but keeps them in U3 — they give the victim's self-mask shares AND hand the server
+    #: their own mask keys — so only S's t - c honest members are declared dropped
+    corrupt: int = 0
+    corrupt_keys: dict = dataclasses.field(default_factory=dict)  # position -> s_sk bytes
     s: np.ndarray | None = None
     victim: int | None = None
     y: np.ndarray | None = None
@@ -153,10 +161,12 @@ class Isolation:
     needed: int = 0
     recovered: np.ndarray | None = None
     signatures: int = 0
+    corrupt_nb: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.int64))
+    dropped: np.ndarray | None = None
 
     def install(self, monkeypatch):
         route, masked = server.route_shares, server.collect_masked
-        consistency, unmask = client.consistency, client.unmask
+        consistency, unmask, keys = client.consistency, client.unmask, client.share_keys
 
         def route_shares(ctx, spec, replies):
             out = route(ctx, spec, replies)
@@ -164,7 +174,9 @@ class Isolation:
             if spec.round == 0 and VICTIM_COHORT in out:
                 (v,) = st.cohort_of[VICTIM_COHORT]
                 nb = spec.graph(st.graph_seed).neighbours(np.array([v]))[0]
-                self.victim, self.s = int(v), nb[: spec.threshold]
+                self.corrupt_nb = nb[nb.size - self.corrupt :]
+                self.dropped = nb[: spec.threshold - self.corrupt]  # S's honest members
+                self.victim, self.s = int(v), np.union1d(self.dropped, self.corrupt_nb)
                 payload = out[VICTIM_COHORT].payload
                 payload["u2"] = np.setdiff1d(payload["u2"], np.setdiff1d(nb, self.s))
             return out
@@ -175,7 +187,7 @@ class Isolation:
                 return msg
             self.y = np.asarray(replies[VICTIM_COHORT]["y"])[0].astype(np.uint64)
             st = ctx.state["secagg_server"][spec.round]
-            st.u3 = np.setdiff1d(st.u3, self.s)  # S "dropped"
+            st.u3 = np.setdiff1d(st.u3, self.dropped)  # S's honest members "dropped"
             if spec.consistency:
                 return Message("sign_request", {"survivors": st.u3}, to="cohorts")
             return Message("unmask_request", server._unmask_request(st), to="cohorts")
@@ -213,18 +225,28 @@ class Isolation:
 
             return step
 
+        def share_keys(ctx, spec, table, *args, **kw):
+            st = ctx.state["secagg"][spec.round]  # what a corrupt user hands over
+            for p, key in zip(st.pos[st.drop > client.ADVERTISE], st.s_sk_bytes, strict=True):
+                self.corrupt_keys[int(p)] = key.tobytes()
+            return keys(ctx, spec, table, *args, **kw)
+
+        if self.corrupt:
+            monkeypatch.setattr(client, "share_keys", share_keys)
         monkeypatch.setattr(server, "route_shares", route_shares)
         monkeypatch.setattr(server, "collect_masked", collect_masked)
         monkeypatch.setattr(server, "collect_signatures", collect_signatures)
         monkeypatch.setattr(server, "finish", finish)
         monkeypatch.setattr(client, "consistency", silent("consistency"))
         monkeypatch.setattr(client, "unmask", silent("unmask"))
-        if self.threshold_override is not None:
+        if self.threshold_override is not None or self.quorum is not None:
             original = rayfed.secagg.make_spec
-            k, t = self.threshold_override
+            changes = {} if self.quorum is None else {"min_survivors": self.quorum}
+            if self.threshold_override is not None:
+                changes.update(zip(("degree", "threshold"), self.threshold_override, strict=True))
 
             def mutant_spec(**kw):
-                return dataclasses.replace(original(**kw), degree=k, threshold=t)
+                return dataclasses.replace(original(**kw), **changes)
 
             for module in (
                 "rayfed.protocols.secure_sum.driver",
@@ -255,9 +277,13 @@ class Isolation:
         total = self.y - _crypto.expand(b_v.tobytes(), spec.dim, spec.word_dtype).astype(np.uint64)
         pk_v = _crypto.public_keys(st.s_pk[np.searchsorted(st.u1, [self.victim])])[0]
         for w in self.s.tolist():
-            wx, wy = shares_of(w, client.KIND_KEY)
-            s_w = shamir.reconstruct(wx[None, : spec.threshold], wy[None, : spec.threshold])[0]
-            sk, _ = _crypto.keypair(s_w.tobytes())
+            if w in self.corrupt_nb:
+                s_w = self.corrupt_keys[w]
+            else:
+                wx, wy = shares_of(w, client.KIND_KEY)
+                s_w = shamir.reconstruct(wx[None, : spec.threshold], wy[None, : spec.threshold])
+                s_w = s_w[0].tobytes()
+            sk, _ = _crypto.keypair(s_w)
             seed = _crypto.hkdf(_crypto.shared_secret(sk, pk_v), _crypto.INFO_MASK, spec.salt)
             mask = _crypto.expand(seed, spec.dim, spec.word_dtype).astype(np.uint64)
             total = total - mask if self.victim > w else total + mask  # v added sign(v, w)·mask
@@ -274,10 +300,11 @@ _NO_SHARES = {
 SECURE_SUM = dict(users=100, dim=4, cohorts=3, seed=7, backend="local", out_dir=None)
 
 
-def _secure_sum_attack(monkeypatch, threat_model, mutant=None):
+def _secure_sum_attack(monkeypatch, threat_model, mutant=None, quorum=None, attack=None):
     plan = importlib.import_module("rayfed.protocols.secure_sum.plan")
     monkeypatch.setattr(plan, "per_user", _deal_victim_alone(per_user))
-    attack = Isolation(threshold_override=mutant)
+    attack = attack or Isolation()
+    attack.threshold_override, attack.quorum = mutant, quorum
     attack.install(monkeypatch)
     graph = "harary" if threat_model == "semi-honest" else "auto"
     with contextlib.suppress(BelowThreshold, ProtocolViolation):
@@ -298,16 +325,63 @@ def test_the_isolation_attack_recovers_a_users_input_under_semi_honest_parameter
     np.testing.assert_allclose(attack.recovered, truth, atol=2 * 2.0**-16)
 
 
-def test_the_isolation_attack_recovers_nothing_under_malicious(monkeypatch):
-    """threat_model=malicious (k = 66, t = 36): the signing round passes (the attack keeps one U3
-    for everyone) but the victim's other neighbours are k - t = 30 < t: its self-mask stays
-    hidden and the server's best interpolation is not even a 256-bit seed."""
+def test_the_isolation_attack_is_refused_by_the_clients_quorum_under_malicious(monkeypatch):
+    """threat_model=malicious: declaring t = 36 honest users dropped leaves U3 = 64 below the
+    quorum n - ⌈δn⌉ = 70, and the clients refuse to sign it (their own check: the server skips
+    its own), so no share is revealed."""
     attack, truth = _secure_sum_attack(monkeypatch, "malicious")
+    assert attack.s is not None and attack.signatures == 0 and attack.self_shares == 0
+    assert attack.recovered is None
+
+
+def test_the_isolation_attack_recovers_nothing_under_malicious(monkeypatch):
+    """threat_model=malicious (k = 66, t = 36), the clients' quorum check off (the threshold
+    alone): the signing round passes (the attack keeps one U3 for everyone) but the victim's
+    other neighbours are k - t = 30 < t: its self-mask stays hidden and the server's best
+    interpolation is not even a 256-bit seed."""
+    attack, truth = _secure_sum_attack(monkeypatch, "malicious", quorum=1)
     assert attack.signatures >= (100 + 5) // 2 + 1  # every client check passed
     # at most the k - t neighbours outside S answer (fewer: one left with < t neighbours in U3 is
     # silent)
     assert attack.self_shares <= 66 - 36 < attack.needed == 36
     assert attack.recovered is None or not np.allclose(attack.recovered, truth, atol=0.5)
+
+
+@pytest.mark.parametrize(
+    "corrupt,threshold,quorum,outcome",
+    [
+        (5, None, 1, "nothing"),  # t = 36 > (66 + 5)/2, the quorum check off: the threshold alone
+        (5, None, None, "refused"),  # and with it: U3 = 100 - 31 = 69 < 70
+        (6, None, None, "recovered"),  # c = 6 = 2t - k: U3 = 70, every check passes
+        (5, 35, None, "recovered"),  # t = 35 <= (66 + 5)/2 (the mutant): U3 = 70
+    ],
+)
+def test_the_isolation_attack_with_corrupt_neighbours_is_tight_at_2t_minus_k(
+    monkeypatch, corrupt, threshold, quorum, outcome
+):
+    """The stronger attack (the "+ c" of t > (k + c)/2, end to end): the server puts the victim's
+    c corrupt neighbours in S and keeps them in U3 (they give the victim's self-mask shares and
+    their own mask keys), so only t - c honest users are declared dropped and k - (t - c) holders
+    answer. At n = 100 (k = 66, t = 36; all ⌈γn⌉ = 5 corrupt users next to the victim, the worst
+    case) nothing comes back; with c = 6 = 2t - k, or t forced to 35, the input does."""
+    p = find_params(100, dropout=0.3, corrupt=0.05, threat_model="malicious")
+    assert (p.degree, p.threshold) == (66, 36)
+    mutant = None if threshold is None else (p.degree, threshold)
+    attack, truth = _secure_sum_attack(
+        monkeypatch, "malicious", mutant, quorum, Isolation(corrupt=corrupt)
+    )
+    t = threshold or p.threshold
+    assert attack.s.size == t and attack.dropped.size == t - corrupt
+    if outcome == "refused":
+        assert attack.signatures == 0 and attack.recovered is None
+        return
+    assert attack.signatures >= (100 + 5) // 2 + 1  # every client check passed
+    assert attack.self_shares == 66 - (t - corrupt)
+    if outcome == "nothing":
+        assert attack.self_shares < t
+        assert attack.recovered is None or not np.allclose(attack.recovered, truth, atol=0.5)
+    else:
+        np.testing.assert_allclose(attack.recovered, truth, atol=2 * 2.0**-16)
 
 
 def test_the_consistency_round_alone_does_not_stop_the_isolation_attack(monkeypatch):
@@ -325,7 +399,7 @@ def test_the_consistency_round_alone_does_not_stop_the_isolation_attack(monkeypa
 LFL = dict(users=100, items=12, iterations=1, cohorts=3, seed=3, backend="local", out_dir=None)
 
 
-def _lfl_attack(monkeypatch, threat_model, mutant=None):
+def _lfl_attack(monkeypatch, threat_model, mutant=None, quorum=None):
     driver = importlib.import_module("rayfed.protocols.federated_mf.lfl.driver")
     plan = importlib.import_module("rayfed.protocols.federated_mf.lfl.plan")
     monkeypatch.setattr(plan, "per_user", _deal_victim_alone(per_user))
@@ -339,7 +413,7 @@ def _lfl_attack(monkeypatch, threat_model, mutant=None):
         return out
 
     monkeypatch.setattr(driver, "lfl_round1_inputs", recording)
-    attack = Isolation(threshold_override=mutant)
+    attack = Isolation(threshold_override=mutant, quorum=quorum)
     attack.install(monkeypatch)
     with contextlib.suppress(BelowThreshold, ProtocolViolation):
         rayfed.run("federated-mf", threat_model=threat_model, **LFL)
@@ -363,7 +437,9 @@ def test_lfl_round1_isolation_recovers_the_users_noisy_gradient_under_semi_hones
 
 
 def test_lfl_round1_isolation_recovers_nothing_under_malicious(monkeypatch):
-    attack, row = _lfl_attack(monkeypatch, "malicious")
+    """The threshold alone (the clients' quorum check off; with it, U3 falls below ⌈(1-ω)n⌉ and
+    the clients refuse to sign)."""
+    attack, row = _lfl_attack(monkeypatch, "malicious", quorum=1)
     assert attack.s is not None and attack.self_shares < attack.needed
     assert attack.recovered is None or not np.allclose(attack.recovered, row, atol=0.5)
 
@@ -411,3 +487,104 @@ def test_malicious_refuses_what_cannot_hold_before_any_actor(options, field):
             threat_model="malicious", **options,
         )  # fmt: skip
     assert err.value.field == field
+
+
+# --- the clients' own quorum ---------------------------------------------------------------------
+def _skip_quorum_and_drop_a_cohort(monkeypatch) -> dict:
+    """The malicious server of the review: it skips its own quorum checks and declares the first
+    cohort's users dropped after their masked inputs arrived, so that the sum it decodes covers
+    fewer users than the quorum. Returns what it decoded (``survivors``) if it got that far."""
+    decoded: dict = {}
+    masked, finish = server.collect_masked, server.finish
+
+    def no_quorum(st, phase, alive):
+        st.counts[phase] = int(alive)
+
+    def collect_masked(ctx, spec, replies):
+        first = sorted(replies)[0]
+        return masked(ctx, spec, {k: v for k, v in replies.items() if k != first})
+
+    def finishing(ctx, spec, replies):
+        out = finish(ctx, spec, replies)
+        decoded.update(survivors=np.asarray(out["survivors"]), quorum=spec.min_survivors)
+        return out
+
+    monkeypatch.setattr(server, "_quorum", no_quorum)
+    monkeypatch.setattr(server, "collect_masked", collect_masked)
+    monkeypatch.setattr(server, "finish", finishing)
+    return decoded
+
+
+@pytest.mark.parametrize("threat_model", ["semi-honest", "malicious"])
+def test_the_clients_refuse_a_survivors_list_below_the_quorum_in_secure_sum(
+    monkeypatch, threat_model
+):
+    """A server that skips its quorum and drops a cohort of 33 decodes the sum of 67 < 70 users
+    under semi-honest (out of its scope: that server follows the protocol); under malicious the
+    clients refuse to sign the list, and nothing is decoded."""
+    decoded = _skip_quorum_and_drop_a_cohort(monkeypatch)
+    options = dict(SECURE_SUM, mode="simulation", threat_model=threat_model)
+    if threat_model == "semi-honest":
+        rayfed.run("secure-sum", **options)
+        assert decoded["survivors"].size == 67 < decoded["quorum"] == 70
+        return
+    with pytest.raises(ProtocolViolation, match="holds 67 users, fewer than the quorum of 70"):
+        rayfed.run("secure-sum", **options)
+    assert not decoded
+
+
+def test_the_clients_refuse_a_round1_sum_below_lfl_threshold(monkeypatch):
+    """LFL charges its Round 1 for |U1| >= t = ⌈(1-ω)n⌉ (70 of 100): the spec's quorum is t, so
+    the clients refuse to sign a U1 of 67 that a malicious server declares, skipping its quorum
+    and the driver's own |U1| < t skip (both on the server's side); without the clients' check
+    the server decoded the sum of 67 noisy gradients whose σ falls short of what was charged."""
+    decoded = _skip_quorum_and_drop_a_cohort(monkeypatch)
+    from rayfed.api import resolve
+
+    proto, run_opts, cfg = resolve("federated-mf", None, (), threat_model="malicious", **LFL)
+    assert proto.plan(cfg, run_opts.seed).params.threshold == 70
+    with pytest.raises(ProtocolViolation, match="holds 67 users, fewer than the quorum of 70"):
+        rayfed.run("federated-mf", threat_model="malicious", **LFL)
+    assert not decoded
+
+
+# --- make_spec: the model is the parameters' -----------------------------------------------------
+def test_make_spec_takes_the_threat_model_from_the_parameters():
+    """A round claims the model its t was sized for, both ways: malicious parameters give the
+    consistency round and the PKI (they used to give a semi-honest round reported as malicious
+    by its parameters), semi-honest ones never do, and there is no second argument to disagree."""
+    from rayfed.secagg import FixedPoint, make_spec
+
+    def spec(model, mode="simulation", **kw):
+        params = find_params(100, dropout=0.3, corrupt=0.05, threat_model=model)
+        return make_spec(
+            round=0, mode=mode, registry=np.arange(100), params=params,
+            encoding=FixedPoint.choose(100, 1.0, 8), dim=2, **kw,
+        )  # fmt: skip
+
+    malicious = spec("malicious")
+    assert malicious.threat_model == "malicious" and malicious.consistency
+    assert (malicious.degree, malicious.threshold) == (66, 36)
+    semi = spec("semi-honest")
+    assert semi.threat_model == "semi-honest" and not semi.consistency
+    with pytest.raises(TypeError, match="threat_model"):
+        spec("semi-honest", threat_model="malicious")
+    with pytest.raises(ConfigError, match="the users' own keys") as err:
+        spec("malicious", mode="dealer")
+    assert err.value.field == "threat_model"
+
+
+def test_the_headlines_print_k_on_the_complete_graph_the_survivor_choice_and_the_mode():
+    """The complete graph's k = n - 1 is printed (secure-sum's headline, LFL's note); the
+    malicious statement says the server chooses the survivors above the quorum; LFL's headline
+    says when its Round 1 is not secure, as secure-sum's does."""
+    from rayfed.protocols.secure_sum.report import MALICIOUS_STATEMENT
+
+    assert "chooses which users count as survivors" in MALICIOUS_STATEMENT
+    assert "but an abort" not in MALICIOUS_STATEMENT
+    ss = rayfed.run("secure-sum", backend="local", out_dir=None, users=20, dim=2, graph="complete")
+    assert "complete graph k=19 (SecAgg, k = n - 1), t=" in ss.headline
+    lfl = rayfed.run("federated-mf", **dict(LFL, users=11), threat_model="malicious")
+    assert lfl.metrics["secagg_degree"] == 10  # n = 11 under malicious: the complete graph
+    assert "threat model malicious [simulation mode, NOT secure]" in lfl.headline
+    assert any("complete graph k=10 (n - 1), t=6" in note for note in lfl.privacy.notes)

@@ -371,7 +371,6 @@ def test_the_malicious_threat_model_needs_the_users_keys(mode):
             params=find_params(20, dropout=0.3, threat_model="malicious"),
             encoding=FixedPoint.choose(20, 1.0, 8),
             dim=2,
-            threat_model="malicious",
         )
 
 

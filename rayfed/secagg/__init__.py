@@ -33,7 +33,13 @@ from rayfed.secagg import client, phases
 from rayfed.secagg import server as server_steps
 from rayfed.secagg.encoding import FixedPoint, RingWords
 from rayfed.secagg.group import Members, PerMember, Server, member_ids, party_ids
-from rayfed.secagg.params import THREAT_MODELS, SecAggParams, check_params, find_params
+from rayfed.secagg.params import (
+    THREAT_MODELS,
+    SecAggParams,
+    check_model,
+    check_params,
+    find_params,
+)
 from rayfed.secagg.spec import MODES, ProtocolViolation, RoundSpec, UnauthenticatedKeys
 
 __all__ = [
@@ -87,30 +93,23 @@ def make_spec(
     dropout: DropoutSchedule | None = None,
     tag: bytes = b"rayfed",
     min_survivors: int | None = None,
-    threat_model: str = "semi-honest",
     corrupt: float = 0.05,
 ) -> RoundSpec:
     """A round's public parameters; ``min_survivors`` can raise (never lower) the finder's quorum,
-    e.g. to a protocol's own threshold such as LFL's ⌈(1-ω)n⌉. ``threat_model="malicious"`` adds
+    e.g. to a protocol's own threshold such as LFL's ⌈(1-ω)n⌉ (under ``malicious`` the users
+    themselves refuse a survivors list below it). The threat model is the one ``params`` were
+    sized for (``params.threat_model``), so a round never claims a model its t was not sized
+    for: ``find_params(..., threat_model="malicious")`` (t > (k + corrupt)/2) gives a round with
     the consistency round and the simulated PKI (signed keys, signed survivors lists), which need
-    the users' own keys (secure and simulation modes only), and needs ``params`` sized for a
-    malicious server (``find_params(..., threat_model="malicious")``: t > (k + corrupt)/2)."""
-    if threat_model not in THREAT_MODELS:
-        raise ConfigError("threat_model", f"unknown threat model {threat_model!r}", THREAT_MODELS)
-    malicious = threat_model == "malicious"
-    if malicious and mode not in ("secure", "simulation"):
+    the users' own keys (secure and simulation modes only)."""
+    threat_model = params.threat_model
+    check_model(threat_model)
+    if threat_model == "malicious" and mode not in ("secure", "simulation"):
         raise ConfigError(
             "threat_model",
             f"malicious needs the consistency round and the users' own keys, which mode "
             f"{mode!r} has none of",
             "mode=secure or mode=simulation, or threat_model=semi-honest",
-        )
-    if malicious and params.threat_model != "malicious":
-        raise ConfigError(
-            "threat_model",
-            f"the threshold t={params.threshold} (k={params.degree}) was sized for a "
-            f"{params.threat_model} server",
-            'find_params(..., threat_model="malicious")',
         )
     quorum = (
         params.min_survivors if min_survivors is None else max(params.min_survivors, min_survivors)

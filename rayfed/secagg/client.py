@@ -561,9 +561,11 @@ def _add_dealer_round_masks(
 def consistency(ctx: StepContext, spec: RoundSpec, request: dict) -> Message:
     """Each user still online whose masked input is in U3 signs U3 (Bonawitz et al.'s
     ConsistencyCheck), once per round: a server that shows different users different survivor
-    lists cannot gather enough signatures for two of them (``_check_signatures``)."""
+    lists cannot gather enough signatures for two of them (``_check_signatures``). A list below
+    the quorum is refused (``_check_quorum``)."""
     st = _state(ctx, spec, "consistency")
     survivors = np.asarray(request["survivors"])
+    _check_quorum(spec, survivors)
     if not _member(spec.n, st.u2)[survivors].all():
         raise ProtocolViolation("the server's survivors list names users outside U2: refused")
     signing = np.flatnonzero(st.active & _member(spec.n, survivors)[st.pos] & (st.drop == NEVER))
@@ -576,6 +578,28 @@ def consistency(ctx: StepContext, spec: RoundSpec, request: dict) -> Message:
     return Message("signatures", {"pos": st.pos[signing], "sig": sig}, to="coordinator")
 
 
+def _check_quorum(spec: RoundSpec, survivors: np.ndarray) -> None:
+    """The users' own quorum (consistency rounds): a survivors list U3 of fewer than
+    ``spec.min_survivors`` distinct users is neither signed nor unmasked. The server checks the
+    same quorum, but a malicious server skips its own checks: it could declare users dropped
+    until the sum covers fewer users than the parameters (and a protocol's DP accounting, e.g.
+    LFL's |U1| >= ⌈(1-ω)n⌉) assume. U3 is signed, so every honest user checks the same list."""
+    survivors = np.asarray(survivors)
+    if survivors.ndim != 1 or not np.issubdtype(survivors.dtype, np.integer):
+        raise ProtocolViolation("the server's survivors list is not a list of positions: refused")
+    if survivors.size and (
+        survivors[0] < 0 or survivors[-1] >= spec.n or np.any(np.diff(survivors) <= 0)
+    ):
+        raise ProtocolViolation(
+            "the server's survivors list is not increasing within the registry: refused"
+        )
+    if survivors.size < spec.min_survivors:
+        raise ProtocolViolation(
+            f"the server's survivors list holds {survivors.size} users, fewer than the quorum "
+            f"of {spec.min_survivors}: refused (no signature, no share)"
+        )
+
+
 def _check_signatures(st: ClientRound, spec: RoundSpec, request: dict) -> None:
     """A user reveals shares only for the survivors list it signed itself, and only if more than
     (n + c)/2 users of that list signed it too (``RoundSpec.signatures_needed``): a server
@@ -583,6 +607,7 @@ def _check_signatures(st: ClientRound, spec: RoundSpec, request: dict) -> None:
     Signatures are checked in order until enough are valid (once per cohort: every user of the
     cohort signed the same list and would reach the same verdict); at most one per U1 member."""
     survivors = np.asarray(request["survivors"])
+    _check_quorum(spec, survivors)
     message = spec.survivors_message(survivors)
     if message != st.signed:
         raise ProtocolViolation("the unmask request shows another survivors list than was signed")

@@ -43,8 +43,9 @@ needs k - (t - c_v) >= t, i.e. 2t <= k + c_v. It fails for every honest v
 when t > (k + c_v)/2 for all of them, i.e. when no honest client has 2t - k corrupt neighbours:
 
 * security, malicious: n · P[Hyp(n-1, ⌈γn⌉, k) >= 2t - k] <= 2^-σ
-  (union bound over the honest clients; for 2t - k <= 0 the probability is 1. It implies the
-  semi-honest share bound, since 2t - k <= t), with the connectivity bound above unchanged;
+  (union bound over the honest clients; t <= k/2 is refused outright, as it falls with no
+  corrupt neighbour at all. It implies the semi-honest share bound, since 2t - k <= t), with
+  the connectivity bound above unchanged;
 * correctness as above: n · P[Hyp(n-1, n-1-⌈δn⌉, k) < t] <= 2^-η.
 
 Both pull t in opposite directions (t above (k + c)/2, t below the ~(1-δ)k survivors), so the
@@ -133,29 +134,34 @@ ThreatModel = Literal["semi-honest", "malicious"]
 THREAT_MODELS = ("semi-honest", "malicious")
 
 
-def _check_model(threat_model: str) -> None:
+def check_model(threat_model: str) -> None:
     if threat_model not in THREAT_MODELS:
         raise ConfigError("threat_model", f"unknown threat model {threat_model!r}", THREAT_MODELS)
 
 
-def _malicious_t_min(k: int, n_corrupt: int) -> int:
-    """The smallest t with t > (k + c)/2 (the isolation attack needs 2t <= k + c)."""
-    return (k + n_corrupt) // 2 + 1
+def _t_min(k: int, n_corrupt: int, threat_model: str, complete: bool) -> int:
+    """The smallest threshold the model admits outright. On the complete graph every client has
+    all n_corrupt corrupt clients as neighbours: t > c (semi-honest; shares) or t > (k + c)/2
+    (malicious; the isolation attack needs 2t <= k + c). On a sparse graph the corrupt neighbours
+    are random and the bounds decide, beyond t > k/2 under malicious (2t <= k falls with no
+    corrupt neighbour at all)."""
+    malicious = threat_model == "malicious"
+    if complete:
+        return (k + n_corrupt) // 2 + 1 if malicious else n_corrupt + 1
+    return k // 2 + 1 if malicious else 1
 
 
 def _log2_isolation(n: int, k: int, t: int, n_corrupt: int) -> float:
     """log2 of n · P[Hyp(n-1, ⌈γn⌉, k) >= 2t - k]: some honest client has so many corrupt
-    neighbours c that 2t <= k + c, and the malicious server can isolate it."""
-    m = 2 * t - k
-    if m <= 0:
-        return math.log2(n)  # the probability is 1: t <= k/2 falls even with no corrupt client
+    neighbours c that 2t <= k + c, and the malicious server can isolate it (t > k/2 here:
+    ``_t_min``, checked before)."""
     if n_corrupt == 0:
         return -math.inf
-    return math.log2(n) + _log2_sf(k, m, n_corrupt, n - 1)
+    return math.log2(n) + _log2_sf(k, 2 * t - k, n_corrupt, n - 1)
 
 
 def _no_malicious_threshold(n: int, n_drop: int, n_corrupt: int, dropout: float) -> ConfigError:
-    t_min = _malicious_t_min(n - 1, n_corrupt)
+    t_min = _t_min(n - 1, n_corrupt, "malicious", complete=True)
     most = n - 1 - t_min  # the largest ⌈δn⌉ with t_min <= n - 1 - ⌈δn⌉
     fix = (
         f"tolerated_dropout <= {most / n:.4g} (then t > (n - 1 + corrupt)/2 and t <= the "
@@ -182,10 +188,10 @@ def complete_params(
 ) -> SecAggParams:
     """SecAgg on the complete graph: ⌈γn⌉ < t <= n - 1 - ⌈δn⌉ (semi-honest) or
     (n - 1 + ⌈γn⌉)/2 < t <= n - 1 - ⌈δn⌉ (malicious); default t: the upper end."""
-    _check_model(threat_model)
+    check_model(threat_model)
     n_corrupt, n_drop = math.ceil(corrupt * n), math.ceil(dropout * n)
     malicious = threat_model == "malicious"
-    t_min = _malicious_t_min(n - 1, n_corrupt) if malicious else n_corrupt + 1
+    t_min = _t_min(n - 1, n_corrupt, threat_model, complete=True)
     t_max = n - 1 - n_drop
     t = t_max if threshold is None else threshold
     if malicious and t_min > t_max:
@@ -198,7 +204,7 @@ def complete_params(
             f"clients (got {t}){rule}",
             f"{t_min} <= t <= {t_max}, or tolerate fewer dropouts",
         )
-    return SecAggParams(n, n - 1, t, n - n_drop, True, -math.inf, -math.inf, threat_model)
+    return check_params(n, n - 1, t, dropout=dropout, corrupt=corrupt, threat_model=threat_model)
 
 
 def check_params(
@@ -214,7 +220,7 @@ def check_params(
     failure bounds computed as in :func:`find_params` for the report. Under ``malicious`` a
     threshold the isolation attack defeats outright (2t <= k + c on the complete graph, 2t <= k on
     a sparse one) is refused here; the plan refuses any whose bound misses sigma."""
-    _check_model(threat_model)
+    check_model(threat_model)
     n_corrupt, n_drop = math.ceil(corrupt * n), math.ceil(dropout * n)
     complete = degree >= n - 1
     k = n - 1 if complete else degree
@@ -227,7 +233,7 @@ def check_params(
     if not 1 <= threshold <= k:
         raise ConfigError("threshold", f"must be in [1, {k}] (the degree), got {threshold}")
     if malicious:
-        t_min = _malicious_t_min(k, n_corrupt if complete else 0)
+        t_min = _t_min(k, n_corrupt, threat_model, complete)
         if threshold < t_min:
             raise ConfigError(
                 "threshold",
@@ -266,7 +272,7 @@ def find_params(
     Raises ConfigError when no sparse graph and no complete-graph threshold satisfy the bounds.
     """
     _check(n, dropout, corrupt, sigma, eta)
-    _check_model(threat_model)
+    check_model(threat_model)
     if threat_model == "malicious":
         return _find_malicious(n, dropout, corrupt, sigma, eta, graph)
     if graph == "complete":
@@ -313,30 +319,19 @@ def _find_malicious(
         if _log2_windows_removed(n, n_corrupt + n_drop, k) > -sigma:
             continue
         # the correctness bound grows with t: the largest t meeting it, by bisection
-        if log2n + _log2_cdf(k, _malicious_t_min(k, 0), honest_survivors, n - 1) > -eta:
+        lo, hi = _t_min(k, n_corrupt, "malicious", complete=False), k
+        if log2n + _log2_cdf(k, lo, honest_survivors, n - 1) > -eta:
             continue  # not even t = k/2 + 1 is reached by enough survivors
-        lo, hi = _malicious_t_min(k, 0), k  # lo meets it; find the largest that does
-        while lo < hi:
+        while lo < hi:  # lo meets it; find the largest that does
             mid = (lo + hi + 1) // 2
             if log2n + _log2_cdf(k, mid, honest_survivors, n - 1) <= -eta:
                 lo = mid
             else:
                 hi = mid - 1
-        t_max = lo
-        security = _log2_isolation(n, k, t_max, n_corrupt)
-        if security <= -sigma:
-            correctness = log2n + _log2_cdf(k, t_max, honest_survivors, n - 1)
-            connectivity = _log2_windows_removed(n, n_corrupt + n_drop, k)
-            return SecAggParams(
-                n,
-                k,
-                t_max,
-                n - n_drop,
-                False,
-                max(security, connectivity),
-                correctness,
-                "malicious",
-            )
+        # the bounds as check_params computes them (connectivity already meets sigma here)
+        found = check_params(n, k, lo, dropout=dropout, corrupt=corrupt, threat_model="malicious")
+        if found.log2_security_failure <= -sigma:
+            return found
     if graph == "harary":
         raise ConfigError(
             "degree",

@@ -119,7 +119,6 @@ def _secure_sum(fed, setup: Setup, order: list[str], t: int) -> np.ndarray:
         encoding=FixedPoint(float(2 ** (setup.ring_bits - 1)), 0, setup.ring_bits),
         dim=setup.length,
         tag=b"hfl-kmeans",
-        threat_model=setup.threat_model,
         corrupt=malicious_coalition(len(order)) / len(order),
     )
     ids = party_ids(order)

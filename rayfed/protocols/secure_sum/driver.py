@@ -24,7 +24,6 @@ def drive(fed, cfg: SecureSumConfig, plan: Plan) -> Outcome:
                 dim=params.dim,
                 dropout=params.schedule,
                 tag=fed.run_id.encode(),
-                threat_model=cfg.threat_model,
                 corrupt=cfg.corrupt_fraction,
             )
             if params.columns:

@@ -40,7 +40,9 @@ MALICIOUS_STATEMENT = (
     "the SecAgg+ assumptions against a malicious server (Bell et al.: it may lie about who dropped "
     "and show users different lists, colluding with at most a corrupt_fraction of the users, "
     "corrupted independently of the public neighbour graph; the consistency round and a PKI of "
-    "the users' signing keys), nothing else but an abort"
+    "the users' signing keys), nothing else; the server still chooses which users count as "
+    "survivors (any U3 of at least min_survivors users, which the users check: a smaller one "
+    "they refuse), and it may abort"
 )
 
 
@@ -205,7 +207,7 @@ def headline(
     claimed against the clipped values only, with the count and the raw plaintext sum beside."""
     secagg = params.secagg
     graph = (
-        "complete graph (SecAgg)"
+        f"complete graph k={secagg.degree} (SecAgg, k = n - 1)"
         if secagg.complete
         else f"Harary graph k={secagg.degree} (SecAgg+)"
     )

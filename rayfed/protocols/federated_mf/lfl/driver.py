@@ -176,7 +176,6 @@ def _iteration(fed, cfg: FederatedMFConfig, params: LflParams, t: int, v_msg):
         tag=fed.run_id.encode(),
         dropout=params.schedule,
         min_survivors=params.threshold,  # secure aggregation itself aborts below t
-        threat_model=cfg.threat_model,
         corrupt=CORRUPT_FRACTION,
     )
     v = fed.get(v_msg.single())

@@ -48,7 +48,11 @@ def secagg_note(cfg: FederatedMFConfig, params: LflParams) -> str:
     sa = params.secagg
     note = (
         f"Round-1 secure aggregation against a {sa.threat_model} server (threat_model): "
-        + ("complete graph" if sa.complete else f"Harary graph k={sa.degree}")
+        + (
+            f"complete graph k={sa.degree} (n - 1)"
+            if sa.complete
+            else f"Harary graph k={sa.degree}"
+        )
         + f", t={sa.threshold}, {sa.bounds()}"
     )
     if sa.threat_model == "semi-honest":
@@ -164,6 +168,8 @@ def outcome(
     headline = f"{METHOD_NAMES[params.method]} test MSE {test_mse:.4f} ({params.n} users, {params.m} items)"
     if params.method in ("lfl", "ldp"):
         headline += f"; Round-1 secure aggregation: threat model {params.secagg.threat_model}"
+        if cfg.secagg_mode != "secure":  # the model is what the parameters are sized for
+            headline += f" [{cfg.secagg_mode} mode, NOT secure]"
     if params.clipped is not None:
         metrics["clipped"] = params.clipped.to_dict()
         if params.clipped.count:
