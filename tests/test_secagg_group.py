@@ -110,28 +110,9 @@ def test_a_party_killed_on_ray_leaves_the_exact_sum_of_the_others(ray_cluster):
 def test_a_party_with_another_partys_id_is_refused():
     """The ids the driver gives must be the registry's: a party cannot sum as a user that is not
     registered."""
-    params = find_params(3, dropout=0.0, graph="complete")
-    spec = make_spec(
-        round=1,
-        mode="simulation",
-        registry=np.arange(3),
-        params=params,
-        encoding=FixedPoint.choose(3, 1.0, FRAC),
-        dim=DIM,
-    )
-    parties = {name: (pa.table({"row": [i]}), {}) for i, name in enumerate(NAMES[:3])}
-    with Federation(
-        run_id="group",
-        seed=5,
-        parties=parties,
-        privacy=PrivacyDeclaration.none("test"),
-        backend="local",
-    ) as fed:
-        ids = {name: i + 5 for i, name in enumerate(NAMES[:3])}
-        with pytest.raises(ProtocolViolation, match="not in the round's registry"):
-            secure_sum(
-                fed.parties, spec, party_input, (_inputs(3),), server=fed.coordinator, ids=ids
-            )
+    ids = {name: i + 5 for i, name in enumerate(NAMES[:3])}
+    with pytest.raises(ProtocolViolation, match="not in the round's registry"):
+        _sum_of(_inputs(3), FixedPoint.choose(3, 1.0, FRAC), ids=ids)
 
 
 def test_ring_words_are_summed_exactly():
@@ -150,8 +131,9 @@ def word_input(ctx, round, ids, words):
     return RingWords(words[ids])
 
 
-def _sum_of(inputs: np.ndarray, encoding: FixedPoint, input_fn=party_input):
-    """secure_sum over len(inputs) parties, party i returning inputs[i] (one row)."""
+def _sum_of(inputs: np.ndarray, encoding: FixedPoint, input_fn=party_input, ids=None):
+    """secure_sum over len(inputs) parties, party i returning inputs[i] (one row); ``ids``: the
+    parties' SecAgg ids (default: their index, ``party_ids``)."""
     m = len(inputs)
     spec = make_spec(
         round=1,
@@ -175,7 +157,7 @@ def _sum_of(inputs: np.ndarray, encoding: FixedPoint, input_fn=party_input):
             input_fn,
             (inputs,),
             server=fed.coordinator,
-            ids=party_ids(NAMES[:m]),
+            ids=party_ids(NAMES[:m]) if ids is None else ids,
         )
 
 
