@@ -35,6 +35,7 @@ from secagg import run_one
 
 import rayfed
 from rayfed.secagg import find_params
+from rayfed.secagg.phases import PHASES
 
 GRID = [
     (1_000, 100),
@@ -44,7 +45,7 @@ GRID = [
     (10_000, 100),
     (10_000, 1_000),
 ]
-CLIENT_PHASES = ("advertise", "share_keys", "masked_input", "unmask")
+CLIENT_PHASES = PHASES.names  # SecAgg's client phases, named once in rayfed.secagg.phases
 HELD_OUT = "secagg+ n=100k d=1k"
 MODEL = {
     "work": "core-seconds = a·n·k + b·n·k·d + c·n·d (coefficients a, b, c)",

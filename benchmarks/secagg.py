@@ -34,12 +34,13 @@ import pyarrow as pa
 import rayfed
 from rayfed.actors.base import StepContext
 from rayfed.data import per_user
-from rayfed.dropout import DropoutSchedule
 from rayfed.federation import Federation
 from rayfed.privacy import PrivacyDeclaration
 from rayfed.protocols.secure_sum.steps import synthetic_inputs
 from rayfed.secagg import FixedPoint, _crypto, find_params, make_spec, secure_sum
 from rayfed.secagg.graph import NeighbourGraph
+from rayfed.secagg.phases import drop_codes
+from rayfed.secagg.phases import schedule as secagg_schedule
 from rayfed.secagg.reference import exact_sum, expected_survivors
 
 TARGETS = [
@@ -95,7 +96,7 @@ def run_one(name: str, users: int, dim: int, variant: str, dropout: float, seed:
     }
     # exactly `dropout` of the users (a seeded random choice) drop after sending their masked input
     dropped = np.random.default_rng(seed).choice(ids, int(round(dropout * users)), replace=False)
-    schedule = DropoutSchedule(explicit={"after_masked_input": dropped.tolist()})
+    schedule = secagg_schedule(explicit={"unmask": dropped.tolist()})  # lost after masked input
     spec = make_spec(
         round=0,
         mode=mode,
@@ -128,7 +129,14 @@ def run_one(name: str, users: int, dim: int, variant: str, dropout: float, seed:
 
         sample("start")
         started = time.perf_counter()
-        result = secure_sum(fed, spec, synthetic_inputs, (dim, 1.0), after_phase=sample)
+        result = secure_sum(
+            fed.cohorts,
+            spec,
+            synthetic_inputs,
+            (dim, 1.0),
+            server=fed.coordinator,
+            after_phase=sample,
+        )
         wall = (
             time.perf_counter()
             - started
@@ -142,7 +150,7 @@ def run_one(name: str, users: int, dim: int, variant: str, dropout: float, seed:
     # the independent reference: survivors from the schedule and graph, exact integer sum
     survivors = expected_survivors(
         ids,
-        schedule.drop_phase(seed, 0, ids),
+        drop_codes(schedule, seed, 0, ids),
         NeighbourGraph.build(users, params.degree, params.complete, result.graph_seed, 0),
         params.threshold,
     )

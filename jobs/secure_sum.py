@@ -8,7 +8,7 @@ the Ray connection and the exit codes come from ``rayfed.jobs``.
     ray job submit --working-dir . -- python jobs/secure_sum.py --small --cohorts 8 \
         --fail cohort=1@phase=masked_input   # one cohort of 8 dies: its users drop out
     python jobs/secure_sum.py --small            # local: a running cluster, else embedded Ray
-    python jobs/secure_sum.py --small --mode secure --consistency   # + the consistency round
+    python jobs/secure_sum.py --small --mode secure --threat-model malicious   # + consistency, t > (k+c)/2
 
 Prints the run's summary, then one last line ``RESULT_JSON {...}``. Exit code: 0 on success, 2 on a
 configuration error, 1 on any other failure (BelowThreshold when too many users drop).
@@ -36,8 +36,8 @@ def body(args) -> dict:
     )
     if args.cohorts:
         options["cohorts"] = args.cohorts
-    if args.consistency:
-        options["consistency"] = True
+    if args.threat_model != "semi-honest":
+        options["threat_model"] = args.threat_model
     result = rayfed.run("secure-sum", address=args.address, **options)
     print(result.summary())
     written = report(result.run_dir)
@@ -61,10 +61,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cohorts", type=int, help="user-cohort actors (default: the cluster's CPUs)")
     p.add_argument("--fail", action="append", metavar="SPEC", help="fault injection (repeatable)")
     p.add_argument(
-        "--consistency",
-        action="store_true",
-        help="SecAgg's consistency round with keys authenticated through the simulated PKI "
-        "(secure or simulation mode; its cost: benchmarks/secagg_consistency.py)",
+        "--threat-model",
+        default="semi-honest",
+        choices=["semi-honest", "malicious"],
+        help="malicious: SecAgg's consistency round with keys authenticated through the "
+        "simulated PKI and t > (k + corrupt)/2 (secure or simulation mode; its cost: "
+        "benchmarks/secagg_threat.py)",
     )
     args = p.parse_args(argv)
     if args.small:

@@ -252,13 +252,22 @@ def _number(text: str, name: str) -> int | float:
     )
 
 
+def _unknown(cls: type, key: str, prefix: str, known: list[str]) -> None:
+    """An unknown key is a ConfigError: one the class lists in ``MOVED`` (old name -> where it
+    went) names its replacement, any other the keys allowed."""
+    moved = getattr(cls, "MOVED", {}).get(key)
+    if moved is not None:
+        raise ConfigError(f"{prefix}{key}", f"this option was removed: moved to {moved}")
+    raise ConfigError(f"{prefix}{key}", "unknown configuration key", known)
+
+
 def from_mapping(cls: type, values: dict[str, Any], prefix: str = "") -> Any:
     """Build dataclass ``cls`` from a mapping; unknown keys are a ConfigError naming the allowed ones."""
     hints = typing.get_type_hints(cls)
     known = {f.name: f for f in dataclasses.fields(cls) if f.init}
     for key in values:
         if key not in known:
-            raise ConfigError(f"{prefix}{key}", "unknown configuration key", sorted(known))
+            _unknown(cls, key, prefix, sorted(known))
     kwargs = {k: coerce(v, hints[k], f"{prefix}{k}") for k, v in values.items()}
     for key, value in kwargs.items():
         bounds = known[key].metadata.get("bounds")
@@ -367,7 +376,7 @@ def build_config(config_cls: type, values: dict[str, Any]) -> tuple[RunOptions, 
     proto_keys = {f.name for f in dataclasses.fields(config_cls)}
     for key in values:
         if key not in run_keys and key not in proto_keys:
-            raise ConfigError(key, "unknown configuration key", sorted(run_keys | proto_keys))
+            _unknown(config_cls, key, "", sorted(run_keys | proto_keys))
     run = from_mapping(RunOptions, {k: v for k, v in values.items() if k in run_keys})
     proto = from_mapping(config_cls, {k: v for k, v in values.items() if k not in run_keys})
     return run, proto

@@ -1,29 +1,34 @@
-"""Seeded dropout schedules and population models: which simulated user stops answering at which
-round and phase, and how long each answer takes on a simulated clock.
+"""Availability of a protocol's members, round by round: a seeded, protocol-neutral model of who
+is online, offline, late or lost, and how long each answer takes on a simulated clock.
 
-Phases of one secure-aggregation round, in order (a user that drops at a phase is absent from it
-and from every later phase of that round):
+A protocol names the phases of its round, in order, in its own words (:class:`Phases`): square-wave
+has one, ``("report",)``; secure aggregation has ``("advertise", "share_keys", "masked_input",
+"unmask")`` (:data:`rayfed.secagg.phases.PHASES`). Per round and member the model says
+(:class:`Availability`):
 
-* ``before_advertise``   — never sends its public keys;
-* ``after_share_keys``   — sent its encrypted shares, never sends its masked input;
-* ``after_masked_input`` — its masked input is in the sum, it does not answer the unmasking;
-* ``during_unmask``      — drops while the unmasking runs; to the server this is the same as
-  ``after_masked_input`` (its answer never arrives).
+* **online** — it answers every phase;
+* **offline** — it is absent from the whole round (an availability model: :class:`Markov`,
+  :class:`Outage`, :class:`Trace`);
+* **late** at phase P — its answer to P comes after P's deadline (:class:`Stragglers`);
+* **lost** at phase P — it answers every phase before P and none from P on (an i.i.d. rate per
+  phase, or an explicit list of member ids per phase).
 
-A rate is a per-phase hazard: the probability of dropping at that phase for a user still present
-(so rates of 0.1 at two phases drop 19 %, not 20 %). A user's draw is a pure function of (root
-seed, round, user id), so schedules do not depend on how users are dealt to cohorts. Explicit lists
-name user ids per phase and apply to every round.
+In each case ``phase`` is the first phase the member does not answer (``len(phases)`` when it
+answers all); what a late or lost member means for the protocol (which messages it already sent,
+which ones its peers wait for) is the protocol's to say — secure aggregation maps availability to
+its drop codes in :mod:`rayfed.secagg.phases`.
 
-Beyond these i.i.d. rates a schedule composes population models, each a pure, vectorised function
-of (root seed, round, user ids):
+A rate is a per-phase hazard: the probability of being lost at that phase for a member still
+present (so rates of 0.1 at two phases lose 19 %, not 20 %). A member's draw is a pure function of
+(root seed, round, member id), so schedules do not depend on how users are dealt to cohorts.
+Explicit lists name member ids per phase and apply to every round. The models on top are pure,
+vectorised functions of (root seed, round, ids):
 
 * availability — :class:`Markov` (a per-user on/off chain across rounds, optionally diurnal),
   :class:`Outage` (a named group offline together for some rounds) and :class:`Trace` (a replayed
-  file of (user, round, available[, latency_s])): a user offline at a round drops
-  ``before_advertise``;
-* latency — :class:`Stragglers`: every answer of a client phase takes a log-normal time (or the
-  trace's), and one that would arrive after the phase's deadline is a dropout at that phase.
+  file of (user, round, available[, latency_s]));
+* latency — :class:`Stragglers`: every answer of a phase takes a log-normal time (or the trace's),
+  and one that would arrive after the phase's deadline makes the member late at that phase.
 
 Nothing sleeps: time runs on a simulated clock (:meth:`DropoutSchedule.simulated_seconds`).
 """
@@ -44,100 +49,143 @@ from rayfed import rng
 from rayfed.config import option
 from rayfed.errors import ConfigError, DataError
 
-PHASES = ("before_advertise", "after_share_keys", "after_masked_input", "during_unmask")
-NEVER = len(PHASES)
-#: the client phases of one round, whose answers a deadline bounds
-CLIENT_PHASES = ("advertise", "share_keys", "masked_input", "unmask")
-#: the dropout phase of a user whose answer to a client phase misses its deadline: late keys or
-#: late shares leave it out of the round before any mask involves it (its neighbours count it as
-#: absent when they check for t live neighbours, which is the cautious side); a late masked input
-#: is a dropout after sharing, a late unmasking answer one during the unmasking
-MISSED = np.array([0, 0, 1, 3], dtype=np.int8)
-#: per client phase, the least drop phase (index into PHASES) of a user the server waits for, and
-#: of a user that answers: e.g. one that drops after_masked_input answered masked_input, not unmask
-EXPECTED_FROM = np.array([0, 1, 1, 2], dtype=np.int8)
-ANSWERS_FROM = np.array([1, 1, 2, NEVER], dtype=np.int8)
+#: a member's availability in one round (:attr:`Availability.state`)
+ONLINE, OFFLINE, LATE, LOST = 0, 1, 2, 3
+
+
+@dataclass(frozen=True)
+class Phases:
+    """The phases of a protocol's round, in order, in the protocol's own names.
+
+    ``draws`` gives, per phase, the column of a member's keyed uniforms (purpose ``"dropout"``)
+    that its i.i.d. loss rate reads (default: the phase's index); a protocol whose seeded
+    schedules predate its phase names keeps their draws by naming the columns they used."""
+
+    names: tuple[str, ...]
+    draws: tuple[int, ...] | None = None
+
+    def __post_init__(self):
+        if not self.names or len(set(self.names)) != len(self.names):
+            raise ValueError(f"phases must be distinct names, got {self.names}")
+        if self.draws is not None and sorted(self.draws) != list(range(len(self.names))):
+            raise ValueError(f"draws must order the columns 0..{len(self.names) - 1}")
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def index(self, name: str) -> int:
+        return self.names.index(name)
+
+    def column(self, p: int) -> int:
+        return p if self.draws is None else self.draws[p]
+
+
+@dataclass(frozen=True, eq=False)
+class Availability:
+    """One round's availability of the members ``ids``: per member its state (ONLINE, OFFLINE,
+    LATE, LOST) and the first phase it does not answer (``len(phases)`` when online)."""
+
+    phases: Phases
+    ids: np.ndarray
+    state: np.ndarray
+    phase: np.ndarray
+
+
+def _earlier(phase, state, at, new_state, ties: bool) -> None:
+    """Members whose ``at`` comes before (or, with ``ties``, at) their phase so far take it."""
+    take = at <= phase if ties else at < phase
+    phase[take] = at[take]
+    state[take] = new_state
 
 
 @dataclass(frozen=True)
 class DropoutSchedule:
-    """Per-phase dropout probabilities, explicit per-phase user lists, and the population models
-    (availability, stragglers) on top of them."""
+    """A protocol's availability model: per-phase loss rates, explicit per-phase lists of lost
+    members, and the population models (availability, stragglers) on top of them, in the phase
+    names of ``phases``."""
 
+    phases: Phases
     rates: dict[str, float] = field(default_factory=dict)
     explicit: dict[str, list[int]] = field(default_factory=dict)
-    #: availability models (Markov, Outage, Trace): offline at a round = drops before_advertise
+    #: availability models (Markov, Outage, Trace): offline at a round = absent from all of it
     availability: tuple = ()
     stragglers: Stragglers | None = None
 
     def __post_init__(self):
-        for name, table in (("dropout", self.rates), ("dropout_users", self.explicit)):
+        for name, table in (("population.rates", self.rates), ("population.lost", self.explicit)):
             for phase in table:
-                if phase not in PHASES:
-                    raise ConfigError(f"{name}.{phase}", "unknown phase", PHASES)
+                if phase not in self.phases.names:
+                    raise ConfigError(f"{name}.{phase}", "unknown phase", self.phases.names)
         for phase, rate in self.rates.items():
             if not 0 <= rate <= 1:
                 raise ConfigError(
-                    f"dropout.{phase}", f"must be a probability in [0, 1], got {rate}"
+                    f"population.rates.{phase}", f"must be a probability in [0, 1], got {rate}"
                 )
 
-    @staticmethod
-    def uniform(rate: float, phase: str = "after_masked_input") -> DropoutSchedule:
-        return DropoutSchedule(rates={phase: rate})
+    def round(
+        self, seed: int, round: int, ids: np.ndarray, *, latency: bool = True
+    ) -> Availability:
+        """Each member's availability at round ``round`` (without the latency model if not
+        ``latency``). Where two causes meet, the earliest phase counts; at the same phase offline
+        comes before lost, lost before late."""
+        ids = np.asarray(ids, dtype=np.int64)
+        n = len(self.phases)
+        phase = np.full(ids.size, n, dtype=np.int8)
+        state = np.full(ids.size, ONLINE, dtype=np.int8)
+        if self.rates:
+            u = rng.keyed_uniform(seed, "dropout", round, ids, n)
+            for p in reversed(range(n)):
+                hit = u[:, self.phases.column(p)] < self.rates.get(self.phases.names[p], 0.0)
+                phase[hit] = p
+            state[phase < n] = LOST
+        for p, name in enumerate(self.phases.names):
+            listed = np.isin(ids, np.asarray(self.explicit.get(name, []), dtype=np.int64))
+            _earlier(phase, state, np.where(listed, p, n), LOST, ties=False)
+        for model in self.availability:
+            offline = ~model.online(seed, round, ids)
+            _earlier(phase, state, np.where(offline, 0, n + 1), OFFLINE, ties=True)
+        if latency and self.stragglers is not None:
+            _earlier(phase, state, self.stragglers.missed(seed, round, ids, n), LATE, ties=False)
+        return Availability(self.phases, ids, state, phase)
 
     def drop_phase(self, seed: int, round: int, ids: np.ndarray) -> np.ndarray:
-        """Index into PHASES of the phase each user drops at (NEVER = 4 if it stays)."""
-        out = self._absent(seed, round, np.asarray(ids, dtype=np.int64))
-        if self.stragglers is not None:
-            out = np.minimum(out, self.stragglers.missed(seed, round, ids))
-        return out
-
-    def _absent(self, seed: int, round: int, ids: np.ndarray) -> np.ndarray:
-        """The drop phase from the rates, the lists and the availability models (no latency)."""
-        out = np.full(ids.size, NEVER, dtype=np.int8)
-        if self.rates:
-            u = rng.keyed_uniform(seed, "dropout", round, ids, len(PHASES))
-            for p, phase in reversed(list(enumerate(PHASES))):
-                out[u[:, p] < self.rates.get(phase, 0.0)] = p
-        for p, phase in reversed(list(enumerate(PHASES))):
-            listed = np.isin(ids, np.asarray(self.explicit.get(phase, []), dtype=np.int64))
-            out[listed] = np.minimum(out[listed], p)
-        for model in self.availability:
-            out[~model.online(seed, round, ids)] = 0
-        return out
+        """Index into ``phases`` of the first phase each member does not answer (``len(phases)``
+        when it answers all)."""
+        return self.round(seed, round, ids).phase
 
     def one_message(self, seed: int, round: int, ids: np.ndarray) -> tuple[np.ndarray, float]:
-        """For users who send one message per round (an LDP report): whether each user's message
-        of round ``round`` arrives, and the round's simulated time. A user the rates, lists or
-        availability models drop at its first phase sends nothing; one whose answer takes longer
-        than the deadline (its first client phase's latency) is a dropout. The server waits for
-        the slowest answer, or until the deadline when one does not come in time."""
+        """For members who send one message per round (an LDP report): whether each member's
+        message of round ``round`` arrives, and the round's simulated time. A member the rates,
+        lists or availability models make absent from its first phase sends nothing; one whose
+        answer takes longer than the deadline (its first phase's latency) is late. The server
+        waits for the slowest answer, or until the deadline when one does not come in time."""
         ids = np.asarray(ids, dtype=np.int64)
-        sent = self._absent(seed, round, ids) > 0
+        sent = self.round(seed, round, ids, latency=False).phase > 0
         if self.stragglers is None:
             return sent, 0.0
-        latency = self.stragglers.latency(seed, round, ids)[:, 0]
+        latency = self.stragglers.latency(seed, round, ids, 1)[:, 0]
         arrived = sent & (latency <= self.stragglers.deadline_s)
         if not arrived.all():
             return arrived, float(self.stragglers.deadline_s)
         return arrived, float(latency.max()) if ids.size else 0.0
 
     def simulated_seconds(self, seed: int, round: int, ids: np.ndarray) -> dict[str, float]:
-        """The simulated time of each client phase of round ``round`` for the users ``ids``: the
-        server waits for the slowest answer, or until the deadline when an answer it expects does
-        not come in time (a user that dropped, or is late). Without a latency model every phase
-        takes 0 s."""
+        """The simulated time of each phase of round ``round`` for the members ``ids``: the server
+        waits for the slowest answer, or until the deadline when an answer it expects (from a
+        member that answered every earlier phase in time) does not come in time. Without a latency
+        model every phase takes 0 s."""
         ids = np.asarray(ids, dtype=np.int64)
-        absent = self._absent(seed, round, ids)
+        absent = self.round(seed, round, ids, latency=False).phase
+        n = len(self.phases)
         s = self.stragglers
-        latency = s.latency(seed, round, ids) if s is not None else np.zeros((ids.size, 4))
+        latency = s.latency(seed, round, ids, n) if s is not None else np.zeros((ids.size, n))
         deadline = s.deadline_s if s is not None else 0.0
         late = latency > deadline if s is not None else np.zeros_like(latency, dtype=bool)
         late_before = np.cumsum(late, axis=1) - late > 0
         out = {}
-        for c, phase in enumerate(CLIENT_PHASES):
-            expected = (absent >= EXPECTED_FROM[c]) & ~late_before[:, c]
-            answered = expected & (absent >= ANSWERS_FROM[c]) & ~late[:, c]
+        for c, phase in enumerate(self.phases.names):
+            expected = (absent >= c) & ~late_before[:, c]
+            answered = expected & (absent > c) & ~late[:, c]
             times = latency[answered, c]
             if np.any(expected & ~answered):
                 out[phase] = float(deadline)
@@ -263,10 +311,9 @@ class Trace:
 
 @dataclass(frozen=True)
 class Stragglers:
-    """Per user and client phase, the time its answer takes: log-normal with median ``median_s``
-    and shape ``sigma`` (or the trace's latency where it records one, for every phase of that
-    round); an answer later than the phase's deadline ``deadline_s`` is a dropout at that phase
-    (see MISSED)."""
+    """Per member and phase, the time its answer takes: log-normal with median ``median_s`` and
+    shape ``sigma`` (or the trace's latency where it records one, for every phase of that round);
+    an answer later than the phase's deadline ``deadline_s`` makes the member late at that phase."""
 
     median_s: float = 1.0
     sigma: float = 1.0
@@ -282,13 +329,11 @@ class Stragglers:
         if not self.sigma >= 0:
             raise ConfigError("population.latency_sigma", f"must be >= 0, got {self.sigma}")
 
-    def deadlines(self) -> np.ndarray:
-        return np.full(len(CLIENT_PHASES), self.deadline_s)
-
-    def latency(self, seed: int, round: int, ids: np.ndarray) -> np.ndarray:
-        """(users x client phases) seconds."""
+    def latency(self, seed: int, round: int, ids: np.ndarray, phases: int) -> np.ndarray:
+        """(members x ``phases``) seconds; a member's answer to phase c is its c-th draw, whatever
+        the number of phases."""
         ids = np.asarray(ids, dtype=np.int64)
-        u = rng.keyed_uniform(seed, "latency", round, ids, len(CLIENT_PHASES))
+        u = rng.keyed_uniform(seed, "latency", round, ids, phases)
         z = ndtri(np.clip(u, 2.0**-53, 1 - 2.0**-53))
         out = self.median_s * np.exp(self.sigma * z)
         if self.trace is not None:
@@ -297,11 +342,10 @@ class Stragglers:
             out[known] = recorded[known, None]
         return out
 
-    def missed(self, seed: int, round: int, ids: np.ndarray) -> np.ndarray:
-        """The dropout phase of each user's first late answer (NEVER if none is late)."""
-        late = self.latency(seed, round, ids) > self.deadlines()
-        first = np.where(late.any(axis=1), late.argmax(axis=1), -1)
-        return np.where(first >= 0, MISSED[np.maximum(first, 0)], NEVER).astype(np.int8)
+    def missed(self, seed: int, round: int, ids: np.ndarray, phases: int) -> np.ndarray:
+        """The index of each member's first late answer (``phases`` if none is late)."""
+        late = self.latency(seed, round, ids, phases) > self.deadline_s
+        return np.where(late.any(axis=1), late.argmax(axis=1), phases).astype(np.int8)
 
 
 def _column(table, name: str, dtype) -> np.ndarray:
@@ -321,6 +365,17 @@ class PopulationConfig:
         "iid",
         "who is online each round, on top of the dropout rates: iid (the rates only), markov (a "
         "per-user on/off chain across rounds) or trace (replay the trace file)",
+    )
+    rates: dict[str, float] | None = option(
+        None,
+        "i.i.d. loss rate per phase, in the protocol's phase names (e.g. {share_keys: 0.05, "
+        "unmask: 0.1}): a user still present is lost at that phase with that probability, each "
+        "round; on top of the protocol's dropout rate",
+    )
+    lost: dict[str, list[int]] | None = option(
+        None,
+        "user ids lost at a phase in every round, in the protocol's phase names (e.g. "
+        "{unmask: [3, 17]})",
     )
     markov_off: float = option(
         0.1, "markov: P(on -> off) per round", above=0, at_most=1, when=_MARKOV
@@ -351,12 +406,12 @@ class PopulationConfig:
     latency: Literal["none", "lognormal", "trace"] = option(
         "none",
         "answer times on a simulated clock: none, lognormal per user and phase, or the trace's "
-        "latency_s (lognormal where it has none); a late answer is a dropout at that phase",
+        "latency_s (lognormal where it has none); a late answer makes the user late at that phase",
     )
     latency_median_s: float = option(1.0, "median answer time in seconds", above=0, when=_LATENCY)
     latency_sigma: float = option(1.0, "log-normal shape σ", at_least=0, when=_LATENCY)
     latency_deadline_s: float = option(
-        10.0, "deadline of every client phase, seconds", above=0, when=_LATENCY
+        10.0, "deadline of every phase, seconds", above=0, when=_LATENCY
     )
     trace: str | None = option(
         None, "a CSV or Parquet file of (user, round, available[, latency_s])"
@@ -397,15 +452,27 @@ class PopulationConfig:
 
     def schedule(
         self,
-        rates: dict,
-        explicit: dict,
+        phases: Phases,
+        dropout: dict[str, float],
         cohorts: dict[str, np.ndarray] | None = None,
         users: tuple[np.ndarray, pa.Table] | None = None,
     ) -> DropoutSchedule:
-        """The dropout schedule of these models on top of ``rates`` and ``explicit`` lists;
-        ``cohorts`` (name -> user ids, known at plan time) resolves ``outage_cohort`` and marks
-        the trace file to be read (before it, only the parameters are checked); ``users`` (the
-        user ids and their data rows, aligned) resolves ``outage_column``."""
+        """The availability model of these options in the protocol's ``phases``: the protocol's
+        own i.i.d. rate(s) ``dropout`` (phase -> rate, e.g. its ``dropout`` option at the phase it
+        loses users), ``rates`` and ``lost`` beside them, and the population models; ``cohorts``
+        (name -> user ids, known at plan time) resolves ``outage_cohort`` and marks the trace file
+        to be read (before it, only the parameters are checked); ``users`` (the user ids and their
+        data rows, aligned) resolves ``outage_column``."""
+        rates = {phase: rate for phase, rate in dropout.items() if rate}
+        for phase in self.rates or {}:
+            if phase in rates:
+                raise ConfigError(
+                    f"population.rates.{phase}",
+                    "the protocol's dropout rate is already lost at this phase",
+                    f"give {phase}'s rate once: dropout or population.rates.{phase}",
+                )
+        rates.update(self.rates or {})
+        explicit = {phase: list(ids) for phase, ids in (self.lost or {}).items()}
         planned = cohorts is not None
         trace = Trace.read(self.trace) if self.trace is not None and planned else None
         models: list = []
@@ -434,7 +501,11 @@ class PopulationConfig:
                 trace if self.latency == "trace" else None,
             )
         return DropoutSchedule(
-            rates=rates, explicit=explicit, availability=tuple(models), stragglers=stragglers
+            phases,
+            rates=rates,
+            explicit=explicit,
+            availability=tuple(models),
+            stragglers=stragglers,
         )
 
     def _outage_group(

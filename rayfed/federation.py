@@ -59,8 +59,12 @@ class Transcript:
     rows: list[dict[str, Any]] = field(default_factory=list)
 
     def record(self, round: int, phase: str, meta: MessageMeta, receivers: list[str]) -> None:
+        """One row per receiver other than the sender: a broadcast to the sender's own group
+        sends it nothing (its copy never crosses a boundary)."""
         event = event_to_dict(meta.dp_event) if meta.dp_event is not None else None
         for receiver in receivers:
+            if receiver == meta.sender:
+                continue
             self.rows.append(
                 dict(
                     round=round,

@@ -14,10 +14,13 @@ time:
 
 * ``exactly min_survivors`` — just enough users stay to the end (the global quorum): completes;
 * ``min_survivors - 1``     — one user fewer: aborts;
-* ``whole cohort lost``     — a cohort actor exits during the masked input: its users become
-  dropouts; completes if enough users remain in the other cohorts;
-* ``t / t-1 / no neighbour of one user`` — all but t (then t-1, then 0) of user 0's neighbours drop
-  after the masked input: with t its self-mask is still rebuilt from t shares; with fewer it is
+(the users that drop are ``population.lost={unmask: [...]}``: lost after their masked input)
+
+* ``whole cohort lost``     — a cohort actor exits during the masked input (``--fail
+  cohort=K@phase=masked_input``): its users become dropouts; completes if enough users remain
+  in the other cohorts;
+* ``t / t-1 / no neighbour of one user`` — all but t (then t-1, then 0) of user 0's neighbours are
+  lost at unmask: with t its self-mask is still rebuilt from t shares; with fewer it is
   not, the sparse graph's known failure mode, which the parameter finder makes unlikely for random
   dropouts but an adversary who knows the graph can force: aborts. (Not in secure mode on a
   sparse graph, which the server draws from the OS during the round.)
@@ -71,11 +74,11 @@ def _attempt(
 def secure_sum_scenarios(options: dict[str, Any], sets: list[str], rates) -> list[dict]:
     """Every scenario above, as result rows."""
     from rayfed.api import resolve
-    from rayfed.protocols.secure_sum.report import STATEMENTS
+    from rayfed.protocols.secure_sum.report import statement
 
     proto, run_opts, cfg = resolve("secure-sum", options, sets)
     plan = proto.plan(cfg, run_opts.seed)
-    note = STATEMENTS[cfg.mode]
+    note = statement(cfg)
     rows = [
         _attempt(
             "rate",
@@ -110,16 +113,7 @@ def _adversarial_rows(
         ("exactly min_survivors", drop, "complete"),
         ("min_survivors - 1", drop + 1, "aborted"),
     ):
-        explicit = {"after_masked_input": registry[:count].tolist()}
-        rows.append(
-            _attempt(
-                name,
-                count / n,
-                expected,
-                {**options, "dropout": 0.0, "dropout_users": explicit},
-                sets,
-            )
-        )
+        rows.append(_attempt(name, count / n, expected, _lost(options, registry[:count]), sets))
     cohorts = sorted(plan.cohorts)
     lost = plan.cohorts[cohorts[-1]][0].num_rows
     rows.append(
@@ -127,7 +121,11 @@ def _adversarial_rows(
             "whole cohort lost",
             lost / n,
             "complete" if n - lost >= params.min_survivors else "aborted",
-            {**options, "dropout": 0.0, "kill": f"{cohorts[-1]}@masked_input"},
+            {
+                **options,
+                "dropout": 0.0,
+                "fail": [*(options.get("fail") or []), f"cohort={cohorts[-1]}@phase=masked_input"],
+            },
             sets,
         )
     )
@@ -145,16 +143,19 @@ def _adversarial_rows(
         ("no neighbour of one user", 0, "aborted"),
     ):
         gone = neighbours[keep:]
-        rows.append(
-            _attempt(
-                name,
-                len(gone) / n,
-                expected,
-                {**options, "dropout": 0.0, "dropout_users": {"after_masked_input": gone.tolist()}},
-                sets,
-            )
-        )
+        rows.append(_attempt(name, len(gone) / n, expected, _lost(options, gone), sets))
     return rows
+
+
+def _lost(options: dict[str, Any], users: np.ndarray) -> dict[str, Any]:
+    """``options`` with no i.i.d. dropout and ``users`` lost at unmask (after their masked input
+    is in the sum) in every round, beside the users the options' own ``population.lost`` names
+    (merged: its other phases kept, its unmask list joined)."""
+    population = dict(options.get("population") or {})
+    lost = {phase: list(ids) for phase, ids in (population.get("lost") or {}).items()}
+    lost["unmask"] = sorted({int(u) for u in [*lost.get("unmask", []), *users.tolist()]})
+    population["lost"] = lost
+    return {**options, "dropout": 0.0, "population": population}
 
 
 def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:

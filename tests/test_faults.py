@@ -222,3 +222,20 @@ def test_a_cohort_lost_in_the_first_half_of_the_moments_stays_lost():
     assert result.metrics["reports"] == offline.metrics["reports"]
     assert sum(result.metrics["reports"]) == 3_000
     assert result.tables["moments"].equals(offline.tables["moments"])
+
+
+def test_a_restored_cohort_replaces_only_the_shares_it_drew_in_a_secure_run():
+    """A cohort lost after its users' Round-1 inputs are in the sum is restored with a new noise
+    secret: it cannot regenerate the shares its dead incarnation added, so it sends no
+    replacement for them (they count as Round-2 dropouts, covered by the charge) — a replacement
+    built on another secret would not cancel (a max difference of 4.16 in the issue's
+    reproduction). A seeded run regenerates them (keyed by the seed) and replaces all."""
+    options = dict(LFL, backend="local", fail=["cohort=c1@phase=unmask"])
+    options["secagg_mode"] = "simulation"
+    secure = rayfed.run("federated-mf", randomness="secure", **options)
+    seeded = rayfed.run("federated-mf", **options)
+    first = lambda r: r.metrics["iterations"][0]  # noqa: E731
+    assert first(secure)["u1"] == first(seeded)["u1"] == 300
+    assert first(seeded)["u2"] == 300
+    assert first(secure)["u2"] == 225  # c1's 75 users: Round-2 dropouts
+    assert [row["u2"] for row in secure.metrics["iterations"][1:]] == [300, 300]

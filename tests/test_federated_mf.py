@@ -257,12 +257,12 @@ def test_stress_sweeps_an_option_with_the_epsilon_of_each_point(tmp_path, capsys
     assert "epsilon=4" in capsys.readouterr().out
 
 
-def test_the_consistency_round_changes_nothing_for_an_honest_server():
-    """LFL with consistency=true: every iteration's Round 1 adds the signing round, and with an
-    honest server the result is bit-identical to the run without it."""
+def test_the_malicious_threat_model_changes_nothing_for_an_honest_server():
+    """LFL with threat_model=malicious: every iteration's Round 1 adds the signing round and a
+    larger k and t, and with an honest server the result is bit-identical to the run without."""
     options = dict(users=300, items=40, iterations=2, backend="local", out_dir=None)
     plain = rayfed.run("federated-mf", **options)
-    signed = rayfed.run("federated-mf", consistency=True, **options)
+    signed = rayfed.run("federated-mf", threat_model="malicious", **options)
     assert signed.metrics["test_mse"] == plain.metrics["test_mse"]
     assert signed.tables.keys() == plain.tables.keys()
     for name in plain.tables:
@@ -270,6 +270,10 @@ def test_the_consistency_round_changes_nothing_for_an_honest_server():
     phases = {r["phase"] for r in signed.transcript.to_pylist()}
     assert {"consistency", "collect_signatures"} <= phases
     assert "consistency" not in {r["phase"] for r in plain.transcript.to_pylist()}
+    assert signed.metrics["secagg_threat_model"] == "malicious"
+    assert signed.metrics["secagg_threshold"] * 2 > signed.metrics["secagg_degree"]
+    assert plain.metrics["secagg_threshold"] * 2 <= plain.metrics["secagg_degree"]
+    assert "threat model malicious" in signed.headline
 
 
 #: the orderings' margins were measured under the RDP calibration (accountant=rdp), which also
@@ -453,8 +457,15 @@ def test_option_checks_and_defaults(tmp_path):
     assert err.value.field == "omega"
     for wrong in ({"setting": "vfl"}, {"secagg_mode": "dealer"}):  # no Round 1 keys to sign with
         with pytest.raises(rayfed.ConfigError) as err:
-            rayfed.run("federated-mf", consistency=True, backend="local", out_dir=None, **wrong)
-        assert err.value.field == "consistency"
+            rayfed.run(
+                "federated-mf", threat_model="malicious", backend="local", out_dir=None, **wrong
+            )
+        assert err.value.field == "threat_model"
+    with pytest.raises(rayfed.ConfigError, match="too high for threat_model=malicious") as err:
+        rayfed.run(
+            "federated-mf", threat_model="malicious", omega=0.5, backend="local", out_dir=None
+        )
+    assert err.value.field == "omega" and "omega <=" in err.value.allowed
     with pytest.raises(rayfed.ConfigError, match="does not apply to setting=lfl") as err:
         rayfed.run("federated-mf", local_steps=5, backend="local", out_dir=None)
     assert err.value.field == "local_steps"

@@ -302,3 +302,18 @@ def test_a_stress_sweep_of_gd_dr_states_it_has_no_secure_aggregation(tmp_path, c
     assert [r["predicted_abort_bound"] for r in rows] == [None, None]
     assert rows[1]["alive_round1"] < rows[0]["alive_round1"] == 400  # dropouts send no report
     assert "no secure aggregation" in capsys.readouterr().out
+
+
+def test_gddr_users_are_lost_in_its_one_phase_report_and_secagg_phases_are_refused():
+    """F4: GD-DR has no secure aggregation; its users send one report, lost in its one phase
+    ``report``. population.rates.report loses users (fewer than 400 reports); SecAgg's phases
+    (advertise ... unmask), which GD-DR silently ignored (rates at masked_input: 400 reports
+    every iteration), are a ConfigError naming population.rates and the phase report."""
+    lossy = rayfed.run("federated-mf", epsilon=1.0, population={"rates": {"report": 0.1}}, **SMALL)
+    counts = lossy.tables["iterations"]["u1"].to_pylist()
+    assert all(280 <= c < 400 for c in counts)
+    for phase in ("advertise", "share_keys", "masked_input", "unmask"):
+        with pytest.raises(ConfigError) as err:
+            rayfed.run("federated-mf", epsilon=1.0, population={"rates": {phase: 0.9}}, **SMALL)
+        assert err.value.field == f"population.rates.{phase}"
+        assert "report" in str(err.value)

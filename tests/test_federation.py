@@ -184,6 +184,20 @@ def test_messages_flow_and_transcript(backend):
         assert {t["phase"] for t in fed.timings} == {"sum", "add"}
 
 
+def broadcast_to_parties(ctx):
+    return Message("news", np.zeros(4), to="parties")
+
+
+def test_a_broadcast_records_no_self_send(backend):
+    """A party's broadcast to the parties reaches the other two: its own copy never crosses a
+    boundary and is not counted (it inflated every summary's bytes)."""
+    with make_fed(backend, parties=3) as fed:
+        fed.parties.run(broadcast_to_parties, phase="broadcast", members=["p1"])
+        rows = fed.transcript.rows
+        assert [(r["sender"], r["receiver"]) for r in rows] == [("p1", "p0"), ("p1", "p2")]
+        assert fed.transcript.totals()["bytes"] == 2 * 32
+
+
 @pytest.mark.ray
 def test_deadline_raises_round_timeout_naming_the_party(ray_cluster, bounded):
     """p1 sleeps 30 s: only the 2 s deadline can end the phase with RoundTimeout (without it the

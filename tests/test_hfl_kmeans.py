@@ -34,8 +34,7 @@ from rayfed.protocols.hfl_kmeans.steps import (
     aggregate_step,
     iterate_step,
     prepare_step,
-    ring_close_step,
-    ring_step,
+    secure_input,
 )
 from rayfed.secagg import pads
 
@@ -402,15 +401,18 @@ def test_ring_topology_never_involves_the_server():
 
 
 def test_ring_pairwise_masks_cancel():
-    """topology=ring with masking=pairwise (3 clients, no noise): every client's pairwise masks
-    cancel in the complete sum, so the centroids equal those of the ring padded by the first
-    client, after three ring_partial hops per iteration."""
+    """topology=ring with masking=pairwise (3 clients, no noise): the uploads go through the one
+    secure sum over the parties (a masked input per client per iteration, no ring hop), whose
+    masks cancel, so the centroids equal those of the ring padded by the first client."""
     options = file_options(IRIS, IRIS_COLUMNS, 3) | dict(noise="none", topology="ring", clients=3)
     padded = run(seed=2, **options)
     pairwise = run(seed=2, masking="pairwise", **options)
     assert padded.tables["centroids"].equals(pairwise.tables["centroids"])
-    payloads = [r for r in pairwise.transcript.to_pylist() if r["name"] == "ring_partial"]
-    assert len(payloads) == 3 * pairwise.metrics["t_max"]
+    rows = pairwise.transcript.to_pylist()
+    assert not [r for r in rows if r["name"] == "ring_partial"]
+    masked = [r for r in rows if r["name"] == "masked_input"]
+    assert sorted({r["sender"] for r in masked}) == ["p0", "p1", "p2"]
+    assert len(masked) == 3 * pairwise.metrics["t_max"]
 
 
 GROUP_KEY = bytes(range(32))
@@ -463,18 +465,13 @@ def test_split_ring_noise_is_m_over_h_central_noises():
     )
     contexts, params = _client_contexts(_blocks(3, (200, 200, 200)), cfg)
     assert params.honest == 2
-    for i, ctx in enumerate(contexts):
-        ctx.state["pair_keys"] = {
-            j: bytes([min(i, j), max(i, j)]) * 16 for j in range(len(contexts)) if j != i
-        }
-        assert iterate_step(ctx, None, t=1) is None  # the ring holds this iteration's values
-    values = sum(ctx.state["values"] for ctx in contexts)
+    for ctx in contexts:
+        assert iterate_step(ctx, None, t=1) is None  # the secure sum takes this iteration's values
+    held = [ctx.state["values"] for ctx in contexts]
+    values = sum(held)
     noise = []
-    for t in range(1, 401):
-        running = None
-        for ctx in contexts:
-            running = ring_step(ctx, running, t=t).payload
-        release = ring_close_step(contexts[0], running).payload
+    for t in range(1, 401):  # the secure sum's release: its inputs' sum mod 2^b (masks cancel)
+        release = secure_sum_inputs(contexts, held, t)
         noise.append(pads.from_ring(release, params.ring_bits) - values)
     noise = np.asarray(noise, dtype=np.float64)
     start = 0
@@ -485,6 +482,18 @@ def test_split_ring_noise_is_m_over_h_central_noises():
         sd = math.sqrt((np.mean(z**4) - var**2) / z.size)
         assert abs(np.mean(z**2) - var) < 4 * sd, (block.label, np.mean(z**2) / var)
         start += block.length
+
+
+def secure_sum_inputs(contexts, held, t: int) -> np.ndarray:
+    """The sum mod 2^b of the clients' secure-sum uploads (``secure_input``) of iteration t: what
+    the one secure sum releases (its masks cancel; tests/test_secagg*.py check the sum itself)."""
+    total = None
+    for i, (ctx, values) in enumerate(zip(contexts, held, strict=True)):
+        ctx.state["values"] = values
+        out = secure_input(ctx, t, np.array([i]), t)
+        words = (out[0] if isinstance(out, tuple) else out).words[0]  # RingWords, one row
+        total = words if total is None else total + words
+    return total
 
 
 def _blocks(seed: int, sizes: tuple[int, ...], d: int = 2) -> list[np.ndarray]:
@@ -787,7 +796,7 @@ def test_data_driven_init_without_noise(init):
     assert result.metrics["wcss"] < 150
     sent = [r for r in result.transcript.to_pylist() if r["name"] == "initial_centroids"]
     assert {r["sender"] for r in sent} == {"p0"}
-    assert {r["receiver"] for r in sent} == {"p0", "p1"}
+    assert {r["receiver"] for r in sent} == {"p1"}  # no self-send recorded (issue 26, item 5)
     assert all(r["bytes"] == 8 * 15 * 2 for r in sent)
 
 

@@ -29,8 +29,7 @@ from rayfed.protocols.hfl_kmeans.steps import (
     mpc_layer_step,
     mpc_start_step,
     prepare_step,
-    ring_close_step,
-    ring_step,
+    secure_input,
 )
 from rayfed.secagg import mpc, pads
 
@@ -317,18 +316,16 @@ def test_ring_release_carries_one_central_noise(clients):
     order = [f"p{i}" for i in range(clients)]
     meta = {"columns": ["c0", "c1"], "lo": [-1.0, -1.0], "hi": [1.0, 1.0]}
     contexts = []
-    for i, (name, block) in enumerate(zip(order, blocks, strict=True)):
+    for name, block in zip(order, blocks, strict=True):
         table = pa.table({"c0": block[:, 0], "c1": block[:, 1]})
         ctx = StepContext(name=name, role="party", seed=7, table=table, meta=meta)
         ctx.state["group_key"] = GROUP_KEY
-        ctx.state["pair_keys"] = {
-            j: bytes([min(i, j), max(i, j)]) * 16 for j in range(clients) if j != i
-        }
         prepare_step(ctx, setup, None, settings=Settings.of(cfg), order=order)
         assert iterate_step(ctx, None, t=1) is None
         contexts.append(ctx)
     dealer = StepContext(name="dealer", role="cohort", seed=7)
-    values = sum(ctx.state["values"] for ctx in contexts)
+    held = [ctx.state["values"] for ctx in contexts]
+    values = sum(held)
     noise = []
     for t in range(1, 61):
         dealt = deal_step(dealer, setup=setup, clients=order, t=t)
@@ -337,12 +334,15 @@ def test_ring_release_carries_one_central_noise(clients):
             opened = mpc.xor_open(replies)
             replies = [mpc_layer_step(c, opened, t=t) for c in contexts]
             replies = [r.payload if r is not None else None for r in replies]
-        running = None
-        for ctx in contexts:
-            message = ring_step(ctx, running, t=t)
-            running = message.payload
-        assert message.dp_event == setup.event() and message.scope == "clients"
-        release = ring_close_step(contexts[0], running).payload
+        # each client's secure-sum upload (its values plus its noise share); the last carries
+        # the release's event; the secure sum adds them mod 2^b (its masks cancel)
+        release = None
+        for i, ctx in enumerate(contexts):
+            ctx.state["values"] = held[i]
+            out = secure_input(ctx, t, np.array([i]), t)
+            words = (out[0] if isinstance(out, tuple) else out).words[0]  # RingWords, one row
+            release = words if release is None else release + words
+        assert out[1] == setup.event() and out[2] == "clients"
         noise.append(pads.from_ring(release, setup.ring_bits) - values)
     noise = np.asarray(noise, dtype=np.float64)
     start = 0

@@ -34,7 +34,8 @@ from rayfed.clustering.constrained import (
     wcss,
 )
 from rayfed.errors import ConfigError
-from rayfed.secagg import groupkey, pads
+from rayfed.protocols.hfl_kmeans.steps import INFO_INIT
+from rayfed.secagg import pads
 
 # (seed, n, k, d, min_size, max_size): loose, tight and one-sided bounds
 FLOW_CASES = [
@@ -501,15 +502,6 @@ def _ring_sum(words: np.ndarray, bits: int) -> np.ndarray:
     return words.sum(axis=0, dtype=pads.ring_dtype(bits))
 
 
-def _members(m: int) -> tuple[list[dict], list[bytes]]:
-    states, publics = [], []
-    for party in range(m):
-        state, public = groupkey.new_member(bytes((7 * party + i) % 256 for i in range(64)))
-        states.append(state)
-        publics.append(public)
-    return states, publics
-
-
 @pytest.mark.parametrize("bits", [32, 64])
 def test_ring_round_trip_of_signed_values(bits):
     top = 2 ** (bits - 1)
@@ -547,37 +539,6 @@ def test_shared_pads_unmask_to_the_exact_sum(m, bits):
     np.testing.assert_array_equal(r, pads.shared_pads(PAD_KEY, iteration, m, n, bits))
 
 
-@pytest.mark.parametrize("bits", [32, 64])
-@pytest.mark.parametrize("m", [2, 3, 10])
-def test_pairwise_masks_sum_to_zero(m, bits):
-    states, publics = _members(m)
-    secrets = [
-        groupkey.pair_secrets(s, me, publics, pads.INFO_PAIRS) for me, s in enumerate(states)
-    ]
-    for me in range(m):
-        assert set(secrets[me]) == set(range(m)) - {me}
-        for j in range(m):
-            if j != me:
-                assert secrets[me][j] == secrets[j][me] and len(secrets[me][j]) == 32
-    n = 300
-    masks = np.stack([pads.pairwise_mask(secrets[me], me, 5, n, bits) for me in range(m)])
-    assert not _ring_sum(masks, bits).any()
-    assert all(np.mean(mask == 0) < 0.01 for mask in masks)  # each mask alone is not zero
-    # on top of the shared pads, the aggregate still unmasks exactly
-    encoded = _encode(np.random.default_rng(130 + m).uniform(-1, 1, (m, n)))
-    r = pads.shared_pads(PAD_KEY, 5, m, n, bits)
-    uploads = pads.to_ring(encoded, bits) + r + masks
-    unmasked = pads.from_ring(_ring_sum(uploads, bits) - _ring_sum(r, bits), bits)
-    np.testing.assert_array_equal(unmasked, encoded.sum(axis=0))
-
-
-def test_pair_secrets_are_bound_to_their_label():
-    states, publics = _members(2)
-    pairs = groupkey.pair_secrets(states[0], 0, publics, pads.INFO_PAIRS)[1]
-    other = groupkey.pair_secrets(states[0], 0, publics, groupkey.INFO_GROUP)[1]
-    assert pairs != other
-
-
 def test_pads_are_fresh_per_iteration_and_party():
     n = 1000
     r1 = pads.shared_pads(PAD_KEY, 1, 4, n, 32)
@@ -587,18 +548,13 @@ def test_pads_are_fresh_per_iteration_and_party():
     for a in range(4):
         for b in range(a + 1, 4):
             assert np.mean(r1[a] == r1[b]) < 0.01
-    states, publics = _members(3)
-    secrets = groupkey.pair_secrets(states[0], 0, publics, pads.INFO_PAIRS)
-    m1 = pads.pairwise_mask(secrets, 0, 1, n, 32)
-    m2 = pads.pairwise_mask(secrets, 0, 2, n, 32)
-    assert np.mean(m1 == m2) < 0.01
 
 
 def test_subkey_is_deterministic_and_purpose_bound():
     group = bytes(range(100, 132))
     key = pads.subkey(group, pads.INFO_PADS)
     assert len(key) == 32 and key == pads.subkey(group, pads.INFO_PADS)
-    assert key != pads.subkey(group, pads.INFO_INIT)
+    assert key != pads.subkey(group, INFO_INIT)
     assert key != pads.subkey(bytes(range(101, 133)), pads.INFO_PADS)
 
 

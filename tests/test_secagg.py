@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 
 from rayfed import rng
 from rayfed.data import per_user
-from rayfed.dropout import NEVER, PHASES, DropoutSchedule
 from rayfed.errors import BelowThreshold, ConfigError
+from rayfed.faults import parse
 from rayfed.federation import Federation
 from rayfed.privacy import PrivacyDeclaration
 from rayfed.secagg import (
@@ -34,7 +34,9 @@ from rayfed.secagg import (
     shamir,
 )
 from rayfed.secagg.graph import NeighbourGraph
-from rayfed.secagg.reference import PHASE_INDEX, exact_sum, expected_survivors, raw_sum
+from rayfed.secagg.phases import INDEX, NEVER, PHASES, drop_codes
+from rayfed.secagg.phases import schedule as DropoutSchedule
+from rayfed.secagg.reference import exact_sum, expected_survivors, raw_sum
 
 # --- official vectors --------------------------------------------------------------------------
 RFC7748_ALICE_SK = "77076d0a7318a57d3c16c17251b26645df4c2f87ebc0992ab177fba51db92c2a"
@@ -170,17 +172,17 @@ def test_fixed_point_roundtrip_and_overflow_is_a_config_error():
 
 def test_dropout_schedule_is_keyed_by_user_and_round():
     sched = DropoutSchedule(
-        rates={"after_share_keys": 0.3, "after_masked_input": 0.2},
-        explicit={"before_advertise": [5]},
+        rates={"masked_input": 0.3, "unmask": 0.2},
+        explicit={"advertise": [5]},
     )
     ids = np.arange(2000)
     drop = sched.drop_phase(7, 0, ids)
     assert drop[5] == 0
     assert np.array_equal(drop[100:150], sched.drop_phase(7, 0, ids[100:150]))
     assert not np.array_equal(drop, sched.drop_phase(7, 1, ids))
-    share = np.mean(drop == PHASES.index("after_share_keys"))
+    share = np.mean(drop == PHASES.index("masked_input"))
     assert abs(share - 0.3) < 4 * math.sqrt(0.3 * 0.7 / 2000)
-    with pytest.raises(ConfigError, match="dropout.after_lunch"):
+    with pytest.raises(ConfigError, match="population.rates.after_lunch"):
         DropoutSchedule(rates={"after_lunch": 0.1})
 
 
@@ -199,11 +201,13 @@ def _run(
     dropout=0.4,
     seed=3,
     backend="local",
-    consistency=False,
+    threat_model="semi-honest",
 ):
+    """One round; threat_model=malicious adds the consistency round and the PKI, with t sized
+    for a malicious server."""
     ids = np.arange(n, dtype=np.int64) * 7 + 1
     cohorts = {k: (t, {}) for k, t in per_user(pa.table({"uid": ids}), "uid", n_cohorts).items()}
-    params = find_params(n, dropout=dropout, corrupt=0.05, graph=graph)
+    params = find_params(n, dropout=dropout, corrupt=0.05, graph=graph, threat_model=threat_model)
     enc = FixedPoint.choose(n, 1.0, 12)
     spec = make_spec(
         round=0,
@@ -213,7 +217,6 @@ def _run(
         encoding=enc,
         dim=dim,
         dropout=schedule or DropoutSchedule(),
-        consistency=consistency,
     )
     with Federation(
         run_id="t",
@@ -223,7 +226,7 @@ def _run(
         backend=backend,
         randomness="secure" if mode == "secure" else "seeded",
     ) as fed:
-        result = secure_sum(fed, spec, _inputs, (dim,))
+        result = secure_sum(fed.cohorts, spec, _inputs, (dim,), server=fed.coordinator)
         transcript = list(fed.transcript.rows)
     reference = _reference(spec, seed, params, graph_seed=result.graph_seed)
     return result, _exact(result, spec, reference), params, transcript
@@ -237,7 +240,7 @@ def _reference(spec, seed, params, lost_at=None, graph_seed=None):
     graph_seed = seed if graph_seed is None else graph_seed
     survivors = expected_survivors(
         ids,
-        spec.dropout.drop_phase(seed, spec.round, ids),
+        drop_codes(spec.dropout, seed, spec.round, ids),
         NeighbourGraph.build(ids.size, params.degree, params.complete, graph_seed, spec.round),
         params.threshold,
         lost_at,
@@ -261,9 +264,9 @@ def _exact(result, spec, expected) -> bool:
     st.integers(0, 1000),
 )
 def test_sum_is_exact_for_any_dropout_pattern_that_leaves_enough_users(rates, graph, seed):
-    schedule = DropoutSchedule(rates=dict(zip(PHASES, rates, strict=True)))
+    schedule = DropoutSchedule(rates=dict(zip(PHASES.names, rates, strict=True)))
     ids = np.arange(40, dtype=np.int64) * 7 + 1
-    stay = int(np.sum(schedule.drop_phase(seed, 0, ids) == len(PHASES)))
+    stay = int(np.sum(schedule.drop_phase(seed, 0, ids) == NEVER))
     min_survivors = find_params(40, dropout=0.4, corrupt=0.05, graph=graph).min_survivors
     try:
         result, exact, params, _ = _run(schedule=schedule, graph=graph, seed=seed)
@@ -280,18 +283,32 @@ def test_exactly_min_survivors_completes_and_one_fewer_aborts():
     n, params = 40, find_params(40, dropout=0.4, corrupt=0.05)
     survivors_needed = params.min_survivors
     ids = np.arange(n) * 7 + 1
-    exactly = DropoutSchedule(explicit={"after_masked_input": ids[: n - survivors_needed].tolist()})
+    exactly = DropoutSchedule(explicit={"unmask": ids[: n - survivors_needed].tolist()})
     result, exact, _, _ = _run(schedule=exactly)
     assert exact
-    one_less = DropoutSchedule(
-        explicit={"after_masked_input": ids[: n - survivors_needed + 1].tolist()}
-    )
+    one_less = DropoutSchedule(explicit={"unmask": ids[: n - survivors_needed + 1].tolist()})
     with pytest.raises(BelowThreshold, match="unmask"):
         _run(schedule=one_less)
 
 
+def test_a_user_lost_at_share_keys_advertised_but_shared_nothing():
+    """Five users lost at share_keys are in U1 (the server's advertise count) and not in U2 (its
+    share_keys count); lost at masked_input they are in U2 and not in U3. Either way the sum
+    is the reference's, which derives U2 on its own."""
+    ids = np.arange(40) * 7 + 1
+    gone = ids[[2, 9, 17, 25, 33]].tolist()
+    expected = {
+        "share_keys": {"advertise": 40, "share_keys": 35, "masked_input": 35},
+        "masked_input": {"advertise": 40, "share_keys": 40, "masked_input": 35},
+    }
+    for phase, counts in expected.items():
+        result, exact, _, _ = _run(schedule=DropoutSchedule(explicit={phase: gone}))
+        assert exact and not np.isin(gone, result.survivors).any(), phase
+        assert {k: result.counts[k] for k in counts} == counts, phase
+
+
 def test_results_do_not_depend_on_the_number_of_cohorts():
-    schedule = DropoutSchedule(rates={"after_share_keys": 0.1, "after_masked_input": 0.1})
+    schedule = DropoutSchedule(rates={"masked_input": 0.1, "unmask": 0.1})
     runs = [_run(n_cohorts=k, schedule=schedule)[0] for k in (1, 2, 4)]
     for other in runs[1:]:
         assert np.array_equal(other.words, runs[0].words)
@@ -304,13 +321,13 @@ def test_results_do_not_depend_on_the_number_of_cohorts():
 def test_dealer_and_plain_modes_give_bit_identical_sums_to_simulation(graph, pattern):
     n = 40 if pattern == "random" else 120
     if pattern == "random":
-        schedule = DropoutSchedule(rates={"after_share_keys": 0.1, "after_masked_input": 0.15})
+        schedule = DropoutSchedule(rates={"masked_input": 0.1, "unmask": 0.15})
     else:  # most of one user's neighbours never advertise: that user must drop out in every mode
         params = find_params(n, dropout=0.4, corrupt=0.05, graph=graph)
         graph_ = NeighbourGraph.build(n, params.degree, params.complete, 3, 0)
         nb = graph_.neighbours(np.array([0]))[0]
         gone = (np.arange(n) * 7 + 1)[nb[: len(nb) - params.threshold + 1]]
-        schedule = DropoutSchedule(explicit={"before_advertise": gone.tolist()})
+        schedule = DropoutSchedule(explicit={"advertise": gone.tolist()})
     sim = _run(n=n, mode="simulation", schedule=schedule, graph=graph)[0]
     if pattern == "neighbourhood":
         assert not np.isin(
@@ -342,7 +359,7 @@ def test_a_tampered_share_ciphertext_is_rejected(monkeypatch):
         return out
 
     monkeypatch.setattr(server, "route_shares", tamper)
-    schedule = DropoutSchedule(explicit={"after_masked_input": [1]})
+    schedule = DropoutSchedule(explicit={"unmask": [1]})
     with pytest.raises(ProtocolViolation, match="failed authentication"):
         _run(schedule=schedule)
 
@@ -362,10 +379,10 @@ def test_a_request_for_both_shares_of_a_user_is_refused(monkeypatch):
 
 @pytest.mark.parametrize("mode", ["simulation", "secure"])
 def test_the_consistency_round_keeps_the_exact_sum(mode):
-    """consistency=true adds a round (users sign U3, the unmask request carries the signatures)
+    """threat_model=malicious adds a round (users sign U3, the unmask request carries the signatures)
     and changes nothing else: the sum and survivors still match the independent reference."""
-    schedule = DropoutSchedule(rates={"after_masked_input": 0.2, "during_unmask": 0.1})
-    result, exact, params, transcript = _run(mode=mode, schedule=schedule, consistency=True)
+    schedule = DropoutSchedule(rates={"masked_input": 0.1, "unmask": 0.2})
+    result, exact, params, transcript = _run(mode=mode, schedule=schedule, threat_model="malicious")
     assert exact
     phases = [row["phase"] for row in transcript]
     assert phases.index("consistency") < phases.index("collect_signatures") < phases.index("unmask")
@@ -399,7 +416,7 @@ def test_without_the_consistency_round_a_forged_survivors_list_is_answered(monke
     monkeypatch.setattr(server, "collect_masked", forging)
     monkeypatch.setattr(server, "finish", capture)
     with contextlib.suppress(BelowThreshold):  # the sum is wrong; the shares are out already
-        _run(schedule=DropoutSchedule(explicit={"after_masked_input": [1]}))
+        _run(schedule=DropoutSchedule(explicit={"unmask": [1]}))
     (u,) = forged
     key_shares_of_u = sum(
         int(np.sum((a["owner"] == u) & (a["kind"] == client.KIND_KEY))) for a in answers.values()
@@ -408,7 +425,7 @@ def test_without_the_consistency_round_a_forged_survivors_list_is_answered(monke
 
 
 def test_the_consistency_round_refuses_a_forged_survivors_list(monkeypatch):
-    """With consistency=true the users signed the true U3; the forged list carries signatures
+    """With threat_model=malicious the users signed the true U3; the forged list carries signatures
     that do not verify on it, so no user reveals a share."""
     original = server.collect_signatures
 
@@ -419,7 +436,7 @@ def test_the_consistency_round_refuses_a_forged_survivors_list(monkeypatch):
 
     monkeypatch.setattr(server, "collect_signatures", forging)
     with pytest.raises(ProtocolViolation, match="another survivors list than was signed"):
-        _run(schedule=DropoutSchedule(explicit={"after_masked_input": [1]}), consistency=True)
+        _run(schedule=DropoutSchedule(explicit={"unmask": [1]}), threat_model="malicious")
 
 
 def test_the_consistency_round_refuses_lists_that_differ_by_cohort(monkeypatch):
@@ -452,14 +469,14 @@ def test_the_consistency_round_refuses_lists_that_differ_by_cohort(monkeypatch):
     monkeypatch.setattr(client, "consistency", equivocating_list)
     monkeypatch.setattr(client, "unmask", unmask_with_own_list)
     with pytest.raises(ProtocolViolation, match="only 20 users signed"):
-        _run(mode="secure", consistency=True)
+        _run(mode="secure", threat_model="malicious")
 
 
 def test_authenticated_keys_leave_the_honest_sum_bit_identical():
-    """consistency=true signs every user's keys at advertise and verifies them in share_keys:
+    """threat_model=malicious signs every user's keys at advertise and verifies them in share_keys:
     an honest server's round gives the same words and survivors as a round without it, and the
     key table carries a signature per row that verifies under the signer's own key."""
-    schedule = DropoutSchedule(rates={"after_share_keys": 0.1, "after_masked_input": 0.15})
+    schedule = DropoutSchedule(rates={"masked_input": 0.1, "unmask": 0.15})
     tables = []
     original = server.collect_keys
 
@@ -471,7 +488,7 @@ def test_authenticated_keys_leave_the_honest_sum_bit_identical():
     plain = _run(schedule=schedule)[0]
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(server, "collect_keys", keep)
-        signed, exact, _, _ = _run(schedule=schedule, consistency=True)
+        signed, exact, _, _ = _run(schedule=schedule, threat_model="malicious")
     assert exact
     assert np.array_equal(signed.words, plain.words)
     assert np.array_equal(signed.survivors, plain.survivors)
@@ -560,7 +577,7 @@ def test_a_substituted_public_key_is_refused_before_any_share_is_sent(monkeypatc
     seen, routed = _substituting_server(monkeypatch, column), []
     monkeypatch.setattr(server, "route_shares", lambda *args: routed.append(args))
     with pytest.raises(UnauthenticatedKeys) as err:
-        _run(consistency=True)
+        _run(threat_model="malicious")
     assert not routed  # refused in share_keys: no share reached the server
     assert err.value.users == [seen["victim"]] and err.value.cohort == "c0"
     assert str(seen["victim"]) in str(err.value)
@@ -573,7 +590,7 @@ def test_a_server_that_also_replaces_the_signing_key_is_refused_by_the_pki(monke
     the fake server), but the users check it against the key the driver handed them."""
     seen = _substituting_server(monkeypatch, "c_pk", resign=True)
     with pytest.raises(UnauthenticatedKeys) as err:
-        _run(mode="secure", consistency=True)
+        _run(mode="secure", threat_model="malicious")
     assert err.value.users == [seen["victim"]]
 
 
@@ -604,7 +621,7 @@ def test_a_table_that_hides_some_peers_is_refused_when_u2_names_them(monkeypatch
 
     _shown_to(monkeypatch, "c0", hide_peers)
     with pytest.raises(ProtocolViolation, match="outside the key table"):
-        _run(consistency=True)
+        _run(threat_model="malicious")
 
 
 def _zero_key_forgery(message: bytes) -> bytes:
@@ -645,9 +662,9 @@ def test_a_row_for_a_user_the_pki_does_not_know_is_refused(monkeypatch):
 
     _shown_to(monkeypatch, "c1", add_phantom)
     monkeypatch.setattr(server, "route_shares", lambda *args: routed.append(args))
-    schedule = DropoutSchedule(explicit={"before_advertise": [8]})
+    schedule = DropoutSchedule(explicit={"advertise": [8]})
     with pytest.raises(UnauthenticatedKeys) as err:
-        _run(schedule=schedule, consistency=True, graph="complete")
+        _run(schedule=schedule, threat_model="malicious", graph="complete")
     assert err.value.users == [8] and not routed
 
 
@@ -695,7 +712,7 @@ def test_survivor_signatures_are_checked_against_the_pki_not_the_table(monkeypat
     monkeypatch.setattr(client, "consistency", equivocating)
     monkeypatch.setattr(client, "unmask", with_forged_signatures)
     with pytest.raises(ProtocolViolation, match="signed the survivors list"):
-        _run(mode="secure", consistency=True)
+        _run(mode="secure", threat_model="malicious")
 
 
 def test_a_graph_seed_other_than_the_runs_is_refused_outside_secure_mode(monkeypatch):
@@ -713,7 +730,7 @@ def test_a_malformed_key_table_is_refused_not_indexed(monkeypatch):
 
     _shown_to(monkeypatch, "c0", swap_last_rows)
     with pytest.raises(ProtocolViolation, match="not increasing"):
-        _run(consistency=True)
+        _run(threat_model="malicious")
 
 
 def test_a_secure_round_draws_its_graph_from_the_os_after_the_keys():
@@ -731,7 +748,7 @@ def test_a_secure_consistency_round_takes_its_graph_from_the_pki_beacon(monkeypa
     import rayfed.secagg as secagg
 
     monkeypatch.setattr(secagg, "_beacon", lambda spec: 987654321)
-    result, exact, _, _ = _run(mode="secure", consistency=True)
+    result, exact, _, _ = _run(mode="secure", threat_model="malicious")
     assert result.graph_seed == 987654321 and exact
 
 
@@ -748,7 +765,7 @@ def test_a_server_that_picks_its_own_graph_seed_is_refused(monkeypatch):
     monkeypatch.setattr(server, "collect_keys", grinding)
     monkeypatch.setattr(server, "route_shares", lambda *args: routed.append(args))
     with pytest.raises(ProtocolViolation, match="not the PKI beacon's"):
-        _run(mode="secure", consistency=True)
+        _run(mode="secure", threat_model="malicious")
     assert not routed
 
 
@@ -877,7 +894,6 @@ def test_a_cohort_killed_in_process_becomes_dropouts(phase):
         params=params,
         encoding=enc,
         dim=3,
-        kill=("c2", phase),
     )
     with Federation(
         run_id="t",
@@ -885,12 +901,13 @@ def test_a_cohort_killed_in_process_becomes_dropouts(phase):
         cohorts=cohorts,
         privacy=PrivacyDeclaration.none("test"),
         backend="local",
+        faults=[parse(f"cohort=c2@phase={phase}")],
     ) as fed:
-        result = secure_sum(fed, spec, _inputs, (3,))
+        result = secure_sum(fed.cohorts, spec, _inputs, (3,), server=fed.coordinator)
     assert result.failed_cohorts == ["c2"]
     c2 = cohorts["c2"][0]["user_id"].to_numpy()
     lost = np.full(ids.size, NEVER)
-    lost[np.searchsorted(ids, c2)] = PHASE_INDEX[phase]  # the planned death, not the result
+    lost[np.searchsorted(ids, c2)] = INDEX[phase]  # the planned death, not the result
     assert _exact(result, spec, _reference(spec, 3, params, lost, result.graph_seed))
     in_sum = np.isin(c2, result.survivors).any()
     assert in_sum == (phase == "unmask")  # dead before its masked input: not in the sum

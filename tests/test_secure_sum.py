@@ -16,10 +16,10 @@ SMALL = dict(users=60, dim=8, seed=5, out_dir=None)
 
 
 @pytest.mark.ray
-@pytest.mark.parametrize("consistency", [False, True])  # True: the PKI replies travel by reference
-def test_ray_path_equals_in_process_path(ray_cluster, consistency):
-    kw = dict(SMALL, dropout_rates={"after_share_keys": 0.05, "after_masked_input": 0.1}, cohorts=3)
-    kw["consistency"] = consistency
+@pytest.mark.parametrize("threat_model", ["semi-honest", "malicious"])  # malicious: the PKI
+def test_ray_path_equals_in_process_path(ray_cluster, threat_model):  # replies go by reference
+    kw = dict(SMALL, population={"rates": {"masked_input": 0.05}}, dropout=0.1, cohorts=3)
+    kw["threat_model"] = threat_model
     on_ray = rayfed.run("secure-sum", **kw)
     local = rayfed.run("secure-sum", backend="local", **kw)
     assert on_ray.metrics["exact"] and local.metrics["exact"]
@@ -30,7 +30,11 @@ def test_ray_path_equals_in_process_path(ray_cluster, consistency):
 @pytest.mark.ray
 def test_killing_a_cohort_mid_round_still_gives_the_exact_sum_of_the_survivors(ray_cluster):
     result = rayfed.run(
-        "secure-sum", cohorts=3, kill="c1@masked_input", tolerated_dropout=0.45, **SMALL
+        "secure-sum",
+        cohorts=3,
+        fail=["cohort=c1@phase=masked_input"],
+        tolerated_dropout=0.45,
+        **SMALL,
     )
     (row,) = result.metrics["rounds"]
     assert row["failed_cohorts"] == "c1" and row["exact"]
@@ -41,7 +45,7 @@ def test_killing_a_cohort_mid_round_still_gives_the_exact_sum_of_the_survivors(r
 @pytest.mark.ray
 def test_killing_too_many_users_aborts(ray_cluster):
     with pytest.raises(BelowThreshold, match="masked_input"):
-        rayfed.run("secure-sum", cohorts=2, kill="c0@masked_input", **SMALL)
+        rayfed.run("secure-sum", cohorts=2, fail=["cohort=c0@phase=masked_input"], **SMALL)
 
 
 def test_rounds_modes_and_labels(out_dir):
@@ -74,7 +78,10 @@ def test_vectors_from_a_file(tmp_path):
     assert result.metrics["exact"] and result.metrics["dim"] == 2 and result.metrics["users"] == 50
     # a cohort killed mid-round, or offline together, with a file's own key (not user_id): the
     # reference finds the cohort's users (it used to look for a column the cohorts do not have)
-    for lost in ({"kill": "c1@masked_input"}, {"population": {"outage_cohort": "c1"}}):
+    for lost in (
+        {"fail": ["cohort=c1@phase=masked_input"]},
+        {"population": {"outage_cohort": "c1"}},
+    ):
         result = rayfed.run(
             "secure-sum",
             backend="local",
@@ -163,9 +170,10 @@ def test_cli_run_prints_exactness_and_phase_times(capsys, out_dir):
         (["users=1"], "users"),
         (["modulus_bits=8"], "modulus_bits"),
         (["degree=7"], "degree"),
-        (["kill=c1"], "kill"),
-        (["kill=c9@masked_input"], "kill"),
-        (["dropout_rates={after_lunch: 0.1}"], "dropout.after_lunch"),
+        (["fail=[cohort=c9@phase=masked_input]"], "fail"),
+        (["population.rates={after_lunch: 0.1}"], "population.rates.after_lunch"),
+        (["population.lost={before_advertise: [1]}"], "population.lost.before_advertise"),
+        (["dropout=0.1", "population.rates={unmask: 0.2}"], "population.rates.unmask"),
         (["tolerated_dropout=0.99"], "tolerated_dropout"),
         (["mode=quantum"], "mode"),
     ],
@@ -173,6 +181,39 @@ def test_cli_run_prints_exactness_and_phase_times(capsys, out_dir):
 def test_bad_input_names_the_field(sets, field):
     with pytest.raises(ConfigError, match=field):
         rayfed.run("secure-sum", backend="local", out_dir=None, sets=sets)
+
+
+@pytest.mark.parametrize(
+    "option,moved",
+    [
+        ("dropout_phase=after_share_keys", "population.rates"),
+        ("dropout_rates={after_share_keys: 0.1}", "population.rates"),
+        ("dropout_users={after_masked_input: [1]}", "population.lost"),
+        ("kill=c1@masked_input", "--fail cohort=K@phase=P"),
+    ],
+)
+def test_a_removed_dropout_option_names_its_replacement(option, moved):
+    with pytest.raises(ConfigError) as err:
+        rayfed.run("secure-sum", backend="local", out_dir=None, sets=[option])
+    assert err.value.field == option.partition("=")[0]
+    assert f"moved to {moved}" in str(err.value)
+
+
+def test_population_rates_and_lost_users_in_secaggs_phases():
+    """population.rates and population.lost speak SecAgg's phases; the exactness check (the
+    reference derives the survivors from the same schedule on its own) holds, the users listed
+    at unmask are not in the sum, and dropout=0.1 is population.rates.unmask=0.1, user for user."""
+    lost = {"advertise": [0, 1], "masked_input": [2], "unmask": [3, 4]}
+    rates = {"share_keys": 0.05, "masked_input": 0.05}
+    result = rayfed.run(
+        "secure-sum", backend="local", population={"rates": rates, "lost": lost}, **SMALL
+    )
+    (row,) = result.metrics["rounds"]
+    assert result.metrics["exact"] and row["alive_advertise"] <= 58
+    plain = rayfed.run("secure-sum", backend="local", dropout=0.1, **SMALL)
+    same = rayfed.run("secure-sum", backend="local", population={"rates": {"unmask": 0.1}}, **SMALL)
+    assert plain.metrics["rounds"] == same.metrics["rounds"]
+    assert plain.tables["sum"].equals(same.tables["sum"])
 
 
 def test_stress_sweep_writes_table_json_and_plot(tmp_path, capsys):
@@ -315,22 +356,21 @@ def test_population_options_are_checked(options, field):
 
 
 @pytest.mark.parametrize("mode", ["dealer", "plain"])
-def test_the_consistency_round_needs_the_users_keys(mode):
+def test_the_malicious_threat_model_needs_the_users_keys(mode):
     """No keys, nothing to sign with: refused by the option and by make_spec itself."""
     with pytest.raises(ConfigError) as err:
-        rayfed.run("secure-sum", backend="local", out_dir=None, mode=mode, consistency=True)
-    assert err.value.field == "consistency"
+        rayfed.run("secure-sum", backend="local", out_dir=None, mode=mode, threat_model="malicious")
+    assert err.value.field == "threat_model"
     from rayfed.secagg import FixedPoint, find_params, make_spec
 
-    with pytest.raises(ConfigError, match="needs the users' keys"):
+    with pytest.raises(ConfigError, match="the users' own keys"):
         make_spec(
             round=0,
             mode=mode,
             registry=np.arange(20),
-            params=find_params(20, dropout=0.3),
+            params=find_params(20, dropout=0.3, threat_model="malicious"),
             encoding=FixedPoint.choose(20, 1.0, 8),
             dim=2,
-            consistency=True,
         )
 
 
@@ -496,3 +536,19 @@ def test_integer_values_beyond_2_53_are_summed_exactly(tmp_path):
     assert table["plaintext_sum"].to_pylist() == [2.0]  # 2^62 + 1 - 2^62 + 3 - 2
     assert table["clipped_sum"].to_pylist() == table["secure_sum"].to_pylist() == [0.0]
     assert result.metrics["exact"] and "raw plaintext sum 2)" in result.headline
+
+
+def test_stress_adversarial_losses_keep_the_users_own_population_lost():
+    """The adversarial rows lose users at unmask on top of the options' own ``population.lost``
+    (merged, not replaced): a user's own losses at other phases and at unmask stay."""
+    from rayfed.stress import _lost
+
+    options = {
+        "dropout": 0.1,
+        "population": {"lost": {"share_keys": [7], "unmask": [9, 2]}, "availability": "markov"},
+    }
+    got = _lost(options, np.array([2, 3]))
+    assert got["dropout"] == 0.0
+    assert got["population"]["availability"] == "markov"
+    assert got["population"]["lost"] == {"share_keys": [7], "unmask": [2, 3, 9]}
+    assert options["population"]["lost"] == {"share_keys": [7], "unmask": [9, 2]}  # untouched

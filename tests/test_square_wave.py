@@ -325,6 +325,21 @@ def test_a_dropout_rate_thins_the_reports_binomially():
     assert m["simulated_round_seconds"] == [0.0]  # no latency model: the clock does not move
 
 
+def test_a_report_is_lost_in_square_waves_one_phase():
+    """square-wave's phase is `report`: population.rates.report is the dropout rate, user for
+    user; population.lost names users whose report never arrives; SecAgg's phases are unknown."""
+    n = 2_000
+    by_rate = run(users=n, dropout=0.3)
+    by_phase = run(users=n, population={"rates": {"report": 0.3}})
+    assert by_rate.metrics["reports"] == by_phase.metrics["reports"]
+    assert by_rate.tables["histogram"].equals(by_phase.tables["histogram"])
+    listed = run(users=n, population={"lost": {"report": list(range(0, n, 4))}}).metrics
+    assert listed["reports"] == [n - n // 4]
+    with pytest.raises(ConfigError) as err:
+        run(users=n, population={"rates": {"advertise": 0.1}})
+    assert err.value.field == "population.rates.advertise" and "report" in str(err.value)
+
+
 def test_stragglers_miss_the_deadline_at_the_log_normal_tail_rate():
     """A report slower than the deadline is lost: P = 1 - Φ(ln(deadline / median) / σ); a round
     with a late report waits for the whole deadline on the simulated clock."""

@@ -1,10 +1,10 @@
 """Secure aggregation (SecAgg, Bonawitz et al. CCS 2017; SecAgg+, Bell et al. CCS 2020) over
-simulated users held in UserCohortActors.
+any group of members: simulated users held in UserCohortActors, or the parties (one user each).
 
-The one recipe protocols use is :func:`secure_sum`: every cohort's users contribute a vector
-(computed by ``input_fn`` inside the cohort), and the coordinator learns the sum over the users
+The one recipe protocols use is :func:`secure_sum`: every member's users contribute a vector
+(computed by ``input_fn`` inside the member), and the server learns the sum over the users
 whose masked input arrived — nothing else — or the round ends with BelowThreshold. Driver calls
-per phase are one per cohort, never one per user.
+per phase are one per member, never one per user (:mod:`rayfed.secagg.group`).
 
 Modes (same code path for the first two):
 
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,9 +29,17 @@ import numpy as np
 
 from rayfed.dropout import DropoutSchedule
 from rayfed.errors import ConfigError
-from rayfed.secagg import client, server
-from rayfed.secagg.encoding import FixedPoint
-from rayfed.secagg.params import SecAggParams, check_params, find_params
+from rayfed.secagg import client, phases
+from rayfed.secagg import server as server_steps
+from rayfed.secagg.encoding import FixedPoint, RingWords
+from rayfed.secagg.group import Members, PerMember, Server, member_ids, party_ids
+from rayfed.secagg.params import (
+    THREAT_MODELS,
+    SecAggParams,
+    check_model,
+    check_params,
+    find_params,
+)
 from rayfed.secagg.spec import MODES, ProtocolViolation, RoundSpec, UnauthenticatedKeys
 
 __all__ = [
@@ -40,12 +48,15 @@ __all__ = [
     "DropoutSchedule",
     "FixedPoint",
     "ProtocolViolation",
+    "RingWords",
     "RoundSpec",
     "SecAggParams",
+    "THREAT_MODELS",
     "UnauthenticatedKeys",
     "check_params",
     "find_params",
     "make_spec",
+    "party_ids",
     "secure_sum",
 ]
 
@@ -81,19 +92,24 @@ def make_spec(
     dim: int,
     dropout: DropoutSchedule | None = None,
     tag: bytes = b"rayfed",
-    kill: tuple[str, str] | None = None,
     min_survivors: int | None = None,
-    consistency: bool = False,
     corrupt: float = 0.05,
 ) -> RoundSpec:
     """A round's public parameters; ``min_survivors`` can raise (never lower) the finder's quorum,
-    e.g. to a protocol's own threshold such as LFL's ⌈(1-ω)n⌉. ``consistency`` adds the signing
-    round, which needs the users' own keys: secure and simulation modes only."""
-    if consistency and mode not in ("secure", "simulation"):
+    e.g. to a protocol's own threshold such as LFL's ⌈(1-ω)n⌉ (under ``malicious`` the users
+    themselves refuse a survivors list below it). The threat model is the one ``params`` were
+    sized for (``params.threat_model``), so a round never claims a model its t was not sized
+    for: ``find_params(..., threat_model="malicious")`` (t > (k + corrupt)/2) gives a round with
+    the consistency round and the simulated PKI (signed keys, signed survivors lists), which need
+    the users' own keys (secure and simulation modes only)."""
+    threat_model = params.threat_model
+    check_model(threat_model)
+    if threat_model == "malicious" and mode not in ("secure", "simulation"):
         raise ConfigError(
-            "consistency",
-            f"the consistency round needs the users' keys, which mode {mode!r} has none of",
-            "mode=secure or mode=simulation",
+            "threat_model",
+            f"malicious needs the consistency round and the users' own keys, which mode "
+            f"{mode!r} has none of",
+            "mode=secure or mode=simulation, or threat_model=semi-honest",
         )
     quorum = (
         params.min_survivors if min_survivors is None else max(params.min_survivors, min_survivors)
@@ -108,10 +124,9 @@ def make_spec(
         complete=params.complete,
         encoding=encoding,
         dim=dim,
-        dropout=dropout or DropoutSchedule(),
+        dropout=dropout or phases.schedule(),
         tag=tag,
-        kill=kill,
-        consistency=consistency,
+        threat_model=threat_model,
         corrupt_users=math.ceil(corrupt * len(registry)),
     )
 
@@ -128,57 +143,68 @@ def _beacon(spec: RoundSpec) -> int | None:
 
 
 def secure_sum(
-    fed,
+    group: Members,
     spec: RoundSpec,
     input_fn: Callable[..., Any],
     input_args: tuple = (),
+    *,
+    server: Server,
+    ids: Mapping[str, Any] | None = None,
     after_phase: Callable[[str], None] | None = None,
 ) -> AggregationResult:
-    """Run one aggregation round on ``fed``'s cohorts; ``input_fn(ctx, round, user_ids, *input_args)``
-    returns the (users x dim) float inputs of a cohort's surviving users.
+    """Run one aggregation round over ``group``'s members (:class:`~rayfed.secagg.group.Members`:
+    the user cohorts, or the parties), aggregated by ``server`` (the coordinator).
+    ``input_fn(ctx, round, user_ids, *input_args)`` returns the (users x dim) inputs of a member's
+    surviving users: values (floats or integers, fixed-point encoded), or :class:`RingWords` (words
+    of the ring Z_2^b, in [0, 2^b), summed as they are).
 
-    A cohort actor that dies (or misses a deadline) turns its users into dropouts at that phase;
+    A member holds the users it registered (``meta["users"]``, else its table's ``user_id``s);
+    ``ids`` gives each member its user ids instead — ``party_ids(order)`` makes every party one
+    user, its index in ``order``.
+
+    A member that dies (or misses a deadline) turns its users into dropouts at that phase;
     the round completes if enough users survive, else raises BelowThreshold. ``after_phase(name)``,
     if given, is called after each client phase (benchmarks use it to sample memory).
     """
-    from rayfed.federation import PerMember
-
-    cohorts = fed.cohorts
     failed: list[str] = []
 
     def alive() -> list[str]:
-        return [n for n in cohorts.names if n not in failed]
+        return [n for n in group.names if n not in failed]
 
     def client_phase(step, *args, phase: str):
-        """``step`` on the cohorts still alive; a cohort that fails becomes a dropout."""
-        replies = cohorts.run(step, spec, *args, phase=phase, members=alive(), on_failure="drop")
+        """``step`` on the members still alive; a member that fails becomes a dropout."""
+        replies = group.run(step, spec, *args, phase=phase, members=alive(), on_failure="drop")
         failed.extend(replies.failed)
         if after_phase is not None:
             after_phase(phase)
         return replies
 
-    keys = client_phase(client.advertise, phase="advertise")
+    keys = client_phase(client.advertise, *_ids_arg(ids), phase="advertise")
     beacon = _beacon(spec)
-    table = fed.coordinator.run(
-        server.collect_keys, spec, keys, beacon=beacon, phase="collect_keys"
-    )
+    table = server.run(server_steps.collect_keys, spec, keys, beacon=beacon, phase="collect_keys")
     # the simulated PKI: in a consistency round the cohorts get the advertise replies (and the
     # beacon) themselves (the driver stands for a trusted directory of signing keys and a public
     # randomness beacon), not through the coordinator
     pki = (keys, beacon) if spec.consistency else ()
     shares = client_phase(client.share_keys, table.single(), *pki, phase="share_keys")
-    routed = fed.coordinator.scatter(
-        server.route_shares, spec, shares, to=alive(), phase="route_shares"
+    routed = server.scatter(
+        server_steps.route_shares, spec, shares, to=alive(), phase="route_shares"
     )
     masked = client_phase(
         client.masked_input, PerMember(routed), input_fn, tuple(input_args), phase="masked_input"
     )
-    request = fed.coordinator.run(server.collect_masked, spec, masked, phase="collect_masked")
+    request = server.run(server_steps.collect_masked, spec, masked, phase="collect_masked")
     if spec.consistency:
         signed = client_phase(client.consistency, request.single(), phase="consistency")
-        request = fed.coordinator.run(
-            server.collect_signatures, spec, signed, phase="collect_signatures"
+        request = server.run(
+            server_steps.collect_signatures, spec, signed, phase="collect_signatures"
         )
     answers = client_phase(client.unmask, request.single(), phase="unmask")
-    out = fed.coordinator.call(server.finish, spec, answers, phase="reconstruct")
+    out = server.call(server_steps.finish, spec, answers, phase="reconstruct")
     return AggregationResult(failed_cohorts=sorted(failed), mode=spec.mode, **out)
+
+
+def _ids_arg(ids: Mapping[str, Any] | None) -> tuple:
+    """advertise's extra argument: each member its own user ids, or nothing (its registered
+    users), so that the cohorts' call is the one it always was."""
+    return () if ids is None else (member_ids(ids),)

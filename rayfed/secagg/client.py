@@ -7,7 +7,7 @@ user pair — an X25519 agreement, an AES-GCM encryption, a keystream under a pa
 over pairs, which is the protocol's own cost.
 
 Per-user state of the round lives in ``ctx.state["secagg"][round]``. Users drop out as the
-round's DropoutSchedule says; a user never reveals both the key share and the self-mask share of
+round's availability says (:func:`rayfed.secagg.phases.drop_codes`); a user never reveals both the key share and the self-mask share of
 the same peer.
 """
 
@@ -18,9 +18,10 @@ from dataclasses import dataclass, field
 import numpy as np
 from dp_accounting.dp_event import DpEvent
 
-from rayfed.actors.base import Crash, Message, StepContext
-from rayfed.dropout import NEVER, PHASES
+from rayfed.actors.base import Message, StepContext
 from rayfed.secagg import _crypto, shamir
+from rayfed.secagg.encoding import RingWords
+from rayfed.secagg.phases import ADVERTISE, MASKED_INPUT, NEVER, SHARE_KEYS, drop_codes
 from rayfed.secagg.spec import (
     ProtocolViolation,
     RoundSpec,
@@ -33,7 +34,6 @@ from rayfed.secagg.spec import (
     sign,
 )
 
-BEFORE_ADVERTISE, AFTER_SHARE_KEYS, AFTER_MASKED_INPUT, DURING_UNMASK = range(len(PHASES))
 SHARE_WORDS = 2 * shamir.CHUNKS  # a key share and a self-mask share per ciphertext
 PLAINTEXT_BYTES = 4 * SHARE_WORDS
 KIND_KEY, KIND_SELF = 0, 1
@@ -68,12 +68,6 @@ class ClientRound:
     graph_seed: int | None = None  # the server's, with the key table
     signed: bytes | None = None  # the survivors list its users signed (consistency round)
     stage: str = "advertise"
-
-
-def _maybe_die(ctx: StepContext, spec: RoundSpec, phase: str) -> None:
-    """Fault injection for tests and stress runs: this cohort's actor dies mid-round."""
-    if spec.kill is not None and spec.kill == (ctx.name, phase):
-        raise Crash(f"fault injection: {ctx.name} at {phase}")
 
 
 STAGES = ("advertise", "share_keys", "masked_input", "consistency", "unmask")
@@ -120,20 +114,21 @@ def registered_users(ctx: StepContext) -> np.ndarray:
 
 
 # --- phase 1: advertise keys ---------------------------------------------------------------------
-def advertise(ctx: StepContext, spec: RoundSpec) -> Message:
+def advertise(ctx: StepContext, spec: RoundSpec, ids: np.ndarray | None = None) -> Message:
     """Each user draws two X25519 key pairs (c: share encryption, s: pairwise masks) and sends
-    the public keys. Keys come from the cohort's noise source: the OS in a secure run (``secure``
-    mode), the run's stream keyed by user id otherwise."""
-    _maybe_die(ctx, spec, "advertise")
+    the public keys. Keys come from the member's noise source: the OS in a secure run (``secure``
+    mode), the run's stream keyed by user id otherwise. The member's users are ``ids`` when the
+    driver gives them (a party is one user: its index in the party order), else its registered
+    users."""
     check_source(spec, ctx.noise)
     if spec.round in ctx.state.get("secagg", {}):
         raise ProtocolViolation(
             f"{ctx.name}: round {spec.round} was already started; keys are never re-issued"
         )
-    ids = registered_users(ctx)
+    ids = registered_users(ctx) if ids is None else np.asarray(ids, dtype=np.int64)
     pos = spec.positions(ids)
-    drop = spec.dropout.drop_phase(ctx.seed, spec.round, ids)
-    active = drop > BEFORE_ADVERTISE
+    drop = drop_codes(spec.dropout, ctx.seed, spec.round, ids)
+    active = drop > ADVERTISE
     st = ClientRound(ids=ids, pos=pos, drop=drop, active=active)
     ctx.state.setdefault("secagg", {})
     ctx.state["secagg"] = {r: s for r, s in ctx.state["secagg"].items() if r >= spec.round - 1}
@@ -297,7 +292,6 @@ def share_keys(
     cannot protect its secrets and drops out. In a consistency round ``pki`` is the advertise
     replies (the simulated PKI) and every neighbour's keys must be signed under its PKI key; in a
     secure one the graph's seed must be the PKI's ``beacon``, else the server chose the graph."""
-    _maybe_die(ctx, spec, "share_keys")
     st = _state(ctx, spec, "share_keys")
     _check_table_shape(spec, table)
     u1 = np.asarray(table["pos"])
@@ -312,13 +306,15 @@ def share_keys(
     graph = _graph(ctx, spec)
     nb = graph.neighbours(st.pos[rows])  # (U, k) positions
     alive_nb = in_u1[nb]
-    enough = alive_nb.sum(axis=1) >= spec.threshold
+    # a user lost at share_keys advertised its keys (it counts in its neighbours' U1) and sends no
+    # shares
+    enough = (alive_nb.sum(axis=1) >= spec.threshold) & (st.drop[rows] > SHARE_KEYS)
     active[:] = False
     active[rows[enough]] = True
     st.active = active
     if spec.mode in ("plain", "dealer"):
         return Message("shares", {"pos": st.pos[active]}, to="coordinator")
-    key_rows = np.searchsorted(np.flatnonzero(st.drop > BEFORE_ADVERTISE), rows)
+    key_rows = np.searchsorted(np.flatnonzero(st.drop > ADVERTISE), rows)
     st.table_pos = u1
     st.table_c_pk = _crypto.public_keys(np.asarray(table["c_pk"]))
     st.table_s_pk = _crypto.public_keys(np.asarray(table["s_pk"]))
@@ -406,7 +402,7 @@ def _pair_masks_real(
     Diffie-Hellman), so it is agreed and expanded once, with the smaller position, and added to
     both rows with opposite signs; the words wrap, so the order of the additions does not matter.
     """
-    key_index = np.searchsorted(np.flatnonzero(st.drop > BEFORE_ADVERTISE), rows)
+    key_index = np.searchsorted(np.flatnonzero(st.drop > ADVERTISE), rows)
     nb = graph.neighbours(st.pos[rows])
     dtype = spec.word_dtype
     here = {int(p): i for i, p in enumerate(st.pos[rows])}  # every peer of theirs in U2 is a peer
@@ -463,15 +459,15 @@ def masked_input(
 
     ``input_fn`` returns the users' inputs, or ``(inputs, event)`` when it adds DP noise through a
     :mod:`rayfed.privacy` mechanism: every cohort's message then carries the event of the one
-    release their sum is (scope ``"run"``)."""
-    _maybe_die(ctx, spec, "masked_input")
+    release their sum is (scope ``"run"``), or ``(inputs, event, scope)`` for another scope (a
+    party's own noise: its name)."""
     st = _state(ctx, spec, "masked_input")
     u2 = np.asarray(routed["u2"])
     if st.table_pos is not None and not np.isin(u2, st.table_pos).all():
         raise ProtocolViolation("the server's U2 names users outside the key table's U1: refused")
     st.u2 = u2
     u2_member = _member(spec.n, u2)
-    st.active &= u2_member[st.pos] & (st.drop > AFTER_SHARE_KEYS)
+    st.active &= u2_member[st.pos] & (st.drop > MASKED_INPUT)
     # a user left with fewer than t neighbours in U2 aborts (Flower's check): its mask would be
     # spread over too few peers
     rows = np.flatnonzero(st.active)
@@ -480,10 +476,10 @@ def masked_input(
     ] = False
     st.received = {k: routed[k] for k in ("sender", "receiver", "ct") if k in routed}
     rows = np.flatnonzero(st.active)
-    x, event = input_fn(ctx, spec.round, st.ids[rows], *input_args), None
-    if isinstance(x, tuple) and len(x) == 2 and isinstance(x[1], DpEvent):
-        x, event = x
-    x = np.asarray(x, dtype=np.float64)
+    x, event, scope = input_fn(ctx, spec.round, st.ids[rows], *input_args), None, "run"
+    if isinstance(x, tuple) and len(x) in (2, 3) and isinstance(x[1], DpEvent):
+        x, event, scope = x if len(x) == 3 else (*x, scope)
+    x = _as_inputs(spec, x)
     if x.shape != (len(rows), spec.dim):
         raise ValueError(
             f"input function returned shape {x.shape}, expected {(len(rows), spec.dim)}"
@@ -493,8 +489,25 @@ def masked_input(
         {"pos": st.pos[rows], "y": _masked_sum(ctx, spec, st, rows, u2_member, x)[None, :]},
         to="coordinator",
         dp_event=event,
-        scope="run" if event is not None else None,
+        scope=scope if event is not None else None,
     )
+
+
+def _as_inputs(spec: RoundSpec, x) -> np.ndarray:
+    """:class:`~rayfed.secagg.encoding.RingWords` become uint64 words (checked in [0, 2^b));
+    any other input, integers included, is values, as float64."""
+    if isinstance(x, RingWords):
+        return x.checked(spec.encoding.modulus_bits)
+    return np.asarray(x, dtype=np.float64)
+
+
+def _encode(spec: RoundSpec, x: np.ndarray) -> np.ndarray:
+    """Inputs as words mod 2^b: values fixed-point encoded (clipped, scaled, rounded); ring words
+    (uint64, from RingWords, already in [0, 2^b)) taken as they are — a protocol that sums words
+    of its own ring gets its words' sum back exactly in ``AggregationResult.words``."""
+    if x.dtype == np.uint64:
+        return spec.encoding.reduce(x)
+    return spec.encoding.encode(x)
 
 
 def _masked_sum(
@@ -520,13 +533,11 @@ def _masked_sum(
         masks = np.zeros((1, spec.dim), dtype)
         for a in range(0, len(rows), _ENCODE_CHUNK_ROWS):
             part = rows[a : a + _ENCODE_CHUNK_ROWS]
-            total += spec.encoding.encode(x[a : a + _ENCODE_CHUNK_ROWS]).sum(
-                axis=0, dtype=np.uint64
-            )
+            total += _encode(spec, x[a : a + _ENCODE_CHUNK_ROWS]).sum(axis=0, dtype=np.uint64)
             if spec.mode == "dealer":
                 _add_dealer_round_masks(ctx, spec, st.pos[part], peers, masks)
         return spec.encoding.reduce(total + masks[0].astype(np.uint64))
-    y = spec.encoding.encode(x)
+    y = _encode(spec, x)
     if len(rows):
         for i, row in enumerate(rows):
             y[i] += _crypto.expand(st.b_seed[row].tobytes(), spec.dim, dtype)
@@ -550,20 +561,43 @@ def _add_dealer_round_masks(
 def consistency(ctx: StepContext, spec: RoundSpec, request: dict) -> Message:
     """Each user still online whose masked input is in U3 signs U3 (Bonawitz et al.'s
     ConsistencyCheck), once per round: a server that shows different users different survivor
-    lists cannot gather enough signatures for two of them (``_check_signatures``)."""
-    _maybe_die(ctx, spec, "consistency")
+    lists cannot gather enough signatures for two of them (``_check_signatures``). A list below
+    the quorum is refused (``_check_quorum``)."""
     st = _state(ctx, spec, "consistency")
     survivors = np.asarray(request["survivors"])
+    _check_quorum(spec, survivors)
     if not _member(spec.n, st.u2)[survivors].all():
         raise ProtocolViolation("the server's survivors list names users outside U2: refused")
     signing = np.flatnonzero(st.active & _member(spec.n, survivors)[st.pos] & (st.drop == NEVER))
     message = spec.survivors_message(survivors)
     st.signed = message  # its users sign one list per round, and unmask for that list only
-    key_at = np.searchsorted(np.flatnonzero(st.drop > BEFORE_ADVERTISE), signing)
+    key_at = np.searchsorted(np.flatnonzero(st.drop > ADVERTISE), signing)
     sig = np.empty((len(signing), 64), dtype=np.uint8)
     for i, k in enumerate(key_at.tolist()):
         sig[i] = np.frombuffer(st.sign_sk[k].sign(message), np.uint8)
     return Message("signatures", {"pos": st.pos[signing], "sig": sig}, to="coordinator")
+
+
+def _check_quorum(spec: RoundSpec, survivors: np.ndarray) -> None:
+    """The users' own quorum (consistency rounds): a survivors list U3 of fewer than
+    ``spec.min_survivors`` distinct users is neither signed nor unmasked. The server checks the
+    same quorum, but a malicious server skips its own checks: it could declare users dropped
+    until the sum covers fewer users than the parameters (and a protocol's DP accounting, e.g.
+    LFL's |U1| >= ⌈(1-ω)n⌉) assume. U3 is signed, so every honest user checks the same list."""
+    survivors = np.asarray(survivors)
+    if survivors.ndim != 1 or not np.issubdtype(survivors.dtype, np.integer):
+        raise ProtocolViolation("the server's survivors list is not a list of positions: refused")
+    if survivors.size and (
+        survivors[0] < 0 or survivors[-1] >= spec.n or np.any(np.diff(survivors) <= 0)
+    ):
+        raise ProtocolViolation(
+            "the server's survivors list is not increasing within the registry: refused"
+        )
+    if survivors.size < spec.min_survivors:
+        raise ProtocolViolation(
+            f"the server's survivors list holds {survivors.size} users, fewer than the quorum "
+            f"of {spec.min_survivors}: refused (no signature, no share)"
+        )
 
 
 def _check_signatures(st: ClientRound, spec: RoundSpec, request: dict) -> None:
@@ -573,6 +607,7 @@ def _check_signatures(st: ClientRound, spec: RoundSpec, request: dict) -> None:
     Signatures are checked in order until enough are valid (once per cohort: every user of the
     cohort signed the same list and would reach the same verdict); at most one per U1 member."""
     survivors = np.asarray(request["survivors"])
+    _check_quorum(spec, survivors)
     message = spec.survivors_message(survivors)
     if message != st.signed:
         raise ProtocolViolation("the unmask request shows another survivors list than was signed")
@@ -602,7 +637,6 @@ def unmask(ctx: StepContext, spec: RoundSpec, request: dict) -> Message:
     """Each user still online reveals, for every peer whose shares it holds, the self-mask share if
     the peer's masked input is in the sum (U3) or the key share if the peer dropped (U2 \\ U3) —
     never both for one peer, whatever the server asks."""
-    _maybe_die(ctx, spec, "unmask")
     st = _state(ctx, spec, "unmask")
     survivors, dropped = np.asarray(request["survivors"]), np.asarray(request["dropped"])
     if spec.consistency:

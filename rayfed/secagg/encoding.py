@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -97,3 +98,26 @@ class FixedPoint:
     def reduce(self, words: np.ndarray) -> np.ndarray:
         """Words (uint32/uint64 sums that wrapped mod 2^32 or 2^64) reduced mod 2^b."""
         return (np.asarray(words).astype(np.uint64) & np.uint64(self.mask)).astype(self.dtype)
+
+
+@dataclass(frozen=True)
+class RingWords:
+    """An input function's rows given as words of the round's ring Z_2^b — integers in
+    [0, 2^b), summed as they are (no scaling, clipping or rounding), the sum's words in
+    ``AggregationResult.words`` — for a protocol that encodes in its own ring (hfl-kmeans's padded
+    uploads). Opt-in: any other input, integers included, is a value, fixed-point encoded. A word
+    outside [0, 2^b) is an error, not reduced."""
+
+    words: Any
+
+    def checked(self, bits: int) -> np.ndarray:
+        """The words as uint64, or ValueError naming the range."""
+        w = np.asarray(self.words)
+        if w.size and not np.issubdtype(w.dtype, np.integer):
+            raise ValueError(f"RingWords holds {w.dtype} values, not integer words of Z_2^{bits}")
+        if w.size and (int(w.min()) < 0 or int(w.max()) >= 1 << bits):
+            raise ValueError(
+                f"RingWords outside the ring: words must lie in [0, 2^{bits}), got "
+                f"[{int(w.min())}, {int(w.max())}] (reduce them mod 2^{bits} first)"
+            )
+        return w.astype(np.uint64)

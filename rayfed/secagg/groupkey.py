@@ -30,15 +30,9 @@ def new_member(secret: bytes) -> tuple[dict, bytes]:
     return {"sk": sk, "share": secret[32:]}, public
 
 
-def _pair_key(state: dict, peer_public: bytes, info: bytes = INFO_GROUP) -> bytes:
+def _pair_key(state: dict, peer_public: bytes) -> bytes:
     peer = _crypto.public_keys(np.frombuffer(peer_public, dtype=np.uint8)[None, :])[0]
-    return _crypto.hkdf(_crypto.shared_secret(state["sk"], peer), info, b"")
-
-
-def pair_secrets(state: dict, me: int, publics: list[bytes], info: bytes) -> dict[int, bytes]:
-    """A 32-byte secret shared with each other member alone (X25519 + HKDF under ``info``, a label
-    separate from the share encryption's): the seeds of pairwise masks."""
-    return {j: _pair_key(state, pub, info) for j, pub in enumerate(publics) if j != me}
+    return _crypto.hkdf(_crypto.shared_secret(state["sk"], peer), INFO_GROUP, b"")
 
 
 def encrypt_share(state: dict, me: int, publics: list[bytes]) -> dict[int, bytes]:

@@ -1,8 +1,7 @@
 """A secret group key among the parties, hidden from the coordinator (:mod:`rayfed.secagg.groupkey`),
 as a recipe of three party steps and a driver helper: X25519 public keys, then key shares under
 AES-GCM for every other party, then the XOR of the shares. The coordinator relays only public keys
-and ciphertexts. Optionally each party also keeps a secret shared with each other party alone (the
-seeds of pairwise masks). vfl-kmeans (its hash keys) and hfl-kmeans (its pads) run it."""
+and ciphertexts. vfl-kmeans (its hash keys) and hfl-kmeans (its pads) run it."""
 
 from __future__ import annotations
 
@@ -32,28 +31,17 @@ def key_combine_step(
     *,
     order: list[str],
     slot: str,
-    pair_info: bytes | None = None,
 ) -> None:
     """Party: decrypt the shares addressed to it; the XOR of all shares is the group key, kept in
-    ``ctx.state[slot]``; with ``pair_info``, ``ctx.state["pair_keys"]`` maps every other party's
-    index to the secret shared with it alone."""
+    ``ctx.state[slot]``."""
     me = order.index(ctx.name)
     pubs = [publics[p] for p in order]
     sent = {order.index(p): c for p, c in shares.items()}
     group = ctx.state.pop("group")
     ctx.state[slot] = groupkey.combine(group, me, pubs, sent)
-    if pair_info is not None:
-        ctx.state["pair_keys"] = groupkey.pair_secrets(group, me, pubs, pair_info)
 
 
-def agree_group_key(
-    fed,
-    order: list[str],
-    *,
-    purpose: str,
-    slot: str,
-    pair_info: bytes | None = None,
-) -> None:
+def agree_group_key(fed, order: list[str], *, purpose: str, slot: str) -> None:
     """Driver: run the three steps on ``fed.parties`` (three phases, no message to the server)."""
     publics = fed.parties.run(keygen_step, purpose=purpose, phase="key-agreement")
     shares = fed.parties.run(key_share_step, publics, order=order, phase="key-shares")
@@ -63,6 +51,5 @@ def agree_group_key(
         shares,
         order=order,
         slot=slot,
-        pair_info=pair_info,
         phase="key-combine",
     )

@@ -1,18 +1,12 @@
-"""One-time pads for aggregating a few parties' vectors in Z_(2^b) through a server that must not
-see them (the horizontal k-means protocols, shared/specs/hfl-kmeans.md §2).
+"""Shared-seed pads for aggregating a few parties' vectors in Z_(2^b) through a server that must
+not see them (the thesis's MSA, shared/specs/hfl-kmeans.md §2).
 
-Two kinds, both AES-256 PRF outputs indexed by (iteration, party), so every pad is fresh per
-scalar and per iteration:
-
-* **shared-seed pads** (the thesis's MSA): every party derives every party's pad r_l from the
-  group key the server lacks; the server sums the uploads and sees ``Σ values + r``, which every
-  party can unpad (r = Σ r_l). The server and any one party together unmask everyone.
-* **pairwise masks** (Bonawitz-style, without dropout recovery): parties l < j share a secret
-  s_lj (X25519 + HKDF); l adds PRF(s_lj) and j subtracts it, so the masks cancel in the sum. On
-  their own they would show the server the aggregate, so they are added *on top of* the shared
-  pads: the server alone learns nothing, and the server colluding with one party learns the
-  aggregate — before the server's noise, which it knows — but, with 3 or more parties, no other
-  party's individual upload.
+Every pad is an AES-256 PRF output indexed by (iteration, party), so it is fresh per scalar and per
+iteration: every party derives every party's pad r_l from the group key the server lacks; the
+server sums the uploads and sees ``Σ values + r``, which every party can unpad (r = Σ r_l). The
+server and any one party together unmask everyone. Pairwise masks with dropout recovery are the
+one secure sum's (:func:`rayfed.secagg.secure_sum` over the parties), added on top of these pads
+where a protocol asks for them.
 
 Values are signed integers on the fixed-point grid; two's complement mod 2^b.
 """
@@ -24,9 +18,7 @@ import numpy as np
 from rayfed.secagg import _crypto
 from rayfed.secagg.groupkey import keyed_words
 
-INFO_PADS = b"rayfed-hfl/v1/shared-pads"
-INFO_INIT = b"rayfed-hfl/v1/initial-centroids"
-INFO_PAIRS = b"rayfed-hfl/v1/pairwise-masks"
+INFO_PADS = b"rayfed-secagg/v1/shared-pads"
 RING_BITS = (32, 64)
 _PARTY_BITS = 20  # PRF input = iteration << 20 | party: up to 2^20 parties
 
@@ -66,14 +58,3 @@ def party_pad(pad_key: bytes, iteration: int, party: int, n: int, bits: int) -> 
 def shared_pads(pad_key: bytes, iteration: int, parties: int, n: int, bits: int) -> np.ndarray:
     """(parties, n): every party's pad r_l for this iteration (all parties compute the same)."""
     return np.stack([party_pad(pad_key, iteration, j, n, bits) for j in range(parties)])
-
-
-def pairwise_mask(
-    pair_keys: dict[int, bytes], me: int, iteration: int, n: int, bits: int
-) -> np.ndarray:
-    """Σ_{j>me} PRF(s_mj) − Σ_{j<me} PRF(s_jm): the masks of all parties sum to 0 mod 2^b."""
-    mask = np.zeros(n, dtype=ring_dtype(bits))
-    for j, key in pair_keys.items():
-        words = _words(key, iteration, 0, n, bits)
-        mask = mask + words if j > me else mask - words
-    return mask

@@ -22,12 +22,43 @@ such t (maximal security margin at the required correctness). When k would reach
 the complete graph (SecAgg, Bonawitz et al. CCS 2017), where the conditions become exact counts:
 ⌈γn⌉ < t <= n - 1 - ⌈δn⌉. The server aborts a round when fewer than ``min_survivors``
 = n - ⌈δn⌉ clients remain at any phase.
+
+Threat models (``threat_model``)
+--------------------------------
+``semi-honest`` (the default) is the analysis above: the server follows the protocol and pools
+what it sees with ⌈γn⌉ corrupt clients. It does not cover a server that lies about who dropped.
+
+``malicious`` follows Bell et al.'s malicious-security analysis of SecAgg+ (CCS 2020) for
+a server that may show different clients different sets. The consistency round (signed
+survivors lists U3, more than (n + c)/2 signatures needed) forces one U3 on every honest client,
+but the server can still show a victim v a U2 that holds only a subset S of its k neighbours, so
+that v's pairwise masks involve S only, and then declare S dropped: the honest neighbours outside
+S see v in U3 and reveal shares of v's self-mask seed b_v, while S's other neighbours reveal the
+mask keys s_w of S's members — no holder is asked for both shares of one owner, every check
+passes, and y_v - PRG(b_v) - Σ_{w∈S} ±PRG(s_vw) = x_v. Let c_v of v's neighbours be corrupt (they
+reveal both kinds, so the server puts them all in S). v masks only if |S| >= t (its own check),
+and S's honest members, at least t - c_v of them, must be declared dropped and reveal nothing, so
+at most k - (t - c_v) neighbours (the corrupt ones among them) can give b_v shares; the attack
+needs k - (t - c_v) >= t, i.e. 2t <= k + c_v. It fails for every honest v
+when t > (k + c_v)/2 for all of them, i.e. when no honest client has 2t - k corrupt neighbours:
+
+* security, malicious: n · P[Hyp(n-1, ⌈γn⌉, k) >= 2t - k] <= 2^-σ
+  (union bound over the honest clients; t <= k/2 is refused outright, as it falls with no
+  corrupt neighbour at all. It implies the semi-honest share bound, since 2t - k <= t), with
+  the connectivity bound above unchanged;
+* correctness as above: n · P[Hyp(n-1, n-1-⌈δn⌉, k) < t] <= 2^-η.
+
+Both pull t in opposite directions (t above (k + c)/2, t below the ~(1-δ)k survivors), so the
+finder grows k until a t satisfies both; that needs δ well below (1 - γ)/2. On the complete graph
+the conditions are exact: (n - 1 + ⌈γn⌉)/2 < t <= n - 1 - ⌈δn⌉. When even that is empty the finder
+raises a ConfigError naming ``tolerated_dropout`` and the largest δ that works.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Literal
 
 from scipy.stats import hypergeom
 
@@ -46,9 +77,23 @@ class SecAggParams:
     complete: bool
     log2_security_failure: float
     log2_correctness_failure: float
+    #: the server the bounds are for: "semi-honest" or "malicious" (see the module docstring)
+    threat_model: str = "semi-honest"
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
+
+    def bounds(self) -> str:
+        """The two failure bounds for the threat model, as the headlines print them (0: the
+        failure cannot occur, e.g. fewer corrupt clients than 2t - k)."""
+
+        def log2(x: float) -> str:
+            return "0" if x == -math.inf else f"2^{x:.1f}"
+
+        return (
+            f"P[security failure] <= {log2(self.log2_security_failure)}, "
+            f"P[abort] <= {log2(self.log2_correctness_failure)}"
+        )
 
 
 def _log2_sf(k: int, t: int, good: int, n_other: int) -> float:
@@ -85,31 +130,101 @@ def _check(n: int, dropout: float, corrupt: float, sigma: float, eta: float) -> 
         raise ConfigError("sigma", f"security parameters must be > 0, got sigma={sigma}, eta={eta}")
 
 
+ThreatModel = Literal["semi-honest", "malicious"]
+THREAT_MODELS = ("semi-honest", "malicious")
+
+
+def check_model(threat_model: str) -> None:
+    if threat_model not in THREAT_MODELS:
+        raise ConfigError("threat_model", f"unknown threat model {threat_model!r}", THREAT_MODELS)
+
+
+def _t_min(k: int, n_corrupt: int, threat_model: str, complete: bool) -> int:
+    """The smallest threshold the model admits outright. On the complete graph every client has
+    all n_corrupt corrupt clients as neighbours: t > c (semi-honest; shares) or t > (k + c)/2
+    (malicious; the isolation attack needs 2t <= k + c). On a sparse graph the corrupt neighbours
+    are random and the bounds decide, beyond t > k/2 under malicious (2t <= k falls with no
+    corrupt neighbour at all)."""
+    malicious = threat_model == "malicious"
+    if complete:
+        return (k + n_corrupt) // 2 + 1 if malicious else n_corrupt + 1
+    return k // 2 + 1 if malicious else 1
+
+
+def _log2_isolation(n: int, k: int, t: int, n_corrupt: int) -> float:
+    """log2 of n · P[Hyp(n-1, ⌈γn⌉, k) >= 2t - k]: some honest client has so many corrupt
+    neighbours c that 2t <= k + c, and the malicious server can isolate it (t > k/2 here:
+    ``_t_min``, checked before)."""
+    if n_corrupt == 0:
+        return -math.inf
+    return math.log2(n) + _log2_sf(k, 2 * t - k, n_corrupt, n - 1)
+
+
+def _no_malicious_threshold(n: int, n_drop: int, n_corrupt: int, dropout: float) -> ConfigError:
+    t_min = _t_min(n - 1, n_corrupt, "malicious", complete=True)
+    most = n - 1 - t_min  # the largest ⌈δn⌉ with t_min <= n - 1 - ⌈δn⌉
+    fix = (
+        f"tolerated_dropout <= {most / n:.4g} (then t > (n - 1 + corrupt)/2 and t <= the "
+        "survivors can both hold), fewer corrupt clients, or threat_model=semi-honest"
+        if most >= 0
+        else "threat_model=semi-honest"
+    )
+    return ConfigError(
+        "tolerated_dropout",
+        f"{dropout:g} is too high for threat_model=malicious with n={n}: t must exceed "
+        f"(n - 1 + {n_corrupt} corrupt)/2, so t >= {t_min}, yet at most n - 1 - {n_drop} = "
+        f"{n - 1 - n_drop} neighbours survive",
+        fix,
+    )
+
+
 def complete_params(
-    n: int, dropout: float, corrupt: float, threshold: int | None = None
+    n: int,
+    dropout: float,
+    corrupt: float,
+    threshold: int | None = None,
+    *,
+    threat_model: ThreatModel = "semi-honest",
 ) -> SecAggParams:
-    """SecAgg on the complete graph: ⌈γn⌉ < t <= n - 1 - ⌈δn⌉ (default: the upper end)."""
+    """SecAgg on the complete graph: ⌈γn⌉ < t <= n - 1 - ⌈δn⌉ (semi-honest) or
+    (n - 1 + ⌈γn⌉)/2 < t <= n - 1 - ⌈δn⌉ (malicious); default t: the upper end."""
+    check_model(threat_model)
     n_corrupt, n_drop = math.ceil(corrupt * n), math.ceil(dropout * n)
-    t_min, t_max = n_corrupt + 1, n - 1 - n_drop
+    malicious = threat_model == "malicious"
+    t_min = _t_min(n - 1, n_corrupt, threat_model, complete=True)
+    t_max = n - 1 - n_drop
     t = t_max if threshold is None else threshold
+    if malicious and t_min > t_max:
+        raise _no_malicious_threshold(n, n_drop, n_corrupt, dropout)
     if t_min > t_max or not t_min <= t <= t_max:
+        rule = " (threat_model=malicious: t > (n - 1 + corrupt)/2)" if malicious else ""
         raise ConfigError(
             "threshold",
             f"no valid threshold for n={n}, {n_drop} dropouts and {n_corrupt} corrupt "
-            f"clients (got {t})",
+            f"clients (got {t}){rule}",
             f"{t_min} <= t <= {t_max}, or tolerate fewer dropouts",
         )
-    return SecAggParams(n, n - 1, t, n - n_drop, True, -math.inf, -math.inf)
+    return check_params(n, n - 1, t, dropout=dropout, corrupt=corrupt, threat_model=threat_model)
 
 
 def check_params(
-    n: int, degree: int, threshold: int, *, dropout: float, corrupt: float = 0.05
+    n: int,
+    degree: int,
+    threshold: int,
+    *,
+    dropout: float,
+    corrupt: float = 0.05,
+    threat_model: ThreatModel = "semi-honest",
 ) -> SecAggParams:
     """Explicit degree and threshold (degree >= n - 1 means the complete graph), with their
-    failure bounds computed as in :func:`find_params` for the report."""
+    failure bounds computed as in :func:`find_params` for the report. Under ``malicious`` a
+    threshold the isolation attack defeats outright (2t <= k + c on the complete graph, 2t <= k on
+    a sparse one) is refused here; the plan refuses any whose bound misses sigma."""
+    check_model(threat_model)
     n_corrupt, n_drop = math.ceil(corrupt * n), math.ceil(dropout * n)
     complete = degree >= n - 1
     k = n - 1 if complete else degree
+    malicious = threat_model == "malicious"
     if not complete and (degree < 2 or degree % 2):
         raise ConfigError(
             "degree",
@@ -117,16 +232,28 @@ def check_params(
         )
     if not 1 <= threshold <= k:
         raise ConfigError("threshold", f"must be in [1, {k}] (the degree), got {threshold}")
+    if malicious:
+        t_min = _t_min(k, n_corrupt, threat_model, complete)
+        if threshold < t_min:
+            raise ConfigError(
+                "threshold",
+                f"{threshold} lets a malicious server isolate a user (it needs 2t <= k + "
+                f"corrupt neighbours; k={k}" + (f", {n_corrupt} corrupt" if complete else "") + ")",
+                f"threshold >= {t_min} (better: no override), or threat_model=semi-honest",
+            )
     if complete:
         security = -math.inf if threshold > n_corrupt else 0.0
         correctness = -math.inf if threshold <= n - 1 - n_drop else 0.0
     else:
-        security = max(
-            math.log2(n) + _log2_sf(k, threshold, n_corrupt, n - 1) if n_corrupt else -math.inf,
-            _log2_windows_removed(n, n_corrupt + n_drop, k),
-        )
+        if malicious:
+            shares = _log2_isolation(n, k, threshold, n_corrupt)
+        else:
+            shares = (
+                math.log2(n) + _log2_sf(k, threshold, n_corrupt, n - 1) if n_corrupt else -math.inf
+            )
+        security = max(shares, _log2_windows_removed(n, n_corrupt + n_drop, k))
         correctness = math.log2(n) + _log2_cdf(k, threshold, n - 1 - n_drop, n - 1)
-    return SecAggParams(n, k, threshold, n - n_drop, complete, security, correctness)
+    return SecAggParams(n, k, threshold, n - n_drop, complete, security, correctness, threat_model)
 
 
 def find_params(
@@ -137,12 +264,17 @@ def find_params(
     sigma: float = 40.0,
     eta: float = 30.0,
     graph: str = "auto",
+    threat_model: ThreatModel = "semi-honest",
 ) -> SecAggParams:
-    """Degree and threshold for ``n`` clients (``graph``: "auto", "complete" or "harary").
+    """Degree and threshold for ``n`` clients (``graph``: "auto", "complete" or "harary") against
+    the ``threat_model``'s server (see the module docstring for both).
 
     Raises ConfigError when no sparse graph and no complete-graph threshold satisfy the bounds.
     """
     _check(n, dropout, corrupt, sigma, eta)
+    check_model(threat_model)
+    if threat_model == "malicious":
+        return _find_malicious(n, dropout, corrupt, sigma, eta, graph)
     if graph == "complete":
         return complete_params(n, dropout, corrupt)
     n_corrupt, n_drop = math.ceil(corrupt * n), math.ceil(dropout * n)
@@ -169,3 +301,41 @@ def find_params(
             "degree", f"no sparse graph meets the bounds for n={n}", "graph=complete or auto"
         )
     return complete_params(n, dropout, corrupt)
+
+
+def _find_malicious(
+    n: int, dropout: float, corrupt: float, sigma: float, eta: float, graph: str
+) -> SecAggParams:
+    """The smallest even k with a t that meets the malicious share bound, the connectivity bound
+    and the correctness bound, and the largest such t; else the complete graph. The complete
+    graph's exact condition is checked first: when it is empty no sparse graph can do better."""
+    complete = complete_params(n, dropout, corrupt, threat_model="malicious")
+    if graph == "complete":
+        return complete
+    n_corrupt, n_drop = math.ceil(corrupt * n), math.ceil(dropout * n)
+    honest_survivors = n - 1 - n_drop
+    log2n = math.log2(n)
+    for k in range(2, n - 1, 2):
+        if _log2_windows_removed(n, n_corrupt + n_drop, k) > -sigma:
+            continue
+        # the correctness bound grows with t: the largest t meeting it, by bisection
+        lo, hi = _t_min(k, n_corrupt, "malicious", complete=False), k
+        if log2n + _log2_cdf(k, lo, honest_survivors, n - 1) > -eta:
+            continue  # not even t = k/2 + 1 is reached by enough survivors
+        while lo < hi:  # lo meets it; find the largest that does
+            mid = (lo + hi + 1) // 2
+            if log2n + _log2_cdf(k, mid, honest_survivors, n - 1) <= -eta:
+                lo = mid
+            else:
+                hi = mid - 1
+        # the bounds as check_params computes them (connectivity already meets sigma here)
+        found = check_params(n, k, lo, dropout=dropout, corrupt=corrupt, threat_model="malicious")
+        if found.log2_security_failure <= -sigma:
+            return found
+    if graph == "harary":
+        raise ConfigError(
+            "degree",
+            f"no sparse graph meets the malicious bounds for n={n}",
+            "graph=complete or auto, a lower tolerated_dropout, or threat_model=semi-honest",
+        )
+    return complete

@@ -16,10 +16,7 @@ import math
 
 import numpy as np
 
-from rayfed.dropout import NEVER
-
-#: a cohort lost at a phase (fault injection) sends nothing from that phase on
-PHASE_INDEX = {"advertise": 0, "share_keys": 1, "masked_input": 2, "unmask": 3}
+from rayfed.secagg.phases import ADVERTISE, MASKED_INPUT, NEVER, SHARE_KEYS
 
 
 def _enough_neighbours(member: np.ndarray, graph, threshold: int) -> np.ndarray:
@@ -44,20 +41,22 @@ def expected_survivors(
     registry:
         The round's sorted user ids (a user's position is its index here).
     drop:
-        Per position, the index of the phase the schedule drops it at (``DropoutSchedule.drop_phase``:
-        0 before advertising … 3 during unmasking, 4 never).
+        Per position, the first phase it does not answer (:func:`rayfed.secagg.phases.drop_codes`:
+        0 advertise … 3 unmask, 4 NEVER: it answers every phase).
     graph:
         The round's public neighbour graph.
     threshold:
         Shamir's t: a user with fewer than t live neighbours cannot share its secrets (at share
         keys) or spread its mask (at masked input), and leaves.
     lost_at:
-        Per position, the index of the phase at which its cohort died (4: never).
+        Per position, the phase at which its cohort died (the same codes; a cohort that dies at
+        a phase sends nothing from that phase on).
     """
     lost = np.full(registry.size, NEVER) if lost_at is None else np.asarray(lost_at)
-    u1 = (drop > 0) & (lost > 0)  # advertised its keys
-    u2 = u1 & _enough_neighbours(u1, graph, threshold) & (lost > 1)  # shared them
-    u3 = u2 & (drop > 1) & (lost > 2)  # sends a masked input ...
+    gone = np.minimum(np.asarray(drop), lost)  # the first phase it does not answer
+    u1 = gone > ADVERTISE  # advertised its keys
+    u2 = u1 & _enough_neighbours(u1, graph, threshold) & (gone > SHARE_KEYS)  # shared them
+    u3 = u2 & (gone > MASKED_INPUT)  # sends a masked input ...
     u3 &= _enough_neighbours(u2, graph, threshold)  # ... if its mask has enough peers
     return np.asarray(registry)[u3]
 

@@ -11,6 +11,7 @@ import numpy as np
 from rayfed import rng
 from rayfed.dropout import DropoutSchedule
 from rayfed.errors import RayfedError
+from rayfed.secagg import phases
 from rayfed.secagg.encoding import FixedPoint
 from rayfed.secagg.graph import NeighbourGraph
 
@@ -56,15 +57,20 @@ class RoundSpec:
     complete: bool
     encoding: FixedPoint
     dim: int
-    dropout: DropoutSchedule = field(default_factory=DropoutSchedule)
+    dropout: DropoutSchedule = field(default_factory=phases.schedule)  # in SecAgg's phases
     tag: bytes = b"rayfed"
-    kill: tuple[str, str] | None = None  # fault injection: (cohort name, phase) exits that actor
-    #: SecAgg's consistency round: users sign U3 and reveal no share unless more than (n + c)/2
-    #: users signed the very list they signed themselves; users also sign their X25519 keys,
-    #: checked against the simulated PKI (the driver) in share_keys
-    consistency: bool = False
+    #: the server the round defends against: "malicious" runs SecAgg's consistency round (users
+    #: sign U3 and reveal no share unless more than (n + c)/2 users signed the very list they
+    #: signed themselves; users also sign their X25519 keys, checked against the simulated PKI,
+    #: the driver, in share_keys), with t sized against the isolation attack (secagg.params)
+    threat_model: str = "semi-honest"
     #: users the parameters assume corrupt (⌈γn⌉): they may sign two lists
     corrupt_users: int = 0
+
+    @property
+    def consistency(self) -> bool:
+        """Whether the round has the consistency round and the PKI (``malicious``)."""
+        return self.threat_model == "malicious"
 
     @property
     def n(self) -> int:

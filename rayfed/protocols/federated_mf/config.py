@@ -4,7 +4,7 @@ declaring the settings that read it."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import ClassVar, Literal
 
 from rayfed.config import DataConfig, option
 from rayfed.dropout import PopulationConfig
@@ -170,11 +170,13 @@ class FederatedMFConfig:
         "makes the run randomness=secure, and a secure run makes simulation secure)",
         when={**LFL, **NOT_GDDR},
     )
-    consistency: bool = option(
-        False,
-        "LFL: SecAgg's consistency round in Round 1 (users sign U3 and unmask only for that list, "
-        "signed by more than half of the users: catches a server that shows users different "
-        "lists; keys are authenticated through a simulated PKI)",
+    threat_model: Literal["semi-honest", "malicious"] = option(
+        "semi-honest",
+        "LFL: the server Round 1's secure aggregation defends against. semi-honest: it follows "
+        "the protocol (a server that lies about who dropped can isolate a user's Round-1 message "
+        "on the sparse graph: out of scope); malicious: SecAgg's consistency round (signed U3, "
+        "keys authenticated through a simulated PKI) and t > (k + corrupt neighbours)/2 "
+        "(Bell et al.), with k grown to keep the bounds",
         when={**LFL, **NOT_GDDR, "secagg_mode": ("secure", "simulation")},
     )
     cohorts: int | None = option(
@@ -282,6 +284,12 @@ class FederatedMFConfig:
     data: DataConfig = field(
         default_factory=DataConfig, metadata={"help": "ratings file (user, item, rating)"}
     )
+
+    #: options that went, and where they went (a ConfigError names the new place)
+    MOVED: ClassVar[dict[str, str]] = {
+        "consistency": "threat_model=malicious (LFL: the consistency round, the PKI and a "
+        "threshold sized for a malicious server)",
+    }
 
     def validate(self) -> None:
         check_budget(self.epsilon, self.delta if self.delta is not None else 1e-6)

@@ -15,9 +15,12 @@ same initial centroids from the group key (sphere packing). Then t_max round tri
 2. the server adds the uploads and discrete-Laplace noise on the grid, still padded, and
    broadcasts; each client unpads, post-processes (fold by default) and divides (NMA).
 
-``masking``: ``shared-seed`` (the thesis: all clients derive all pads), ``pairwise`` (pairwise
-X25519 masks on top, so a server colluding with one client learns no other client's upload) or
-``none`` (a labelled baseline). ``topology=ring`` is the serverless sketch of §7.3: a ring
+``masking``: ``shared-seed`` (the thesis: all clients derive all pads), ``pairwise`` (the uploads
+go through the one secure sum over the M clients, :func:`rayfed.secagg.secure_sum`: SecAgg's
+pairwise masks with Shamir threshold t (:func:`~.params.sum_params`), no partial sums, any lost
+client ends the run before an unmask; the coordinator learns each iteration's released sum —
+with noise=none the exact aggregate — and, colluding with t clients, one client's upload; a
+semi-honest server, there is no consistency round) or ``none`` (a labelled baseline). ``topology=ring`` is the serverless sketch of §7.3: a ring
 secure sum in which every client adds its own full Laplace noise (``ring_noise=local``, F1), a
 1/h share of one central noise (``ring_noise=split`` with pairwise masks, F3: DP against any
 coalition of up to M - h clients), or its additive share of one central noise that the clients

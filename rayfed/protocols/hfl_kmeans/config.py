@@ -90,10 +90,22 @@ class HflKmeansConfig:
     )
     masking: Literal["shared-seed", "pairwise", "none"] = option(
         "shared-seed",
-        "shared-seed: the thesis's pads from a seed all clients share; pairwise: plus pairwise "
-        "X25519 masks (a server colluding with one client sees no other client's upload, M >= 3); "
-        "none: plaintext uploads (an insecure baseline); on the ring, shared-seed is the first "
-        "client's random pad and pairwise the pairwise masks alone",
+        "shared-seed: the thesis's pads from a seed all clients share; pairwise: the padded "
+        "uploads go through the one secure sum over the clients (SecAgg pairwise masks, threshold "
+        "t = max(2, M/2 + 1), at least M - honest_clients + 1 with split noise, at most M - 1; "
+        "any lost client ends the run): a semi-honest server colluding with fewer than t clients "
+        "sees no client's upload (M >= 3); none: plaintext uploads (an insecure baseline); on "
+        "the ring, shared-seed is the first client's random pad and pairwise the secure sum of "
+        "the noisy values, no partial sums (the coordinator relays it and learns the released "
+        "sum)",
+    )
+    threat_model: Literal["semi-honest", "malicious"] = option(
+        "semi-honest",
+        "the server masking=pairwise's secure sum defends against: semi-honest (follows the "
+        "protocol; t as above) or malicious (may lie about who dropped: SecAgg's consistency "
+        "round and signed keys, t = M - 1, holding against up to M - 2 colluding clients; "
+        "M >= 3)",
+        when={"masking": ("pairwise",)},
     )
     topology: Literal["server", "ring"] = option(
         "server",
@@ -197,8 +209,9 @@ class HflKmeansConfig:
         if self.ring_noise == "split" and self.masking != "pairwise":
             raise ConfigError(
                 "masking",
-                "ring_noise=split needs every partial sum hidden: with the first client's pad a "
-                "client's two ring neighbours see its upload with only its share of the noise",
+                "ring_noise=split needs each upload hidden: with the first client's pad a "
+                "client's two ring neighbours see its upload with only its share of the noise "
+                "(masking=pairwise sums the uploads securely, with no partial sums)",
                 "pairwise",
             )
         if self.ring_noise == "mpc" and self.masking != "pairwise":

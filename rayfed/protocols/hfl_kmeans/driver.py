@@ -9,10 +9,17 @@ import time
 import numpy as np
 
 from rayfed.backends import PerMember
+from rayfed.errors import BelowThreshold, PartyFailed
 from rayfed.protocols.base import Outcome, Plan
 from rayfed.protocols.hfl_kmeans import report
 from rayfed.protocols.hfl_kmeans.config import DATA_INITS, HflKmeansConfig
-from rayfed.protocols.hfl_kmeans.params import Params, Settings, Setup
+from rayfed.protocols.hfl_kmeans.params import (
+    Params,
+    Settings,
+    Setup,
+    malicious_coalition,
+    sum_params,
+)
 from rayfed.protocols.hfl_kmeans.steps import (
     aggregate_step,
     data_init_step,
@@ -21,11 +28,13 @@ from rayfed.protocols.hfl_kmeans.steps import (
     mpc_layer_step,
     mpc_start_step,
     prepare_step,
+    release_step,
     ring_close_step,
     ring_step,
+    secure_input,
     setup_step,
 )
-from rayfed.secagg import mpc, pads
+from rayfed.secagg import FixedPoint, make_spec, mpc, party_ids, secure_sum
 from rayfed.secagg.keys import agree_group_key
 
 
@@ -40,7 +49,14 @@ def drive(fed, cfg: HflKmeansConfig, plan: Plan) -> Outcome:
     for t in range(1, setup.t_max + 1):
         with fed.round(t):
             uploads = fed.parties.run(iterate_step, aggregate, t=t, phase="assign-upload")
-            if cfg.topology == "ring":
+            if cfg.masking == "pairwise" and cfg.topology == "ring":
+                _charge_ring(fed, setup, order, t)  # the clients' noise is in their uploads
+                words = _secure_sum(fed, setup, order, t)
+                aggregate = fed.coordinator.run(release_step, words, phase="release").single()
+            elif cfg.masking == "pairwise":  # the padded uploads, summed securely
+                uploads = {"secure-sum": _secure_sum(fed, setup, order, t)}
+                aggregate = _aggregate(fed, setup, uploads, t).single()
+            elif cfg.topology == "ring":
                 aggregate = _ring(fed, setup, order, t).single()
             else:
                 aggregate = _aggregate(fed, setup, uploads, t).single()
@@ -61,13 +77,7 @@ def _setup(fed, cfg: HflKmeansConfig, setup: Setup, order: list[str]) -> None:
     """The clients' group key, then the server (on the ring: the first client) broadcasts the
     public setup of the public N; every client prepares its initial centroids."""
     ring = cfg.topology == "ring"
-    agree_group_key(
-        fed,
-        order,
-        purpose="group-key",
-        slot="group_key",
-        pair_info=pads.INFO_PAIRS if cfg.masking == "pairwise" else None,
-    )
+    agree_group_key(fed, order, purpose="group-key", slot="group_key")
     host = fed.parties if ring else fed.coordinator
     broadcast = host.run(
         setup_step, setup=setup, phase="setup", **({"members": [order[0]]} if ring else {})
@@ -93,19 +103,77 @@ def _aggregate(fed, setup: Setup, uploads, t: int):
     return fed.coordinator.run(aggregate_step, uploads, setup=setup, t=t, phase="aggregate")
 
 
-def _ring(fed, setup: Setup, order: list[str], t: int):
-    running = None
+def _secure_sum(fed, setup: Setup, order: list[str], t: int) -> np.ndarray:
+    """masking=pairwise: the parties' uploads (:func:`secure_input`) through the one secure sum
+    (SecAgg on the complete graph over the parties, one user each, the coordinator relaying); the
+    sum's words in Z_2^b. hfl-kmeans needs every client (its pads and its next iteration; the
+    thesis aborts, [C] fail_together), so the quorum is M: a party lost at any phase ends the
+    round before the unmask request (BelowThreshold in the server), and the run with PartyFailed
+    naming it — the coordinator never reconstructs a sum of fewer than M uploads, which on the
+    ring with split noise would carry only the survivors' noise shares, never charged."""
+    spec = make_spec(
+        round=t,
+        mode="secure" if fed.randomness == "secure" else "simulation",
+        registry=np.arange(len(order)),
+        params=sum_params(len(order), setup.honest, setup.threat_model),
+        encoding=FixedPoint(float(2 ** (setup.ring_bits - 1)), 0, setup.ring_bits),
+        dim=setup.length,
+        tag=b"hfl-kmeans",
+        corrupt=malicious_coalition(len(order)) / len(order),
+    )
+    ids = party_ids(order)
+    if setup.joint:
+        _sample_noise(fed, setup, order, t)
+    parties = _Watched(fed.parties)
+    try:
+        result = secure_sum(parties, spec, secure_input, (t,), server=fed.coordinator, ids=ids)
+    except BelowThreshold as e:
+        name = (parties.lost or ["a client"])[0]
+        raise PartyFailed(
+            name, t, "parties:secure-sum", f"dropped out of the secure sum: {e}"
+        ) from e
+    if result.failed_cohorts:  # unreachable with quorum M; kept as the last line of defence
+        name = result.failed_cohorts[0]
+        raise PartyFailed(name, t, "parties:secure-sum", "dropped out of the secure sum")
+    return result.words
+
+
+class _Watched:
+    """The parties as :class:`~rayfed.secagg.group.Members`, recording whom each phase lost (the
+    secure sum only counts them; hfl-kmeans names the first in its PartyFailed)."""
+
+    def __init__(self, group):
+        self.group, self.lost = group, []
+
+    @property
+    def names(self) -> list[str]:
+        return self.group.names
+
+    def run(self, step, *args, **kwargs):
+        replies = self.group.run(step, *args, **kwargs)
+        self.lost.extend(replies.failed)
+        return replies
+
+
+def _charge_ring(fed, setup: Setup, order: list[str], t: int) -> None:
+    """The ring's charges, for the noise the clients added to their secure-sum uploads."""
     if setup.joint:
         label = "discrete-Laplace noise sampled in shares by the clients' MPC (ring, dealer)"
         fed.charge([setup.charge("clients", label)])
-        _sample_noise(fed, setup, order, t)
     elif setup.noise and setup.honest is not None:
         label = f"split discrete-Laplace noise (ring, {setup.honest} honest clients)"
         fed.charge([setup.charge("clients", label)])
-    local = setup.noise and setup.honest is None and not setup.joint
-    for p in order:
-        if local:
+    elif setup.noise:
+        for p in order:
             fed.charge([setup.charge(p, "local discrete-Laplace noise (ring)")])
+
+
+def _ring(fed, setup: Setup, order: list[str], t: int):
+    _charge_ring(fed, setup, order, t)
+    if setup.joint:
+        _sample_noise(fed, setup, order, t)
+    running = None
+    for p in order:
         running = fed.parties.run(ring_step, running, t=t, members=[p], phase="ring").single()
     return fed.parties.run(ring_close_step, running, members=[order[0]], phase="ring-close")
 

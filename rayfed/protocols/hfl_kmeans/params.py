@@ -10,6 +10,7 @@ server adds discrete-Laplace noise on the grid to the padded sum, so it never se
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,6 +29,7 @@ from rayfed.privacy.measurement import (
     SplitDiscreteLaplace,
 )
 from rayfed.protocols.hfl_kmeans.config import HflKmeansConfig
+from rayfed.secagg import SecAggParams
 from rayfed.secagg.mpc import BitGeometric
 
 #: the member (of the cohorts group) that deals the MPC's correlated randomness (ring_noise=mpc)
@@ -100,6 +102,7 @@ class Setup:
     split: dict[str, float] = field(default_factory=dict)  # eps_sum/eps_count or eps_mu
     noise: tuple[Noise, ...] = ()  # per iteration (per client on the ring); () if non-private
     honest: int | None = None  # ring_noise=split: h, each client adds a 1/h share of the noise
+    threat_model: str = "semi-honest"  # the server masking=pairwise's secure sum is sized for
     #: per block key: (the thesis's Δ₁, the true Δ₁), in grid units, where they differ
     sensitivity: dict[str, tuple[float, int]] = field(default_factory=dict)
     claimed_epsilon: float | None = None  # the thesis's ε where the mode's true ε differs
@@ -212,6 +215,7 @@ def derive_setup(cfg: HflKmeansConfig, n: int, d: int) -> Setup:
         length=k * (d + 1) if nma else k * d,
         frac_bits=cfg.frac_bits,
         ring_bits=cfg.ring_bits,
+        threat_model=cfg.threat_model,
     )
     fixed = None if cfg.iterations == "auto" else cfg.iterations
     if cfg.noise == "none":
@@ -431,3 +435,42 @@ def overflow_check(setup: Setup, assignment: str, aggregation: str, topology: st
             f"±{limit:,.0f}; {what}: the aggregate could overflow",
             "ring_bits=64, or a constrained assignment with a smaller max_size",
         )
+
+
+def sum_params(
+    m: int, honest: int | None = None, threat_model: str = "semi-honest"
+) -> SecAggParams:
+    """SecAgg on the complete graph over m parties, quorum m (any drop aborts before the unmask).
+
+    Semi-honest: the coordinator with c colluding clients holds c Shamir shares of every other
+    client's keys and unmasks one upload once c >= t. Threshold t = max(2, ⌊m/2⌋ + 1), at most
+    m - 1: a server with fewer than t clients sees no upload. With split noise (``honest`` = h >= 2)
+    an upload carries only a 1/h share of the noise and the release is claimed DP against any
+    m - h clients, so t >= m - h + 1 (<= m - 1 as h >= 2); at h = 1 every upload carries full
+    noise.
+
+    Malicious: a server that may show clients different dropout claims isolates one upload once
+    2t <= (m - 1) + c (secagg.params: the victim's honest holders answer one kind of share each,
+    the c corrupt ones both). The quorum is m, so no dropout tolerance is lost by the largest
+    threshold, t = m - 1, which holds against c <= :func:`malicious_coalition` = m - 2 clients
+    (m >= 3; this covers the split noise's m - h as h >= 2)."""
+    if threat_model == "malicious":
+        if m < 3:
+            raise ConfigError(
+                "threat_model",
+                f"malicious needs M >= 3 clients (with M = {m} the one other client's shares "
+                "decide alone)",
+                "clients >= 3, or threat_model=semi-honest",
+            )
+        return SecAggParams(m, m - 1, m - 1, m, True, -math.inf, -math.inf, "malicious")
+    t = max(2, m // 2 + 1)
+    if honest is not None and honest >= 2:
+        t = max(t, m - honest + 1)
+    t = min(m - 1, t)
+    return SecAggParams(m, m - 1, t, m, True, -math.inf, -math.inf)
+
+
+def malicious_coalition(m: int) -> int:
+    """The most clients a malicious server may corrupt against :func:`sum_params`'s t = m - 1:
+    the isolation needs 2t <= m - 1 + c, i.e. c >= m - 1."""
+    return m - 2

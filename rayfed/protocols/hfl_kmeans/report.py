@@ -13,15 +13,18 @@ from rayfed.clustering.constrained import empty_clusters, silhouette, wcss
 from rayfed.data.scaling import from_unit
 from rayfed.protocols.base import Outcome
 from rayfed.protocols.hfl_kmeans.config import HflKmeansConfig
-from rayfed.protocols.hfl_kmeans.params import Evaluation, Params, Setup
+from rayfed.protocols.hfl_kmeans.params import (
+    Evaluation,
+    Params,
+    Setup,
+    malicious_coalition,
+    sum_params,
+)
 
 MASKING = {
     "shared-seed": "uploads and aggregates are one-time-padded in Z_2^{b} with pads every "
     "client derives from the group key: the server sees only uniform words; the server "
     "colluding with any one client unmasks every upload (all clients know all pads)",
-    "pairwise": "uploads carry the shared-seed pads plus pairwise X25519 masks: the server "
-    "sees only uniform words; colluding with one client it learns the aggregate before "
-    "its own noise (not DP) but, with 3 or more clients, no other client's upload",
     "none": "masking=none: NOT secure, the server sees every client's upload and the "
     "aggregate (an insecure baseline)",
 }
@@ -29,15 +32,58 @@ RING = {
     "shared-seed": "ring: the first client pads the running sum with a random mask; each client "
     "sees only a padded partial sum, and the release is the noisy total — but a client's two "
     "ring neighbours together learn its upload (values plus noise)",
-    "pairwise": "ring with pairwise X25519 masks: every partial sum is hidden by masks that "
-    "cancel only in the complete sum; one client's upload is exposed only if all the others "
-    "collude",
     "none": "ring with masking=none: NOT secure, every client sees the running sum",
 }
 
 
+def pairwise_note(cfg: HflKmeansConfig, setup: Setup) -> str:
+    """masking=pairwise, from what runs: the one secure sum over the M clients (SecAgg on the
+    complete graph, threshold t and quorum M of :func:`~.params.sum_params`), no partial sums."""
+    m = setup.clients
+    t = sum_params(m, setup.honest, setup.threat_model).threshold
+    head = (
+        f"masking=pairwise: every client's upload goes through the one secure sum over the M = {m} "
+        f"clients (SecAgg pairwise masks, complete graph, Shamir threshold t = {t}, the "
+        "coordinator relaying keys, shares and masked uploads); there are no partial sums, and a "
+        "client lost at any phase ends the run before the coordinator asks for an unmask. "
+    )
+    if cfg.topology == "ring":
+        what = "the exact aggregate" if cfg.noise == "none" else "the released noisy sum"
+        seen = (
+            f"The coordinator learns each iteration's sum, {what}, which every client gets; "
+            f"colluding with t = {t} clients it can unmask one client's upload (its values with "
+            "only that client's own noise"
+            + (f", a 1/{setup.honest} share" if setup.honest is not None else "")
+            + ")"
+        )
+        if setup.honest is not None and setup.honest >= 2:
+            seen += f": t > M − h = {m - setup.honest}, the coalition the split noise's ε covers"
+    else:
+        seen = (
+            "Under the masks the uploads carry the thesis's shared-seed pads, so the coordinator "
+            "learns only the padded aggregate; colluding with one client it learns the aggregate "
+            f"before its own noise (not DP), and with t = {t} clients one client's upload"
+        )
+    if setup.threat_model == "malicious":
+        server = (
+            ". Against a malicious server (threat_model=malicious: the consistency round, signed "
+            f"keys): it isolates an upload only with 2t <= M - 1 + c, so t = {t} holds against up "
+            f"to c = {malicious_coalition(m)} colluding clients"
+        )
+    else:
+        server = (
+            ". Against a semi-honest server (it follows the protocol): there is no consistency "
+            "round, so a malicious server that lies about who dropped is not covered "
+            "(threat_model=malicious)"
+        )
+    return head + seen + server
+
+
 def notes(cfg: HflKmeansConfig, setup: Setup) -> list[str]:
-    masking = (RING if cfg.topology == "ring" else MASKING)[cfg.masking]
+    if cfg.masking == "pairwise":
+        masking = pairwise_note(cfg, setup)
+    else:
+        masking = (RING if cfg.topology == "ring" else MASKING)[cfg.masking]
     out = [
         masking.replace("{b}", str(setup.ring_bits)),
         f"N = {setup.n} is a public input of the run, as the thesis treats it (spec §1.1, A3): "

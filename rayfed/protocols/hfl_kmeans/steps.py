@@ -22,8 +22,10 @@ from rayfed.clustering.constrained import (
 from rayfed.data.scaling import features_of, to_unit
 from rayfed.errors import DataError
 from rayfed.protocols.hfl_kmeans.params import Noise, Settings, Setup, noise_event
-from rayfed.secagg import mpc, pads
+from rayfed.secagg import RingWords, mpc, pads
 
+#: HKDF label of the initial centroids' seed (hfl-kmeans's own; its value fixes the golden runs)
+INFO_INIT = b"rayfed-hfl/v1/initial-centroids"
 COUNT_FLOOR = 0.5  # a noisy count below this divides as 0.5 (diffprivlib's clamp, A10)
 
 
@@ -72,7 +74,7 @@ def prepare_step(
     if given is not None:
         st["centers"] = np.asarray(given, dtype=np.float64)
         return
-    key = pads.subkey(st["group_key"], pads.INFO_INIT)
+    key = pads.subkey(st["group_key"], INFO_INIT)
     gen = np.random.Generator(np.random.PCG64(int.from_bytes(key, "little")))
     init = sphere_packing if settings.init == "sphere-packing" else domain_random
     st["centers"] = init(setup.k, setup.d, gen)
@@ -102,16 +104,12 @@ def _values(ctx: StepContext) -> np.ndarray:
 
 
 def _pad(ctx: StepContext, t: int) -> np.ndarray:
-    """This client's pad for iteration t: its shared-seed pad, plus pairwise masks if chosen."""
+    """This client's shared-seed pad for iteration t (zero with masking=none)."""
     st, p = ctx.state, ctx.state["setup"]
-    masking = st["settings"].masking
-    if masking == "none":
+    if st["settings"].masking == "none":
         return np.zeros(p.length, pads.ring_dtype(p.ring_bits))
     pad_key = pads.subkey(st["group_key"], pads.INFO_PADS)
-    words = pads.party_pad(pad_key, t, st["me"], p.length, p.ring_bits)
-    if masking == "pairwise":
-        words = words + pads.pairwise_mask(st["pair_keys"], st["me"], t, p.length, p.ring_bits)
-    return words
+    return pads.party_pad(pad_key, t, st["me"], p.length, p.ring_bits)
 
 
 def _unpad(ctx: StepContext, words: np.ndarray, t: int) -> np.ndarray:
@@ -152,8 +150,8 @@ def iterate_step(ctx: StepContext, aggregate: Any = None, *, t: int) -> Message 
     if t > p.t_max:
         return Message("centroids", st["centers"], to=ctx.name)
     values = _values(ctx)
-    if st["settings"].topology == "ring":
-        st["values"] = values
+    if st["settings"].topology == "ring" or st["settings"].masking == "pairwise":
+        st["values"] = values  # for the ring, or for the secure sum (secure_input)
         return None
     words = pads.to_ring(values, p.ring_bits) + _pad(ctx, t)
     return Message("masked_upload", words)
@@ -168,8 +166,6 @@ def ring_step(ctx: StepContext, running: np.ndarray | None = None, *, t: int) ->
     last = st["me"] == len(st["order"]) - 1
     noisy, event = _ring_noise(ctx, st["values"], t, carries=last)
     words = pads.to_ring(noisy, p.ring_bits)
-    if st["settings"].masking == "pairwise":  # masks that cancel only in the complete sum
-        words = words + pads.pairwise_mask(st["pair_keys"], st["me"], t, p.length, p.ring_bits)
     if running is None:
         st["ring_mask"] = _ring_mask(ctx, t)
         total = st["ring_mask"] + words
@@ -182,15 +178,46 @@ def ring_step(ctx: StepContext, running: np.ndarray | None = None, *, t: int) ->
 
 
 def _ring_mask(ctx: StepContext, t: int) -> np.ndarray:
-    """The first client's one-time pad of the running sum (zero with masking=none, and with
-    pairwise masks, which hide every partial sum), from its noise source (the OS in a secure run)."""
+    """The first client's one-time pad of the running sum (zero with masking=none), from its noise
+    source (the OS in a secure run). With masking=pairwise there is no ring pass: the uploads go
+    through the one secure sum (:func:`secure_input`)."""
     p = ctx.state["setup"]
     dtype = pads.ring_dtype(p.ring_bits)
-    if ctx.state["settings"].masking in ("none", "pairwise"):
+    if ctx.state["settings"].masking == "none":
         return np.zeros(p.length, dtype)
     size = p.length * dtype.itemsize
     raw = ctx.noise.secret_bytes("secagg-masks", size, t)
     return np.frombuffer(raw, dtype=dtype).copy()
+
+
+def secure_input(ctx: StepContext, round: int, ids: np.ndarray, t: int):
+    """Party, masking=pairwise: its upload for :func:`rayfed.secagg.secure_sum` over the parties
+    (one SecAgg user each), as :class:`~rayfed.secagg.RingWords` of Z_2^b, which the sum adds
+    exactly (without the opt-in, integers would be fixed-point encoded as values).
+
+    On the server: values plus the shared-seed pad, so the server still learns only the padded
+    aggregate (the thesis's MSA), and a semi-honest server colluding with fewer than t clients
+    learns no client's upload. On the ring (F1-F3): values plus this client's noise (or noise share, whose
+    event the last client's upload carries for the whole release), with no pad: the coordinator,
+    relaying the secure sum, learns only the noisy sum every client gets."""
+    st, p = ctx.state, ctx.state["setup"]
+    values = st.pop("values")
+    if not len(ids):  # dropped out of the sum (cannot happen to a live party: one user each)
+        return RingWords(np.zeros((0, p.length), pads.ring_dtype(p.ring_bits)))
+    if st["settings"].topology == "server":
+        return RingWords((pads.to_ring(values, p.ring_bits) + _pad(ctx, t))[None])
+    last = st["me"] == len(st["order"]) - 1
+    noisy, event = _ring_noise(ctx, values, t, carries=last)
+    words = RingWords(pads.to_ring(noisy, p.ring_bits)[None])
+    if event is None:
+        return words
+    return words, event, "clients" if p.honest is not None or p.joint else ctx.name
+
+
+def release_step(ctx: StepContext, words: np.ndarray) -> Message:
+    """Coordinator, ring with masking=pairwise: broadcast the secure sum Σ_l (values_l + noise_l)
+    (its own view of it: it relayed the sum) to the clients."""
+    return Message("ring_release", np.asarray(words), to="parties")
 
 
 def ring_close_step(ctx: StepContext, running: np.ndarray) -> Message:

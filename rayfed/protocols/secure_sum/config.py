@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import ClassVar, Literal
 
 import numpy as np
 
@@ -11,8 +11,7 @@ from rayfed.config import DataConfig, option
 from rayfed.dropout import DropoutSchedule, PopulationConfig
 from rayfed.errors import ConfigError
 from rayfed.protocols.base import reconcile_randomness
-
-KILL_PHASES = ("advertise", "share_keys", "masked_input", "unmask")
+from rayfed.secagg.phases import PHASES
 
 
 @dataclass(frozen=True)
@@ -53,16 +52,11 @@ class SecureSumConfig:
         30.0, "correctness parameter: abort probability <= 2^-eta at tolerated_dropout", above=0
     )
     dropout: float = option(
-        0.0, "fraction of users dropping at dropout_phase, per round", at_least=0, at_most=1
-    )
-    dropout_phase: Literal[
-        "before_advertise", "after_share_keys", "after_masked_input", "during_unmask"
-    ] = option("after_masked_input", "phase at which the `dropout` fraction drops")
-    dropout_rates: dict[str, float] | None = option(
-        None, "per-phase dropout rates (replaces dropout/dropout_phase)"
-    )
-    dropout_users: dict[str, list[int]] | None = option(
-        None, "explicit user ids dropping per phase"
+        0.0,
+        "fraction of users lost at unmask (after their masked input is in the sum), per round; "
+        "other phases, explicit users and population models: population.*",
+        at_least=0,
+        at_most=1,
     )
     population: PopulationConfig = field(
         default_factory=PopulationConfig,
@@ -89,46 +83,49 @@ class SecureSumConfig:
         None, "user-cohort actors (default: this machine's CPUs)", at_least=1
     )
     rounds: int = option(1, "aggregation rounds (fresh keys each round)", at_least=1)
-    kill: str | None = option(
-        None, "fault injection 'COHORT@PHASE', e.g. c1@masked_input: that actor exits"
-    )
     allow_weak_params: bool = option(
         False, "accept a degree/threshold override that misses the sigma/eta bounds"
     )
-    consistency: bool = option(
-        False,
-        "SecAgg's consistency round: users sign the survivors list U3 and reveal no share unless "
-        "more than (n + corrupt)/2 users signed the list they signed (catches a server that "
-        "shows users different lists), and users sign their keys, checked against a simulated "
-        "PKI (the driver): a server that substitutes keys is refused",
+    threat_model: Literal["semi-honest", "malicious"] = option(
+        "semi-honest",
+        "the server the round defends against. semi-honest: it follows the protocol (a server "
+        "that lies about who dropped can isolate a user on the sparse graph: out of scope); "
+        "malicious: SecAgg's consistency round (users sign the survivors list U3 and their keys, "
+        "checked against a simulated PKI) and t > (k + corrupt neighbours)/2 (Bell et al.), "
+        "with k grown to keep the bounds",
         when={"mode": ("secure", "simulation")},
     )
     data: DataConfig = field(default_factory=DataConfig, metadata={"help": "data source"})
 
+    #: options that went, and where they went (a ConfigError names the new place)
+    MOVED: ClassVar[dict[str, str]] = {
+        "dropout_phase": "population.rates, a rate per SecAgg phase (e.g. "
+        "population.rates={share_keys: 0.1}); phases: advertise, share_keys, masked_input, unmask",
+        "dropout_rates": "population.rates, in SecAgg's phases: advertise, share_keys, "
+        "masked_input, unmask (before_advertise -> advertise, after_share_keys -> masked_input, "
+        "after_masked_input and during_unmask -> unmask)",
+        "dropout_users": "population.lost, in SecAgg's phases (e.g. population.lost={unmask: [3]})",
+        "kill": "--fail cohort=K@phase=P, the run's fault injection (e.g. --fail "
+        "cohort=c1@phase=masked_input)",
+        "consistency": "threat_model=malicious (the consistency round, the PKI and a threshold "
+        "sized for a malicious server)",
+    }
+
     def validate(self) -> None:
         self.schedule()  # unknown phases or rates outside [0, 1] fail here, before any actor
-        if self.kill is not None:
-            cohort, _, phase = self.kill.partition("@")
-            if not cohort or phase not in KILL_PHASES:
-                raise ConfigError(
-                    "kill",
-                    f"expected COHORT@PHASE, got {self.kill!r}",
-                    "phases " + ", ".join(KILL_PHASES),
-                )
+        if self.threat_model == "malicious" and self.allow_weak_params:
+            raise ConfigError(
+                "allow_weak_params",
+                "threat_model=malicious claims the sigma/eta bounds against a malicious server, "
+                "which a weak setting does not meet",
+                "allow_weak_params=false, or threat_model=semi-honest to measure a weak setting",
+            )
 
     def schedule(self, cohorts: dict[str, np.ndarray] | None = None, users=None) -> DropoutSchedule:
-        """The run's dropout schedule; ``cohorts`` (name -> user ids) resolves the population's
-        ``outage_cohort``, ``users`` (ids, data rows) its ``outage_column``."""
-        rates = (
-            dict(self.dropout_rates)
-            if self.dropout_rates is not None
-            else ({self.dropout_phase: self.dropout} if self.dropout else {})
-        )
-        return self.population.schedule(rates, dict(self.dropout_users or {}), cohorts, users)
-
-    def kill_point(self) -> tuple[str, str] | None:
-        """(cohort, phase) of the injected kill, if any."""
-        return tuple(self.kill.split("@")) if self.kill else None
+        """The run's availability model in SecAgg's phases: ``dropout`` at unmask, and the
+        population's; ``cohorts`` (name -> user ids) resolves the population's ``outage_cohort``,
+        ``users`` (ids, data rows) its ``outage_column``."""
+        return self.population.schedule(PHASES, {"unmask": self.dropout}, cohorts, users)
 
 
 def resolve_randomness(cfg: SecureSumConfig, randomness: str):

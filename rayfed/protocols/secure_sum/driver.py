@@ -12,7 +12,6 @@ from rayfed.secagg import make_spec, secure_sum
 
 def drive(fed, cfg: SecureSumConfig, plan: Plan) -> Outcome:
     params = plan.params
-    kill = cfg.kill_point()
     rows, clock = [], []
     for r in range(cfg.rounds):
         with fed.round(r):
@@ -25,14 +24,20 @@ def drive(fed, cfg: SecureSumConfig, plan: Plan) -> Outcome:
                 dim=params.dim,
                 dropout=params.schedule,
                 tag=fed.run_id.encode(),
-                kill=kill if r == 0 else None,
-                consistency=cfg.consistency,
                 corrupt=cfg.corrupt_fraction,
             )
             if params.columns:
-                result = secure_sum(fed, spec, table_inputs, (params.columns,))
+                result = secure_sum(
+                    fed.cohorts, spec, table_inputs, (params.columns,), server=fed.coordinator
+                )
             else:
-                result = secure_sum(fed, spec, synthetic_inputs, (params.dim, cfg.clip))
+                result = secure_sum(
+                    fed.cohorts,
+                    spec,
+                    synthetic_inputs,
+                    (params.dim, cfg.clip),
+                    server=fed.coordinator,
+                )
             fed.record(
                 survivors=int(result.survivors.size),
                 dropouts=int(params.registry.size - result.survivors.size),
@@ -41,7 +46,6 @@ def drive(fed, cfg: SecureSumConfig, plan: Plan) -> Outcome:
             cfg,
             plan,
             spec,
-            kill=kill,
             seed=fed.seed,
             graph_seed=result.graph_seed,
             faults=fed.injected_faults,

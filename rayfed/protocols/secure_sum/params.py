@@ -40,8 +40,8 @@ class Params:
 
 
 def secagg_params(cfg: SecureSumConfig, n: int) -> SecAggParams:
-    """The finder's graph and threshold for ``n`` users, or the overrides (the finder's value for
-    the one not given) with their bounds computed."""
+    """The finder's graph and threshold for ``n`` users against the ``threat_model``'s server, or
+    the overrides (the finder's value for the one not given) with their bounds computed."""
     found = find_params(
         n,
         dropout=cfg.tolerated_dropout,
@@ -49,6 +49,7 @@ def secagg_params(cfg: SecureSumConfig, n: int) -> SecAggParams:
         sigma=cfg.sigma,
         eta=cfg.eta,
         graph=cfg.graph,
+        threat_model=cfg.threat_model,
     )
     if cfg.degree is None and cfg.threshold is None:
         return found
@@ -58,4 +59,5 @@ def secagg_params(cfg: SecureSumConfig, n: int) -> SecAggParams:
         cfg.threshold or found.threshold,
         dropout=cfg.tolerated_dropout,
         corrupt=cfg.corrupt_fraction,
+        threat_model=cfg.threat_model,
     )

@@ -12,7 +12,7 @@ from rayfed.privacy import Clipped, Interval, PrivacyDeclaration, enforce
 from rayfed.protocols.base import Plan
 from rayfed.protocols.secure_sum.config import SecureSumConfig
 from rayfed.protocols.secure_sum.params import Evaluation, Params, secagg_params
-from rayfed.protocols.secure_sum.report import STATEMENTS
+from rayfed.protocols.secure_sum.report import statement
 from rayfed.secagg import FixedPoint, SecAggParams
 from rayfed.sizing import default_cohorts
 
@@ -34,9 +34,6 @@ def plan(cfg: SecureSumConfig, seed: int) -> Plan:
     dim = len(columns) or cfg.dim
     n_cohorts = default_cohorts(n, cfg.cohorts)
     cohorts = per_user(inside, cfg.data.key or "user_id", n_cohorts)
-    kill = cfg.kill_point()
-    if kill is not None and kill[0] not in cohorts:
-        raise ConfigError("kill", f"no cohort {kill[0]!r}", sorted(cohorts))
     key = cfg.data.key or "user_id"
     schedule = cfg.schedule(
         {name: t.column("user_id").to_numpy() for name, t in cohorts.items()},
@@ -46,7 +43,7 @@ def plan(cfg: SecureSumConfig, seed: int) -> Plan:
     encoding = FixedPoint.choose(n, cfg.clip, cfg.frac_bits, cfg.modulus_bits)
     _check_params(cfg, secagg, n, n_cohorts)
     return Plan(
-        privacy=PrivacyDeclaration.none(STATEMENTS[cfg.mode]),
+        privacy=PrivacyDeclaration.none(statement(cfg)),
         cohorts={name: (t, {}) for name, t in cohorts.items()},
         rounds=cfg.rounds,
         cohort_restarts=cfg.rounds,  # a cohort's state lives for one round: restart it
@@ -126,7 +123,12 @@ def _check_params(cfg: SecureSumConfig, params: SecAggParams, n: int, n_cohorts:
             f"degree {params.degree} / threshold {params.threshold} miss the bounds: "
             f"log2 P[security failure] = {params.log2_security_failure:.1f} (need <= -{cfg.sigma:g}), "
             f"log2 P[abort] = {params.log2_correctness_failure:.1f} (need <= -{cfg.eta:g})",
-            "drop the override, or set allow_weak_params=true to measure a weak setting",
+            "drop the override"
+            + (
+                " (threat_model=malicious admits no weak setting)"
+                if cfg.threat_model == "malicious"
+                else ", or set allow_weak_params=true to measure a weak setting"
+            ),
         )
     if params.complete and cfg.mode in ("secure", "simulation"):
         per_cohort = -(-n // n_cohorts) * n * 13 * 8 * 2

@@ -15,20 +15,14 @@ import numpy as np
 import pyarrow as pa
 
 from rayfed.actors.base import StepContext
-from rayfed.dropout import NEVER
 from rayfed.protocols.base import Outcome, Plan
 from rayfed.protocols.secure_sum.config import SecureSumConfig
 from rayfed.protocols.secure_sum.params import Params
 from rayfed.protocols.secure_sum.steps import synthetic_inputs
 from rayfed.secagg import AggregationResult, RoundSpec
 from rayfed.secagg.graph import NeighbourGraph
-from rayfed.secagg.reference import (
-    PHASE_INDEX,
-    exact_sum,
-    expected_survivors,
-    raw_sum,
-    to_float,
-)
+from rayfed.secagg.phases import INDEX, NEVER, drop_codes
+from rayfed.secagg.reference import exact_sum, expected_survivors, raw_sum, to_float
 
 STATEMENTS = {
     "secure": "no differential privacy: the server learns the exact sum of the survivors' inputs and, under "
@@ -40,6 +34,23 @@ STATEMENTS = {
     "seed; no DP",
     "plain": "INSECURE baseline (mode=plain): inputs are sent unmasked; no DP",
 }
+#: secure mode's statement under threat_model=malicious (STATEMENTS["secure"] is semi-honest's)
+MALICIOUS_STATEMENT = (
+    "no differential privacy: the server learns the exact sum of the survivors' inputs and, under "
+    "the SecAgg+ assumptions against a malicious server (Bell et al.: it may lie about who dropped "
+    "and show users different lists, colluding with at most a corrupt_fraction of the users, "
+    "corrupted independently of the public neighbour graph; the consistency round and a PKI of "
+    "the users' signing keys), nothing else; the server still chooses which users count as "
+    "survivors (any U3 of at least min_survivors users, which the users check: a smaller one "
+    "they refuse), and it may abort"
+)
+
+
+def statement(cfg: SecureSumConfig) -> str:
+    """The run's privacy statement: the mode's, and in secure mode the threat model's."""
+    if cfg.mode == "secure" and cfg.threat_model == "malicious":
+        return MALICIOUS_STATEMENT
+    return STATEMENTS[cfg.mode]
 
 
 # --- the exactness reference (evaluation only, computed outside the protocol) ----------------------
@@ -48,7 +59,6 @@ def reference(
     plan: Plan,
     spec: RoundSpec,
     *,
-    kill: tuple[str, str] | None,
     seed: int,
     graph_seed: int,
     faults: tuple,
@@ -64,10 +74,10 @@ def reference(
     registry = params.registry
     survivors = expected_survivors(
         registry,
-        spec.dropout.drop_phase(seed, spec.round, registry),
+        drop_codes(spec.dropout, seed, spec.round, registry),
         NeighbourGraph.build(registry.size, spec.degree, spec.complete, graph_seed, spec.round),
         spec.threshold,
-        _lost_at(cfg, plan, spec, kill, faults),
+        _lost_at(plan, spec, faults),
     )
     if params.columns:
         table = plan.evaluation.table
@@ -84,24 +94,22 @@ def reference(
     return survivors, exact_sum(x, cfg.clip, cfg.frac_bits), raw
 
 
-def _lost_at(
-    cfg: SecureSumConfig, plan: Plan, spec: RoundSpec, kill: tuple[str, str] | None, faults: tuple
-) -> np.ndarray:
+def _lost_at(plan: Plan, spec: RoundSpec, faults: tuple) -> np.ndarray:
     """Per registry position, the index of the phase at which its cohort is planned to die."""
     registry = plan.params.registry
     lost = np.full(registry.size, NEVER)
-    planned = [kill] if kill and spec.round == 0 else []
+    planned = []
     for fault in faults:  # --fail: @round=R dies at R's first phase, @phase=P in
         if fault.role != "cohorts":  # the first round (cohorts restart after a round)
             continue
         if fault.round == spec.round or (fault.round is None and spec.round == 0):
             planned.append((fault.member, fault.phase or "advertise"))
     for cohort, phase in planned:
-        if phase not in PHASE_INDEX:  # a fault in no phase of secure aggregation never fires
+        if phase not in INDEX:  # a fault in no phase of secure aggregation never fires
             continue
         members = np.unique(plan.cohorts[cohort][0].column("user_id"))  # per_user renames the key
         at = np.searchsorted(registry, members)
-        lost[at] = np.minimum(lost[at], PHASE_INDEX[phase])  # the earliest death counts
+        lost[at] = np.minimum(lost[at], INDEX[phase])  # the earliest death counts
     return lost
 
 
@@ -150,6 +158,7 @@ def outcome(
         "exact": all(row["exact"] for row in rows),
         "mode": cfg.mode,
         "secure": cfg.mode == "secure",
+        "threat_model": secagg.threat_model,
         "users": int(params.registry.size),
         "dim": params.dim,
         "cohorts": cohorts,
@@ -198,7 +207,7 @@ def headline(
     claimed against the clipped values only, with the count and the raw plaintext sum beside."""
     secagg = params.secagg
     graph = (
-        "complete graph (SecAgg)"
+        f"complete graph k={secagg.degree} (SecAgg, k = n - 1)"
         if secagg.complete
         else f"Harary graph k={secagg.degree} (SecAgg+)"
     )
@@ -221,7 +230,8 @@ def headline(
         verdict += f" for the clipped values ({clipped.statement()}: {raw})"
     text = (
         f"sum of {last.survivors.size}/{params.registry.size} survivors' {params.dim}-vectors "
-        f"{verdict}; {graph}, t={secagg.threshold}, mode={cfg.mode}"
+        f"{verdict}; {graph}, t={secagg.threshold}, mode={cfg.mode}; "
+        f"threat model {secagg.threat_model}: {secagg.bounds()}"
     )
     if cfg.mode != "secure":
         text += f" [{STATEMENTS[cfg.mode].split(':')[0]}]"

@@ -7,13 +7,15 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from rayfed.config import DataConfig, option
-from rayfed.dropout import PopulationConfig
+from rayfed.dropout import Phases, PopulationConfig
 from rayfed.errors import ConfigError
 from rayfed.ldp import square_wave as sw
 from rayfed.ldp import wave
 from rayfed.privacy import check_budget
 
 #: SW: its transition matrix holds to here (columns sum to 1 within 1e-11 at d = 4,096)
+#: a square-wave round has one phase: each user's report (population.rates/lost name it)
+REPORT = Phases(("report",))
 MAX_EPSILON = 100.0
 MAX_EPSILON_OTHERS = 20.0  # the frequency oracles' e^ε-sized ranges (OLH's hash range) beyond
 #: d and d̃: EM/EMS multiply by M through its structured O(d) product above AUTO_DENSE_BUCKETS
@@ -167,6 +169,7 @@ class SquareWaveConfig:
 
     def validate(self) -> None:
         check_budget(self.epsilon, 0.0)
+        self.population.schedule(REPORT, {"report": self.dropout})  # unknown phases fail here
         if self.method not in SW_METHODS and self.epsilon > MAX_EPSILON_OTHERS:
             raise ConfigError(
                 "epsilon",

@@ -8,6 +8,7 @@ import numpy as np
 
 from rayfed.dropout import DropoutSchedule
 from rayfed.privacy import Clipped, Measurement
+from rayfed.protocols.square_wave.config import REPORT
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,6 @@ class Params:
     users: int
     estimator: Estimator | None
     moment_parts: tuple[str | None, ...]
-    schedule: DropoutSchedule = field(default_factory=DropoutSchedule)
+    schedule: DropoutSchedule = field(default_factory=lambda: DropoutSchedule(REPORT))
     releases: dict[str, Measurement] = field(default_factory=dict)
     clipped: Clipped | None = None

@@ -27,7 +27,12 @@ from rayfed.privacy import (
     enforce,
 )
 from rayfed.protocols.base import Plan
-from rayfed.protocols.square_wave.config import MOMENT_METHODS, SW_METHODS, SquareWaveConfig
+from rayfed.protocols.square_wave.config import (
+    MOMENT_METHODS,
+    REPORT,
+    SW_METHODS,
+    SquareWaveConfig,
+)
 from rayfed.protocols.square_wave.params import Estimator, Evaluation, Params
 from rayfed.protocols.square_wave.report import statement
 from rayfed.sizing import default_cohorts
@@ -57,8 +62,8 @@ def plan(cfg: SquareWaveConfig, seed: int) -> Plan:
     dealt = per_user(table, "user_id", n_cohorts)
     cohorts = {name: (t, {}) for name, t in dealt.items()}
     schedule = cfg.population.schedule(
-        {"before_advertise": cfg.dropout} if cfg.dropout else {},
-        {},
+        REPORT,
+        {"report": cfg.dropout},
         {name: t.column("user_id").to_numpy() for name, t in dealt.items()},
         (np.arange(n), rows) if rows is not None else None,
     )

@@ -176,13 +176,18 @@ def _iteration(fed, cfg: FederatedMFConfig, params: LflParams, t: int, v_msg):
         tag=fed.run_id.encode(),
         dropout=params.schedule,
         min_survivors=params.threshold,  # secure aggregation itself aborts below t
-        consistency=cfg.consistency,
         corrupt=CORRUPT_FRACTION,
     )
     v = fed.get(v_msg.single())
     row: dict[str, Any] = {"iteration": t, "skipped": False}
     try:
-        agg = secure_sum(fed, spec, lfl_round1_inputs, (v, params.releases.round1))
+        agg = secure_sum(
+            fed.cohorts,
+            spec,
+            lfl_round1_inputs,
+            (v, params.releases.round1),
+            server=fed.coordinator,
+        )
     except BelowThreshold as err:
         row.update(skipped=True, reason=str(err))
         return fed.coordinator.run(current_v_step, phase="keep_v"), row

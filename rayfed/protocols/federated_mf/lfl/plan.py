@@ -9,6 +9,7 @@ import numpy as np
 
 from rayfed import mf, rng
 from rayfed.data import per_user
+from rayfed.dropout import Phases
 from rayfed.errors import ConfigError
 from rayfed.mf import gddr as gddr_maths
 from rayfed.mf.lfl import noise_shares, round1_noise, threshold
@@ -31,6 +32,7 @@ from rayfed.protocols.federated_mf import ratings as ratings_data
 from rayfed.protocols.federated_mf.config import FederatedMFConfig, calibration_accountant
 from rayfed.protocols.federated_mf.lfl.params import GddrParams, LflParams, LflReleases
 from rayfed.secagg import FixedPoint, find_params
+from rayfed.secagg.phases import PHASES
 from rayfed.sizing import default_cohorts
 
 #: the share of users the secure aggregation's parameters assume corrupt (γ)
@@ -78,8 +80,8 @@ def plan(cfg: FederatedMFConfig, seed: int) -> Plan:
     # each cohort's registered users are public (secure aggregation's registry): a user takes
     # part whether or not its table holds a rating of it
     cohorts = {name: (t, {"users": users[name]}) for name, t in dealt.items()}
-    schedule = _schedule(cfg, users)
     method = cfg.resolved_method()
+    schedule = _schedule(cfg, method, users)
     gddr = _gddr(cfg, n, m, delta, seed) if method == "gd-dr" else None
     # GD-DR draws no Gaussian noise: its noise multiplier is not calibrated (reported as 0)
     z = (
@@ -106,7 +108,7 @@ def plan(cfg: FederatedMFConfig, seed: int) -> Plan:
             delta=delta,
             z=z,
             sensitivity=sensitivity,
-            secagg=find_params(n, dropout=cfg.omega, corrupt=CORRUPT_FRACTION),
+            secagg=_secagg_params(cfg, n),
             encoding=FixedPoint.choose(n, _clip(cfg, method, n, z, sensitivity), 16),
             mean=float(train.rating.mean()),
             threshold=threshold(n, cfg.omega),
@@ -117,6 +119,20 @@ def plan(cfg: FederatedMFConfig, seed: int) -> Plan:
             gddr=gddr,
         ),
     )
+
+
+def _secagg_params(cfg: FederatedMFConfig, n: int):
+    """Round 1's neighbour graph and threshold against the ``threat_model``'s server, tolerating
+    a fraction ω of dropouts (a malicious model that cannot hold at that ω names ``omega``)."""
+    try:
+        return find_params(
+            n, dropout=cfg.omega, corrupt=CORRUPT_FRACTION, threat_model=cfg.threat_model
+        )
+    except ConfigError as err:
+        if err.field != "tolerated_dropout":
+            raise
+        allowed = err.allowed.replace("tolerated_dropout", "omega")
+        raise ConfigError("omega", err.problem, allowed) from None
 
 
 def _releases(
@@ -207,10 +223,19 @@ def _gddr_privacy(
     )
 
 
-def _schedule(cfg: FederatedMFConfig, cohorts: dict[str, np.ndarray]):
-    """Round 1's dropouts: the rate before advertising, and the population models."""
-    rates = {"before_advertise": cfg.dropout} if cfg.dropout else {}
-    return cfg.population.schedule(rates, {}, cohorts)
+#: GD-DR has no secure aggregation: a user sends one report per iteration, lost in its one phase
+REPORT = Phases(("report",))
+
+
+def _schedule(cfg: FederatedMFConfig, method: str, cohorts: dict[str, np.ndarray]):
+    """The users' availability and the population models: for LFL and LDP in Round 1's secure
+    aggregation (its phases; the rate is lost at advertise, the user sending nothing that round);
+    for GD-DR in its one phase ``report`` (SecAgg's phases are unknown there, a ConfigError naming
+    population.rates.<phase>). Both rates read the same uniforms, so dropout=r loses the same
+    users either way."""
+    if method == "gd-dr":
+        return cfg.population.schedule(REPORT, {"report": cfg.dropout}, cohorts)
+    return cfg.population.schedule(PHASES, {"advertise": cfg.dropout}, cohorts)
 
 
 def _charged_epsilon(

@@ -32,6 +32,8 @@ def notes(cfg: FederatedMFConfig, params: LflParams) -> list[str]:
             "aggregation; in this mode the coordinator could derive the masks (a simulation, "
             "not a deployment)"
         )
+    if params.method in ("lfl", "ldp"):
+        out.append(secagg_note(cfg, params))
     accountant = "RDP" if calibration_accountant(cfg) == "rdp" else "PLD and RDP, the smaller ε"
     out.append(
         f"σ_v = z·2R^(3/2) with z = {params.z:.4g} from dp-accounting ({accountant}, "
@@ -39,6 +41,26 @@ def notes(cfg: FederatedMFConfig, params: LflParams) -> list[str]:
         "(conservative)"
     )
     return out
+
+
+def secagg_note(cfg: FederatedMFConfig, params: LflParams) -> str:
+    """Round 1's secure aggregation: the threat model it is sized for, k, t and both bounds."""
+    sa = params.secagg
+    note = (
+        f"Round-1 secure aggregation against a {sa.threat_model} server (threat_model): "
+        + (
+            f"complete graph k={sa.degree} (n - 1)"
+            if sa.complete
+            else f"Harary graph k={sa.degree}"
+        )
+        + f", t={sa.threshold}, {sa.bounds()}"
+    )
+    if sa.threat_model == "semi-honest":
+        note += (
+            "; a server that lies about who dropped could isolate a user's Round-1 message: "
+            "out of scope (threat_model=malicious)"
+        )
+    return note
 
 
 def _gddr_notes(cfg: FederatedMFConfig, params: LflParams) -> list[str]:
@@ -119,6 +141,9 @@ def outcome(
         "skipped_iterations": skipped,
         "iterations": history,
         "secagg_degree": params.secagg.degree,
+        "secagg_threshold": params.secagg.threshold,
+        "secagg_threat_model": params.secagg.threat_model,
+        "secagg_log2_security_bound": params.secagg.log2_security_failure,
         "secagg_log2_abort_bound": params.secagg.log2_correctness_failure,
         "threshold": params.threshold,
         "tolerated_dropout": cfg.omega,
@@ -131,6 +156,9 @@ def outcome(
     if params.gddr is not None:  # it runs no secure aggregation and draws no Gaussian
         for unused in (
             "secagg_degree",
+            "secagg_threshold",
+            "secagg_threat_model",
+            "secagg_log2_security_bound",
             "secagg_log2_abort_bound",
             "secagg_mode",
             "noise_multiplier",
@@ -138,6 +166,10 @@ def outcome(
             metrics[unused] = None
         metrics.update(_gddr_metrics(cfg, params))
     headline = f"{METHOD_NAMES[params.method]} test MSE {test_mse:.4f} ({params.n} users, {params.m} items)"
+    if params.method in ("lfl", "ldp"):
+        headline += f"; Round-1 secure aggregation: threat model {params.secagg.threat_model}"
+        if cfg.secagg_mode != "secure":  # the model is what the parameters are sized for
+            headline += f" [{cfg.secagg_mode} mode, NOT secure]"
     if params.clipped is not None:
         metrics["clipped"] = params.clipped.to_dict()
         if params.clipped.count:

@@ -43,6 +43,9 @@ def lfl_round1_inputs(
     grads = np.zeros((len(ids), m * p))
     grad = -2.0 * (x - np.einsum("ij,ij->i", u, v[j]))[:, None] * u
     grads.reshape(len(ids), m, p)[rated, j] = grad
+    # the users whose Round-1 share this incarnation drew (not checkpointed: a restarted cohort
+    # has drawn none, and in a secure run it could not regenerate them for Round 2)
+    ctx.state["round1_drawn"] = (round, np.asarray(ids))
     return release(ctx.noise, grads, round=round, ids=ids)
 
 
@@ -59,10 +62,11 @@ def lfl_round2_step(
 ) -> Message:
     """Round 2: each Round-1 survivor (``u1``) still online sends ξ̄_i = -ξ_i + ξ'_i: ξ_i
     regenerated from its own noise source, ξ'_i ~ N(0, ζ2 σ²) with ζ2 from the realised |U1|
-    (``release``, part of the iteration's Round-1 release ``round1``, whose event covers it)."""
+    (``release``, part of the iteration's Round-1 release ``round1``, whose event covers it) —
+    for the users whose share it can regenerate (:func:`_regenerable`)."""
     ids = ctx.state["ids"][np.isin(ctx.state["ids"], u1)]
     online = rng.keyed_uniform(ctx.seed, "dropout-round2", round, ids, 1)[:, 0] >= dropout
-    ids = ids[online]
+    ids = ids[online & _regenerable(ctx, round, ids)]
     values, _ = release(
         ctx.noise,
         np.zeros((ids.size, width)),  # no data: the message replaces noise only
@@ -72,6 +76,20 @@ def lfl_round2_step(
         replacement=zeta2,
     )
     return Message("noise_replacement", {"ids": ids, "values": values}, to="coordinator")
+
+
+def _regenerable(ctx: StepContext, round: int, ids: np.ndarray) -> np.ndarray:
+    """Which users' Round-1 share this cohort can regenerate to cancel it: all of them in a
+    seeded run (a share is keyed by the run seed, round and id); in a secure run only those this
+    incarnation drew — a cohort restarted after Round 1 holds a new secret, and a replacement
+    built on a share it did not add would not cancel (more noise than reported). The others
+    count as Round-2 dropouts, which the Round-1 charge already covers."""
+    if not ctx.noise.secure:
+        return np.ones(ids.size, dtype=bool)
+    drawn_round, drawn = ctx.state.get("round1_drawn", (None, np.array([], dtype=np.int64)))
+    if drawn_round != round:
+        return np.zeros(ids.size, dtype=bool)
+    return np.isin(ids, drawn)
 
 
 def gddr_report_step(
