@@ -1,0 +1,288 @@
+"""The distributed-DP pipeline (rayfed.secagg.ddp, issue 27): rotation, conditional rounding, the
+integer sum mod 2^b and its decoding, the modular-clipping bound. References are independent:
+scipy's Hadamard matrix, exact rounding variances p(1-p), the noise samplers' own variances, and
+numpy sums of the ring words; tolerances come from χ² quantiles of the estimators."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from scipy.linalg import hadamard
+from scipy.optimize import minimize_scalar
+from scipy.stats import chi2
+
+from rayfed.errors import ConfigError
+from rayfed.federation import Federation
+from rayfed.privacy import PrivacyDeclaration
+from rayfed.secagg import FixedPoint, RingWords, ddp, find_params, make_spec, secure_sum
+from rayfed.secagg.group import party_ids
+
+ALPHA = 1e-3  # two-sided level of every statistical check here
+
+
+def _chi2_ok(stat: float, dof: float) -> bool:
+    return chi2.ppf(ALPHA / 2, dof) <= stat <= chi2.ppf(1 - ALPHA / 2, dof)
+
+
+def _users(n: int, d: int, seed: int = 0, norm: float = 1.0) -> np.ndarray:
+    """n vectors of ℓ2 norm between norm/2 and 2·norm (some clipped at clip = norm)."""
+    gen = np.random.default_rng(seed)
+    x = gen.normal(size=(n, d))
+    x *= (norm * gen.uniform(0.5, 2.0, n) / np.linalg.norm(x, axis=1))[:, None]
+    return x
+
+
+def _skellam(gen: np.random.Generator, mu: float):
+    """Each user's Skellam share Poisson(μ) - Poisson(μ) (variance 2μ), numpy's Poisson."""
+    return lambda shape: gen.poisson(mu, shape) - gen.poisson(mu, shape)
+
+
+# --- rotation ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("m", [1, 2, 8, 64])
+def test_fwht_is_scipys_normalised_hadamard(m):
+    x = np.random.default_rng(m).normal(size=(5, m))
+    reference = x @ (hadamard(m) / math.sqrt(m)).T
+    np.testing.assert_allclose(ddp.fwht(x), reference, rtol=0, atol=1e-12)
+
+
+def test_rotation_is_orthonormal_and_inverted_exactly():
+    """rotate = H/√m · diag(signs) on the zero-padded vector (scipy's H); it keeps every norm and
+    unrotate undoes it to float error."""
+    p = ddp.plan(dim=100, users=10, clip=1.0, bits=20, noise="none", rotation_seed=3)
+    assert p.padded_dim == 128
+    x = np.random.default_rng(1).normal(size=(7, 100))
+    pad = np.hstack([x, np.zeros((7, 28))])
+    reference = (pad * p.signs()) @ (hadamard(128) / math.sqrt(128)).T
+    y = p.rotate(x)
+    np.testing.assert_allclose(y, reference, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(np.linalg.norm(y, axis=1), np.linalg.norm(x, axis=1), rtol=1e-13)
+    np.testing.assert_allclose(p.unrotate(y), x, rtol=0, atol=1e-12)
+    # the signs are public: a function of the seed and the round only
+    assert np.array_equal(p.signs(), ddp.plan(**_same(p)).signs())
+    other = ddp.plan(**{**_same(p), "rotation_seed": 4}).signs()
+    assert set(np.unique(p.signs())) == {-1.0, 1.0} and not np.array_equal(p.signs(), other)
+
+
+def _same(p: ddp.DdpPlan) -> dict:
+    return dict(
+        dim=p.dim,
+        users=p.users,
+        clip=p.clip,
+        bits=p.bits,
+        noise=p.noise,
+        rotation_seed=p.rotation_seed,
+    )
+
+
+# --- conditional randomized rounding ----------------------------------------------------------
+def test_rounding_is_unbiased_at_the_plans_bound():
+    """N draws of one vector's rounding: Σ_j (mean_j - y_j)² / (p_j(1 - p_j)/N) is χ²_d. The
+    plan's β = 1e-6 conditioning moves a coordinate's mean by at most β/(1-β) ≈ 1e-6 (far
+    below the test's resolution, ~√(p(1-p)/N) ≈ 0.006)."""
+    p = ddp.plan(dim=256, users=1, clip=1.0, bits=20, noise="none")
+    y = p.rotate(p.clip_rows(_users(1, 256, seed=2))[0]) * p.gamma
+    frac = y[0] - np.floor(y[0])
+    draws = 6000
+    ints, _ = ddp.conditional_round(
+        np.repeat(y, draws, axis=0), p.l2_bound_sq, np.random.default_rng(5)
+    )
+    var = frac * (1 - frac) / draws
+    stat = float((((ints.mean(axis=0) - y[0]) ** 2) / var).sum())
+    assert _chi2_ok(stat, y.shape[1]), stat
+
+
+def test_conditional_rounding_rerounds_only_the_failing_rows_and_never_exceeds_the_bound():
+    """Rows of 0.5s in 64 coordinates under the bound Σx² ≤ 32: about 45 % of first roundings
+    fail. Every output meets the bound, the failures (and only they) are redrawn."""
+    d, rows, bound_sq = 64, 400, 32
+    y = np.full((rows, d), 0.5)
+    gen = np.random.default_rng(9)
+    asked: list[tuple[np.ndarray, int]] = []
+
+    def uniforms(idx, attempt):
+        asked.append((np.asarray(idx).copy(), attempt))
+        return gen.random((len(idx), d))
+
+    ints, rerounds = ddp.conditional_round(y, bound_sq, uniforms)
+    sq = (ints**2).sum(axis=1)
+    assert sq.max() <= bound_sq
+    first = asked[0]
+    assert first[1] == 0 and np.array_equal(first[0], np.arange(rows))
+    redrawn = np.concatenate([idx for idx, attempt in asked[1:]])
+    assert rerounds == redrawn.size and 0.3 * rows < len(asked[1][0]) < 0.6 * rows
+    assert [a for _, a in asked] == list(range(len(asked)))
+    with pytest.raises(RuntimeError, match="still above the norm bound"):
+        ddp.conditional_round(y, 10, np.random.default_rng(1), max_tries=5)
+
+
+def test_the_rounded_norm_bound_holds_on_clipped_inputs():
+    """Inputs up to twice the clip: clipped, rotated, scaled and rounded, every user's integer
+    norm is within Δ₂ (exactly, in integers); the report's realised inflation is below its
+    bound and above 1 − rounding's slack."""
+    p = ddp.plan(dim=300, users=500, clip=2.0, bits=14, noise="none", beta=0.5)
+    x = _users(500, 300, seed=3, norm=2.0)
+    ints, stats = p.quantise(x, np.random.default_rng(0))
+    assert (ints**2).sum(axis=1).max() <= p.l2_bound_sq
+    report = p.report(stats)
+    assert report.clipped == int((np.linalg.norm(x, axis=1) > 2.0).sum()) > 0
+    assert 1.0 < report.inflation_realised <= report.inflation_bound
+    assert p.l1_bound <= min(math.sqrt(p.padded_dim) * p.l2_bound, p.l2_bound_sq)
+
+
+# --- end to end -------------------------------------------------------------------------------
+def _sum_words(p: ddp.DdpPlan, words: RingWords) -> np.ndarray:
+    return words.checked(p.bits).sum(axis=0) % (1 << p.bits)
+
+
+def test_sum_without_noise_decodes_within_the_rounding_bound():
+    """n users' words summed mod 2^b with numpy and decoded: within n·√padded_dim/γ of the true
+    sum of the clipped vectors (each rounding error is below 1 per coordinate), in ℓ2."""
+    n, d = 40, 100
+    p = ddp.plan(dim=d, users=n, clip=1.0, bits=16, noise="none")
+    x = _users(n, d, seed=4)
+    words, _ = p.encode(x, np.random.default_rng(1))
+    decoded = p.decode(_sum_words(p, words))
+    truth = p.clip_rows(x)[0].sum(axis=0)
+    error = float(np.linalg.norm(decoded - truth))
+    assert error <= n * math.sqrt(p.padded_dim) / p.gamma
+    assert error > 0  # it did round
+
+
+def party_input(ctx, round, ids, x, p):
+    """A party's one user: its row through the pipeline, rounded from a generator keyed by its id
+    (so the test can redo it) and with Skellam noise from the party's noise source."""
+    words, _ = p.encode(
+        x[ids],
+        np.random.default_rng(int(ids[0])),
+        _skellam(ctx.noise.generator("ddp-test"), p.skellam_mu),
+    )
+    return words
+
+
+def test_the_pipeline_runs_through_secure_sum():
+    """Three parties, one SecAgg user each, ring words summed by the real protocol (simulation
+    mode): decoded, the sum is the clipped inputs' within the rounding bound plus 6 noise sds."""
+    names, d = ["alice", "bob", "carol"], 8
+    p = ddp.plan(dim=d, users=3, clip=1.0, bits=24, noise="skellam", noise_std=1e-3)
+    x = _users(3, d, seed=6)
+    spec = make_spec(
+        round=1,
+        mode="simulation",
+        registry=np.arange(3),
+        params=find_params(3, dropout=0.0, graph="complete"),
+        encoding=FixedPoint(float(2 ** (p.bits - 1)), 0, p.bits),
+        dim=p.padded_dim,
+    )
+    parties = {name: (pa.table({"row": [i]}), {}) for i, name in enumerate(names)}
+    with Federation(
+        run_id="ddp",
+        seed=5,
+        parties=parties,
+        privacy=PrivacyDeclaration.none("test"),
+        backend="local",
+    ) as fed:
+        result = secure_sum(
+            fed.parties, spec, party_input, (x, p), server=fed.coordinator, ids=party_ids(names)
+        )
+    decoded = p.decode(result.words)
+    truth = p.clip_rows(x)[0].sum(axis=0)
+    slack = 3 * math.sqrt(p.padded_dim) / p.gamma + 6 * 1e-3 * math.sqrt(p.padded_dim)
+    assert 0 < np.linalg.norm(decoded - truth) <= slack
+    # the rounding alone, redone from the users' keyed generators, is within 6 noise sds
+    rounded = sum(p.quantise(x[[i]], np.random.default_rng(i))[0][0] for i in range(3))
+    noise = p.centred(result.words).astype(np.int64) - rounded
+    assert np.abs(noise).max() <= 6 * math.sqrt(3 * p.noise_variance) + 1
+
+
+def test_noisy_sum_mse_matches_the_predicted_variance():
+    """R rounds of n users with Skellam noise: Σ‖decoded - truth‖²·γ² over the rounds (padded_dim
+    = dim, so it is the integer error's squared norm exactly) against its expectation
+    Σ_j [Σ_i p_ij(1 - p_ij) + n·2μ]. With unequal variances V_j the statistic is a weighted χ²;
+    Satterthwaite's m = (ΣV)²/ΣV² degrees of freedom give the quantiles."""
+    n, d, rounds = 200, 128, 10
+    p = ddp.plan(dim=d, users=n, clip=1.0, bits=20, noise="skellam", noise_std=0.02)
+    x = _users(n, d, seed=7)
+    truth = p.clip_rows(x)[0].sum(axis=0)
+    y = p.rotate(p.clip_rows(x)[0]) * p.gamma
+    frac = y - np.floor(y)
+    per_coord = (frac * (1 - frac)).sum(axis=0) + n * 2 * p.skellam_mu  # exact variances V_j
+    assert n * 2 * p.skellam_mu > 0.5 * (frac * (1 - frac)).sum()  # both terms matter
+    gen = np.random.default_rng(11)
+    stat = 0.0
+    for _ in range(rounds):
+        words, _ = p.encode(x, gen, _skellam(gen, p.skellam_mu))
+        stat += float(((p.decode(_sum_words(p, words)) - truth) ** 2).sum()) * p.gamma**2
+    v = np.tile(per_coord, rounds)
+    dof = v.sum() ** 2 / (v**2).sum()
+    assert _chi2_ok(stat * dof / v.sum(), dof), (stat / v.sum(), dof)
+
+
+def test_a_forced_wrap_is_reported_and_decodes_wrong():
+    """The same γ at 16 and at 8 bits: at 16 the bound is small and the sum right; at 8 the
+    bound says ≈ 1 and the decoded sum is far off — the clipping check can fail."""
+    n, d = 100, 64
+    good = ddp.plan(dim=d, users=n, clip=1.0, bits=16, noise="none")
+    bad = ddp.plan(dim=d, users=n, clip=1.0, bits=8, noise="none", gamma=good.gamma)
+    assert good.modular_clip_bound() <= 1e-6 and bad.modular_clip_bound() > 0.5
+    x = _users(n, d, seed=8)
+    truth = good.clip_rows(x)[0].sum(axis=0)
+    rounding_bound = n * math.sqrt(d) / good.gamma
+    for p, right in ((good, True), (bad, False)):
+        words, _ = p.encode(x, np.random.default_rng(2))
+        error = float(np.linalg.norm(p.decode(_sum_words(p, words)) - truth))
+        assert (error <= rounding_bound) is right, (p.bits, error, rounding_bound)
+
+
+# --- the parameters ---------------------------------------------------------------------------
+@pytest.mark.parametrize("noise", ["none", "discrete_gaussian", "skellam"])
+def test_gamma_is_the_largest_scale_within_the_clipping_target(noise):
+    std = 0.0 if noise == "none" else 1.0
+    p = ddp.plan(dim=1024, users=1000, clip=1.0, bits=16, noise=noise, noise_std=std)
+    assert p.modular_clip_bound() <= p.modclip_prob < p.modular_clip_bound(p.gamma * 1.001)
+
+
+def test_the_clipping_bound_against_an_independent_computation():
+    """Gaussian-type: 2·m·exp(-t²/2v)·(1-β)^-n with v = γ²(nc)²/m + n/4 + n·σ²; Skellam: the
+    Chernoff exponent minimised numerically (scipy) instead of by the root of its slope, and
+    never below the sub-Gaussian bound at the same variance (cosh λ - 1 ≥ λ²/2)."""
+    kw = dict(dim=1000, users=1000, clip=1.0, bits=14, noise_std=2.0)
+    dg = ddp.plan(**kw, noise="discrete_gaussian", gamma=20.0)
+    t, n, m = 2.0**13, 1000, 1024
+    v = 20.0**2 * n**2 / m + n / 4 + n * dg.noise_variance
+    expected = 2 * m * math.exp(-(t**2) / (2 * v)) * (1 - dg.beta) ** -n
+    assert dg.modular_clip_bound() == pytest.approx(expected, rel=1e-9)
+    sk = ddp.plan(**kw, noise="skellam", gamma=20.0)
+    a, b = v - n * sk.noise_variance, n * sk.noise_variance
+    best = minimize_scalar(
+        lambda lam: -lam * t + a * lam**2 / 2 + b * (math.cosh(lam) - 1),
+        bounds=(0, 1),
+        method="bounded",
+        options={"xatol": 1e-12},
+    )
+    expected = 2 * m * math.exp(best.fun) * (1 - sk.beta) ** -n
+    assert sk.modular_clip_bound() == pytest.approx(expected, rel=1e-6)
+    assert sk.modular_clip_bound() >= dg.modular_clip_bound()
+
+
+def test_bad_parameters_are_config_errors_naming_the_option():
+    base = dict(dim=16, users=10, clip=1.0, bits=16)
+    with pytest.raises(ConfigError, match="bits"):
+        ddp.plan(**{**base, "users": 10**6, "bits": 8})  # the rounding errors alone overflow
+    for option, value in [
+        ("bits", 1),
+        ("bits", 63),
+        ("clip", 0.0),
+        ("dim", 0),
+        ("noise", "laplace"),
+        ("beta", 1.0),
+        ("noise_std", -1.0),
+        ("modclip_prob", 0.0),
+        ("gamma", -1.0),
+    ]:
+        with pytest.raises(ConfigError, match=option):
+            ddp.plan(**{**base, option: value})
+    with pytest.raises(ConfigError, match="NaN"):
+        ddp.plan(**base).encode(np.full((1, 16), np.nan), np.random.default_rng(0))
