@@ -203,13 +203,14 @@ def test_noisy_sum_mse_matches_the_predicted_variance():
     Σ_j [Σ_i p_ij(1 - p_ij) + n·2μ]. With unequal variances V_j the statistic is a weighted χ²;
     Satterthwaite's m = (ΣV)²/ΣV² degrees of freedom give the quantiles."""
     n, d, rounds = 200, 128, 10
-    p = ddp.plan(dim=d, users=n, clip=1.0, bits=20, noise="skellam", noise_std=0.02)
+    p = ddp.plan(dim=d, users=n, clip=1.0, bits=20, noise="skellam", noise_std=0.0015)
     x = _users(n, d, seed=7)
     truth = p.clip_rows(x)[0].sum(axis=0)
     y = p.rotate(p.clip_rows(x)[0]) * p.gamma
     frac = y - np.floor(y)
     per_coord = (frac * (1 - frac)).sum(axis=0) + n * 2 * p.skellam_mu  # exact variances V_j
-    assert n * 2 * p.skellam_mu > 0.5 * (frac * (1 - frac)).sum()  # both terms matter
+    share = n * 2 * p.skellam_mu * d / per_coord.sum()
+    assert 0.25 < share < 0.75, share  # noise and rounding both weigh in the statistic
     gen = np.random.default_rng(11)
     stat = 0.0
     for _ in range(rounds):
@@ -248,23 +249,27 @@ def test_the_clipping_bound_against_an_independent_computation():
     """Gaussian-type: 2·m·exp(-t²/2v)·(1-β)^-n with v = γ²(nc)²/m + n/4 + n·σ²; Skellam: the
     Chernoff exponent minimised numerically (scipy) instead of by the root of its slope, and
     never below the sub-Gaussian bound at the same variance (cosh λ - 1 ≥ λ²/2)."""
-    kw = dict(dim=1000, users=1000, clip=1.0, bits=14, noise_std=2.0)
-    dg = ddp.plan(**kw, noise="discrete_gaussian", gamma=20.0)
+    kw = dict(dim=1000, users=1000, clip=1.0, bits=14, noise_std=20.0)
+    dg = ddp.plan(**kw, noise="discrete_gaussian", gamma=50.0)
     t, n, m = 2.0**13, 1000, 1024
-    v = 20.0**2 * n**2 / m + n / 4 + n * dg.noise_variance
+    v = 50.0**2 * n**2 / m + n / 4 + n * dg.noise_variance
     expected = 2 * m * math.exp(-(t**2) / (2 * v)) * (1 - dg.beta) ** -n
-    assert dg.modular_clip_bound() == pytest.approx(expected, rel=1e-9)
-    sk = ddp.plan(**kw, noise="skellam", gamma=20.0)
-    a, b = v - n * sk.noise_variance, n * sk.noise_variance
+    assert math.log(dg.modular_clip_bound()) == pytest.approx(math.log(expected), rel=1e-9)
+    assert 1e-3 < dg.modular_clip_bound() < 1  # neither 0 nor saturated at 1
+    # Skellam where its tail is not Gaussian: one user, 6 bits, noise of variance 4 (λ ≈ 2.8)
+    sk = ddp.plan(dim=1, users=1, clip=1.0, bits=6, noise="skellam", noise_std=0.5, gamma=4.0)
+    t, a, b = 32.0, 4.0**2 + 1 / 4, sk.noise_variance
+    assert b == pytest.approx(4.0)
     best = minimize_scalar(
         lambda lam: -lam * t + a * lam**2 / 2 + b * (math.cosh(lam) - 1),
-        bounds=(0, 1),
+        bounds=(0, 10),
         method="bounded",
         options={"xatol": 1e-12},
     )
-    expected = 2 * m * math.exp(best.fun) * (1 - sk.beta) ** -n
-    assert sk.modular_clip_bound() == pytest.approx(expected, rel=1e-6)
-    assert sk.modular_clip_bound() >= dg.modular_clip_bound()
+    log_expected = math.log(2) + best.fun - math.log1p(-sk.beta)
+    assert math.log(sk.modular_clip_bound()) == pytest.approx(log_expected, rel=1e-9)
+    as_gaussian = math.log(2) - t**2 / (2 * (a + b)) - math.log1p(-sk.beta)
+    assert log_expected > as_gaussian + 0.5  # cosh λ - 1 ≥ λ²/2: a heavier tail, bounded so
 
 
 def test_bad_parameters_are_config_errors_naming_the_option():
