@@ -216,6 +216,7 @@ def test_noisy_sum_mse_matches_the_predicted_variance():
     for _ in range(rounds):
         words, _ = p.encode(x, gen, _skellam(gen, p.skellam_mu))
         stat += float(((p.decode(_sum_words(p, words)) - truth) ** 2).sum()) * p.gamma**2
+    assert per_coord.mean() / p.gamma**2 <= p.mse_bound  # the plan's bound holds the exact value
     v = np.tile(per_coord, rounds)
     dof = v.sum() ** 2 / (v**2).sum()
     assert _chi2_ok(stat * dof / v.sum(), dof), (stat / v.sum(), dof)
@@ -291,3 +292,14 @@ def test_bad_parameters_are_config_errors_naming_the_option():
             ddp.plan(**{**base, option: value})
     with pytest.raises(ConfigError, match="NaN"):
         ddp.plan(**base).encode(np.full((1, 16), np.nan), np.random.default_rng(0))
+
+
+@pytest.mark.parametrize("bits", [12, 16, 20])
+def test_plan_for_multiplier_puts_the_noise_at_the_multiplier_times_the_rounded_sensitivity(bits):
+    """The fixed point: the sum's integer noise std is z·Δ₂ for the plan's own γ and Δ₂."""
+    p = ddp.plan_for_multiplier(4.0, dim=1024, users=1000, clip=1.0, bits=bits)
+    assert p.noise_multiplier == pytest.approx(4.0, rel=1e-9) and p.noise_multiplier >= 4.0 * (
+        1 - 1e-9
+    )
+    assert math.sqrt(p.users * p.noise_variance) == pytest.approx(4.0 * p.l2_bound, rel=1e-9)
+    assert p.modular_clip_bound() <= p.modclip_prob

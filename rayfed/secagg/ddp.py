@@ -61,6 +61,7 @@ __all__ = [
     "conditional_round",
     "fwht",
     "plan",
+    "plan_for_multiplier",
     "rounded_norm_bound",
 ]
 
@@ -225,7 +226,22 @@ class DdpPlan:
 
     @property
     def inflation_bound(self) -> float:
+        """Δ₂ / (γ·clip): what rounding adds to the sensitivity (and so to the noise)."""
         return self.l2_bound / (self.gamma * self.clip)
+
+    @property
+    def noise_multiplier(self) -> float:
+        """The sum's integer noise std over Δ₂: √(users·noise_variance) / l2_bound."""
+        return math.sqrt(self.users * self.noise_variance) / self.l2_bound
+
+    @property
+    def mse_bound(self) -> float:
+        """An upper bound on the decoded sum's mean squared error per coordinate (data units)
+        when ``users`` users take part and nothing wraps: (users/4 + users·noise_variance)/γ²
+        (a rounding error's variance is p(1-p) ≤ 1/4; the rotation is orthonormal, so the
+        per-coordinate average is kept). Equal to it for Skellam noise and rounding at p = ½;
+        a discrete Gaussian's variance is slightly below its σ²."""
+        return (self.users / 4 + self.users * self.noise_variance) / self.gamma**2
 
     def modular_clip_bound(self, gamma: float | None = None) -> float:
         """The bound on P[some coordinate of the noisy integer sum of ``users`` users lies
@@ -440,3 +456,21 @@ def plan(
         if hi / lo < 1 + 1e-12:
             break
     return at(lo)
+
+
+def plan_for_multiplier(multiplier: float, **options) -> DdpPlan:
+    """:func:`plan` with the sum's noise std set to ``multiplier`` × the *rounded* sensitivity
+    Δ₂ (integer units) — what a Gaussian-type calibration of (ε, δ) against Δ₂ asks for. γ
+    depends on the noise and Δ₂ on γ, so this iterates noise_std = multiplier·Δ₂/γ to a fixed
+    point (the inflation Δ₂/(γ·clip) changes little with γ: a few steps)."""
+    if not (math.isfinite(multiplier) and multiplier > 0):
+        raise ConfigError("noise_multiplier", f"must be a finite number > 0, got {multiplier}")
+    std = multiplier * options["clip"]
+    for _ in range(50):
+        p = plan(**options, noise_std=std)
+        new = multiplier * p.l2_bound / p.gamma
+        if abs(new - std) <= 1e-12 * std:
+            break
+        std = new
+    # noise_std fixed, Δ₂ from the final γ: the plan's multiplier is at least the one asked for
+    return p if p.noise_multiplier >= multiplier * (1 - 1e-9) else plan(**options, noise_std=new)
