@@ -255,3 +255,27 @@ def skellam(gen: np.random.Generator, mu, shape) -> np.ndarray:
     return gen.poisson(float(mu), size=shape).astype(np.int64) - gen.poisson(
         float(mu), size=shape
     ).astype(np.int64)
+
+
+# --- tail bounds (modular clipping) --------------------------------------------------------------
+def discrete_gaussian_sum_tail(sigma2, num_shares: int, x: float) -> float:
+    """An upper bound on P[|S| >= x] for S the sum of ``num_shares`` independent N_Z(0, σ²) (one
+    coordinate): N_Z(0, σ²) is sub-Gaussian with variance proxy σ² (E e^{λX} <= e^{λ²σ²/2},
+    Canonne, Kamath & Steinke 2020), so S is with nσ² and P[|S| >= x] <= 2·exp(−x²/(2nσ²)).
+    Union-bound it over the coordinates for the probability that any one wraps mod 2^b."""
+    var = float(num_shares) * float(sigma2)
+    if x <= 0:
+        return 1.0
+    return min(1.0, 2.0 * math.exp(-(float(x) ** 2) / (2.0 * var)))
+
+
+def skellam_tail(variance: float, x: float) -> float:
+    """An upper bound on P[|S| >= x] for S Skellam noise of ``variance`` μ (Poisson(μ/2) −
+    Poisson(μ/2), one coordinate): Chernoff with E e^{λS} = exp(μ(cosh λ − 1)), optimal at
+    λ = asinh(x/μ): P[|S| >= x] <= 2·exp(μ(sqrt(1 + (x/μ)²) − 1) − x·asinh(x/μ)).
+    Union-bound it over the coordinates for the probability that any one wraps mod 2^b."""
+    mu, x = float(variance), float(x)
+    if x <= 0:
+        return 1.0
+    r = x / mu
+    return min(1.0, 2.0 * math.exp(mu * (math.sqrt(1.0 + r * r) - 1.0) - x * math.asinh(r)))
