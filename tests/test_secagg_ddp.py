@@ -16,7 +16,9 @@ from scipy.stats import chi2
 
 from rayfed.errors import ConfigError
 from rayfed.federation import Federation
-from rayfed.privacy import PrivacyDeclaration
+from rayfed.privacy import NoiseSource, PrivacyDeclaration, integer
+from rayfed.privacy.calibration import ddg_sigma2, skellam_variance
+from rayfed.privacy.mechanisms import discrete_gaussian_shares, skellam_shares
 from rayfed.secagg import FixedPoint, RingWords, ddp, find_params, make_spec, secure_sum
 from rayfed.secagg.group import party_ids
 
@@ -36,8 +38,20 @@ def _users(n: int, d: int, seed: int = 0, norm: float = 1.0) -> np.ndarray:
 
 
 def _skellam(gen: np.random.Generator, mu: float):
-    """Each user's Skellam share Poisson(μ) - Poisson(μ) (variance 2μ), numpy's Poisson."""
-    return lambda shape: gen.poisson(mu, shape) - gen.poisson(mu, shape)
+    """Each user's Skellam share Poisson(μ) - Poisson(μ) (variance 2μ): rayfed.privacy's sampler."""
+    return lambda shape: integer.skellam(gen, mu, shape)
+
+
+def _discrete_gaussian(gen: np.random.Generator, sigma2: float):
+    """Each user's N_Z(0, σ²) share: rayfed.privacy's exact sampler."""
+    return lambda shape: integer.discrete_gaussian(gen, sigma2, shape)
+
+
+def _dg_variance(sigma2: float) -> float:
+    """The exact variance of N_Z(0, σ²) (below σ² for small σ²), summing its pmf."""
+    k = np.arange(-60, 61, dtype=np.float64)
+    w = np.exp(-(k**2) / (2 * sigma2))
+    return float((k**2 * w).sum() / w.sum())
 
 
 # --- rotation ---------------------------------------------------------------------------------
@@ -197,29 +211,63 @@ def test_the_pipeline_runs_through_secure_sum():
     assert np.abs(noise).max() <= 6 * math.sqrt(3 * p.noise_variance) + 1
 
 
-def test_noisy_sum_mse_matches_the_predicted_variance():
-    """R rounds of n users with Skellam noise: Σ‖decoded - truth‖²·γ² over the rounds (padded_dim
-    = dim, so it is the integer error's squared norm exactly) against its expectation
-    Σ_j [Σ_i p_ij(1 - p_ij) + n·2μ]. With unequal variances V_j the statistic is a weighted χ²;
-    Satterthwaite's m = (ΣV)²/ΣV² degrees of freedom give the quantiles."""
+@pytest.mark.parametrize("noise", ["skellam", "discrete_gaussian"])
+def test_noisy_sum_mse_matches_the_predicted_variance(noise):
+    """R rounds of n users with integer noise (rayfed.privacy's samplers): Σ‖decoded - truth‖²·γ²
+    over the rounds (padded_dim = dim, so it is the integer error's squared norm exactly)
+    against its expectation Σ_j [Σ_i p_ij(1 - p_ij) + n·Var(share)] — Var 2μ for Skellam, the
+    discrete Gaussian's exact variance from its pmf. With unequal variances V_j the statistic
+    is a weighted χ²; Satterthwaite's m = (ΣV)²/ΣV² degrees of freedom give the quantiles."""
     n, d, rounds = 200, 128, 10
-    p = ddp.plan(dim=d, users=n, clip=1.0, bits=20, noise="skellam", noise_std=0.0015)
+    p = ddp.plan(dim=d, users=n, clip=1.0, bits=20, noise=noise, noise_std=0.0015)
     x = _users(n, d, seed=7)
     truth = p.clip_rows(x)[0].sum(axis=0)
     y = p.rotate(p.clip_rows(x)[0]) * p.gamma
     frac = y - np.floor(y)
-    per_coord = (frac * (1 - frac)).sum(axis=0) + n * 2 * p.skellam_mu  # exact variances V_j
-    share = n * 2 * p.skellam_mu * d / per_coord.sum()
-    assert 0.25 < share < 0.75, share  # noise and rounding both weigh in the statistic
     gen = np.random.default_rng(11)
+    if noise == "skellam":
+        share_var, draw = 2 * p.skellam_mu, _skellam(gen, p.skellam_mu)
+    else:
+        sigma2 = float(integer.exact_sigma2(p.noise_variance))
+        share_var, draw = _dg_variance(sigma2), _discrete_gaussian(gen, sigma2)
+    per_coord = (frac * (1 - frac)).sum(axis=0) + n * share_var  # exact variances V_j
+    share = n * share_var * d / per_coord.sum()
+    assert 0.25 < share < 0.75, share  # noise and rounding both weigh in the statistic
     stat = 0.0
     for _ in range(rounds):
-        words, _ = p.encode(x, gen, _skellam(gen, p.skellam_mu))
+        words, _ = p.encode(x, gen, draw)
         stat += float(((p.decode(_sum_words(p, words)) - truth) ** 2).sum()) * p.gamma**2
     assert per_coord.mean() / p.gamma**2 <= p.mse_bound  # the plan's bound holds the exact value
     v = np.tile(per_coord, rounds)
     dof = v.sum() ** 2 / (v**2).sum()
     assert _chi2_ok(stat * dof / v.sum(), dof), (stat / v.sum(), dof)
+
+
+@pytest.mark.parametrize("noise", ["skellam", "discrete_gaussian"])
+def test_the_privacy_mechanisms_shares_go_through_the_pipeline(noise):
+    """quantise → rayfed.privacy's keyed shares (release, event) → to_words → decode: the event
+    carries the plan's Δ₂ and Δ₁, and the decoded sum is the truth within 6 sds of noise and
+    rounding (mse_bound)."""
+    n, d = 50, 64
+    p = ddp.plan(dim=d, users=n, clip=1.0, bits=24, noise=noise, noise_std=0.05)
+    x = _users(n, d, seed=12)
+    ints, _ = p.quantise(x, np.random.default_rng(3))
+    shares = skellam_shares if noise == "skellam" else discrete_gaussian_shares
+    scale = {"variance": p.noise_variance} if noise == "skellam" else {"sigma2": p.noise_variance}
+    noisy, event = shares(
+        NoiseSource.seeded(1),
+        ints,
+        ids=np.arange(n),
+        quorum=n,
+        l2_sensitivity=p.l2_bound,
+        l1_sensitivity=p.l1_bound,
+        **scale,
+    )
+    assert event.l2_sensitivity == p.l2_bound and event.l1_sensitivity == p.l1_bound
+    decoded = p.decode(_sum_words(p, p.to_words(noisy)))
+    error = decoded - p.clip_rows(x)[0].sum(axis=0)
+    assert np.abs(error).max() <= 6 * math.sqrt(p.mse_bound)
+    assert np.abs(error).max() > 0.5 * math.sqrt(p.mse_bound)  # the noise is there
 
 
 def test_a_forced_wrap_is_reported_and_decodes_wrong():
@@ -302,4 +350,49 @@ def test_plan_for_multiplier_puts_the_noise_at_the_multiplier_times_the_rounded_
         1 - 1e-9
     )
     assert math.sqrt(p.users * p.noise_variance) == pytest.approx(4.0 * p.l2_bound, rel=1e-9)
+    assert p.modular_clip_bound() <= p.modclip_prob
+
+
+def test_the_clipping_bound_contains_the_mechanisms_own_noise_tails():
+    """rayfed.privacy's tail bounds cover the noise alone (one coordinate); the pipeline's bound
+    covers signal + rounding + noise over every coordinate, so it is at least padded_dim times
+    theirs, and close to it in log when the noise dominates (tiny clip, huge noise)."""
+    for noise, tail in [
+        (
+            "discrete_gaussian",
+            lambda p, t: integer.discrete_gaussian_sum_tail(p.noise_variance, p.users, t),
+        ),
+        ("skellam", lambda p, t: integer.skellam_tail(p.users * p.noise_variance, t)),
+    ]:
+        p = ddp.plan(dim=64, users=100, clip=1e-6, bits=16, noise=noise, noise_std=1e-2, beta=0)
+        t = 2.0 ** (p.bits - 1)
+        ours, theirs = p.modular_clip_bound(), p.padded_dim * tail(p, t)
+        assert 1e-12 < theirs <= ours < 1e-3
+        assert math.log(ours) == pytest.approx(math.log(theirs), rel=0.05)
+
+
+@pytest.mark.parametrize("noise", ["discrete_gaussian", "skellam"])
+def test_plan_calibrated_meets_the_mechanisms_calibration_at_its_own_sensitivity(noise):
+    """With rayfed.privacy's calibration (ε = 1, δ = 10⁻⁶) as the share variance: the plan's
+    noise is at least what its own Δ₂, Δ₁ ask for, and not more than 10⁻⁵ above."""
+
+    def need(p):
+        if noise == "discrete_gaussian":
+            return ddg_sigma2(
+                1.0,
+                1e-6,
+                l2_sensitivity=p.l2_bound,
+                l1_sensitivity=p.l1_bound,
+                quorum=p.users,
+                dim=p.padded_dim,
+            )
+        return (
+            skellam_variance(
+                1.0, 1e-6, l2_sensitivity=p.l2_bound, l1_sensitivity=p.l1_bound, dim=p.padded_dim
+            )
+            / p.users
+        )
+
+    p = ddp.plan_calibrated(need, dim=1024, users=1000, clip=1.0, bits=16, noise=noise)
+    assert need(p) <= p.noise_variance <= need(p) * (1 + 1e-5)
     assert p.modular_clip_bound() <= p.modclip_prob

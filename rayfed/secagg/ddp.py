@@ -61,6 +61,7 @@ __all__ = [
     "conditional_round",
     "fwht",
     "plan",
+    "plan_calibrated",
     "plan_for_multiplier",
     "rounded_norm_bound",
 ]
@@ -308,8 +309,17 @@ class DdpPlan:
                     f"noise must return integers of shape {ints.shape}, got {z.dtype} {z.shape}"
                 )
             ints = ints + z.astype(np.int64)
-        words = (ints & np.int64((1 << self.bits) - 1)).astype(np.uint64)
-        return RingWords(words), stats
+        return self.to_words(ints), stats
+
+    def to_words(self, ints: np.ndarray) -> RingWords:
+        """Step 6: integers (the quantised rows, plus noise) mod 2^bits, for ``secure_sum``. With
+        a mechanism that adds its shares to the rows itself (``rayfed.privacy``'s
+        ``discrete_gaussian_shares`` / ``skellam_shares``, which return ``(rows + shares,
+        event)``): ``p.to_words(shares(noise, p.quantise(x, u)[0], ...)[0])``."""
+        ints = np.asarray(ints)
+        if not np.issubdtype(ints.dtype, np.integer):
+            raise ValueError(f"ring words come from integers, got {ints.dtype}")
+        return RingWords((ints.astype(np.int64) & np.int64((1 << self.bits) - 1)).astype(np.uint64))
 
     # --- server ------------------------------------------------------------------------------
     def centred(self, words: np.ndarray) -> np.ndarray:
@@ -359,7 +369,9 @@ def _log_clip_bound(p: DdpPlan, gamma: float) -> float:
         def slope(lam: float) -> float:
             return -t + a * lam + b * math.sinh(lam)
 
-        hi = min(t / a, math.asinh(t / b)) if b > 0 else t / a  # the root lies below both
+        # the root lies below t/a and asinh(t/b); any λ > 0 gives a valid bound, so a cap that
+        # keeps cosh finite (a negligible noise, λ beyond 700) only loosens it
+        hi = min(t / a, math.asinh(t / b) if b > 0 else math.inf, 700.0)
         lam = brentq(slope, 0.0, hi) if slope(hi) > 0 else hi
         exponent = -lam * t + a * lam**2 / 2 + b * (math.cosh(lam) - 1)
     return union + conditioning + exponent
@@ -474,3 +486,27 @@ def plan_for_multiplier(multiplier: float, **options) -> DdpPlan:
         std = new
     # noise_std fixed, Δ₂ from the final γ: the plan's multiplier is at least the one asked for
     return p if p.noise_multiplier >= multiplier * (1 - 1e-9) else plan(**options, noise_std=new)
+
+
+def plan_calibrated(share_variance: Callable[[DdpPlan], float], **options) -> DdpPlan:
+    """:func:`plan` with each user's integer noise variance set by a calibration that depends on
+    the plan's own sensitivity: ``share_variance(p)`` is the per-user variance (integer units) a
+    mechanism needs for (ε, δ) at ``p.l2_bound`` / ``p.l1_bound`` — e.g.
+    ``lambda p: ddg_sigma2(eps, delta, l2_sensitivity=p.l2_bound, quorum=p.users,
+    dim=p.padded_dim)``. γ depends on the noise and Δ₂ on γ: iterated to a fixed point, then the
+    noise nudged up until the plan's variance is at least what its own Δ₂ asks for."""
+    users = options["users"]
+    std = 0.0
+    p = plan(**options, noise_std=std)
+    for _ in range(60):
+        new = math.sqrt(share_variance(p) * users) / p.gamma
+        if abs(new - std) <= 1e-9 * max(new, 1e-300):
+            break
+        std = new
+        p = plan(**options, noise_std=std)
+    for _ in range(200):
+        if p.noise_variance >= share_variance(p):
+            return p
+        std *= 1 + 1e-6
+        p = plan(**options, noise_std=std)
+    raise RuntimeError("plan_calibrated: the noise did not settle (γ and Δ₂ keep moving)")
