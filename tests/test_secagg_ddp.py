@@ -396,3 +396,29 @@ def test_plan_calibrated_meets_the_mechanisms_calibration_at_its_own_sensitivity
     p = ddp.plan_calibrated(need, dim=1024, users=1000, clip=1.0, bits=16, noise=noise)
     assert need(p) <= p.noise_variance <= need(p) * (1 + 1e-5)
     assert p.modular_clip_bound() <= p.modclip_prob
+
+
+def test_keyed_rounding_does_not_depend_on_the_cohorts():
+    """Users' roundings keyed by id (a seeded NoiseSource): 30 users in one call, or split 7/23
+    over two sources of the same seed (two cohorts), give the same integers, re-roundings
+    included (a tight bound forces them); another seed gives others."""
+    p = ddp.plan(dim=16, users=30, clip=1.0, bits=20, noise="none", beta=0.5)
+    x = _users(30, 16, seed=13)
+    ids = np.arange(100, 130)
+    whole, stats = p.quantise(x, p.keyed_rounding(NoiseSource.seeded(7, "c0"), ids))
+    parts = [
+        p.quantise(x[s], p.keyed_rounding(NoiseSource.seeded(7, f"c{k}"), ids[s]))[0]
+        for k, s in enumerate([slice(0, 7), slice(7, 30)])
+    ]
+    assert np.array_equal(whole, np.vstack(parts))
+    other, _ = p.quantise(x, p.keyed_rounding(NoiseSource.seeded(8, "c0"), ids))
+    assert not np.array_equal(whole, other)
+    y = p.rotate(p.clip_rows(x)[0]) * p.gamma
+    tight = int(np.floor((y**2).sum(axis=1).max())) + 1  # some rows fail at first
+    first, rerounds = ddp.conditional_round(y, tight, p.keyed_rounding(NoiseSource.seeded(7), ids))
+    split = [
+        ddp.conditional_round(y[s], tight, p.keyed_rounding(NoiseSource.seeded(7, "c1"), ids[s]))
+        for s in (slice(0, 7), slice(7, 30))
+    ]
+    assert rerounds > 0 and np.array_equal(first, np.vstack([r[0] for r in split]))
+    assert sum(r[1] for r in split) == rerounds

@@ -255,6 +255,20 @@ class DdpPlan:
         return gen.integers(0, 2, self.padded_dim).astype(np.float64) * 2 - 1
 
     # --- client ------------------------------------------------------------------------------
+    def keyed_rounding(self, noise, ids, purpose: str = "ddp-rounding") -> Uniforms:
+        """The rounding's uniforms keyed by user id (``noise``: a ``rayfed.privacy.NoiseSource``,
+        ``ids``: the users of the rows): attempt a of the user in row r is
+        ``noise.user_uniform(f"{purpose}/{a}", round, ids[r], padded_dim)``, so a user's rounding
+        is the same whichever cohort holds it (seeded runs) and from the actor's secret in a
+        secure run; each (attempt, round, user) is drawn once."""
+        ids = np.asarray(ids, dtype=np.int64)
+
+        def uniforms(rows: np.ndarray, attempt: int) -> np.ndarray:
+            key = ids[rows]
+            return noise.user_uniform(f"{purpose}/{attempt}", self.round, key, self.padded_dim)
+
+        return uniforms
+
     def rotate(self, x: np.ndarray) -> np.ndarray:
         """Rows of ``dim`` reals → rows of ``padded_dim``: pad, random signs, H/√padded_dim."""
         x = np.asarray(x, dtype=np.float64)
