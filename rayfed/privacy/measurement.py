@@ -627,6 +627,89 @@ class ReplacementShare:
 
 
 @dataclass(frozen=True)
+class DiscreteGaussianShares:
+    """Each user (an integer row, keyed by its id) adds its own N_Z(0, σ²) share to its row of a
+    sum that at least ``quorum`` users' rows make up (the distributed discrete Gaussian, Kairouz,
+    Liu & Steinke 2021, inside secure aggregation). The rows are integers (the distributed-DP
+    pipeline's rounded vectors, :mod:`rayfed.secagg.ddp`), Δ₂ and ``l1_sensitivity`` in their
+    units, ``dim`` their width; the event is the aggregate's
+    (:func:`~rayfed.privacy.mechanisms.distributed_discrete_gaussian_event`)."""
+
+    sigma2: float
+    quorum: int
+    dim: int
+    l1_sensitivity: float | None = None
+    purpose: str = "discrete-gaussian-share"
+    norm: ClassVar[int] = 2
+
+    def event(self, sens: float) -> dp_event.DpEvent:
+        return mech.distributed_discrete_gaussian_event(
+            self.sigma2,
+            quorum=self.quorum,
+            l2_sensitivity=sens,
+            l1_sensitivity=self.l1_sensitivity,
+            dim=self.dim,
+        )
+
+    def draw(self, noise: NoiseSource, values, sens: float, *, round: int, ident, ids):
+        values = np.asarray(values)
+        shares = mech.discrete_gaussian_share_noise(
+            noise, ids, values.shape[1], sigma2=self.sigma2, round=round, purpose=self.purpose
+        )
+        return values.astype(np.int64) + shares
+
+    def noiseless(self, values):
+        return np.asarray(values).astype(np.int64)
+
+    def describe(self) -> str:
+        return (
+            f"distributed discrete Gaussian, N_Z(0, {self.sigma2:.6g}) per user and integer "
+            f"coordinate (d = {self.dim}), at least {self.quorum} users' shares in the sum"
+        )
+
+
+@dataclass(frozen=True)
+class SkellamShares:
+    """Each user (an integer row, keyed by its id) adds a Skellam share of ``variance`` per
+    coordinate (Poisson(v/2) − Poisson(v/2)) to its row of a sum that at least ``quorum`` users'
+    rows make up (Agarwal, Kairouz & Liu 2021): the shares sum to Skellam noise of variance
+    quorum·v at least. Integer rows as :class:`DiscreteGaussianShares`; the event is
+    :func:`~rayfed.privacy.mechanisms.distributed_skellam_event`'s."""
+
+    variance: float
+    quorum: int
+    dim: int
+    l1_sensitivity: float | None = None
+    purpose: str = "skellam-share"
+    norm: ClassVar[int] = 2
+
+    def event(self, sens: float) -> dp_event.DpEvent:
+        return mech.distributed_skellam_event(
+            self.variance,
+            quorum=self.quorum,
+            l2_sensitivity=sens,
+            l1_sensitivity=self.l1_sensitivity,
+            dim=self.dim,
+        )
+
+    def draw(self, noise: NoiseSource, values, sens: float, *, round: int, ident, ids):
+        values = np.asarray(values)
+        shares = mech.skellam_share_noise(
+            noise, ids, values.shape[1], variance=self.variance, round=round, purpose=self.purpose
+        )
+        return values.astype(np.int64) + shares
+
+    def noiseless(self, values):
+        return np.asarray(values).astype(np.int64)
+
+    def describe(self) -> str:
+        return (
+            f"distributed Skellam, a share of variance {self.variance:.6g} per user and integer "
+            f"coordinate (d = {self.dim}), at least {self.quorum} users' shares in the sum"
+        )
+
+
+@dataclass(frozen=True)
 class GroupSampledGaussian:
     """N(0, (zΔ₂)²) on a sum over a Poisson sample of *groups* at ``sampling_probability`` when
     the protected unit is one member of a group (one rating of a sampled user): the event is

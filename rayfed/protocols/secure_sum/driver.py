@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from rayfed.protocols.base import Outcome, Plan
+from rayfed.protocols.secure_sum import dp as private
 from rayfed.protocols.secure_sum import report
 from rayfed.protocols.secure_sum.config import SecureSumConfig
 from rayfed.protocols.secure_sum.steps import synthetic_inputs, table_inputs
@@ -12,6 +13,8 @@ from rayfed.secagg import make_spec, secure_sum
 
 def drive(fed, cfg: SecureSumConfig, plan: Plan) -> Outcome:
     params = plan.params
+    if params.dp is not None:
+        return _private(fed, cfg, plan)
     rows, clock = [], []
     for r in range(cfg.rounds):
         with fed.round(r):
@@ -59,6 +62,59 @@ def drive(fed, cfg: SecureSumConfig, plan: Plan) -> Outcome:
         result,
         reference,
         raw,
+        cohorts=len(fed.cohorts),
+        phase_seconds=fed.phase_seconds(),
+        simulated_seconds=clock,
+    )
+
+
+def _private(fed, cfg: SecureSumConfig, plan: Plan) -> Outcome:
+    """Private mean estimation: the release charged before its noise is drawn, the users' noisy
+    rows (or ring words) summed, the coordinator's decoded sum over |U3|."""
+    params = plan.params
+    dp = params.dp
+    rows, clock = [], []
+    for r in range(cfg.rounds):
+        with fed.round(r):
+            fed.charge([dp.measurement.charge("run")])
+            spec = make_spec(
+                round=r,
+                mode=cfg.mode,
+                registry=params.registry,
+                params=params.secagg,
+                encoding=params.encoding,
+                dim=dp.width,
+                dropout=params.schedule,
+                tag=fed.run_id.encode(),
+                corrupt=cfg.corrupt_fraction,
+            )
+            result = secure_sum(
+                fed.cohorts, spec, private.private_inputs, (dp,), server=fed.coordinator
+            )
+            fed.record(
+                survivors=int(result.survivors.size),
+                dropouts=int(params.registry.size - result.survivors.size),
+            )
+        survivors, _, _ = report.reference(
+            cfg,
+            plan,
+            spec,
+            seed=fed.seed,
+            graph_seed=result.graph_seed,
+            faults=fed.injected_faults,
+            values=False,
+        )
+        rows.append(report.private_row(r, result, survivors))
+        clock.append(params.schedule.simulated_seconds(fed.seed, r, params.registry))
+    released = private.release(dp, result, int(result.survivors.size))
+    truth = report.true_mean(plan, result.survivors)
+    return report.private_outcome(
+        cfg,
+        plan,
+        rows,
+        result,
+        released,
+        truth,
         cohorts=len(fed.cohorts),
         phase_seconds=fed.phase_seconds(),
         simulated_seconds=clock,
