@@ -681,7 +681,14 @@ class SkellamShares:
     dim: int
     l1_sensitivity: float | None = None
     purpose: str = "skellam-share"
+    #: "add then remove": the share drawn as independent components of these variances (summing
+    #: to ``variance``), so that a survivor can later reveal the first ones (:class:`SkellamExcess`)
+    components: tuple[float, ...] = ()
     norm: ClassVar[int] = 2
+
+    def __post_init__(self):
+        if self.components and not math.isclose(sum(self.components), self.variance, rel_tol=1e-9):
+            raise ValueError("the share's components must sum to its variance")
 
     def event(self, sens: float) -> dp_event.DpEvent:
         return mech.distributed_skellam_event(
@@ -692,11 +699,34 @@ class SkellamShares:
             dim=self.dim,
         )
 
+    def component_noise(self, noise: NoiseSource, ids, width: int, j: int, *, round: int, again):
+        """Component ``j`` of the users' shares (keyed by (purpose/j, round, user id))."""
+        return mech.skellam_share_noise(
+            noise,
+            ids,
+            width,
+            variance=self.components[j],
+            round=round,
+            purpose=f"{self.purpose}/{j}",
+            regenerate=again,
+        )
+
     def draw(self, noise: NoiseSource, values, sens: float, *, round: int, ident, ids):
         values = np.asarray(values)
-        shares = mech.skellam_share_noise(
-            noise, ids, values.shape[1], variance=self.variance, round=round, purpose=self.purpose
-        )
+        if self.components:
+            shares = sum(
+                self.component_noise(noise, ids, values.shape[1], j, round=round, again=False)
+                for j in range(len(self.components))
+            )
+        else:
+            shares = mech.skellam_share_noise(
+                noise,
+                ids,
+                values.shape[1],
+                variance=self.variance,
+                round=round,
+                purpose=self.purpose,
+            )
         return values.astype(np.int64) + shares
 
     def noiseless(self, values):
@@ -706,6 +736,38 @@ class SkellamShares:
         return (
             f"distributed Skellam, a share of variance {self.variance:.6g} per user and integer "
             f"coordinate (d = {self.dim}), at least {self.quorum} users' shares in the sum"
+        )
+
+
+@dataclass(frozen=True)
+class SkellamExcess:
+    """ "Add then remove" (Dordis): a survivor's first ``upto`` components of its
+    :class:`SkellamShares` share, regenerated and negated, sent once the survivors are known so
+    the server subtracts them (a draw option). They are independent of the components left in the
+    sum and of the data, so revealing them costs nothing: part of the share release (drawn with
+    ``part_of`` = that measurement, whose event covers what is left). The query is the zero row."""
+
+    shares: SkellamShares
+    norm: ClassVar[int] = 2
+
+    def event(self, sens: float) -> dp_event.DpEvent:
+        return self.shares.event(sens)
+
+    def draw(self, noise: NoiseSource, values, sens, *, round: int, ident, ids, upto: int):
+        values = np.asarray(values).astype(np.int64)
+        for j in range(upto):
+            values = values - self.shares.component_noise(
+                noise, ids, values.shape[1], j, round=round, again=True
+            )
+        return values
+
+    def noiseless(self, values):
+        return np.asarray(values).astype(np.int64)
+
+    def describe(self) -> str:
+        return (
+            "add then remove: each survivor's excess components of its Skellam share, revealed "
+            "once U3 is known; part of the share release, whose event covers what is left"
         )
 
 

@@ -47,6 +47,16 @@ class SecureSum(Protocol):
             "epsilon": 1.0,
             "bits": 16,
         },
+        # add then remove: users lost before the masked input, the survivors remove the excess
+        {
+            "users": 60,
+            "dim": 5,
+            "cohorts": 2,
+            "population": {"rates": {"masked_input": 0.15}},
+            "dp_mechanism": "skellam",
+            "epsilon": 1.0,
+            "dp_dropout": "add-then-remove",
+        },
     )
     data_bytes = staticmethod(data_bytes)
     resolve_randomness = staticmethod(resolve_randomness)

@@ -116,6 +116,14 @@ class SecureSumConfig:
         below=1,
         when={"dp_mechanism": ("gaussian", "ddg", "skellam")},
     )
+    dp_dropout: Literal["worst-case", "add-then-remove"] = option(
+        "worst-case",
+        "dropouts in the private mean: worst-case (each share calibrated for only min_survivors "
+        "shares in the sum: more survivors, more noise) or add-then-remove (Dordis: the share "
+        "drawn in components, the survivors reveal the excess once U3 is known; skellam only, "
+        "semi-honest server)",
+        when={"dp_mechanism": ("gaussian", "ddg", "skellam")},
+    )
     bits: int = option(
         16,
         "ring bits per coordinate of ddg / skellam (the modulus 2^bits of the secure sum)",
@@ -160,6 +168,21 @@ class SecureSumConfig:
                     "private mean estimation is one release (one round)",
                     "rounds=1",
                 )
+        if self.dp_dropout == "add-then-remove" and self.dp_mechanism != "skellam":
+            raise ConfigError(
+                "dp_dropout",
+                f"add-then-remove splits each share into independent components whose sum is "
+                f"the same law: Skellam is closed under sums ({self.dp_mechanism} is not "
+                "implemented: the discrete Gaussian is not closed)",
+                "dp_mechanism=skellam, or dp_dropout=worst-case",
+            )
+        if self.dp_dropout == "add-then-remove" and self.threat_model == "malicious":
+            raise ConfigError(
+                "dp_dropout",
+                "add-then-remove trusts the server's count of survivors (a server that claims "
+                "more makes the users remove too much noise)",
+                "dp_dropout=worst-case, or threat_model=semi-honest",
+            )
         if self.dp_mechanism != "none" and self.mode == "plain":
             raise ConfigError(
                 "mode",

@@ -31,13 +31,14 @@ The central continuous Gaussian at the same (ε, δ) (``central_z``, calibrated 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
 
-from rayfed.actors.base import StepContext
+from rayfed.actors.base import Message, StepContext
 from rayfed.privacy import (
     Ball,
     Budget,
@@ -54,7 +55,7 @@ from rayfed.privacy import (
     skellam_variance,
 )
 from rayfed.privacy.ledger import make_accountant
-from rayfed.privacy.measurement import DistributedGaussianShare
+from rayfed.privacy.measurement import DistributedGaussianShare, SkellamExcess
 from rayfed.secagg import FixedPoint, ddp
 from rayfed.secagg.ddp import DdpPlan
 
@@ -89,6 +90,25 @@ class DpParams:
     noise_multiplier: float = 0.0
     #: the rows' value columns in the cohorts' tables
     columns: tuple[str, ...] = ()
+    #: add then remove: the survivor counts g_0 = q < … < g_L = n whose component boundaries the
+    #: share is split at, and the measurement of the excess the survivors reveal (None: worst-case)
+    levels: tuple[int, ...] = ()
+    excess: Measurement | None = None
+
+    def level(self, survivors: int) -> int:
+        """j*: the largest j with g_j <= |U3| — the survivors remove components 0 … j*-1 and
+        keep T/g_j* each (T the target variance of the sum), s·T/g_j* >= T in all."""
+        return max(j for j, g in enumerate(self.levels) if g <= survivors)
+
+    def noise_variance(self, survivors: int, removed: int = 0) -> float:
+        """The sum's noise variance per integer coordinate with ``survivors`` shares, ``removed``
+        of whose excess came back (the others keep their whole share)."""
+        m = self.measurement.mechanism
+        share = getattr(m, "sigma2", None) or m.variance
+        if not self.levels or not removed:
+            return survivors * share
+        target = share * self.quorum
+        return removed * target / self.levels[self.level(survivors)] + (survivors - removed) * share
 
     @property
     def width(self) -> int:
@@ -117,6 +137,11 @@ def plan_dp(cfg, n: int, quorum: int, dim: int, seed: int) -> DpParams:
         m = Measurement(label, share, domain, RELATION, shared=True)
     else:
         pipeline, mechanism = _pipeline(cfg, eps, delta, n, quorum, dim, seed)
+        if cfg.dp_dropout == "add-then-remove":
+            levels = _levels(quorum, n)
+            mechanism = dataclasses.replace(
+                mechanism, components=_components(mechanism.variance * quorum, levels)
+            )
         reason = (
             f"the pipeline's rounded norm bound in integer units: a row of ℓ2 norm <= "
             f"{cfg.clip:g}, rotated, scaled by γ = {pipeline.gamma:.6g} and conditionally "
@@ -129,6 +154,15 @@ def plan_dp(cfg, n: int, quorum: int, dim: int, seed: int) -> DpParams:
             RELATION,
             declared=Declared(pipeline.l2_bound, reason),
             shared=True,
+        )
+    excess = None
+    if cfg.dp_dropout == "add-then-remove":
+        excess = Measurement(
+            "secure-sum: add then remove, the survivors' excess share components",
+            SkellamExcess(m.mechanism),
+            domain,
+            RELATION,
+            declared=m.declared,
         )
     acc = make_accountant(ACCOUNTANT, RELATION.kind)
     acc.compose(m.event)
@@ -143,7 +177,29 @@ def plan_dp(cfg, n: int, quorum: int, dim: int, seed: int) -> DpParams:
         pipeline=pipeline,
         noise_multiplier=z,
         columns=columns,
+        levels=_levels(quorum, n) if excess is not None else (),
+        excess=excess,
     )
+
+
+#: add then remove: the share is split at about this many survivor counts between q and n
+LEVELS = 8
+
+
+def _levels(quorum: int, n: int) -> tuple[int, ...]:
+    """g_0 = q < g_1 < … < g_L = n, geometric: with s survivors the sum keeps at most
+    g_{j+1}/g_j <= (n/q)^(1/L) (rounded) times the target variance."""
+    ratio = n / quorum
+    return tuple(
+        sorted({quorum, n} | {round(quorum * ratio ** (j / LEVELS)) for j in range(LEVELS)})
+    )
+
+
+def _components(target: float, levels: tuple[int, ...]) -> tuple[float, ...]:
+    """Component variances c_j = T/g_j − T/g_{j+1} (c_L = T/n): the components j, j+1, … of a
+    share sum to T/g_j, so g_j survivors keeping them hold T."""
+    tails = [target / g for g in levels]
+    return tuple(a - b for a, b in zip(tails[:-1], tails[1:], strict=True)) + (tails[-1],)
 
 
 def _pipeline(cfg, eps, delta, n, quorum, dim, seed):
@@ -256,7 +312,39 @@ def private_inputs(ctx: StepContext, round: int, ids: np.ndarray, dp: DpParams):
     p = dp.pipeline
     ints, _ = p.quantise(x, p.keyed_rounding(ctx.noise, ids))
     noisy, event = m(ctx.noise, ints, round=round, ids=ids)
+    # the users whose share this incarnation drew (a restarted cohort in a secure run could not
+    # regenerate the others' components: they keep their whole share, more noise)
+    ctx.state["drawn"] = (round, np.asarray(ids))
     return p.to_words(np.asarray(noisy)), event
+
+
+def remove_step(ctx: StepContext, survivors: np.ndarray, *, round: int, dp: DpParams, upto: int):
+    """Add then remove: the cohort's surviving users' excess components (0 … upto-1), negated
+    and added up, for the coordinator to subtract from the sum (ring words are exact)."""
+    drawn_round, drawn = ctx.state.get("drawn", (None, np.array([], dtype=np.int64)))
+    ids = np.asarray(drawn if drawn_round == round else [], dtype=np.int64)
+    ids = ids[np.isin(ids, survivors)]
+    width = dp.pipeline.padded_dim
+    values, _ = dp.excess(
+        ctx.noise,
+        np.zeros((ids.size, width), dtype=np.int64),
+        round=round,
+        ids=ids,
+        part_of=dp.measurement,
+        upto=upto,
+    )
+    return Message(
+        "excess",
+        {"ids": ids, "excess": np.asarray(values, dtype=np.int64).sum(axis=0)},
+        to="coordinator",
+    )
+
+
+def subtract(dp: DpParams, words: np.ndarray, excess: np.ndarray) -> np.ndarray:
+    """The sum's words with the (negated) excess added, mod 2^bits."""
+    bits = dp.pipeline.bits
+    w = np.asarray(words).astype(np.int64) + np.asarray(excess, dtype=np.int64)
+    return (w & np.int64((1 << bits) - 1)).astype(np.uint64)
 
 
 def release(dp: DpParams, result, survivors: int) -> np.ndarray:

@@ -3,6 +3,10 @@
 
 from __future__ import annotations
 
+import dataclasses
+
+import numpy as np
+
 from rayfed.protocols.base import Outcome, Plan
 from rayfed.protocols.secure_sum import dp as private
 from rayfed.protocols.secure_sum import report
@@ -91,6 +95,10 @@ def _private(fed, cfg: SecureSumConfig, plan: Plan) -> Outcome:
             result = secure_sum(
                 fed.cohorts, spec, private.private_inputs, (dp,), server=fed.coordinator
             )
+            removed = None
+            if dp.excess is not None:
+                words, removed = _remove(fed, dp, r, result)
+                result = dataclasses.replace(result, words=words)
             fed.record(
                 survivors=int(result.survivors.size),
                 dropouts=int(params.registry.size - result.survivors.size),
@@ -104,7 +112,7 @@ def _private(fed, cfg: SecureSumConfig, plan: Plan) -> Outcome:
             faults=fed.injected_faults,
             values=False,
         )
-        rows.append(report.private_row(r, result, survivors))
+        rows.append(report.private_row(r, result, survivors, removed))
         clock.append(params.schedule.simulated_seconds(fed.seed, r, params.registry))
     released = private.release(dp, result, int(result.survivors.size))
     truth = report.true_mean(plan, result.survivors)
@@ -119,3 +127,24 @@ def _private(fed, cfg: SecureSumConfig, plan: Plan) -> Outcome:
         phase_seconds=fed.phase_seconds(),
         simulated_seconds=clock,
     )
+
+
+def _remove(fed, dp, r: int, result):
+    """Add then remove: the level the survivor count reaches, the survivors' excess (a cohort
+    lost here leaves its users' excess in: more noise), subtracted from the sum's words."""
+    upto = dp.level(int(result.survivors.size))
+    if upto == 0:
+        return result.words, 0
+    replies = fed.cohorts.run(
+        private.remove_step,
+        result.survivors,
+        round=r,
+        dp=dp,
+        upto=upto,
+        phase="remove_excess",
+        on_failure="drop",
+    )
+    got = list(fed.get(replies).values())
+    excess = sum((m["excess"] for m in got), np.zeros(dp.width, dtype=np.int64))
+    removed = int(sum(len(m["ids"]) for m in got))
+    return private.subtract(dp, result.words, excess), removed

@@ -261,9 +261,14 @@ def private_statement(cfg: SecureSumConfig, dp) -> str:
     )
 
 
-def private_row(r: int, result: AggregationResult, survivors: np.ndarray) -> dict[str, Any]:
+def private_row(
+    r: int, result: AggregationResult, survivors: np.ndarray, removed: int | None = None
+) -> dict[str, Any]:
+    """The round's line; with add then remove, how many survivors' excess came back."""
+    extra = {} if removed is None else {"removed_excess": removed}
     return {
         "round": r,
+        **extra,
         "survivors_as_expected": bool(np.array_equal(survivors, result.survivors)),
         "expected_survivors": int(survivors.size),
         "survivors": int(result.survivors.size),
@@ -333,7 +338,10 @@ def private_outcome(
         "rounds": rows,
     }
     p = dp.pipeline
+    removed = sum(row.get("removed_excess", 0) for row in rows[-1:])
     if p is not None:
+        mech = dp.measurement.mechanism
+        share = float(getattr(mech, "sigma2", None) or mech.variance)
         metrics.update(
             bits=p.bits,
             gamma=p.gamma,
@@ -342,12 +350,19 @@ def private_outcome(
             inflation_bound=p.inflation_bound,
             l2_bound=p.l2_bound,
             l1_bound=p.l1_bound,
-            share_variance=float(
-                getattr(dp.measurement.mechanism, "sigma2", None)
-                or dp.measurement.mechanism.variance
-            ),
-            predicted_mse=_predicted(dp, survivors),
+            share_variance=share,
+            predicted_mse=_predicted(dp, survivors, removed),
+            # the sum's noise variance per integer coordinate, against the target the event holds
+            noise_variance_in_sum=dp.noise_variance(survivors, removed),
+            target_noise_variance=dp.quorum * share,
+            dp_dropout="add-then-remove" if dp.excess is not None else "worst-case",
         )
+        if dp.excess is not None:
+            metrics.update(
+                levels=list(dp.levels),
+                level=dp.levels[dp.level(survivors)],
+                removed_excess=removed,
+            )
     else:
         metrics.update(
             noise_multiplier=dp.noise_multiplier, predicted_mse=_predicted(dp, survivors)
@@ -374,18 +389,23 @@ def private_outcome(
         f"{params.dim}-vectors: MSE {mse:.4g} per coordinate vs {central:.4g} for a central "
         f"continuous Gaussian at the same (ε, δ) [evaluation only] (ratio {mse / central:.3f}); "
         f"{pipe}(ε={dp.charged_epsilon:.4g}, δ={dp.delta:.3g})-DP, add/remove one user, "
-        f"charged at the worst accepted outcome ({dp.quorum} users' shares); mode={cfg.mode}"
+        f"charged at the worst accepted outcome ({dp.quorum} users' shares)"
+        + (
+            f", add then remove: {removed} survivors removed their excess (noise ×"
+            f"{dp.noise_variance(survivors, removed) / (dp.quorum * share):.3f} of the target)"
+            if dp.excess is not None
+            else ""
+        )
+        + f"; mode={cfg.mode}"
         f"{mode}"
     )
     return Outcome(tables=tables, metrics=metrics, headline=text)
 
 
-def _predicted(dp, survivors: int) -> float:
-    """The released mean's expected MSE per coordinate from the noise alone (and, for the
-    pipeline, the rounding's at most 1/4 per user and coordinate): the noise of |U3| shares."""
+def _predicted(dp, survivors: int, removed: int = 0) -> float:
+    """The released mean's expected MSE per coordinate from the noise (|U3| shares, less the
+    excess removed) and, for the pipeline, the rounding's at most 1/4 per user and coordinate."""
     s = max(survivors, 1)
     if dp.pipeline is None:
         return (dp.noise_multiplier * dp.measurement.sensitivity) ** 2 / dp.quorum / s
-    mech = dp.measurement.mechanism
-    share = getattr(mech, "sigma2", None) or mech.variance
-    return (share * s + s / 4) / (dp.pipeline.gamma**2 * s**2)
+    return (dp.noise_variance(s, removed) + s / 4) / (dp.pipeline.gamma**2 * s**2)
