@@ -22,8 +22,10 @@ declared here as a :class:`~rayfed.privacy.Measurement` under add/remove-one-use
 at least ``min_survivors`` users, so each user's share is calibrated for a sum of only q =
 min_survivors shares (the event's quorum): the guarantee holds whoever drops. With more
 survivors the sum carries more noise than the target needs (n/q times the variance at no
-dropout) — the price of worst-case charging; "add then remove" (Dordis) would remove the excess
-once U3 is known (not implemented: see docs/protocols/secure-sum.md).
+dropout) — the price of worst-case charging. ``dp_dropout=add-then-remove`` (Dordis, skellam
+only) draws each share in components split at survivor counts q = g_0 < … < g_L = n; once U3 is
+known the survivors reveal the components below the largest g_j <= |U3| (:func:`remove_step`)
+and the coordinator subtracts them, leaving |U3|·T/g_j >= T: the same event, less excess.
 
 The central continuous Gaussian at the same (ε, δ) (``central_z``, calibrated under
 ``tightest``) is evaluation only: no second release, its MSE (z·clip/|U3|)² is computed from σ.

@@ -258,6 +258,13 @@ def private_statement(cfg: SecureSumConfig, dp) -> str:
         f"(ε, δ)-DP for one user's row added or removed, {who}; the noise is charged for the "
         f"worst accepted outcome, the {dp.quorum} users' shares of the smallest U3 secure "
         "aggregation accepts (more survivors only add noise)"
+        + (
+            "; add then remove: the survivors reveal excess share components once U3 is known "
+            "(independent of the data and of the noise left, which stays at least the target; "
+            "the removal trusts the server's count of survivors: semi-honest server)"
+            if cfg.dp_dropout == "add-then-remove"
+            else ""
+        )
     )
 
 
