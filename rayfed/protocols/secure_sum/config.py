@@ -105,7 +105,7 @@ class SecureSumConfig:
     )
     epsilon: float | None = option(
         None,
-        "the (ε, δ) target of the whole run (every round), worst accepted dropout outcome",
+        "the (ε, δ) target of the release (one round), at the worst accepted dropout outcome",
         above=0,
         when={"dp_mechanism": ("gaussian", "ddg", "skellam")},
     )
