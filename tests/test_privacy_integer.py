@@ -254,6 +254,7 @@ def test_share_mechanism_registers_the_aggregate_event():
     [
         lambda: exact_sigma2(0),
         lambda: exact_sigma2(float("nan")),
+        lambda: exact_sigma2(1e-20),
         lambda: distributed_discrete_gaussian_event(1.0, quorum=0, l2_sensitivity=1.0, dim=1),
         lambda: skellam_event(-1.0, l2_sensitivity=1.0, dim=1),
         lambda: skellam(np.random.default_rng(0), 0.0, 3),
