@@ -1,9 +1,11 @@
 """Noise mechanisms, the measurements built on them, and the privacy ledger."""
 
 from rayfed.privacy.calibration import (
+    ddg_sigma2,
     gaussian_noise_multiplier,
     gaussian_steps_event,
     shuffled_ldp_epsilon,
+    skellam_variance,
 )
 from rayfed.privacy.declaration import PrivacyDeclaration
 from rayfed.privacy.domain import (
@@ -20,12 +22,21 @@ from rayfed.privacy.domain import (
     enforce,
     sensitivity,
 )
+from rayfed.privacy.integer import (
+    discrete_gaussian,
+    discrete_gaussian_sum_tail,
+    exact_sigma2,
+    skellam,
+    skellam_tail,
+)
 from rayfed.privacy.ledger import (
     Budget,
+    DistributedDiscreteGaussianDpEvent,
     EpsilonDeltaDpEvent,
     PrivacyLedger,
     PrivacyReport,
     PureDpAccountant,
+    SkellamDpEvent,
     check_budget,
     event_from_dict,
     event_to_dict,
@@ -46,10 +57,14 @@ from rayfed.privacy.measurement import (
 from rayfed.privacy.mechanisms import (
     binary_randomized_response,
     binary_rr_event,
+    discrete_gaussian_share_noise,
+    discrete_gaussian_shares,
     discrete_laplace,
     discrete_laplace_event,
+    distributed_discrete_gaussian_event,
     distributed_gaussian,
     distributed_gaussian_event,
+    distributed_skellam_event,
     distributed_variance,
     gaussian,
     gaussian_event,
@@ -68,6 +83,9 @@ from rayfed.privacy.mechanisms import (
     rr_keep_probability,
     sampled_one_bit,
     share_noise,
+    skellam_event,
+    skellam_share_noise,
+    skellam_shares,
     split_discrete_laplace,
 )
 from rayfed.privacy.shuffling import ShuffledDpEvent, shuffled_guarantee
@@ -139,4 +157,20 @@ __all__ = [
     "shuffled_guarantee",
     "shuffled_ldp_epsilon",
     "split_discrete_laplace",
+    "ddg_sigma2",
+    "skellam_variance",
+    "discrete_gaussian",
+    "discrete_gaussian_sum_tail",
+    "exact_sigma2",
+    "skellam",
+    "skellam_tail",
+    "DistributedDiscreteGaussianDpEvent",
+    "SkellamDpEvent",
+    "discrete_gaussian_share_noise",
+    "discrete_gaussian_shares",
+    "distributed_discrete_gaussian_event",
+    "distributed_skellam_event",
+    "skellam_event",
+    "skellam_share_noise",
+    "skellam_shares",
 ]

@@ -23,6 +23,7 @@ from rayfed.errors import ConfigError
 from rayfed.privacy.ledger import (
     PLD_INTERVAL,
     RELATIONS,
+    ZERO_OUT_ONLY,
     UnitInSampledGroupGaussianDpEvent,
     check_budget,
     make_accountant,
@@ -255,3 +256,95 @@ def shuffled_ldp_epsilon(epsilon: float, delta: float, *, users: int, steps: int
             break
         low, high = (mid, high) if total(mid) <= epsilon else (low, mid)
     return low
+
+
+# --- integer noise: the distributed discrete Gaussian and Skellam --------------------------------
+def _integer_epsilon(event, steps: int, delta: float, accountant: str, relation: str) -> float:
+    acc = make_accountant(accountant, relation)
+    acc.compose(dp_event.SelfComposedDpEvent(event, steps))
+    return float(acc.get_epsilon(delta))
+
+
+def _calibrate_integer(make_event, epsilon, delta, steps, accountant, relation, what: str):
+    """The smallest parameter x (to a relative 1e-6) with ``make_event(x)`` composed ``steps``
+    times (ε, δ)-DP under ``accountant``; ε falls as x grows. Bisection on log x."""
+    check_budget(epsilon, delta)
+    if delta <= 0:
+        raise ConfigError("delta", f"{what} needs delta > 0", "e.g. 1e-5 or 1/n²")
+    if not (isinstance(steps, (int, np.integer)) and steps >= 1):
+        raise ConfigError("steps", f"must be an integer >= 1, got {steps!r}")
+    if accountant not in ("rdp", "tightest"):
+        raise ConfigError("accountant", f"calibrates under rdp or tightest, got {accountant!r}")
+    if relation != "replace_special":
+        raise ConfigError("relation", ZERO_OUT_ONLY, "relation=replace_special (zero-out)")
+
+    def excess(x: float) -> float:
+        return _integer_epsilon(make_event(x), steps, delta, accountant, relation) - epsilon
+
+    low, high = 1e-3, 1.0
+    while excess(high) > 0:
+        low, high = high, high * 4
+        if high > 1e30:
+            raise ConfigError("epsilon", f"no {what} up to 1e30 reaches ε = {epsilon:g}")
+    while excess(low) <= 0 and low > 1e-12:
+        low /= 4
+    while high - low > 1e-6 * high:
+        mid = math.sqrt(low * high) if high > 4 * low else (low + high) / 2
+        low, high = (mid, high) if excess(mid) > 0 else (low, mid)
+    while excess(high) > 0:  # the event's own rounding (σ² as a Fraction) may have moved it
+        high *= 1 + 1e-6
+    return high
+
+
+@functools.lru_cache(maxsize=256)
+def ddg_sigma2(
+    epsilon: float,
+    delta: float,
+    *,
+    l2_sensitivity: float,
+    quorum: int,
+    dim: int,
+    l1_sensitivity: float | None = None,
+    steps: int = 1,
+    accountant: str = "tightest",
+    relation: str = "replace_special",
+) -> float:
+    """The smallest per-share σ² (to a relative 1e-6, as the sampler represents it) for which
+    ``steps`` releases of a sum of ``quorum`` N_Z(0, σ²) shares
+    (:func:`~rayfed.privacy.mechanisms.distributed_discrete_gaussian_event`) are (ε, δ)-DP under
+    ``accountant`` (the events are RDP-only, so ``tightest`` is RDP here)."""
+    from rayfed.privacy.integer import exact_sigma2
+    from rayfed.privacy.mechanisms import distributed_discrete_gaussian_event
+
+    def make(s2: float):
+        return distributed_discrete_gaussian_event(
+            s2, quorum=quorum, l2_sensitivity=l2_sensitivity, l1_sensitivity=l1_sensitivity, dim=dim
+        )
+
+    s2 = _calibrate_integer(make, epsilon, delta, steps, accountant, relation, "sigma2")
+    return float(exact_sigma2(s2))
+
+
+@functools.lru_cache(maxsize=256)
+def skellam_variance(
+    epsilon: float,
+    delta: float,
+    *,
+    l2_sensitivity: float,
+    dim: int,
+    l1_sensitivity: float | None = None,
+    steps: int = 1,
+    accountant: str = "tightest",
+    relation: str = "replace_special",
+) -> float:
+    """The smallest aggregate Skellam variance μ per coordinate (to a relative 1e-6) for which
+    ``steps`` releases (:func:`~rayfed.privacy.mechanisms.skellam_event`) are (ε, δ)-DP under
+    ``accountant``; each of n users then adds a share of variance μ/n."""
+    from rayfed.privacy.mechanisms import skellam_event
+
+    def make(mu: float):
+        return skellam_event(
+            mu, l2_sensitivity=l2_sensitivity, l1_sensitivity=l1_sensitivity, dim=dim
+        )
+
+    return _calibrate_integer(make, epsilon, delta, steps, accountant, relation, "variance")

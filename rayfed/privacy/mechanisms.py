@@ -23,7 +23,12 @@ import numpy as np
 from dp_accounting import dp_event
 
 from rayfed.errors import ConfigError
-from rayfed.privacy.ledger import EpsilonDeltaDpEvent
+from rayfed.privacy.integer import exact_sigma2
+from rayfed.privacy.ledger import (
+    DistributedDiscreteGaussianDpEvent,
+    EpsilonDeltaDpEvent,
+    SkellamDpEvent,
+)
 from rayfed.privacy.source import NoiseSource
 
 
@@ -184,6 +189,168 @@ def distributed_gaussian(
         round=round,
     )
     return _drawn(noise, values + shares, event)
+
+
+def _count(name: str, value) -> int:
+    if not (isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value >= 1):
+        raise ConfigError(name, f"must be an integer >= 1, got {value!r}")
+    return int(value)
+
+
+def _l1_default(l2: float, l1, dim: int) -> float:
+    """Δ₁ as given, else the largest an integer vector with ‖x‖₂ <= Δ₂ in ``dim`` coordinates
+    can have: min(sqrt(d)·Δ₂, Δ₂²) (an integer's |x_i| <= x_i²)."""
+    if l1 is None:
+        return float(min(math.sqrt(dim) * l2, l2 * l2))
+    return _positive("l1_sensitivity", l1)
+
+
+def distributed_discrete_gaussian_event(
+    sigma2, *, quorum: int, l2_sensitivity: float, l1_sensitivity=None, dim: int
+) -> DistributedDiscreteGaussianDpEvent:
+    """The event of :func:`discrete_gaussian_shares`: the sum of at least ``quorum`` users'
+    N_Z(0, σ²) shares over ``dim`` coordinates (more shares only add independent noise). σ² is
+    the sampler's own (:func:`~rayfed.privacy.integer.exact_sigma2`), so a charge built here
+    equals the drawn event; Δ₁ defaults to min(sqrt(d)·Δ₂, Δ₂²), sensitivities in the integer
+    units of the data."""
+    dim = _count("dim", dim)
+    l2 = _positive("l2_sensitivity", l2_sensitivity)
+    return DistributedDiscreteGaussianDpEvent(
+        sigma2=float(exact_sigma2(sigma2)),
+        num_shares=_count("quorum", quorum),
+        l2_sensitivity=l2,
+        l1_sensitivity=_l1_default(l2, l1_sensitivity, dim),
+        dim=dim,
+    )
+
+
+def discrete_gaussian_share_noise(
+    noise: NoiseSource,
+    ids,
+    width: int,
+    *,
+    sigma2,
+    round: int = 0,
+    purpose: str = "discrete-gaussian-share",
+    regenerate: bool = False,
+) -> np.ndarray:
+    """The (users x width) N_Z(0, σ²) shares of :func:`discrete_gaussian_shares`, keyed by
+    (purpose, round, user id) (the draw alone: nothing registered); ``regenerate=True`` redraws
+    a user's own share (to cancel it later)."""
+    return noise.user_discrete_gaussian(purpose, round, ids, width, sigma2, again=regenerate)
+
+
+def discrete_gaussian_shares(
+    noise: NoiseSource,
+    values,
+    *,
+    ids,
+    sigma2,
+    quorum: int,
+    l2_sensitivity: float,
+    l1_sensitivity=None,
+    round: int = 0,
+    purpose: str = "discrete-gaussian-share",
+    part_of=None,
+):
+    """Each user (a row of the integer ``values``) adds its own N_Z(0, σ²) share, drawn exactly
+    (:mod:`rayfed.privacy.integer`) and keyed by (purpose, round, user id); returns (values +
+    shares as int64, event). The event is the aggregate's over at least ``quorum`` users
+    (:func:`distributed_discrete_gaussian_event`, Kairouz, Liu & Steinke 2021), which every
+    user's message carries: the shares are one release."""
+    values = np.asarray(values)
+    if values.ndim != 2 or not np.issubdtype(values.dtype, np.integer):
+        raise ConfigError("values", "discrete Gaussian shares need an integer (users x d) array")
+    event = distributed_discrete_gaussian_event(
+        sigma2,
+        quorum=quorum,
+        l2_sensitivity=l2_sensitivity,
+        l1_sensitivity=l1_sensitivity,
+        dim=values.shape[1],
+    )
+    shares = discrete_gaussian_share_noise(
+        noise, ids, values.shape[1], sigma2=sigma2, round=round, purpose=purpose
+    )
+    return _drawn(noise, values.astype(np.int64) + shares, event, part_of)
+
+
+def skellam_event(
+    variance: float, *, l2_sensitivity: float, l1_sensitivity=None, dim: int
+) -> SkellamDpEvent:
+    """The event of Skellam noise of aggregate ``variance`` μ per coordinate (Agarwal, Kairouz &
+    Liu 2021); Δ₁ defaults to min(sqrt(d)·Δ₂, Δ₂²), sensitivities in the integer units of the
+    data."""
+    dim = _count("dim", dim)
+    l2 = _positive("l2_sensitivity", l2_sensitivity)
+    return SkellamDpEvent(
+        variance=_positive("variance", variance),
+        l2_sensitivity=l2,
+        l1_sensitivity=_l1_default(l2, l1_sensitivity, dim),
+    )
+
+
+def distributed_skellam_event(
+    variance: float, *, quorum: int, l2_sensitivity: float, l1_sensitivity=None, dim: int
+) -> SkellamDpEvent:
+    """The event of :func:`skellam_shares`: at least ``quorum`` shares of ``variance`` each sum
+    to Skellam noise of variance quorum·variance exactly (more shares only add noise)."""
+    return skellam_event(
+        _count("quorum", quorum) * _positive("variance", variance),
+        l2_sensitivity=l2_sensitivity,
+        l1_sensitivity=l1_sensitivity,
+        dim=dim,
+    )
+
+
+def skellam_share_noise(
+    noise: NoiseSource,
+    ids,
+    width: int,
+    *,
+    variance: float,
+    round: int = 0,
+    purpose: str = "skellam-share",
+    regenerate: bool = False,
+) -> np.ndarray:
+    """The (users x width) Skellam shares of ``variance`` (Poisson(v/2) − Poisson(v/2)) of
+    :func:`skellam_shares`, keyed by (purpose, round, user id) (the draw alone: nothing
+    registered)."""
+    mu = _positive("variance", variance) / 2.0
+    return noise.user_skellam(purpose, round, ids, width, mu, again=regenerate)
+
+
+def skellam_shares(
+    noise: NoiseSource,
+    values,
+    *,
+    ids,
+    variance: float,
+    quorum: int,
+    l2_sensitivity: float,
+    l1_sensitivity=None,
+    round: int = 0,
+    purpose: str = "skellam-share",
+    part_of=None,
+):
+    """Each user (a row of the integer ``values``) adds a Skellam share of ``variance`` per
+    coordinate (Poisson(v/2) − Poisson(v/2)), keyed by (purpose, round, user id); returns
+    (values + shares as int64, event). Skellam is closed under sums, so at least ``quorum``
+    shares are Skellam noise of variance quorum·v: the event is that
+    (:func:`distributed_skellam_event`), carried by every user's message."""
+    values = np.asarray(values)
+    if values.ndim != 2 or not np.issubdtype(values.dtype, np.integer):
+        raise ConfigError("values", "Skellam shares need an integer (users x d) array")
+    event = distributed_skellam_event(
+        variance,
+        quorum=quorum,
+        l2_sensitivity=l2_sensitivity,
+        l1_sensitivity=l1_sensitivity,
+        dim=values.shape[1],
+    )
+    shares = skellam_share_noise(
+        noise, ids, values.shape[1], variance=variance, round=round, purpose=purpose
+    )
+    return _drawn(noise, values.astype(np.int64) + shares, event, part_of)
 
 
 def discrete_laplace_event(l1_sensitivity: int, epsilon: float) -> dp_event.DiscreteLaplaceDpEvent:
