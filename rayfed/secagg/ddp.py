@@ -519,8 +519,9 @@ def plan_calibrated(share_variance: Callable[[DdpPlan], float], **options) -> Dd
     """:func:`plan` with each user's integer noise variance set by a calibration that depends on
     the plan's own sensitivity: ``share_variance(p)`` is the per-user variance (integer units) a
     mechanism needs for (ε, δ) at ``p.l2_bound`` / ``p.l1_bound`` — e.g.
-    ``lambda p: ddg_sigma2(eps, delta, l2_sensitivity=p.l2_bound, quorum=p.users,
-    dim=p.padded_dim)``. γ depends on the noise and Δ₂ on γ: iterated to a fixed point, then the
+    ``lambda p: ddg_sigma2(eps, delta, l2_sensitivity=p.l2_bound, quorum=q,
+    dim=p.padded_dim)`` with q the least number of surviving users the run accepts (zero-out
+    neighbours: the events' relation). γ depends on the noise and Δ₂ on γ: iterated to a fixed point, then the
     noise nudged up until the plan's variance is at least what its own Δ₂ asks for."""
     users = options["users"]
     std = 0.0
