@@ -91,7 +91,7 @@ def plan(cfg: FederatedMFConfig, seed: int) -> Plan:
             cfg.epsilon, delta, steps=cfg.iterations, accountant=calibration_accountant(cfg)
         )
     )
-    sensitivity = 2.0 * cfg.bound**1.5
+    sensitivity = mf.row_gradient_radius(cfg.bound)  # a user's row G_i lies in this ball
     releases = _releases(cfg, method, n, m, z, sensitivity, gddr)
     budget = Budget(_charged_epsilon(cfg, method, releases, delta), delta)
     return Plan(
