@@ -559,6 +559,9 @@ class DistributedGaussianShare:
     quorum: int
     replacement: float = 0.0
     norm: ClassVar[int] = 2
+    #: the event compares two sums of the same number of shares: a neighbour's user still adds
+    #: its share (under add/remove it would leave with it, a variance the event does not count)
+    for_relation: ClassVar[str] = "replace_special"
 
     def event(self, sens: float) -> dp_event.DpEvent:
         return mech.distributed_gaussian_event(
@@ -607,6 +610,7 @@ class ReplacementShare:
     round1: DistributedGaussianShare
     purpose: str = "replacement"
     norm: ClassVar[int] = 2
+    for_relation: ClassVar[str] = "replace_special"  # Round 1's
 
     def event(self, sens: float) -> dp_event.DpEvent:
         return self.round1.event(sens)
