@@ -26,7 +26,7 @@ def lfl_releases(sigma: float, zeta1: float, quorum: int, zeta2: float, width: i
     """Round 1's and Round 2's measurements at Δ₂ = 1 (a row in the unit ball), as the plan
     builds them."""
     share = DistributedGaussianShare(sigma, zeta1, quorum, zeta2)
-    user = Neighbours("add_or_remove_one", "user")
+    user = Neighbours("replace_special", "user")
     round1 = Measurement("round 1", share, Ball(1.0, 2, width), user)
     return round1, Measurement("round 2", ReplacementShare(share), Ball(1.0, 2, width), user)
 
@@ -685,3 +685,53 @@ def test_every_statement_names_what_the_plan_takes_from_the_data_without_noise(o
         assert named in public, (named, statement)
     if cfg.setting == "lfl":
         assert "t = ⌈(1−ω)n⌉" in public
+
+
+def test_a_user_whose_ratings_are_removed_still_adds_its_share():
+    """LFL's relation is zero-out (dummy-row adjacency): the charged event compares two sums of
+    the same number of noise shares, which holds only because a registered user with no rating
+    still sends its share. Removing user 3's ratings (the neighbour the conformance check builds)
+    changes its message by exactly its noise-free gradient row: the share is the same draw."""
+    n, m, p = 8, 5, 2
+    ids = np.arange(n)
+    gen = np.random.default_rng(11)
+    items, ratings = gen.integers(0, m, n), gen.uniform(1, 5, n)
+    u, v = gen.normal(0, 0.5, (n, p)), gen.normal(0, 0.5, (m, p))
+
+    def inputs(keep):
+        table = pa.table(
+            {
+                "user_id": ids[keep],
+                "item": items[keep],
+                "rating": ratings[keep],
+                "split": ["train"] * int(keep.sum()),
+            }
+        )
+        ctx = StepContext(name="c0", role="cohort", seed=5, table=table, state={"ids": ids, "u": u})
+        return lfl_round1_inputs(ctx, 0, ids, v, lfl_releases(2.0, 0.2, 6, 0.2, m * p)[0])[0]
+
+    full, without = inputs(np.ones(n, bool)), inputs(ids != 3)
+    assert np.count_nonzero(without[3]) == m * p  # the zero row plus its share: still noise
+    row = np.zeros((m, p))
+    row[items[3]] = -2 * (ratings[3] - u[3] @ v[items[3]]) * u[3]
+    assert np.allclose(full[3] - without[3], row.ravel(), atol=1e-12)
+    assert np.array_equal(np.delete(full, 3, 0), np.delete(without, 3, 0))
+
+
+@pytest.mark.parametrize("kind", ["add_or_remove_one", "replace_one"])
+def test_the_distributed_shares_refuse_a_relation_other_than_zero_out(kind):
+    """Under add/remove the removed user's share leaves with it (the two sums' variances differ,
+    which the event does not count); replace-one needs twice Δ: both are refused, by name."""
+    share = DistributedGaussianShare(2.0, 0.1, 10, 0.1)
+    with pytest.raises(ValueError, match="replace_special"):
+        Measurement("round 1", share, Ball(1.0, 2, 4), Neighbours(kind, "user"))
+    with pytest.raises(ValueError, match="replace_special"):
+        Measurement("round 2", ReplacementShare(share), Ball(1.0, 2, 4), Neighbours(kind, "user"))
+
+
+def test_the_lfl_statement_names_zero_out_neighbours():
+    plan = get_protocol("federated-mf").plan(FederatedMFConfig(users=300, items=40, iterations=3), 0)
+    assert plan.privacy.relation.kind == "replace_special"
+    assert "replaced by the empty record (zero-out: the user stays and takes part)" in (
+        plan.privacy.full_statement()
+    )

@@ -63,6 +63,22 @@ def test_a_bounded_move_is_a_replacement_with_a_finite_positive_bound_and_says_s
             moved(bad)
 
 
+@pytest.mark.parametrize(
+    "domain,p", [(Interval(-1, 3), 1), (Ball(2.0, 2, 4), 2), (Ball(2.0, 2, 4), 1), (OneHot(5), 0)]
+)
+def test_zero_out_moves_a_unit_to_the_empty_record_by_the_radius(domain, p):
+    """Zero-out (replace_special) replaces the unit's data by the empty record, which contributes
+    zero: the radius, as add/remove — not the diameter a replacement needs."""
+    zero_out = Neighbours("replace_special", "user")
+    assert sensitivity(domain, zero_out, p) == domain.radius(p)
+    assert sensitivity(domain, Neighbours("replace_one", "user"), p) == domain.diameter(p)
+    assert zero_out.describe() == (
+        "one user's data replaced by the empty record (zero-out: the user stays and takes part)"
+    )
+    with pytest.raises(ValueError, match="replacement"):
+        Neighbours("replace_special", "user", within=1.0)
+
+
 def test_unbounded_data_has_a_sensitivity_only_under_a_bounded_move():
     with pytest.raises(ValueError, match="unbounded"):
         Measurement("x", Laplace(1.0), Unbounded(), REPLACE)

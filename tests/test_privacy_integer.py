@@ -121,7 +121,7 @@ def chi2_test(samples: np.ndarray, pmf) -> tuple[float, float]:
 
 
 def ledger_epsilon(event, delta=DELTA) -> float:
-    acc = ledger.make_accountant("tightest", "add_or_remove_one")
+    acc = ledger.make_accountant("tightest", "replace_special")
     acc.compose(event)
     return float(acc.get_epsilon(delta))
 
@@ -254,6 +254,7 @@ def test_share_mechanism_registers_the_aggregate_event():
     [
         lambda: exact_sigma2(0),
         lambda: exact_sigma2(float("nan")),
+        lambda: exact_sigma2(1e-20),
         lambda: distributed_discrete_gaussian_event(1.0, quorum=0, l2_sensitivity=1.0, dim=1),
         lambda: skellam_event(-1.0, l2_sensitivity=1.0, dim=1),
         lambda: skellam(np.random.default_rng(0), 0.0, 3),
@@ -353,7 +354,7 @@ def test_events_compose_in_the_ledger_and_round_trip():
     sk = skellam_event(2.0e4, l2_sensitivity=50.0, dim=64)
     for event in (ddg, sk):
         assert event_from_dict(event_to_dict(event)) == event
-    led = PrivacyLedger(Budget(10.0, 1e-6), accountant="tightest", relation="add_or_remove_one")
+    led = PrivacyLedger(Budget(10.0, 1e-6), accountant="tightest", relation="replace_special")
     led.charge(ddg, label="ddg")
     led.charge(dp_event.SelfComposedDpEvent(sk, 3), label="sk")
     report = led.report()
@@ -363,7 +364,7 @@ def test_events_compose_in_the_ledger_and_round_trip():
     from dp_accounting.rdp import rdp_privacy_accountant as rdp
 
     assert report.epsilon == pytest.approx(rdp.compute_epsilon(orders, curve, 1e-6)[0])
-    pld_only = PrivacyLedger(Budget(10.0, 1e-6), accountant="pld", relation="add_or_remove_one")
+    pld_only = PrivacyLedger(Budget(10.0, 1e-6), accountant="pld", relation="replace_special")
     with pytest.raises(RayfedError, match="cannot account"):
         pld_only.charge(ddg, label="ddg")
 
@@ -383,3 +384,25 @@ def test_calibration_meets_the_budget_tightly():
     assert ledger_epsilon(sk, 1e-6) <= 1.0
     low = dp_event.SelfComposedDpEvent(skellam_event(0.999 * mu, l2_sensitivity=100.0, dim=1024), 4)
     assert ledger_epsilon(low, 1e-6) > 1.0
+
+
+def test_integer_events_refuse_every_relation_but_zero_out():
+    """The curves compare sums of the same number of shares: under add/remove the removed user's
+    share leaves with it (the variance differs between the neighbours, up to 8x the charged
+    divergence at small sizes), and replace-one needs twice the sensitivity; both are refused,
+    in the ledger and in the calibration, naming zero-out."""
+    from dp_accounting.privacy_accountant import UnsupportedEventError
+
+    from rayfed.privacy.calibration import ddg_sigma2
+    from rayfed.privacy.mechanisms import distributed_discrete_gaussian_event
+
+    event = distributed_discrete_gaussian_event(4.0, quorum=3, l2_sensitivity=1.0, dim=1)
+    for relation in ("add_or_remove_one", "replace_one"):
+        acc = ledger.make_accountant("rdp", relation)
+        with pytest.raises(UnsupportedEventError, match="zero-out"):
+            acc.compose(event)
+        with pytest.raises(ConfigError, match="zero-out"):
+            ddg_sigma2(1.0, 1e-5, l2_sensitivity=1.0, quorum=3, dim=1, relation=relation)
+    ok = ledger.make_accountant("rdp", "replace_special")
+    ok.compose(event)
+    assert ok.get_epsilon(1e-5) > 0

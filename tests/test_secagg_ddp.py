@@ -171,7 +171,7 @@ def party_input(ctx, round, ids, x, p):
     words, _ = p.encode(
         x[ids],
         np.random.default_rng(int(ids[0])),
-        _skellam(ctx.noise.generator("ddp-test"), p.skellam_mu),
+        _skellam(ctx.noise.generator("ddp-test"), p.poisson_mean),
     )
     return words
 
@@ -226,7 +226,7 @@ def test_noisy_sum_mse_matches_the_predicted_variance(noise):
     frac = y - np.floor(y)
     gen = np.random.default_rng(11)
     if noise == "skellam":
-        share_var, draw = 2 * p.skellam_mu, _skellam(gen, p.skellam_mu)
+        share_var, draw = 2 * p.poisson_mean, _skellam(gen, p.poisson_mean)
     else:
         sigma2 = float(integer.exact_sigma2(p.noise_variance))
         share_var, draw = _dg_variance(sigma2), _discrete_gaussian(gen, sigma2)

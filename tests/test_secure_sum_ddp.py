@@ -272,3 +272,16 @@ def test_add_then_remove_is_refused_where_it_does_not_hold(options):
     with pytest.raises(ConfigError) as err:
         _run(dim=4, **options)
     assert err.value.field == "dp_dropout"
+
+
+@pytest.mark.parametrize("kind", ["add_or_remove_one", "replace_one"])
+def test_the_integer_shares_refuse_a_relation_other_than_zero_out(kind):
+    """Their events compare sums of the same number of shares: a Measurement under add/remove
+    (the removed user's share would leave with it) or replace-one (2·Δ) is refused by name."""
+    from rayfed.privacy import Ball, DiscreteGaussianShares, Measurement, Neighbours, SkellamShares
+    from rayfed.privacy.measurement import SkellamExcess
+
+    skellam = SkellamShares(4.0, 10, 8, 3.0)
+    for mechanism in (DiscreteGaussianShares(4.0, 10, 8, 3.0), skellam, SkellamExcess(skellam)):
+        with pytest.raises(ValueError, match="replace_special"):
+            Measurement("x", mechanism, Ball(1.0, 2, 8), Neighbours(kind, "user"))

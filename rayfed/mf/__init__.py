@@ -156,6 +156,15 @@ def project(x: np.ndarray, bound: float) -> np.ndarray:
     return x / np.maximum(1.0, norms / np.sqrt(bound))
 
 
+def row_gradient_radius(bound: float) -> float:
+    """2R^{3/2}: the radius of the ball one rating's gradient row lies in. The row is
+    −2(x − ⟨u_i, v_j⟩)·u_i (or ·v_j) with x and the prediction in [0, R] (|x − ⟨u_i, v_j⟩| <= R)
+    and every embedding row in 𝒰/𝒱 (‖·‖² <= R, kept there by :func:`project`), so its norm is at
+    most 2·R·√R; reached at u_i = √R·e₀, x = R, prediction 0 (tests/test_federated_mf_extremal.py
+    checks the supremum)."""
+    return 2.0 * bound**1.5
+
+
 def predict(u: np.ndarray, v: np.ndarray, users: np.ndarray, items: np.ndarray) -> np.ndarray:
     return np.einsum("ij,ij->i", u[users], v[items])
 

@@ -17,6 +17,7 @@ import math
 import numpy as np
 
 from rayfed import rng
+from rayfed.mf import row_gradient_radius
 
 
 def projection(seed: int, k: int, m: int) -> np.ndarray:
@@ -27,8 +28,9 @@ def projection(seed: int, k: int, m: int) -> np.ndarray:
 
 
 def entry_bound(bound: float, k: int) -> float:
-    """c = 2R^{3/2}/√k: the largest |G_i[a, b]| any user's averaged, projected gradient can have."""
-    return 2.0 * bound**1.5 / math.sqrt(k)
+    """c = 2R^{3/2}/√k: the largest |G_i[a, b]| any user's averaged, projected gradient can have
+    (its row's radius, :func:`~rayfed.mf.row_gradient_radius`, through Φ's ±1/√k entries)."""
+    return row_gradient_radius(bound) / math.sqrt(k)
 
 
 def projected_entries(

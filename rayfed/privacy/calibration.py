@@ -23,6 +23,7 @@ from rayfed.errors import ConfigError
 from rayfed.privacy.ledger import (
     PLD_INTERVAL,
     RELATIONS,
+    ZERO_OUT_ONLY,
     UnitInSampledGroupGaussianDpEvent,
     check_budget,
     make_accountant,
@@ -274,8 +275,8 @@ def _calibrate_integer(make_event, epsilon, delta, steps, accountant, relation, 
         raise ConfigError("steps", f"must be an integer >= 1, got {steps!r}")
     if accountant not in ("rdp", "tightest"):
         raise ConfigError("accountant", f"calibrates under rdp or tightest, got {accountant!r}")
-    if relation not in RELATIONS:
-        raise ConfigError("relation", f"unknown neighbouring relation {relation!r}", RELATIONS)
+    if relation != "replace_special":
+        raise ConfigError("relation", ZERO_OUT_ONLY, "relation=replace_special (zero-out)")
 
     def excess(x: float) -> float:
         return _integer_epsilon(make_event(x), steps, delta, accountant, relation) - epsilon
@@ -306,7 +307,7 @@ def ddg_sigma2(
     l1_sensitivity: float | None = None,
     steps: int = 1,
     accountant: str = "tightest",
-    relation: str = "add_or_remove_one",
+    relation: str = "replace_special",
 ) -> float:
     """The smallest per-share σ² (to a relative 1e-6, as the sampler represents it) for which
     ``steps`` releases of a sum of ``quorum`` N_Z(0, σ²) shares
@@ -334,7 +335,7 @@ def skellam_variance(
     l1_sensitivity: float | None = None,
     steps: int = 1,
     accountant: str = "tightest",
-    relation: str = "add_or_remove_one",
+    relation: str = "replace_special",
 ) -> float:
     """The smallest aggregate Skellam variance μ per coordinate (to a relative 1e-6) for which
     ``steps`` releases (:func:`~rayfed.privacy.mechanisms.skellam_event`) are (ε, δ)-DP under

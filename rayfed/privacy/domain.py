@@ -30,7 +30,7 @@ import numpy as np
 from rayfed.errors import DataError
 
 NORMS = (0, 1, 2)
-KINDS = ("add_or_remove_one", "replace_one")
+KINDS = ("add_or_remove_one", "replace_one", "replace_special")
 
 
 def _norm_of(p: int) -> None:
@@ -218,8 +218,11 @@ Domain = Interval | Ball | OneHot | Bits | Unbounded
 
 @dataclass(frozen=True)
 class Neighbours:
-    """The neighbour relation: one ``unit`` added or removed, or replaced by another of its
-    domain. ``at_one_party``: the unit's data changes at one party only ("DP in VFL", where
+    """The neighbour relation: one ``unit`` added or removed, replaced by another of its domain,
+    or (``replace_special``, "zero-out") replaced by the empty record while the unit stays and
+    takes part — its device still runs the protocol, contributing zero and any noise share it adds.
+    Zero-out is the relation of a distributed noise sum: its neighbours hold the same number of
+    noise shares (under add/remove the removed unit's share would leave with it). ``at_one_party``: the unit's data changes at one party only ("DP in VFL", where
     parties hold column blocks of the same users). ``kind`` is what the sensitivity rule and the
     accountant read; ``unit`` names what is protected in the statement.
 
@@ -228,7 +231,7 @@ class Neighbours:
     (a paper's event-level or ν-bounded neighbours): a protocol offering it names it as such.
     """
 
-    kind: Literal["add_or_remove_one", "replace_one"]
+    kind: Literal["add_or_remove_one", "replace_one", "replace_special"]
     unit: str
     at_one_party: bool = False
     within: float | None = None
@@ -243,9 +246,15 @@ class Neighbours:
                 raise ValueError(f"within is a finite distance > 0, got {self.within}")
 
     def describe(self) -> str:
+        where = " at one party" if self.at_one_party else ""
+        if self.kind == "replace_special":
+            return (
+                f"one {self.unit}'s data replaced by the empty record{where} (zero-out: the "
+                f"{self.unit} stays and takes part)"
+            )
         verb = "added or removed" if self.kind == "add_or_remove_one" else "replaced"
         moved = f", moved by at most {self.within:g}" if self.within is not None else ""
-        return f"one {self.unit} {verb}" + (" at one party" if self.at_one_party else "") + moved
+        return f"one {self.unit} {verb}" + where + moved
 
 
 @dataclass(frozen=True)
@@ -278,10 +287,10 @@ class DataDomain:
 
 def sensitivity(domain: Domain, relation: Neighbours, p: int) -> float:
     """The ℓp sensitivity of a sum of contributions in ``domain`` under ``relation``: the
-    domain's radius for add/remove, its diameter for replace — or, for a bounded replacement
+    domain's radius for add/remove and zero-out, its diameter for replace — or, for a bounded replacement
     (``relation.within`` = w, an ℓ2 distance), the smaller of the diameter and w in ℓ2, w·√dim
     in ℓ1 (‖v‖₁ <= √dim·‖v‖₂); in ℓ0 a move of any size may change every coordinate."""
-    if relation.kind == "add_or_remove_one":
+    if relation.kind in ("add_or_remove_one", "replace_special"):
         return domain.radius(p)
     if relation.within is None or p == 0:
         return domain.diameter(p)

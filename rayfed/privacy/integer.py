@@ -64,11 +64,14 @@ def exact_sigma2(sigma2) -> Fraction:
     if _fits(value):
         return value
     q = max(1, int(_DEN_MAX // (2 * (value * (math.isqrt(math.ceil(value)) + 2) ** 2))))
-    while True:
+    while q >= 1:
         candidate = value.limit_denominator(q)
         if candidate > 0 and _fits(candidate):
             return candidate
-        q = max(1, q // 2)
+        q //= 2
+    raise ConfigError(
+        "sigma2", f"{sigma2!r} is too small for the sampler's integers", "a larger sigma2"
+    )
 
 
 def _fits(value: Fraction) -> bool:

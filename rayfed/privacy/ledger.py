@@ -111,6 +111,16 @@ class SkellamDpEvent(dp_event.DpEvent):
     l1_sensitivity: float
 
 
+#: why the distributed integer events refuse every relation but zero-out
+ZERO_OUT_ONLY = (
+    "the distributed discrete Gaussian and Skellam curves compare two sums of the same number of "
+    "noise shares: zero-out neighbours (relation=replace_special: one user's input replaced by "
+    "zero, its noise share still in the sum). Under add/remove the removed user's share leaves "
+    "with it and the noise variance differs between the neighbours, which the curves do not count "
+    "(up to 8x the charged divergence at small sizes); replace-one needs twice the sensitivity"
+)
+
+
 def ddg_tau(sigma2: float, num_shares: int) -> float:
     """τ = 10·Σ_{k=1}^{n−1} exp(−2π²σ²·k/(k+1)): how far a sum of n N_Z(0, σ²) is from
     N_Z(0, nσ²) in Kairouz, Liu & Steinke's bound."""
@@ -247,6 +257,11 @@ class MemoRdpAccountant(rdp.RdpAccountant):
                 event.sampling_probability, event.noise_multiplier, self._orders
             )
         if type(event) in _INTEGER_RDP and key not in self._curves:
+            if self.neighboring_relation != NeighboringRelation.REPLACE_SPECIAL:
+                return self.CompositionErrorDetails(
+                    invalid_event=event,
+                    error_message=ZERO_OUT_ONLY,
+                )
             self._curves[key] = _INTEGER_RDP[type(event)](event, self._orders)
         if key not in self._curves:
             single = rdp.RdpAccountant(self._orders, self.neighboring_relation)

@@ -559,6 +559,9 @@ class DistributedGaussianShare:
     quorum: int
     replacement: float = 0.0
     norm: ClassVar[int] = 2
+    #: the event compares two sums of the same number of shares: a neighbour's user still adds
+    #: its share (under add/remove it would leave with it, a variance the event does not count)
+    for_relation: ClassVar[str] = "replace_special"
 
     def event(self, sens: float) -> dp_event.DpEvent:
         return mech.distributed_gaussian_event(
@@ -607,6 +610,7 @@ class ReplacementShare:
     round1: DistributedGaussianShare
     purpose: str = "replacement"
     norm: ClassVar[int] = 2
+    for_relation: ClassVar[str] = "replace_special"  # Round 1's
 
     def event(self, sens: float) -> dp_event.DpEvent:
         return self.round1.event(sens)
@@ -641,6 +645,7 @@ class DiscreteGaussianShares:
     l1_sensitivity: float | None = None
     purpose: str = "discrete-gaussian-share"
     norm: ClassVar[int] = 2
+    for_relation: ClassVar[str] = "replace_special"  # the event's (equal numbers of shares)
 
     def event(self, sens: float) -> dp_event.DpEvent:
         return mech.distributed_discrete_gaussian_event(
@@ -685,6 +690,7 @@ class SkellamShares:
     #: to ``variance``), so that a survivor can later reveal the first ones (:class:`SkellamExcess`)
     components: tuple[float, ...] = ()
     norm: ClassVar[int] = 2
+    for_relation: ClassVar[str] = "replace_special"  # the event's (equal numbers of shares)
 
     def __post_init__(self):
         if self.components and not math.isclose(sum(self.components), self.variance, rel_tol=1e-9):
@@ -749,6 +755,7 @@ class SkellamExcess:
 
     shares: SkellamShares
     norm: ClassVar[int] = 2
+    for_relation: ClassVar[str] = "replace_special"
 
     def event(self, sens: float) -> dp_event.DpEvent:
         return self.shares.event(sens)

@@ -258,9 +258,7 @@ def discrete_gaussian_shares(
     shares as int64, event). The event is the aggregate's over at least ``quorum`` users
     (:func:`distributed_discrete_gaussian_event`, Kairouz, Liu & Steinke 2021), which every
     user's message carries: the shares are one release."""
-    values = np.asarray(values)
-    if values.ndim != 2 or not np.issubdtype(values.dtype, np.integer):
-        raise ConfigError("values", "discrete Gaussian shares need an integer (users x d) array")
+    values = _integer_rows(values, "discrete Gaussian shares")
     event = distributed_discrete_gaussian_event(
         sigma2,
         quorum=quorum,
@@ -271,7 +269,15 @@ def discrete_gaussian_shares(
     shares = discrete_gaussian_share_noise(
         noise, ids, values.shape[1], sigma2=sigma2, round=round, purpose=purpose
     )
-    return _drawn(noise, values.astype(np.int64) + shares, event, part_of)
+    return _drawn(noise, values + shares, event, part_of)
+
+
+def _integer_rows(values, what: str) -> np.ndarray:
+    """A (users x d) integer array as int64, or a ConfigError naming ``what`` needs it."""
+    values = np.asarray(values)
+    if values.ndim != 2 or not np.issubdtype(values.dtype, np.integer):
+        raise ConfigError("values", f"{what} need an integer (users x d) array")
+    return values.astype(np.int64)
 
 
 def skellam_event(
@@ -337,9 +343,7 @@ def skellam_shares(
     (values + shares as int64, event). Skellam is closed under sums, so at least ``quorum``
     shares are Skellam noise of variance quorum·v: the event is that
     (:func:`distributed_skellam_event`), carried by every user's message."""
-    values = np.asarray(values)
-    if values.ndim != 2 or not np.issubdtype(values.dtype, np.integer):
-        raise ConfigError("values", "Skellam shares need an integer (users x d) array")
+    values = _integer_rows(values, "Skellam shares")
     event = distributed_skellam_event(
         variance,
         quorum=quorum,
@@ -350,7 +354,7 @@ def skellam_shares(
     shares = skellam_share_noise(
         noise, ids, values.shape[1], variance=variance, round=round, purpose=purpose
     )
-    return _drawn(noise, values.astype(np.int64) + shares, event, part_of)
+    return _drawn(noise, values + shares, event, part_of)
 
 
 def discrete_laplace_event(l1_sensitivity: int, epsilon: float) -> dp_event.DiscreteLaplaceDpEvent:

@@ -34,6 +34,13 @@ Chernoff bound on every coordinate of the noisy integer sum, union over ``padded
 * the noise: discrete Gaussian N_Z(0, σ²) is σ²-sub-Gaussian (Canonne, Kamath & Steinke 2020);
   a Skellam share Poisson(μ)-Poisson(μ) has log-MGF 2μ(cosh λ - 1), exactly.
 
+The modular-clipping bound is a probability over the public random signs: it holds for inputs
+chosen independently of them. An adversary who knows the signs before choosing inputs (the same
+``rotation_seed`` and ``round`` every time) can align every user's vector and wrap the sum while the
+bound reads 1e-6: derive the signs per round from randomness drawn after the inputs are fixed (the
+PKI's beacon in a secure round), and never reuse a seed across rounds. A wrap is bounded, not
+detected.
+
 What is exact: the integer pipeline (the norm check, the noise, the sum mod 2^bits, the
 centring); the decode is float64 (rotation error ~1e-15 relative). What is a bound: the
 modular-clipping probability, and the rounded norm bound's tightness (never its validity).
@@ -176,7 +183,9 @@ class DdpReport:
     modular_clip_bound: float
     #: Δ₂ / (γ·clip): the rounded norm bound over the scaled clip
     inflation_bound: float
-    #: max over users of ‖round(y)‖₂ / (γ·clip)
+    #: EVALUATION ONLY, not a release (exact, data-dependent, not noised, not in the ledger: a
+    #: protocol must not publish them as a result): max over users of ‖round(y)‖₂ / (γ·clip),
+    #: the rows clipped and the re-roundings
     inflation_realised: float
     rows: int
     clipped: int
@@ -212,7 +221,10 @@ class DdpPlan:
 
     @property
     def l2_bound(self) -> float:
-        """Δ₂: the ℓ2 sensitivity of the integer sum (one user added or removed)."""
+        """Δ₂: the ℓ2 sensitivity of the integer sum for zero-out neighbours (one user's vector
+        replaced by zero, its noise share still in the sum: the relation the distributed events
+        account, ``relation=replace_special``); replace-one is 2·Δ₂, and add/remove also changes
+        the number of noise shares, which the events do not cover."""
         return math.sqrt(self.l2_bound_sq)
 
     @property
@@ -221,8 +233,9 @@ class DdpPlan:
         return min(math.floor(math.sqrt(self.padded_dim * self.l2_bound_sq)), self.l2_bound_sq)
 
     @property
-    def skellam_mu(self) -> float:
-        """μ of each user's Skellam share Poisson(μ) - Poisson(μ) (variance 2μ)."""
+    def poisson_mean(self) -> float:
+        """The mean of each Poisson in a user's Skellam share Poisson(m) - Poisson(m): half the
+        share's variance (the events and ``skellam_variance`` speak of the variance)."""
         return self.noise_variance / 2
 
     @property
@@ -506,8 +519,9 @@ def plan_calibrated(share_variance: Callable[[DdpPlan], float], **options) -> Dd
     """:func:`plan` with each user's integer noise variance set by a calibration that depends on
     the plan's own sensitivity: ``share_variance(p)`` is the per-user variance (integer units) a
     mechanism needs for (ε, δ) at ``p.l2_bound`` / ``p.l1_bound`` — e.g.
-    ``lambda p: ddg_sigma2(eps, delta, l2_sensitivity=p.l2_bound, quorum=p.users,
-    dim=p.padded_dim)``. γ depends on the noise and Δ₂ on γ: iterated to a fixed point, then the
+    ``lambda p: ddg_sigma2(eps, delta, l2_sensitivity=p.l2_bound, quorum=q,
+    dim=p.padded_dim)`` with q the least number of surviving users the run accepts (zero-out
+    neighbours: the events' relation). γ depends on the noise and Δ₂ on γ: iterated to a fixed point, then the
     noise nudged up until the plan's variance is at least what its own Δ₂ asks for."""
     users = options["users"]
     std = 0.0

@@ -274,7 +274,8 @@ def neighbouring_plans(plan) -> list[tuple[str, Any, Any]]:
         far = _placed(plan, data, last, lambda name, f: _farthest(f))
         pairs.append(("removed", members, without))
         pairs.append(("added back at the farthest point", without, far))
-        if data.key is None:  # rows by position: a new row names no unit the plan must know
+        # rows by position: a new row names no unit the plan must know; zero-out's unit stays
+        if data.key is None and relation.kind == "add_or_remove_one":
             pairs.append(("a new row at the farthest point", members, _appended(plan, data, last)))
     return [(n, _with_members(plan, data, a), _with_members(plan, data, b)) for n, a, b in pairs]
 

@@ -4,7 +4,10 @@ Each user holds a row of ``dim`` reals with ℓ2 norm at most ``clip`` (the synt
 uniform on [-clip, clip]^dim as without DP, then each row scaled down to ℓ2 norm ``clip`` where
 it is longer: stated in the result). The run releases the mean over the survivors U3: the
 decoded noisy sum divided by |U3| (public: the server learns who survived), one release
-declared here as a :class:`~rayfed.privacy.Measurement` under add/remove-one-user.
+declared here as a :class:`~rayfed.privacy.Measurement` for zero-out neighbours: one user's row
+replaced by the empty record while the user stays registered and still sends its share (the
+distributed events compare sums of the same number of shares; under add/remove the removed
+user's share would leave with it, a variance mismatch they do not count).
 
 * ``gaussian``: each user adds N(0, σ²/q) to its float row, σ = z·clip (the continuous
   distributed Gaussian of LFL federated-mf, :class:`~rayfed.privacy.measurement.
@@ -61,7 +64,7 @@ from rayfed.privacy.measurement import DistributedGaussianShare, SkellamExcess
 from rayfed.secagg import FixedPoint, ddp
 from rayfed.secagg.ddp import DdpPlan
 
-RELATION = Neighbours("add_or_remove_one", "user")
+RELATION = Neighbours("replace_special", "user")
 ACCOUNTANT = "tightest"
 #: the share's coordinate clip of ``gaussian``: the row's bound plus this many share sds (LFL's)
 GAUSSIAN_SDS = 8.0
@@ -128,7 +131,9 @@ def plan_dp(cfg, n: int, quorum: int, dim: int, seed: int) -> DpParams:
     """The release, calibrated for (ε, δ) at q = ``quorum`` shares under the tightest accountant."""
     eps = float(cfg.epsilon)
     delta = float(cfg.delta) if cfg.delta is not None else default_delta(n)
-    central_z = gaussian_noise_multiplier(eps, delta, steps=1, accountant=ACCOUNTANT)
+    central_z = gaussian_noise_multiplier(
+        eps, delta, steps=1, accountant=ACCOUNTANT, relation=RELATION.kind
+    )
     domain = Ball(float(cfg.clip), 2, dim)
     columns = tuple(f"x{j}" for j in range(dim))
     label = f"secure-sum: {LABELS[cfg.dp_mechanism]}"
@@ -290,7 +295,7 @@ def rows_table(ids: np.ndarray, x: np.ndarray, columns: tuple[str, ...]) -> pa.T
 
 def table_rows(ctx: StepContext, ids: np.ndarray, columns) -> np.ndarray:
     """The users' rows from the cohort's table; a registered user without a row holds the zero
-    row (the add/remove relation's absent user: it contributes nothing to the sum)."""
+    row (zero-out's emptied user: the zero row, plus its share as every registered user's)."""
     table_ids = ctx.table.column("user_id").to_numpy()
     order = np.argsort(table_ids)
     at = np.minimum(np.searchsorted(table_ids[order], ids), max(len(order) - 1, 0))

@@ -255,7 +255,8 @@ def private_statement(cfg: SecureSumConfig, dp) -> str:
     return (
         "the released mean of the survivors' rows (each clipped to ℓ2 norm "
         f"{cfg.clip:g}; the decoded noisy sum over U3 divided by |U3|, which is public) is "
-        f"(ε, δ)-DP for one user's row added or removed, {who}; the noise is charged for the "
+        f"(ε, δ)-DP for one user's row replaced by zero (zero-out: the user stays registered and "
+        f"still sends its noise share; the registry is public), {who}; the noise is charged for the "
         f"worst accepted outcome, the {dp.quorum} users' shares of the smallest U3 secure "
         "aggregation accepts (more survivors only add noise)"
         + (
@@ -395,7 +396,8 @@ def private_outcome(
         f"private mean ({dp.mechanism}) of {survivors}/{params.registry.size} survivors' "
         f"{params.dim}-vectors: MSE {mse:.4g} per coordinate vs {central:.4g} for a central "
         f"continuous Gaussian at the same (ε, δ) [evaluation only] (ratio {mse / central:.3f}); "
-        f"{pipe}(ε={dp.charged_epsilon:.4g}, δ={dp.delta:.3g})-DP, add/remove one user, "
+        f"{pipe}(ε={dp.charged_epsilon:.4g}, δ={dp.delta:.3g})-DP, zero-out neighbours (one "
+        "user's row replaced by zero, its share kept), "
         f"charged at the worst accepted outcome ({dp.quorum} users' shares)"
         + (
             f", add then remove: {removed} survivors removed their excess (noise ×"

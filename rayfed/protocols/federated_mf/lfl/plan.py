@@ -60,9 +60,10 @@ STATEMENT = (
 )
 
 
-#: LFL's neighbours: one user's ratings added or removed, the user staying registered (its device
-#: sends the zero row: "dummy-row adjacency"); GD-DR's shuffling theorem is for one user replaced
-RELATION = Neighbours("add_or_remove_one", "user")
+#: LFL's neighbours: one user's ratings replaced by none, the user staying registered (its device
+#: sends the zero row and its noise share: "dummy-row adjacency", zero-out); GD-DR's shuffling
+#: theorem is for one user replaced
+RELATION = Neighbours("replace_special", "user")
 GDDR_RELATION = Neighbours("replace_one", "user")
 
 
@@ -88,10 +89,14 @@ def plan(cfg: FederatedMFConfig, seed: int) -> Plan:
         0.0
         if gddr
         else gaussian_noise_multiplier(
-            cfg.epsilon, delta, steps=cfg.iterations, accountant=calibration_accountant(cfg)
+            cfg.epsilon,
+            delta,
+            steps=cfg.iterations,
+            accountant=calibration_accountant(cfg),
+            relation=RELATION.kind,
         )
     )
-    sensitivity = 2.0 * cfg.bound**1.5
+    sensitivity = mf.row_gradient_radius(cfg.bound)  # a user's row G_i lies in this ball
     releases = _releases(cfg, method, n, m, z, sensitivity, gddr)
     budget = Budget(_charged_epsilon(cfg, method, releases, delta), delta)
     return Plan(
