@@ -730,7 +730,9 @@ def test_the_distributed_shares_refuse_a_relation_other_than_zero_out(kind):
 
 
 def test_the_lfl_statement_names_zero_out_neighbours():
-    plan = get_protocol("federated-mf").plan(FederatedMFConfig(users=300, items=40, iterations=3), 0)
+    plan = get_protocol("federated-mf").plan(
+        FederatedMFConfig(users=300, items=40, iterations=3), 0
+    )
     assert plan.privacy.relation.kind == "replace_special"
     assert "replaced by the empty record (zero-out: the user stays and takes part)" in (
         plan.privacy.full_statement()
