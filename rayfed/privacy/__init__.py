@@ -44,6 +44,7 @@ from rayfed.privacy.ledger import (
 from rayfed.privacy.measurement import (
     CodeResponse,
     Declared,
+    DiscreteGaussianShares,
     DiscreteLaplace,
     Gaussian,
     KaryResponse,
@@ -52,6 +53,7 @@ from rayfed.privacy.measurement import (
     Measurement,
     PublicMap,
     RandomizedResponse,
+    SkellamShares,
     Subroutine,
 )
 from rayfed.privacy.mechanisms import (
@@ -100,6 +102,7 @@ __all__ = [
     "Clipped",
     "DataDomain",
     "Declared",
+    "DiscreteGaussianShares",
     "DiscreteLaplace",
     "Field",
     "Gaussian",
@@ -113,6 +116,7 @@ __all__ = [
     "PrivacyDeclaration",
     "PublicMap",
     "RandomizedResponse",
+    "SkellamShares",
     "Subroutine",
     "CodeResponse",
     "Subroutine",

@@ -631,6 +631,154 @@ class ReplacementShare:
 
 
 @dataclass(frozen=True)
+class DiscreteGaussianShares:
+    """Each user (an integer row, keyed by its id) adds its own N_Z(0, σ²) share to its row of a
+    sum that at least ``quorum`` users' rows make up (the distributed discrete Gaussian, Kairouz,
+    Liu & Steinke 2021, inside secure aggregation). The rows are integers (the distributed-DP
+    pipeline's rounded vectors, :mod:`rayfed.secagg.ddp`), Δ₂ and ``l1_sensitivity`` in their
+    units, ``dim`` their width; the event is the aggregate's
+    (:func:`~rayfed.privacy.mechanisms.distributed_discrete_gaussian_event`)."""
+
+    sigma2: float
+    quorum: int
+    dim: int
+    l1_sensitivity: float | None = None
+    purpose: str = "discrete-gaussian-share"
+    norm: ClassVar[int] = 2
+    for_relation: ClassVar[str] = "replace_special"  # the event's (equal numbers of shares)
+
+    def event(self, sens: float) -> dp_event.DpEvent:
+        return mech.distributed_discrete_gaussian_event(
+            self.sigma2,
+            quorum=self.quorum,
+            l2_sensitivity=sens,
+            l1_sensitivity=self.l1_sensitivity,
+            dim=self.dim,
+        )
+
+    def draw(self, noise: NoiseSource, values, sens: float, *, round: int, ident, ids):
+        values = np.asarray(values)
+        shares = mech.discrete_gaussian_share_noise(
+            noise, ids, values.shape[1], sigma2=self.sigma2, round=round, purpose=self.purpose
+        )
+        return values.astype(np.int64) + shares
+
+    def noiseless(self, values):
+        return np.asarray(values).astype(np.int64)
+
+    def describe(self) -> str:
+        return (
+            f"distributed discrete Gaussian, N_Z(0, {self.sigma2:.6g}) per user and integer "
+            f"coordinate (d = {self.dim}), at least {self.quorum} users' shares in the sum"
+        )
+
+
+@dataclass(frozen=True)
+class SkellamShares:
+    """Each user (an integer row, keyed by its id) adds a Skellam share of ``variance`` per
+    coordinate (Poisson(v/2) − Poisson(v/2)) to its row of a sum that at least ``quorum`` users'
+    rows make up (Agarwal, Kairouz & Liu 2021): the shares sum to Skellam noise of variance
+    quorum·v at least. Integer rows as :class:`DiscreteGaussianShares`; the event is
+    :func:`~rayfed.privacy.mechanisms.distributed_skellam_event`'s."""
+
+    variance: float
+    quorum: int
+    dim: int
+    l1_sensitivity: float | None = None
+    purpose: str = "skellam-share"
+    #: "add then remove": the share drawn as independent components of these variances (summing
+    #: to ``variance``), so that a survivor can later reveal the first ones (:class:`SkellamExcess`)
+    components: tuple[float, ...] = ()
+    norm: ClassVar[int] = 2
+    for_relation: ClassVar[str] = "replace_special"  # the event's (equal numbers of shares)
+
+    def __post_init__(self):
+        if self.components and not math.isclose(sum(self.components), self.variance, rel_tol=1e-9):
+            raise ValueError("the share's components must sum to its variance")
+
+    def event(self, sens: float) -> dp_event.DpEvent:
+        return mech.distributed_skellam_event(
+            self.variance,
+            quorum=self.quorum,
+            l2_sensitivity=sens,
+            l1_sensitivity=self.l1_sensitivity,
+            dim=self.dim,
+        )
+
+    def component_noise(self, noise: NoiseSource, ids, width: int, j: int, *, round: int, again):
+        """Component ``j`` of the users' shares (keyed by (purpose/j, round, user id))."""
+        return mech.skellam_share_noise(
+            noise,
+            ids,
+            width,
+            variance=self.components[j],
+            round=round,
+            purpose=f"{self.purpose}/{j}",
+            regenerate=again,
+        )
+
+    def draw(self, noise: NoiseSource, values, sens: float, *, round: int, ident, ids):
+        values = np.asarray(values)
+        if self.components:
+            shares = sum(
+                self.component_noise(noise, ids, values.shape[1], j, round=round, again=False)
+                for j in range(len(self.components))
+            )
+        else:
+            shares = mech.skellam_share_noise(
+                noise,
+                ids,
+                values.shape[1],
+                variance=self.variance,
+                round=round,
+                purpose=self.purpose,
+            )
+        return values.astype(np.int64) + shares
+
+    def noiseless(self, values):
+        return np.asarray(values).astype(np.int64)
+
+    def describe(self) -> str:
+        return (
+            f"distributed Skellam, a share of variance {self.variance:.6g} per user and integer "
+            f"coordinate (d = {self.dim}), at least {self.quorum} users' shares in the sum"
+        )
+
+
+@dataclass(frozen=True)
+class SkellamExcess:
+    """ "Add then remove" (Dordis): a survivor's first ``upto`` components of its
+    :class:`SkellamShares` share, regenerated and negated, sent once the survivors are known so
+    the server subtracts them (a draw option). They are independent of the components left in the
+    sum and of the data, so revealing them costs nothing: part of the share release (drawn with
+    ``part_of`` = that measurement, whose event covers what is left). The query is the zero row."""
+
+    shares: SkellamShares
+    norm: ClassVar[int] = 2
+    for_relation: ClassVar[str] = "replace_special"
+
+    def event(self, sens: float) -> dp_event.DpEvent:
+        return self.shares.event(sens)
+
+    def draw(self, noise: NoiseSource, values, sens, *, round: int, ident, ids, upto: int):
+        values = np.asarray(values).astype(np.int64)
+        for j in range(upto):
+            values = values - self.shares.component_noise(
+                noise, ids, values.shape[1], j, round=round, again=True
+            )
+        return values
+
+    def noiseless(self, values):
+        return np.asarray(values).astype(np.int64)
+
+    def describe(self) -> str:
+        return (
+            "add then remove: each survivor's excess components of its Skellam share, revealed "
+            "once U3 is known; part of the share release, whose event covers what is left"
+        )
+
+
+@dataclass(frozen=True)
 class GroupSampledGaussian:
     """N(0, (zΔ₂)²) on a sum over a Poisson sample of *groups* at ``sampling_probability`` when
     the protected unit is one member of a group (one rating of a sampled user): the event is

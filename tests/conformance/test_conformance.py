@@ -25,7 +25,9 @@ from rayfed.api import resolve
 from rayfed.errors import ConfigError, UnaccountedNoise
 from rayfed.privacy.ledger import (
     RUN_SCOPE,
+    DistributedDiscreteGaussianDpEvent,
     EpsilonDeltaDpEvent,
+    SkellamDpEvent,
     UnitInSampledGroupGaussianDpEvent,
     event_from_dict,
 )
@@ -176,12 +178,58 @@ def _group_sampled_rdp(event: dp_event.DpEvent, orders: np.ndarray) -> np.ndarra
     return np.zeros_like(orders)
 
 
+def _integer_rdp(event: dp_event.DpEvent, orders: np.ndarray) -> np.ndarray:
+    """Σ of the RDP curves of the integer-noise events (dp-accounting knows neither), written
+    here from the papers, at ⌈α⌉: the distributed discrete Gaussian (Kairouz, Liu & Steinke 2021,
+    Prop. 14: n shares of N_Z(0, σ²), a = Δ₂/√(nσ²), b = Δ₁/√(nσ²), τ = 10·Σ_{k<n}
+    e^{−2π²σ²k/(k+1)}: min{αa²/2 + τd, α(a² + 2bτ + τ²d)/2, α(a + √d·τ)²/2}) and Skellam
+    (Agarwal, Kairouz & Liu 2021, Thm 3.5: αΔ₂²/(2μ) + min{((2α−1)Δ₂² + 6Δ₁)/(4μ²), 3Δ₁/(2μ)})."""
+    if isinstance(event, dp_event.SelfComposedDpEvent):
+        return event.count * _integer_rdp(event.event, orders)
+    if isinstance(event, dp_event.ComposedDpEvent):
+        return sum((_integer_rdp(e, orders) for e in event.events), np.zeros_like(orders))
+    a = np.ceil(orders)
+    if isinstance(event, SkellamDpEvent):
+        mu, l2, l1 = event.variance, event.l2_sensitivity, event.l1_sensitivity
+        return a * l2**2 / (2 * mu) + np.minimum(
+            ((2 * a - 1) * l2**2 + 6 * l1) / (4 * mu**2), 3 * l1 / (2 * mu)
+        )
+    if isinstance(event, DistributedDiscreteGaussianDpEvent):
+        n, s2, d = event.num_shares, event.sigma2, event.dim
+        tau = 10 * sum(math.exp(-2 * math.pi**2 * s2 * k / (k + 1)) for k in range(1, n))
+        x, y = event.l2_sensitivity / math.sqrt(n * s2), event.l1_sensitivity / math.sqrt(n * s2)
+        return np.minimum.reduce(
+            [
+                a * x**2 / 2 + tau * d,
+                a / 2 * (x**2 + 2 * y * tau + tau**2 * d),
+                a / 2 * (x + math.sqrt(d) * tau) ** 2,
+            ]
+        )
+    return np.zeros_like(orders)
+
+
+_UNKNOWN_TO_DP_ACCOUNTING = (
+    UnitInSampledGroupGaussianDpEvent,
+    SkellamDpEvent,
+    DistributedDiscreteGaussianDpEvent,
+)
+
+
+def _holds_integer(event: dp_event.DpEvent) -> bool:
+    if isinstance(event, dp_event.SelfComposedDpEvent):
+        return _holds_integer(event.event)
+    if isinstance(event, dp_event.ComposedDpEvent):
+        return any(_holds_integer(e) for e in event.events)
+    return isinstance(event, (SkellamDpEvent, DistributedDiscreteGaussianDpEvent))
+
+
 def _without_group_sampled(event: dp_event.DpEvent) -> dp_event.DpEvent:
+    """``event`` without the events dp-accounting does not know (their curves are added here)."""
     if isinstance(event, dp_event.SelfComposedDpEvent):
         return dp_event.SelfComposedDpEvent(_without_group_sampled(event.event), event.count)
     if isinstance(event, dp_event.ComposedDpEvent):
         return dp_event.ComposedDpEvent([_without_group_sampled(e) for e in event.events])
-    if isinstance(event, UnitInSampledGroupGaussianDpEvent):
+    if isinstance(event, _UNKNOWN_TO_DP_ACCOUNTING):
         return dp_event.NoOpDpEvent()
     return event
 
@@ -211,7 +259,7 @@ def _rdp_epsilon(composed: dp_event.DpEvent, relation, delta: float) -> float:
     acc.compose(_without_group_sampled(composed))
     # dp_accounting does not know the group-sampled Gaussian: its curve is added here
     orders = np.asarray(rdp.rdp_privacy_accountant.DEFAULT_RDP_ORDERS, dtype=float)
-    curve = acc._rdp + _group_sampled_rdp(composed, orders)
+    curve = acc._rdp + _group_sampled_rdp(composed, orders) + _integer_rdp(composed, orders)
     return rdp.rdp_privacy_accountant.compute_epsilon(orders, curve, delta)[0]
 
 
@@ -262,6 +310,8 @@ def _compose(events: list, report) -> float:
             .compose(composed)
             .get_epsilon(report.budget_delta)
         )
+    if _holds_integer(composed):  # RDP-only events: the tightest accountant is RDP alone
+        return _rdp_epsilon(composed, relation, report.budget_delta)
     return min(
         _rdp_epsilon(composed, relation, report.budget_delta),
         _pld_epsilon(composed, relation, report.budget_delta),

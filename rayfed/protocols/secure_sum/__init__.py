@@ -6,9 +6,12 @@ the plaintext sum of the survivors' quantised inputs, clipped to [-clip, clip], 
 the time of every phase. A data file's values outside that range are refused, or clipped and
 counted (``out_of_domain``), and the raw plaintext sum is kept beside the clipped one.
 
-Privacy: secure aggregation adds no noise, so there is no differential privacy here: the server
-learns the exact sum over the users whose masked input arrived and, in ``secure`` mode under the
-SecAgg assumptions, nothing else. ``simulation`` runs the same protocol with seeded keys (anyone
+Privacy: secure aggregation adds no noise, so without ``dp_mechanism`` there is no differential
+privacy here: the server learns the exact sum over the users whose masked input arrived and, in
+``secure`` mode under the SecAgg assumptions, nothing else. With ``dp_mechanism`` (gaussian, ddg,
+skellam) the run is a private mean estimation: users add noise shares (in the ring for ddg and
+skellam, through :mod:`rayfed.secagg.ddp`) and the release is (ε, δ)-DP, charged for the worst
+accepted dropout outcome (:mod:`rayfed.protocols.secure_sum.dp`). ``simulation`` runs the same protocol with seeded keys (anyone
 with the seed can derive them), ``dealer`` is not secure against the server, ``plain`` is no
 protection: every output says so.
 
@@ -34,6 +37,26 @@ class SecureSum(Protocol):
     examples = (
         {"users": 60, "dim": 4, "cohorts": 2},
         {"users": 60, "dim": 4, "cohorts": 2, "dropout": 0.1, "graph": "complete"},
+        # private mean estimation: the distributed Skellam in the ring, a user lost at unmask
+        {
+            "users": 60,
+            "dim": 5,
+            "cohorts": 2,
+            "dropout": 0.05,
+            "dp_mechanism": "skellam",
+            "epsilon": 1.0,
+            "bits": 16,
+        },
+        # add then remove: users lost before the masked input, the survivors remove the excess
+        {
+            "users": 60,
+            "dim": 5,
+            "cohorts": 2,
+            "population": {"rates": {"masked_input": 0.15}},
+            "dp_mechanism": "skellam",
+            "epsilon": 1.0,
+            "dp_dropout": "add-then-remove",
+        },
     )
     data_bytes = staticmethod(data_bytes)
     resolve_randomness = staticmethod(resolve_randomness)

@@ -96,6 +96,41 @@ class SecureSumConfig:
         when={"mode": ("secure", "simulation")},
     )
     data: DataConfig = field(default_factory=DataConfig, metadata={"help": "data source"})
+    dp_mechanism: Literal["none", "gaussian", "ddg", "skellam"] = option(
+        "none",
+        "private mean estimation: none (the exact sum, no DP); gaussian: continuous Gaussian "
+        "shares in floats (as LFL's, fixed-point encoded); ddg / skellam: the distributed "
+        "discrete Gaussian / Skellam in the ring (ℓ2 clip, rotation, scale, rounding, integer "
+        "shares mod 2^bits). Inputs are rows clipped to ℓ2 norm clip",
+    )
+    epsilon: float | None = option(
+        None,
+        "the (ε, δ) target of the release (one round), at the worst accepted dropout outcome",
+        above=0,
+        when={"dp_mechanism": ("gaussian", "ddg", "skellam")},
+    )
+    delta: float | None = option(
+        None,
+        "δ of the target (default 1/users²)",
+        above=0,
+        below=1,
+        when={"dp_mechanism": ("gaussian", "ddg", "skellam")},
+    )
+    dp_dropout: Literal["worst-case", "add-then-remove"] = option(
+        "worst-case",
+        "dropouts in the private mean: worst-case (each share calibrated for only min_survivors "
+        "shares in the sum: more survivors, more noise) or add-then-remove (Dordis: the share "
+        "drawn in components, the survivors reveal the excess once U3 is known; skellam only, "
+        "semi-honest server)",
+        when={"dp_mechanism": ("gaussian", "ddg", "skellam")},
+    )
+    bits: int = option(
+        16,
+        "ring bits per coordinate of ddg / skellam (the modulus 2^bits of the secure sum)",
+        at_least=2,
+        at_most=62,
+        when={"dp_mechanism": ("ddg", "skellam")},
+    )
 
     #: options that went, and where they went (a ConfigError names the new place)
     MOVED: ClassVar[dict[str, str]] = {
@@ -113,6 +148,48 @@ class SecureSumConfig:
 
     def validate(self) -> None:
         self.schedule()  # unknown phases or rates outside [0, 1] fail here, before any actor
+        if self.dp_mechanism != "none":
+            if self.epsilon is None:
+                raise ConfigError(
+                    "epsilon",
+                    f"dp_mechanism={self.dp_mechanism} needs the privacy target",
+                    "e.g. --set epsilon=1 (delta defaults to 1/users²)",
+                )
+            if self.data.path is not None:
+                raise ConfigError(
+                    "dp_mechanism",
+                    "private mean estimation runs on the synthetic inputs only (a data file's "
+                    "rows are not yet clipped to the ℓ2 ball the release is declared on)",
+                    "dp_mechanism=none with a data file, or no data.path",
+                )
+            if self.rounds != 1:
+                raise ConfigError(
+                    "rounds",
+                    "private mean estimation is one release (one round)",
+                    "rounds=1",
+                )
+        if self.dp_dropout == "add-then-remove" and self.dp_mechanism != "skellam":
+            raise ConfigError(
+                "dp_dropout",
+                f"add-then-remove splits each share into independent components whose sum is "
+                f"the same law: Skellam is closed under sums ({self.dp_mechanism} is not "
+                "implemented: the discrete Gaussian is not closed)",
+                "dp_mechanism=skellam, or dp_dropout=worst-case",
+            )
+        if self.dp_dropout == "add-then-remove" and self.threat_model == "malicious":
+            raise ConfigError(
+                "dp_dropout",
+                "add-then-remove trusts the server's count of survivors (a server that claims "
+                "more makes the users remove too much noise)",
+                "dp_dropout=worst-case, or threat_model=semi-honest",
+            )
+        if self.dp_mechanism != "none" and self.mode == "plain":
+            raise ConfigError(
+                "mode",
+                f"dp_mechanism={self.dp_mechanism} is distributed DP: its shares protect only "
+                "inside secure aggregation, and plain sends each noisy row unmasked",
+                "mode=secure (or simulation / dealer to measure it)",
+            )
         if self.threat_model == "malicious" and self.allow_weak_params:
             raise ConfigError(
                 "allow_weak_params",

@@ -3,7 +3,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+
+import numpy as np
+
 from rayfed.protocols.base import Outcome, Plan
+from rayfed.protocols.secure_sum import dp as private
 from rayfed.protocols.secure_sum import report
 from rayfed.protocols.secure_sum.config import SecureSumConfig
 from rayfed.protocols.secure_sum.steps import synthetic_inputs, table_inputs
@@ -12,6 +17,8 @@ from rayfed.secagg import make_spec, secure_sum
 
 def drive(fed, cfg: SecureSumConfig, plan: Plan) -> Outcome:
     params = plan.params
+    if params.dp is not None:
+        return _private(fed, cfg, plan)
     rows, clock = [], []
     for r in range(cfg.rounds):
         with fed.round(r):
@@ -63,3 +70,81 @@ def drive(fed, cfg: SecureSumConfig, plan: Plan) -> Outcome:
         phase_seconds=fed.phase_seconds(),
         simulated_seconds=clock,
     )
+
+
+def _private(fed, cfg: SecureSumConfig, plan: Plan) -> Outcome:
+    """Private mean estimation: the release charged before its noise is drawn, the users' noisy
+    rows (or ring words) summed, the coordinator's decoded sum over |U3|."""
+    params = plan.params
+    dp = params.dp
+    rows, clock = [], []
+    for r in range(cfg.rounds):
+        with fed.round(r):
+            fed.charge([dp.measurement.charge("run")])
+            spec = make_spec(
+                round=r,
+                mode=cfg.mode,
+                registry=params.registry,
+                params=params.secagg,
+                encoding=params.encoding,
+                dim=dp.width,
+                dropout=params.schedule,
+                tag=fed.run_id.encode(),
+                corrupt=cfg.corrupt_fraction,
+            )
+            result = secure_sum(
+                fed.cohorts, spec, private.private_inputs, (dp,), server=fed.coordinator
+            )
+            removed = None
+            if dp.excess is not None:
+                words, removed = _remove(fed, dp, r, result)
+                result = dataclasses.replace(result, words=words)
+            fed.record(
+                survivors=int(result.survivors.size),
+                dropouts=int(params.registry.size - result.survivors.size),
+            )
+        survivors, _, _ = report.reference(
+            cfg,
+            plan,
+            spec,
+            seed=fed.seed,
+            graph_seed=result.graph_seed,
+            faults=fed.injected_faults,
+            values=False,
+        )
+        rows.append(report.private_row(r, result, survivors, removed))
+        clock.append(params.schedule.simulated_seconds(fed.seed, r, params.registry))
+    released = private.release(dp, result, int(result.survivors.size))
+    truth = report.true_mean(plan, result.survivors)
+    return report.private_outcome(
+        cfg,
+        plan,
+        rows,
+        result,
+        released,
+        truth,
+        cohorts=len(fed.cohorts),
+        phase_seconds=fed.phase_seconds(),
+        simulated_seconds=clock,
+    )
+
+
+def _remove(fed, dp, r: int, result):
+    """Add then remove: the level the survivor count reaches, the survivors' excess (a cohort
+    lost here leaves its users' excess in: more noise), subtracted from the sum's words."""
+    upto = dp.level(int(result.survivors.size))
+    if upto == 0:
+        return result.words, 0
+    replies = fed.cohorts.run(
+        private.remove_step,
+        result.survivors,
+        round=r,
+        dp=dp,
+        upto=upto,
+        phase="remove_excess",
+        on_failure="drop",
+    )
+    got = list(fed.get(replies).values())
+    excess = sum((m["excess"] for m in got), np.zeros(dp.width, dtype=np.int64))
+    removed = int(sum(len(m["ids"]) for m in got))
+    return private.subtract(dp, result.words, excess), removed

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -37,6 +38,10 @@ class Params:
     schedule: DropoutSchedule
     #: a data file's values moved into [-clip, clip] (out_of_domain=clip; a count of 0 otherwise)
     clipped: Clipped | None = None
+    #: private mean estimation (dp_mechanism != none): the release and its pipeline
+    dp: Any = None
+    #: private mean estimation: the synthetic rows scaled down to ℓ2 norm clip
+    rows_clipped: int = 0
 
 
 def secagg_params(cfg: SecureSumConfig, n: int) -> SecAggParams:

@@ -6,13 +6,16 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
+from rayfed.actors.base import StepContext
 from rayfed.data import load_table, per_user, require_clean, require_columns
 from rayfed.errors import ConfigError, DataError
 from rayfed.privacy import Clipped, Interval, PrivacyDeclaration, enforce
 from rayfed.protocols.base import Plan
+from rayfed.protocols.secure_sum import dp as private
 from rayfed.protocols.secure_sum.config import SecureSumConfig
 from rayfed.protocols.secure_sum.params import Evaluation, Params, secagg_params
-from rayfed.protocols.secure_sum.report import statement
+from rayfed.protocols.secure_sum.report import private_statement, statement
+from rayfed.protocols.secure_sum.steps import synthetic_inputs
 from rayfed.secagg import FixedPoint, SecAggParams
 from rayfed.sizing import default_cohorts
 
@@ -28,6 +31,8 @@ def data_bytes(cfg: SecureSumConfig) -> int:
 
 
 def plan(cfg: SecureSumConfig, seed: int) -> Plan:
+    if cfg.dp_mechanism != "none":
+        return _private_plan(cfg, seed)
     table, columns = _users(cfg)
     inside, clipped = _in_domain(cfg, table, columns)
     n = table.num_rows
@@ -56,6 +61,44 @@ def plan(cfg: SecureSumConfig, seed: int) -> Plan:
             columns=columns,
             schedule=schedule,
             clipped=clipped,
+        ),
+    )
+
+
+def _private_plan(cfg: SecureSumConfig, seed: int) -> Plan:
+    """Private mean estimation (:mod:`rayfed.protocols.secure_sum.dp`): the synthetic rows,
+    clipped to ℓ2 norm ``clip``, in the cohorts' tables (the declared data the conformance
+    suite's neighbours move); every cohort registers its users (a user without a row holds the
+    zero row)."""
+    n = cfg.users
+    ids = np.arange(n, dtype=np.int64)
+    secagg = secagg_params(cfg, n)
+    n_cohorts = default_cohorts(n, cfg.cohorts)
+    _check_params(cfg, secagg, n, n_cohorts)
+    dp = private.plan_dp(cfg, n, secagg.min_survivors, cfg.dim, seed)
+    ctx = StepContext(name="plan", role="driver", seed=seed)
+    x, n_clipped = private.clip_rows(synthetic_inputs(ctx, 0, ids, cfg.dim, cfg.clip), cfg.clip)
+    table = private.rows_table(ids, x, dp.columns)
+    cohorts = per_user(table, "user_id", n_cohorts)
+    schedule = cfg.schedule({name: t.column("user_id").to_numpy() for name, t in cohorts.items()})
+    return Plan(
+        privacy=private.declaration(cfg, dp, private_statement(cfg, dp)),
+        cohorts={
+            name: (t, {"users": np.sort(t.column("user_id").to_numpy())})
+            for name, t in cohorts.items()
+        },
+        rounds=cfg.rounds,
+        cohort_restarts=cfg.rounds,
+        evaluation=Evaluation(table=table),
+        params=Params(
+            registry=ids,
+            secagg=secagg,
+            encoding=private.encoding(cfg, n, dp),
+            dim=cfg.dim,
+            columns=[],
+            schedule=schedule,
+            dp=dp,
+            rows_clipped=n_clipped,
         ),
     )
 

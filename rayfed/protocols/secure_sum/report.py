@@ -62,6 +62,7 @@ def reference(
     seed: int,
     graph_seed: int,
     faults: tuple,
+    values: bool = True,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """With :mod:`rayfed.secagg.reference`: the users whose input must be in round ``spec.round``'s
     sum — from the dropout schedule, the round's graph (``graph_seed``: in secure mode the server's
@@ -69,7 +70,7 @@ def reference(
     the exact integer sums of their inputs, clipped (what the protocol must decode to) and raw
     (read from the file as given, not from the users' clipped table; column by column, so an
     integer column is added as integers). A cohort that died unplanned makes the round
-    unverifiable (not exact)."""
+    unverifiable (not exact). ``values=False``: the survivors only."""
     params: Params = plan.params
     registry = params.registry
     survivors = expected_survivors(
@@ -79,6 +80,8 @@ def reference(
         spec.threshold,
         _lost_at(plan, spec, faults),
     )
+    if not values:  # the survivors only (private mean estimation: its own evaluation)
+        return survivors, np.zeros(0), np.zeros(0)
     if params.columns:
         table = plan.evaluation.table
         keys = table.column(cfg.data.key).to_numpy()
@@ -236,3 +239,182 @@ def headline(
     if cfg.mode != "secure":
         text += f" [{STATEMENTS[cfg.mode].split(':')[0]}]"
     return text
+
+
+# --- private mean estimation (dp_mechanism != none) ------------------------------------------------
+def private_statement(cfg: SecureSumConfig, dp) -> str:
+    """What the (ε, δ) of a private run protects, and against whom."""
+    who = {
+        "secure": "against a server that sees only the secure sum (SecAgg's assumptions, "
+        f"threat model {cfg.threat_model})",
+        "simulation": "against a server that sees only the secure sum — but simulation mode "
+        "derives every key from the run's seed: NOT secure, a measurement of the mechanism",
+        "dealer": "against a server that sees only the secure sum — but dealer mode is a scale "
+        "simulation, NOT secure against the server (it holds every mask seed)",
+    }[cfg.mode]
+    return (
+        "the released mean of the survivors' rows (each clipped to ℓ2 norm "
+        f"{cfg.clip:g}; the decoded noisy sum over U3 divided by |U3|, which is public) is "
+        f"(ε, δ)-DP for one user's row replaced by zero (zero-out: the user stays registered and "
+        f"still sends its noise share; the registry is public), {who}; the noise is charged for the "
+        f"worst accepted outcome, the {dp.quorum} users' shares of the smallest U3 secure "
+        "aggregation accepts (more survivors only add noise)"
+        + (
+            "; add then remove: the survivors reveal excess share components once U3 is known "
+            "(independent of the data and of the noise left, which stays at least the target; "
+            "the removal trusts the server's count of survivors: semi-honest server)"
+            if cfg.dp_dropout == "add-then-remove"
+            else ""
+        )
+    )
+
+
+def private_row(
+    r: int, result: AggregationResult, survivors: np.ndarray, removed: int | None = None
+) -> dict[str, Any]:
+    """The round's line; with add then remove, how many survivors' excess came back."""
+    extra = {} if removed is None else {"removed_excess": removed}
+    return {
+        "round": r,
+        **extra,
+        "survivors_as_expected": bool(np.array_equal(survivors, result.survivors)),
+        "expected_survivors": int(survivors.size),
+        "survivors": int(result.survivors.size),
+        **{f"alive_{k}": v for k, v in result.counts.items()},
+        "failed_cohorts": ",".join(result.failed_cohorts),
+    }
+
+
+def true_mean(plan: Plan, survivors: np.ndarray) -> np.ndarray:
+    """Evaluation only: the mean of the survivors' (ℓ2-clipped) rows, from the plan's table."""
+    dp = plan.params.dp
+    table = plan.evaluation.table
+    rows = np.searchsorted(table.column("user_id").to_numpy(), survivors)
+    x = np.column_stack([table.column(c).to_numpy()[rows] for c in dp.columns])
+    return x.mean(axis=0) if len(rows) else np.zeros(len(dp.columns))
+
+
+def private_outcome(
+    cfg: SecureSumConfig,
+    plan: Plan,
+    rows: list[dict[str, Any]],
+    last: AggregationResult,
+    released: np.ndarray,
+    truth: np.ndarray,
+    *,
+    cohorts: int,
+    phase_seconds: dict[str, float],
+    simulated_seconds: list[dict[str, float]],
+) -> Outcome:
+    """The released mean beside the true one, its MSE beside the central continuous Gaussian's
+    at the same (ε, δ) (evaluation only), the pipeline's numbers and the guarantee."""
+    params: Params = plan.params
+    dp = params.dp
+    secagg = params.secagg
+    survivors = int(last.survivors.size)
+    mse = float(np.mean((released - truth) ** 2))
+    central = (dp.central_z * cfg.clip / max(survivors, 1)) ** 2
+    metrics: dict[str, Any] = {
+        "mode": cfg.mode,
+        "secure": cfg.mode == "secure",
+        "threat_model": secagg.threat_model,
+        "users": int(params.registry.size),
+        "dim": params.dim,
+        "cohorts": cohorts,
+        "degree": secagg.degree,
+        "threshold": secagg.threshold,
+        "min_survivors": secagg.min_survivors,
+        "complete_graph": secagg.complete,
+        "modulus_bits": params.encoding.modulus_bits,
+        "dp_mechanism": dp.mechanism,
+        "epsilon_target": dp.epsilon,
+        "delta": dp.delta,
+        "epsilon_charged": dp.charged_epsilon,
+        "accountant": "tightest",
+        "quorum": dp.quorum,
+        "survivors": survivors,
+        "rows_clipped_to_l2": params.rows_clipped,
+        "mse": mse,
+        # evaluation only: no second release, the MSE a central continuous Gaussian at the same
+        # (ε, δ) would give, (z·clip/|U3|)² with z calibrated under tightest
+        "central_gaussian_mse_evaluation_only": central,
+        "central_noise_multiplier": dp.central_z,
+        "mse_ratio_to_central": mse / central,
+        "phase_seconds": phase_seconds,
+        "simulated_seconds": simulated_seconds,
+        "simulated_round_seconds": [sum(r.values()) for r in simulated_seconds],
+        "rounds": rows,
+    }
+    p = dp.pipeline
+    removed = sum(row.get("removed_excess", 0) for row in rows[-1:])
+    if p is not None:
+        mech = dp.measurement.mechanism
+        share = float(getattr(mech, "sigma2", None) or mech.variance)
+        metrics.update(
+            bits=p.bits,
+            gamma=p.gamma,
+            padded_dim=p.padded_dim,
+            modular_clip_bound=p.modular_clip_bound(),
+            inflation_bound=p.inflation_bound,
+            l2_bound=p.l2_bound,
+            l1_bound=p.l1_bound,
+            share_variance=share,
+            predicted_mse=_predicted(dp, survivors, removed),
+            # the sum's noise variance per integer coordinate, against the target the event holds
+            noise_variance_in_sum=dp.noise_variance(survivors, removed),
+            target_noise_variance=dp.quorum * share,
+            dp_dropout="add-then-remove" if dp.excess is not None else "worst-case",
+        )
+        if dp.excess is not None:
+            metrics.update(
+                levels=list(dp.levels),
+                level=dp.levels[dp.level(survivors)],
+                removed_excess=removed,
+            )
+    else:
+        metrics.update(
+            noise_multiplier=dp.noise_multiplier, predicted_mse=_predicted(dp, survivors)
+        )
+    tables = {
+        "mean": pa.table(
+            {
+                "coordinate": np.arange(params.dim),
+                "released_mean": released,
+                "true_mean": truth,  # evaluation only
+            }
+        ),
+        "rounds": pa.Table.from_pylist(rows),
+    }
+    pipe = (
+        f"{p.bits} bits, γ={p.gamma:.4g}, modular-clipping bound {p.modular_clip_bound():.2g}, "
+        f"norm inflation ≤ {p.inflation_bound:.4f}; "
+        if p is not None
+        else ""
+    )
+    mode = "" if cfg.mode == "secure" else f" [{STATEMENTS[cfg.mode].split(':')[0]}]"
+    text = (
+        f"private mean ({dp.mechanism}) of {survivors}/{params.registry.size} survivors' "
+        f"{params.dim}-vectors: MSE {mse:.4g} per coordinate vs {central:.4g} for a central "
+        f"continuous Gaussian at the same (ε, δ) [evaluation only] (ratio {mse / central:.3f}); "
+        f"{pipe}(ε={dp.charged_epsilon:.4g}, δ={dp.delta:.3g})-DP, zero-out neighbours (one "
+        "user's row replaced by zero, its share kept), "
+        f"charged at the worst accepted outcome ({dp.quorum} users' shares)"
+        + (
+            f", add then remove: {removed} survivors removed their excess (noise ×"
+            f"{dp.noise_variance(survivors, removed) / (dp.quorum * share):.3f} of the target)"
+            if dp.excess is not None
+            else ""
+        )
+        + f"; mode={cfg.mode}"
+        f"{mode}"
+    )
+    return Outcome(tables=tables, metrics=metrics, headline=text)
+
+
+def _predicted(dp, survivors: int, removed: int = 0) -> float:
+    """The released mean's expected MSE per coordinate from the noise (|U3| shares, less the
+    excess removed) and, for the pipeline, the rounding's at most 1/4 per user and coordinate."""
+    s = max(survivors, 1)
+    if dp.pipeline is None:
+        return (dp.noise_multiplier * dp.measurement.sensitivity) ** 2 / dp.quorum / s
+    return (dp.noise_variance(s, removed) + s / 4) / (dp.pipeline.gamma**2 * s**2)
