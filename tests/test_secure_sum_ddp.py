@@ -9,6 +9,7 @@ Kairouz et al.'s bound; the quorum the event assumes against the secure-aggregat
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -21,6 +22,8 @@ from rayfed.privacy.ledger import DistributedDiscreteGaussianDpEvent, SkellamDpE
 
 ORDERS = np.asarray(rdp.DEFAULT_RDP_ORDERS, dtype=float)
 BASE = dict(backend="local", out_dir=None, seed=3, users=60, cohorts=2, epsilon=1.0)
+#: ⌈γn⌉ users colluding with the server at the default corrupt_fraction γ = 0.05, n = 60
+COLLUDING = math.ceil(Fraction("0.05") * 60)
 
 
 def _run(**options):
@@ -116,7 +119,10 @@ def test_ledger_epsilon_is_the_papers_rdp_at_the_quorum(mechanism):
     delta = 1 / 60**2
     assert report.budget_delta == pytest.approx(delta)
     event = _event(result)
-    # the event assumes q = min_survivors shares (the worst accepted outcome), Δ₂ the rounded
+    assert m["colluding_users"] == COLLUDING == 3
+    honest = m["min_survivors"] - COLLUDING
+    # the event assumes q = min_survivors − ⌈γn⌉ honest shares (the worst accepted outcome: the
+    # colluding users know theirs), Δ₂ the rounded
     # norm bound at the plan's γ (Kairouz et al.: min(γc + √m, √((γc)² + m/4 + √(2 ln 1/β)(γc +
     # √m/2))), β = 1e-6), Δ₁ = min(⌊√m·Δ₂⌋, ⌊Δ₂²⌋)
     g, mdim = m["gamma"], m["padded_dim"]
@@ -129,10 +135,10 @@ def test_ledger_epsilon_is_the_papers_rdp_at_the_quorum(mechanism):
     assert event.l1_sensitivity == min(math.floor(math.sqrt(mdim) * l2), math.floor(l2**2))
     if mechanism == "skellam":
         assert isinstance(event, SkellamDpEvent)
-        assert event.variance == pytest.approx(m["min_survivors"] * m["share_variance"])
+        assert event.variance == pytest.approx(honest * m["share_variance"])
     else:
         assert isinstance(event, DistributedDiscreteGaussianDpEvent)
-        assert event.num_shares == m["min_survivors"]
+        assert event.num_shares == honest
         assert event.dim == mdim
     eps = rdp.compute_epsilon(ORDERS, _rdp_curve(event), delta)[0]
     assert report.epsilon == pytest.approx(eps, rel=1e-9)
@@ -152,8 +158,9 @@ def test_fewer_survivors_the_event_still_holds():
     assert q <= s < 60
     assert _event(lost) == _event(full)
     assert lost.privacy.epsilon == full.privacy.epsilon
-    # the noise in the sum: s shares, at least the quorum's
-    assert s * lost.metrics["share_variance"] >= _event(lost).variance * (1 - 1e-12)
+    # the noise in the sum the colluding users cannot subtract: s − c shares, at least the
+    # quorum's
+    assert (s - COLLUDING) * lost.metrics["share_variance"] >= _event(lost).variance * (1 - 1e-12)
     assert lost.metrics["predicted_mse"] == pytest.approx(
         (s * lost.metrics["share_variance"] + s / 4) / (lost.metrics["gamma"] * s) ** 2
     )
@@ -220,8 +227,9 @@ def test_the_excess_leaves_exactly_the_components_from_the_level_on(randomness):
 
 def test_add_then_remove_keeps_the_target_noise_whoever_drops():
     """With dropouts before the masked input (|U3| = s, q <= s < n): the level is the largest
-    g_j <= s (recomputed here), every survivor removed its excess, the sum keeps s·Σ_{j>=j*} c_j
-    >= T (the variance the event assumes, T = q·share) and less than worst-case's s·share; the
+    g_j <= s − c (recomputed here; levels count honest users, c colluding), every survivor removed
+    its excess, the honest survivors keep (s − c)·Σ_{j>=j*} c_j >= T (the variance the event
+    assumes, T = (q − c)·share) and the sum less than worst-case's s·share; the
     charge is worst-case's event; the MSE matches that variance within 4 sd over 1,024
     coordinates."""
     options = dict(
@@ -238,18 +246,19 @@ def test_add_then_remove_keeps_the_target_noise_whoever_drops():
     assert q <= s < 60 and s == worst.metrics["survivors"]
     assert _event(atr) == _event(worst)
     assert atr.privacy.epsilon == worst.privacy.epsilon
-    levels = m["levels"]
-    assert levels[0] == q and levels[-1] == 60 and levels == sorted(set(levels))
-    j = max(i for i, g in enumerate(levels) if g <= s)
+    levels = m["levels"]  # in honest users: the c colluding ones know their shares
+    h = q - COLLUDING
+    assert levels[0] == h and levels[-1] == 60 - COLLUDING and levels == sorted(set(levels))
+    j = max(i for i, g in enumerate(levels) if g <= s - COLLUDING)
     assert m["level"] == levels[j]
     assert m["removed_excess"] == s
-    share, target = m["share_variance"], q * m["share_variance"]
+    share, target = m["share_variance"], h * m["share_variance"]
     tails = [target / g for g in levels]
     comps = [a - b for a, b in zip(tails[:-1], tails[1:], strict=True)] + [tails[-1]]
     assert sum(comps) == pytest.approx(share)
     kept = s * sum(comps[j:])
     assert m["noise_variance_in_sum"] == pytest.approx(kept)
-    assert target * (1 - 1e-12) <= kept < s * share
+    assert target * (1 - 1e-12) <= (s - COLLUDING) * sum(comps[j:]) and kept < s * share
     predicted = (kept + s / 4) / (m["gamma"] * s) ** 2  # rounding: at most 1/4, ~0 here
     assert abs(m["mse"] - predicted) <= 4 * predicted * math.sqrt(2 / 1024)
     assert m["predicted_mse"] < worst.metrics["predicted_mse"]

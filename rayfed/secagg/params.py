@@ -79,6 +79,15 @@ class SecAggParams:
     log2_correctness_failure: float
     #: the server the bounds are for: "semi-honest" or "malicious" (see the module docstring)
     threat_model: str = "semi-honest"
+    #: ⌈γn⌉, the clients the bounds assume colluding with the server
+    corrupt: int = 0
+
+    @property
+    def honest_survivors(self) -> int:
+        """The fewest honest clients in a sum the server accepts: ``min_survivors`` less the
+        colluding clients, who know their own inputs — and any noise share they added. Noise
+        that must protect a user against this coalition is counted over these clients only."""
+        return self.min_survivors - self.corrupt
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -253,7 +262,9 @@ def check_params(
             )
         security = max(shares, _log2_windows_removed(n, n_corrupt + n_drop, k))
         correctness = math.log2(n) + _log2_cdf(k, threshold, n - 1 - n_drop, n - 1)
-    return SecAggParams(n, k, threshold, n - n_drop, complete, security, correctness, threat_model)
+    return SecAggParams(
+        n, k, threshold, n - n_drop, complete, security, correctness, threat_model, n_corrupt
+    )
 
 
 def find_params(
@@ -294,7 +305,14 @@ def find_params(
             correctness = math.log2(n) + _log2_cdf(k, t_max, honest_survivors, n - 1)
             connectivity = _log2_windows_removed(n, n_corrupt + n_drop, k)
             return SecAggParams(
-                n, k, t_max, n - n_drop, False, max(security, connectivity), correctness
+                n,
+                k,
+                t_max,
+                n - n_drop,
+                False,
+                max(security, connectivity),
+                correctness,
+                corrupt=n_corrupt,
             )
     if graph == "harary":
         raise ConfigError(

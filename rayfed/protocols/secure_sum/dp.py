@@ -21,14 +21,17 @@ user's share would leave with it, a variance mismatch they do not count).
   sum; the coordinator decodes. Δ₂ (and Δ₁) are the pipeline's rounded norm bounds in integer
   units, exact (the rounding re-rounds a row until its integer norm fits).
 
-**Dropouts: the worst accepted outcome is charged.** Secure aggregation completes with any U3 of
-at least ``min_survivors`` users, so each user's share is calibrated for a sum of only q =
-min_survivors shares (the event's quorum): the guarantee holds whoever drops. With more
-survivors the sum carries more noise than the target needs (n/q times the variance at no
-dropout) — the price of worst-case charging. ``dp_dropout=add-then-remove`` (Dordis, skellam
-only) draws each share in components split at survivor counts q = g_0 < … < g_L = n; once U3 is
-known the survivors reveal the components below the largest g_j <= |U3| (:func:`remove_step`)
-and the coordinator subtracts them, leaving |U3|·T/g_j >= T: the same event, less excess.
+**Dropouts and colluding users: the worst accepted outcome is charged.** Secure aggregation
+completes with any U3 of at least ``min_survivors`` users, and its parameters assume c = ⌈γn⌉
+users (``corrupt_fraction``) colluding with the server, who know their own shares and subtract
+them. So each user's share is calibrated for a sum of only q = min_survivors − c honest shares
+(the event's quorum, :attr:`~rayfed.secagg.params.SecAggParams.honest_survivors`): the guarantee
+holds against that coalition whoever drops. With more survivors the sum carries more noise than
+the target needs ((n − c)/q times the variance at no dropout) — the price of worst-case charging.
+``dp_dropout=add-then-remove`` (Dordis, skellam only) draws each share in components split at
+honest counts q = g_0 < … < g_L = n − c; once U3 is known the survivors reveal the components
+below the largest g_j <= |U3| − c (:func:`remove_step`) and the coordinator subtracts them,
+leaving the honest survivors (|U3| − c)·T/g_j >= T: the same event, less excess.
 
 The central continuous Gaussian at the same (ε, δ) (``central_z``, calibrated under
 ``tightest``) is evaluation only: no second release, its MSE (z·clip/|U3|)² is computed from σ.
@@ -44,6 +47,7 @@ import numpy as np
 import pyarrow as pa
 
 from rayfed.actors.base import Message, StepContext
+from rayfed.errors import ConfigError
 from rayfed.privacy import (
     Ball,
     Budget,
@@ -63,6 +67,7 @@ from rayfed.privacy.ledger import make_accountant
 from rayfed.privacy.measurement import DistributedGaussianShare, SkellamExcess
 from rayfed.secagg import FixedPoint, ddp
 from rayfed.secagg.ddp import DdpPlan
+from rayfed.secagg.params import SecAggParams
 
 RELATION = Neighbours("replace_special", "user")
 ACCOUNTANT = "tightest"
@@ -82,7 +87,8 @@ class DpParams:
     mechanism: str
     epsilon: float  # the target
     delta: float
-    #: the event's count of shares: min_survivors (the worst accepted outcome)
+    #: the event's count of shares: the honest users of the smallest accepted U3 (min_survivors
+    #: less the ``corrupt`` users colluding with the server, who know their own shares)
     quorum: int
     measurement: Measurement
     #: the ε of the release's event under the ledger's accountant at δ (what the ledger reports)
@@ -99,11 +105,14 @@ class DpParams:
     #: share is split at, and the measurement of the excess the survivors reveal (None: worst-case)
     levels: tuple[int, ...] = ()
     excess: Measurement | None = None
+    #: c = ⌈γn⌉: the users secure aggregation assumes colluding with the server
+    corrupt: int = 0
 
     def level(self, survivors: int) -> int:
-        """j*: the largest j with g_j <= |U3| — the survivors remove components 0 … j*-1 and
-        keep T/g_j* each (T the target variance of the sum), s·T/g_j* >= T in all."""
-        return max(j for j, g in enumerate(self.levels) if g <= survivors)
+        """j*: the largest j with g_j <= |U3| − c — the survivors remove components 0 … j*-1 and
+        keep T/g_j* each (T the target variance of the sum): the at least |U3| − c honest ones
+        hold (|U3| − c)·T/g_j* >= T."""
+        return max(j for j, g in enumerate(self.levels) if g <= survivors - self.corrupt)
 
     def noise_variance(self, survivors: int, removed: int = 0) -> float:
         """The sum's noise variance per integer coordinate with ``survivors`` shares, ``removed``
@@ -127,8 +136,17 @@ def default_delta(n: int) -> float:
     return 1.0 / n**2
 
 
-def plan_dp(cfg, n: int, quorum: int, dim: int, seed: int) -> DpParams:
-    """The release, calibrated for (ε, δ) at q = ``quorum`` shares under the tightest accountant."""
+def plan_dp(cfg, n: int, secagg: SecAggParams, dim: int, seed: int) -> DpParams:
+    """The release, calibrated for (ε, δ) at q = the honest survivors' shares (``secagg``'s
+    min_survivors less its colluding users) under the tightest accountant."""
+    quorum = secagg.honest_survivors
+    if quorum < 1:
+        raise ConfigError(
+            "corrupt_fraction",
+            f"the {secagg.corrupt} colluding users leave no honest share among the "
+            f"{secagg.min_survivors} survivors secure aggregation accepts",
+            "a smaller corrupt_fraction or tolerated_dropout",
+        )
     eps = float(cfg.epsilon)
     delta = float(cfg.delta) if cfg.delta is not None else default_delta(n)
     central_z = gaussian_noise_multiplier(
@@ -145,7 +163,7 @@ def plan_dp(cfg, n: int, quorum: int, dim: int, seed: int) -> DpParams:
     else:
         pipeline, mechanism = _pipeline(cfg, eps, delta, n, quorum, dim, seed)
         if cfg.dp_dropout == "add-then-remove":
-            levels = _levels(quorum, n)
+            levels = _levels(quorum, n - secagg.corrupt)
             mechanism = dataclasses.replace(
                 mechanism, components=_components(mechanism.variance * quorum, levels)
             )
@@ -184,8 +202,9 @@ def plan_dp(cfg, n: int, quorum: int, dim: int, seed: int) -> DpParams:
         pipeline=pipeline,
         noise_multiplier=z,
         columns=columns,
-        levels=_levels(quorum, n) if excess is not None else (),
+        levels=_levels(quorum, n - secagg.corrupt) if excess is not None else (),
         excess=excess,
+        corrupt=secagg.corrupt,
     )
 
 

@@ -75,7 +75,7 @@ def _private_plan(cfg: SecureSumConfig, seed: int) -> Plan:
     secagg = secagg_params(cfg, n)
     n_cohorts = default_cohorts(n, cfg.cohorts)
     _check_params(cfg, secagg, n, n_cohorts)
-    dp = private.plan_dp(cfg, n, secagg.min_survivors, cfg.dim, seed)
+    dp = private.plan_dp(cfg, n, secagg, cfg.dim, seed)
     ctx = StepContext(name="plan", role="driver", seed=seed)
     x, n_clipped = private.clip_rows(synthetic_inputs(ctx, 0, ids, cfg.dim, cfg.clip), cfg.clip)
     table = private.rows_table(ids, x, dp.columns)

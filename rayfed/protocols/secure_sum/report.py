@@ -257,8 +257,10 @@ def private_statement(cfg: SecureSumConfig, dp) -> str:
         f"{cfg.clip:g}; the decoded noisy sum over U3 divided by |U3|, which is public) is "
         f"(ε, δ)-DP for one user's row replaced by zero (zero-out: the user stays registered and "
         f"still sends its noise share; the registry is public), {who}; the noise is charged for the "
-        f"worst accepted outcome, the {dp.quorum} users' shares of the smallest U3 secure "
-        "aggregation accepts (more survivors only add noise)"
+        f"worst accepted outcome, the {dp.quorum} honest users' shares of the smallest U3 secure "
+        f"aggregation accepts ({dp.quorum + dp.corrupt} survivors less the {dp.corrupt} users "
+        "its parameters assume colluding with the server, who know their own shares; more "
+        "survivors only add noise)"
         + (
             "; add then remove: the survivors reveal excess share components once U3 is known "
             "(independent of the data and of the noise left, which stays at least the target; "
@@ -332,6 +334,7 @@ def private_outcome(
         "epsilon_charged": dp.charged_epsilon,
         "accountant": "tightest",
         "quorum": dp.quorum,
+        "colluding_users": dp.corrupt,
         "survivors": survivors,
         "rows_clipped_to_l2": params.rows_clipped,
         "mse": mse,
@@ -398,7 +401,8 @@ def private_outcome(
         f"continuous Gaussian at the same (ε, δ) [evaluation only] (ratio {mse / central:.3f}); "
         f"{pipe}(ε={dp.charged_epsilon:.4g}, δ={dp.delta:.3g})-DP, zero-out neighbours (one "
         "user's row replaced by zero, its share kept), "
-        f"charged at the worst accepted outcome ({dp.quorum} users' shares)"
+        f"charged at the worst accepted outcome ({dp.quorum} honest users' shares: "
+        f"{dp.quorum + dp.corrupt} survivors less {dp.corrupt} colluding)"
         + (
             f", add then remove: {removed} survivors removed their excess (noise ×"
             f"{dp.noise_variance(survivors, removed) / (dp.quorum * share):.3f} of the target)"
