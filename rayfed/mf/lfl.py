@@ -4,6 +4,11 @@ Round 1: each online user adds a Gaussian share of variance ζ1·σ_v² to its g
 aggregation, whose quorum is t = ⌈(1-ω)n⌉. Round 2: each Round-1 survivor still online sends
 -ξ_i + ξ'_i, ξ'_i of variance ζ2·σ_v², and the server updates with S1 + β·N2. Every variance here
 is in units of σ_v².
+
+Colluding users: secure aggregation's parameters assume c = ⌈γn⌉ users colluding with the server;
+they know their own shares and subtract them, so what DP must cover is the honest users' noise.
+``corrupt`` = c counts it over those only (the corrected mode sizes ζ1 and ζ2 for them; the
+faithful mode keeps the thesis's shares and its charge counts the honest ones).
 """
 
 from __future__ import annotations
@@ -20,15 +25,15 @@ def threshold(n: int, omega: float) -> int:
 
 
 def noise_shares(
-    mode: str, method: str, n: int, omega: float, u1: int
+    mode: str, method: str, n: int, omega: float, u1: int, corrupt: int = 0
 ) -> tuple[float, float, float]:
-    """(ζ1, ζ2, β) in units of σ_v² (spec §2.7, §2.9)."""
+    """(ζ1, ζ2, β) in units of σ_v² (spec §2.7, §2.9); the corrected mode's for the honest users
+    only, (1-ω)n − c and |U1| − c of them (faithful: the thesis's, which ignores collusion)."""
     if method == "ldp":
         return 1.0, 0.0, 0.0  # every device adds the full σ_v²; no replacement round
-    base = 1.0 / ((1.0 - omega) * n)
     if mode == "faithful":
-        return base, 1.0 / u1, 1.0
-    z1, z2 = 2.0 * base, 2.0 / u1
+        return 1.0 / ((1.0 - omega) * n), 1.0 / u1, 1.0
+    z1, z2 = 2.0 / ((1.0 - omega) * n - corrupt), 2.0 / (u1 - corrupt)
     return z1, z2, z1 / (z1 + z2)
 
 
@@ -45,19 +50,29 @@ def applied_variance(zeta1: float, zeta2: float, beta: float, u1: int, u2: int) 
     return u2 * beta**2 * zeta2 + (u1 - u2) * zeta1 + u2 * (1 - beta) ** 2 * zeta1
 
 
-def worst_case_variance(mode: str, method: str, n: int, omega: float) -> float:
-    """min F_eff over every outcome the protocol accepts (|U1| >= t, |U2| <= |U1|), reached at
-    |U1| = |U2| = t: the F the charged event (the distributed Gaussian's) is built from."""
+def colluding_variance(zeta1: float, zeta2: float, u1: int, u2: int, corrupt: int) -> float:
+    """F_eff left when ``corrupt`` of the users subtract their own noise: the coalition takes the
+    largest contributions first — Round-1 survivors who sent no replacement (ζ1 each), then
+    replaced ones (ζ1ζ2/(ζ1+ζ2) each)."""
+    unreplaced = min(corrupt, u1 - u2)
+    return effective_variance(zeta1, zeta2, u1 - corrupt, u2 - (corrupt - unreplaced))
+
+
+def worst_case_variance(mode: str, method: str, n: int, omega: float, corrupt: int = 0) -> float:
+    """min F_eff over every outcome the protocol accepts (|U1| >= t, |U2| <= |U1|) with
+    ``corrupt`` users' shares known, reached at |U1| = |U2| = t: the F the charged event (the
+    distributed Gaussian's, over the t − c honest shares) is built from."""
     t = threshold(n, omega)
-    z1, z2, _ = noise_shares(mode, method, n, omega, t)
-    return distributed_variance(share=z1, quorum=t, replacement=z2)
+    z1, z2, _ = noise_shares(mode, method, n, omega, t, corrupt)
+    return distributed_variance(share=z1, quorum=t - corrupt, replacement=z2)
 
 
 def round1_noise(
-    mode: str, method: str, n: int, omega: float, z: float, sensitivity: float
+    mode: str, method: str, n: int, omega: float, z: float, sensitivity: float, corrupt: int = 0
 ) -> dict[str, float]:
-    """Round 1's distributed Gaussian (:class:`rayfed.privacy.measurement.DistributedGaussianShare`): ζ1 per user,
-    quorum t, and the Round-2 replacement ζ2 at the worst accepted outcome |U1| = |U2| = t."""
+    """Round 1's distributed Gaussian (:class:`rayfed.privacy.measurement.DistributedGaussianShare`):
+    ζ1 per user, quorum t − c (the honest shares), and the Round-2 replacement ζ2 at the worst
+    accepted outcome |U1| = |U2| = t."""
     t = threshold(n, omega)
-    zeta1, zeta2, _ = noise_shares(mode, method, n, omega, t)
-    return dict(z=z, sensitivity=sensitivity, zeta1=zeta1, quorum=t, zeta2=zeta2)
+    zeta1, zeta2, _ = noise_shares(mode, method, n, omega, t, corrupt)
+    return dict(z=z, sensitivity=sensitivity, zeta1=zeta1, quorum=t - corrupt, zeta2=zeta2)

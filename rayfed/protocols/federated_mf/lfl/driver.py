@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from rayfed.errors import BelowThreshold
-from rayfed.mf.lfl import applied_variance, effective_variance, noise_shares
+from rayfed.mf.lfl import applied_variance, colluding_variance, noise_shares
 from rayfed.protocols.base import Outcome, Plan
 from rayfed.protocols.federated_mf.config import FederatedMFConfig
 from rayfed.protocols.federated_mf.lfl import report
@@ -195,7 +195,13 @@ def _iteration(fed, cfg: FederatedMFConfig, params: LflParams, t: int, v_msg):
     if u1 < params.threshold:
         row.update(skipped=True, reason=f"|U1| = {u1} < t = {params.threshold}")
         return fed.coordinator.run(current_v_step, phase="keep_v"), row
-    zeta1, zeta2, beta = noise_shares(cfg.mode, params.method, params.n, cfg.omega, u1)
+    # a malicious server's |U1| cannot be checked: the users' replacement is the worst case's
+    # (|U1| = t), which they also enforce (lfl_round2_step)
+    counted = params.threshold if cfg.threat_model == "malicious" else u1
+    corrupt = params.secagg.corrupt
+    zeta1, zeta2, beta = noise_shares(
+        cfg.mode, params.method, params.n, cfg.omega, counted, corrupt
+    )
     round2, u2 = _round2(fed, cfg, params, t, agg.survivors, zeta2)
     v_msg = fed.coordinator.run(
         update_v_step,
@@ -207,11 +213,12 @@ def _iteration(fed, cfg: FederatedMFConfig, params: LflParams, t: int, v_msg):
         bound=cfg.bound,
         phase="update_v",
     )
-    # f_eff: the server's best estimate (what DP must cover); f_applied: the update's own noise
+    # f_eff: the best estimate of the server and its colluding users (what DP must cover);
+    # f_applied: the update's own noise
     row.update(
         u1=u1,
         u2=u2,
-        f_eff=effective_variance(zeta1, zeta2, u1, u2),
+        f_eff=colluding_variance(zeta1, zeta2, u1, u2, corrupt),
         f_applied=applied_variance(zeta1, zeta2, beta, u1, u2),
     )
     return v_msg, row
@@ -229,6 +236,7 @@ def _round2(fed, cfg: FederatedMFConfig, params: LflParams, t: int, survivors, z
             round1=params.releases.round1,
             zeta2=zeta2,
             dropout=cfg.dropout,
+            checked_count=cfg.threat_model == "semi-honest",
             phase="round2",
             on_failure="drop",  # a cohort lost here: its users are Round-2 dropouts
         )

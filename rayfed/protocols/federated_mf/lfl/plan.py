@@ -51,11 +51,15 @@ GDDR_STATEMENT = (
 )
 STATEMENT = (
     "per-user DP of the published item embeddings V against the server, which sees "
-    "every Round-1 secure-aggregation sum and every Round-2 message (dummy-row adjacency); "
+    "every Round-1 secure-aggregation sum and every Round-2 message (dummy-row adjacency), "
+    f"and the ⌈γn⌉ users secure aggregation assumes colluding with it (γ = {CORRUPT_FRACTION:g}), "
+    "whose own "
+    "noise shares it knows: the noise is counted over the honest users only; "
     "taken as public, not covered: the number of ratings (the default δ = 1/|ratings|), the "
-    "number of users n (the registry secure aggregation runs over: its threshold "
-    "t = ⌈(1−ω)n⌉, the noise shares and the fixed-point encoding follow from it; a neighbour's "
-    "user stays registered), the number of items m (a gradient row's width m·p) and the training "
+    "number of users n (the registry secure aggregation runs over, the users of the ratings "
+    "file, fixed: its threshold t = ⌈(1−ω)n⌉, the noise shares and the fixed-point encoding "
+    "follow from it; a neighbour's user stays registered with no rating — a file without the "
+    "user is another registry, not a neighbour), the number of items m (a gradient row's width m·p) and the training "
     "mean rating that scales the initial embeddings"
 )
 
@@ -97,7 +101,8 @@ def plan(cfg: FederatedMFConfig, seed: int) -> Plan:
         )
     )
     sensitivity = mf.row_gradient_radius(cfg.bound)  # a user's row G_i lies in this ball
-    releases = _releases(cfg, method, n, m, z, sensitivity, gddr)
+    secagg = _secagg_params(cfg, n)
+    releases = _releases(cfg, method, n, m, z, sensitivity, gddr, secagg.corrupt)
     budget = Budget(_charged_epsilon(cfg, method, releases, delta), delta)
     return Plan(
         privacy=(_gddr_privacy if gddr else _privacy)(cfg, budget, releases),
@@ -113,8 +118,10 @@ def plan(cfg: FederatedMFConfig, seed: int) -> Plan:
             delta=delta,
             z=z,
             sensitivity=sensitivity,
-            secagg=_secagg_params(cfg, n),
-            encoding=FixedPoint.choose(n, _clip(cfg, method, n, z, sensitivity), 16),
+            secagg=secagg,
+            encoding=FixedPoint.choose(
+                n, _clip(cfg, method, n, z, sensitivity, secagg.corrupt), 16
+            ),
             mean=float(train.rating.mean()),
             threshold=threshold(n, cfg.omega),
             registry=np.arange(n, dtype=np.int64),
@@ -148,6 +155,7 @@ def _releases(
     z: float,
     sensitivity: float,
     gddr: GddrParams | None,
+    corrupt: int,
 ) -> LflReleases:
     """Round 1's gradient rows with their distributed Gaussian shares (Δ₂: a user's row
     G_i = -2(x - ⟨u_i, v_j⟩)u_i lies in the ball of radius 2R^{3/2}: x and ⟨u_i, v_j⟩ in [0, R],
@@ -161,7 +169,7 @@ def _releases(
         )
     if method not in ("lfl", "ldp"):
         return LflReleases()
-    noise = round1_noise(cfg.mode, method, n, cfg.omega, z, sensitivity)
+    noise = round1_noise(cfg.mode, method, n, cfg.omega, z, sensitivity, corrupt)
     row = Ball(sensitivity, 2, m * cfg.rank)
     share = DistributedGaussianShare(z, noise["zeta1"], noise["quorum"], noise["zeta2"])
     # every cohort's message carries the one release's event (its users' shares): one charge
@@ -257,7 +265,9 @@ def _charged_epsilon(
     return float(acc.get_epsilon(delta)) * (1 + 1e-9)
 
 
-def _clip(cfg: FederatedMFConfig, method: str, n: int, z: float, sensitivity: float) -> float:
+def _clip(
+    cfg: FederatedMFConfig, method: str, n: int, z: float, sensitivity: float, corrupt: int
+) -> float:
     """The fixed-point clip of a Round-1 input: the gradient row plus 8 sd of its noise share."""
-    zeta1 = noise_shares(cfg.mode, method, n, cfg.omega, threshold(n, cfg.omega))[0]
+    zeta1 = noise_shares(cfg.mode, method, n, cfg.omega, threshold(n, cfg.omega), corrupt)[0]
     return sensitivity + 8 * z * sensitivity * math.sqrt(max(zeta1, 1e-12))

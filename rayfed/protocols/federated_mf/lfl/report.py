@@ -97,7 +97,9 @@ def _method_note(cfg: FederatedMFConfig, params: LflParams) -> str:
     if params.method == "ldp":
         return "LDP-level noise baseline: every device adds the full σ_v² to its own report"
     if cfg.mode == "faithful":
-        worst = worst_case_variance(cfg.mode, params.method, params.n, cfg.omega)
+        worst = worst_case_variance(
+            cfg.mode, params.method, params.n, cfg.omega, params.secagg.corrupt
+        )
         return (
             f"faithful mode (the thesis): calibrated to a nominal ε={cfg.epsilon:g}; the server "
             "also sees Round 2, and the effective noise can fall to "

@@ -59,11 +59,18 @@ def lfl_round2_step(
     round1: Measurement,
     zeta2: float,
     dropout: float,
+    checked_count: bool = True,
 ) -> Message:
     """Round 2: each Round-1 survivor (``u1``) still online sends ξ̄_i = -ξ_i + ξ'_i: ξ_i
     regenerated from its own noise source, ξ'_i ~ N(0, ζ2 σ²) with ζ2 from the realised |U1|
     (``release``, part of the iteration's Round-1 release ``round1``, whose event covers it) —
-    for the users whose share it can regenerate (:func:`_regenerable`)."""
+    for the users whose share it can regenerate (:func:`_regenerable`).
+
+    ζ2 comes from the server. Without ``checked_count`` (a malicious server, whose |U1| the users
+    cannot check) a user takes no less than the worst case's ζ2 (|U1| = t, the event's): a
+    server sending a tiny ζ2 would otherwise have every message reveal its Round-1 share."""
+    if not checked_count:
+        zeta2 = max(zeta2, round1.mechanism.replacement)
     ids = ctx.state["ids"][np.isin(ctx.state["ids"], u1)]
     online = rng.keyed_uniform(ctx.seed, "dropout-round2", round, ids, 1)[:, 0] >= dropout
     ids = ids[online & _regenerable(ctx, round, ids)]
