@@ -17,6 +17,7 @@ from rayfed.privacy import (
     Declared,
     Gaussian,
     Interval,
+    KaryResponse,
     Laplace,
     Measurement,
     Neighbours,
@@ -77,6 +78,17 @@ def test_zero_out_moves_a_unit_to_the_empty_record_by_the_radius(domain, p):
     )
     with pytest.raises(ValueError, match="replacement"):
         Neighbours("replace_special", "user", within=1.0)
+
+
+@pytest.mark.parametrize("kind", ["add_or_remove_one", "replace_special"])
+def test_a_per_report_randomizer_is_refused_unless_replace_one(kind):
+    """Randomized response of an absent or emptied user is not bounded by the radius rule, and
+    dp-accounting's REPLACE_SPECIAL curve for it assumes the special report is uniform: k-ary RR
+    at ε = 2 would be charged 1.67 under zero-out."""
+    with pytest.raises(ValueError, match="replace-one neighbours only"):
+        Measurement("x", KaryResponse(16, 2.0), OneHot(16), Neighbours(kind, "user"))
+    m = Measurement("x", KaryResponse(16, 2.0), OneHot(16), Neighbours("replace_one", "user"))
+    assert m.sensitivity == 2
 
 
 def test_unbounded_data_has_a_sensitivity_only_under_a_bounded_move():

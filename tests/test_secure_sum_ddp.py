@@ -294,3 +294,36 @@ def test_the_integer_shares_refuse_a_relation_other_than_zero_out(kind):
     for mechanism in (DiscreteGaussianShares(4.0, 10, 8, 3.0), skellam, SkellamExcess(skellam)):
         with pytest.raises(ValueError, match="replace_special"):
             Measurement("x", mechanism, Ball(1.0, 2, 8), Neighbours(kind, "user"))
+
+
+@pytest.mark.parametrize("mechanism", ["gaussian", "skellam"])
+def test_a_user_whose_row_is_removed_still_adds_its_share(mechanism):
+    """Zero-out's premise, on the protocol's own step: a registered user without a row (its row
+    removed, as the conformance check's neighbour) sends the zero row plus the same keyed share,
+    so the two sums hold the same number of shares; only its own message moves."""
+    import pyarrow as pa
+
+    from rayfed.actors.base import StepContext
+    from rayfed.protocols import get_protocol
+    from rayfed.protocols.secure_sum import dp as private
+    from rayfed.protocols.secure_sum.config import SecureSumConfig
+
+    cfg = SecureSumConfig(users=8, dim=4, dp_mechanism=mechanism, epsilon=1.0, mode="dealer")
+    plan = get_protocol("secure-sum").plan(cfg, 0)
+    dp, ids = plan.params.dp, np.arange(8)
+    table = pa.concat_tables([t for t, _ in plan.cohorts.values()])
+
+    def sent(keep):
+        ctx = StepContext(name="c0", role="cohort", seed=5, table=table.filter(keep))
+        message = private.private_inputs(ctx, 0, ids, dp)[0]
+        return np.asarray(getattr(message, "words", message))  # ring words for the pipeline
+
+    user = table.column("user_id").to_numpy()
+    full, without = sent(pa.array(user >= 0)), sent(pa.array(user != 3))
+    assert np.array_equal(np.delete(full, 3, 0), np.delete(without, 3, 0))
+    assert not np.array_equal(full[3], without[3])
+    if mechanism == "gaussian":  # the float row itself moved: the share is the same draw
+        ctx = StepContext(name="c0", role="cohort", seed=5, table=table)
+        row = private.table_rows(ctx, ids, dp.columns)
+        assert np.allclose(full[3] - without[3], row[3], atol=1e-12)
+    assert np.count_nonzero(without[3]) > 0  # the zero row plus its share: still noise

@@ -259,11 +259,14 @@ class Measurement:
             raise ValueError(f"{self.label}: a sampling rate is in (0, 1], got {self.sampling}")
         if isinstance(self.mechanism, LocalReport) and not isinstance(self.domain, Interval):
             raise ValueError(f"{self.label}: a per-user report's domain is an Interval of values")
-        if getattr(self.mechanism, "randomizes_each", False) and self.relation.kind == (
-            "add_or_remove_one"
+        if getattr(self.mechanism, "randomizes_each", False) and self.relation.kind != (
+            "replace_one"
         ):
             # a randomized report of a user who is absent is not "a null user's report": the
-            # radius rule does not bound it (a count of reports reveals the user)
+            # radius rule does not bound it (a count of reports reveals the user); under zero-out
+            # dp-accounting's REPLACE_SPECIAL randomized response assumes the special record's
+            # report is uniform, which the empty record's is not (k-ary RR at ε = 2 would be
+            # charged 1.67)
             raise ValueError(
                 f"{self.label}: a per-bit or per-report randomizer is accounted for replace-one "
                 "neighbours only"
