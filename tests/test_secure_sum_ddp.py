@@ -327,3 +327,17 @@ def test_a_user_whose_row_is_removed_still_adds_its_share(mechanism):
         row = private.table_rows(ctx, ids, dp.columns)
         assert np.allclose(full[3] - without[3], row[3], atol=1e-12)
     assert np.count_nonzero(without[3]) > 0  # the zero row plus its share: still noise
+
+
+def test_add_then_remove_users_lost_at_unmask_keep_their_whole_share():
+    """A user lost at unmask has its input (and whole share) in the sum but is gone for the
+    removal step after it: it sends no excess, so the sum keeps its whole share (more noise, as
+    reported), not the level's part."""
+    options = dict(dp_mechanism="skellam", dim=8, dp_dropout="add-then-remove")
+    lost = _run(**options, population={"rates": {"unmask": 0.3}})
+    m = lost.metrics
+    s, removed = m["survivors"], m["removed_excess"]
+    assert s == 60 and 0 < removed < s  # ~Bin(60, 0.7) answer; the others are gone
+    target, share = (m["min_survivors"] - COLLUDING) * m["share_variance"], m["share_variance"]
+    kept = removed * target / m["level"] + (s - removed) * share
+    assert m["noise_variance_in_sum"] == pytest.approx(kept, rel=1e-12)

@@ -97,7 +97,7 @@ def _private(fed, cfg: SecureSumConfig, plan: Plan) -> Outcome:
             )
             removed = None
             if dp.excess is not None:
-                words, removed = _remove(fed, dp, r, result)
+                words, removed = _remove(fed, dp, r, result, params.schedule)
                 result = dataclasses.replace(result, words=words)
             fed.record(
                 survivors=int(result.survivors.size),
@@ -129,15 +129,19 @@ def _private(fed, cfg: SecureSumConfig, plan: Plan) -> Outcome:
     )
 
 
-def _remove(fed, dp, r: int, result):
+def _remove(fed, dp, r: int, result, schedule):
     """Add then remove: the level the survivor count reaches, the survivors' excess (a cohort
-    lost here leaves its users' excess in: more noise), subtracted from the sum's words."""
+    lost here leaves its users' excess in: more noise), subtracted from the sum's words. Only
+    the survivors still online after unmask answer: one lost at unmask (its input already in the
+    sum) keeps its whole share."""
     upto = dp.level(int(result.survivors.size))
     if upto == 0:
         return result.words, 0
+    survivors = np.asarray(result.survivors)
+    online = schedule.drop_phase(fed.seed, r, survivors) == len(schedule.phases)
     replies = fed.cohorts.run(
         private.remove_step,
-        result.survivors,
+        survivors[online],
         round=r,
         dp=dp,
         upto=upto,
