@@ -426,12 +426,13 @@ def test_lfl_round1_isolation_recovers_the_users_noisy_gradient_under_semi_hones
     attack, row = _lfl_attack(monkeypatch, "semi-honest")
     assert attack.s is not None and attack.self_shares >= attack.needed
     # what the server reads: one user's G_i + ξ_i, ξ_i ~ N(0, ζ1·σ²): noise multiplier z·√ζ1
-    # (0.343 here, 0.308 at the defaults' 1500 users) where the sum's is z (2.03; 7.06)
+    # (ζ1 = 2/((1−ω)n − c) = 2/65: 0.356 here, about 0.32 at the defaults' 1500 users) where the
+    # sum's is z (2.03; 7.06)
     from rayfed.api import resolve
 
     proto, run_opts, cfg = resolve("federated-mf", None, (), **LFL)
     share = proto.plan(cfg, run_opts.seed).params.releases.round1.mechanism
-    assert share.noise_multiplier * math.sqrt(share.share) == pytest.approx(0.343, abs=1e-3)
+    assert share.noise_multiplier * math.sqrt(share.share) == pytest.approx(0.356, abs=1e-3)
     step = 2.0**-16 * 2
     np.testing.assert_allclose(attack.recovered, row, atol=step)
 
