@@ -183,6 +183,9 @@ def test_none_is_not_private():
         (dict(dp_mechanism="ddg", bits=3), "bits"),
         (dict(dp_mechanism="skellam", rounds=2), "rounds"),
         (dict(dp_mechanism="gaussian", bits=12), "bits"),
+        # bits that hold the rounding errors but not the noise: no scale fits (was RuntimeError)
+        (dict(dp_mechanism="ddg", dim=64, bits=8, tolerated_dropout=0.0), "bits"),
+        (dict(dp_mechanism="skellam", dim=64, bits=8, tolerated_dropout=0.0), "bits"),
     ],
 )
 def test_bad_combinations_are_config_errors_naming_the_option(options, field):

@@ -258,15 +258,27 @@ def _pipeline(cfg, eps, delta, n, quorum, dim, seed):
             return mu / quorum
 
         noise = "skellam"
-    p = ddp.plan_calibrated(
-        need,
-        dim=dim,
-        users=n,
-        clip=float(cfg.clip),
-        bits=int(cfg.bits),
-        noise=noise,
-        rotation_seed=int(seed),
-    )
+    try:
+        p = ddp.plan_calibrated(
+            need,
+            dim=dim,
+            users=n,
+            clip=float(cfg.clip),
+            bits=int(cfg.bits),
+            noise=noise,
+            rotation_seed=int(seed),
+        )
+    except RuntimeError as e:
+        # no fixed point: just above the bits that cannot hold the rounding errors alone, the
+        # noise (ε, δ) needs at the rounded Δ₂ (≥ √(padded_dim)/2 however small γ) does not fit
+        # either, and γ and the noise chase each other down (found by benchmarks/distributed_dp.py)
+        raise ConfigError(
+            "bits",
+            f"{cfg.bits} bits cannot hold the sum of {n} users' rounded rows plus the noise "
+            f"(ε, δ) = ({eps:g}, {delta:.3g}) needs with modular-clipping probability <= 1e-6 "
+            "at any scale",
+            "more bits, a larger epsilon, or fewer users per sum",
+        ) from e
     share = need(p)  # what the calibration certifies; p.noise_variance >= it (the clip bound's)
     if cfg.dp_mechanism == "ddg":
         mechanism = DiscreteGaussianShares(share, quorum, p.padded_dim, p.l1_bound)
