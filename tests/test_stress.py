@@ -204,8 +204,8 @@ def test_each_point_is_on_disk_as_it_finishes_and_a_rerun_resumes(tmp_path, monk
 def test_two_runs_in_the_same_second_get_their_own_directories(tmp_path, monkeypatch):
     monkeypatch.setattr(time, "strftime", lambda fmt, *a: "20260101-000000")
     args = ["secure-sum", {"backend": "local", "users": 20, "dim": 2}, []]
-    first = stress_mod.stress(*args, rates=[0.0], out_dir=tmp_path, resume=False)
-    second = stress_mod.stress(*args, rates=[0.0], out_dir=tmp_path, resume=False)
+    first = stress_mod.stress(*args, rates=[0.0], out_dir=tmp_path)
+    second = stress_mod.stress(*args, rates=[0.0], out_dir=tmp_path)
     assert first != second and first.name.startswith("stress-secure-sum-20260101-000000-")
     assert _record(first)["status"] == _record(second)["status"] == "complete"
 
@@ -244,7 +244,7 @@ def test_three_concurrent_stress_runs_all_keep_their_results(tmp_path):
     )
     procs = [
         subprocess.Popen(
-            [*cmd, "--out", str(tmp_path), "--quiet"],
+            [*cmd, "--out", str(tmp_path)],
             cwd=tmp_path,
             env=_env(),
             stdout=subprocess.PIPE,
