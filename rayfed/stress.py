@@ -535,11 +535,16 @@ def points(
             resolve(protocol, options, point_sets)
     else:
         for rate in rates:
-            if not (isinstance(rate, (int, float)) and math.isfinite(rate) and 0 <= rate < 1):
-                raise ConfigError("--rates", f"a dropout rate must lie in [0, 1), got {rate!r}")
+            if not (isinstance(rate, (int, float)) and math.isfinite(rate) and 0 <= rate <= 1):
+                raise ConfigError("--rates", f"a dropout rate must lie in [0, 1], got {rate!r}")
         _check_setting(protocol, options, sets)
         for rate in rates:
-            resolve(protocol, {**options, "dropout": float(rate)}, sets)
+            try:
+                resolve(protocol, {**options, "dropout": float(rate)}, sets)
+            except ConfigError as err:  # the protocol's own range of its dropout option
+                if err.field != "dropout":
+                    raise
+                raise ConfigError("--rates", f"rate {rate:g}: {err.problem}", err.allowed) from err
     if sweep is not None and protocol == "secure-sum":
         return sweep_points(options, sets, *sweep, reps)
     if sweep is not None:
@@ -568,7 +573,7 @@ def _check_setting(protocol: str, options: dict[str, Any], sets: list[str]) -> N
 
 
 def parse_rates(text: str) -> list[float]:
-    """``--rates 0,0.1,0.2``: dropout rates, each a number in [0, 1)."""
+    """``--rates 0,0.1,0.2``: dropout rates, numbers (their range is checked by :func:`points`)."""
     rates = []
     for item in text.split(","):
         try:
@@ -579,7 +584,7 @@ def parse_rates(text: str) -> list[float]:
                 f"{item.strip()!r} in {text!r} is not a number"
                 if item.strip()
                 else f"an empty rate in {text!r}",
-                "comma-separated dropout rates in [0, 1), e.g. --rates 0,0.1,0.2",
+                "comma-separated dropout rates in [0, 1], e.g. --rates 0,0.1,0.2",
             ) from None
         rates.append(rate)
     return rates

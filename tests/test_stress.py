@@ -41,8 +41,9 @@ def _record(path: Path) -> dict:
     [
         ("abc", "'abc' in 'abc' is not a number"),
         ("0,,0.1", "an empty rate in '0,,0.1'"),
-        ("0,1.5", "must lie in [0, 1), got 1.5"),
-        ("nan", "must lie in [0, 1), got nan"),
+        ("0,1.5", "must lie in [0, 1], got 1.5"),
+        ("nan", "must lie in [0, 1], got nan"),
+        ("-0.1", "must lie in [0, 1], got -0.1"),
     ],
 )
 def test_bad_rates_are_named_errors_and_write_nothing(tmp_path, capsys, rates, says):
@@ -50,6 +51,18 @@ def test_bad_rates_are_named_errors_and_write_nothing(tmp_path, capsys, rates, s
     assert main([*args, "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("rayfed: configuration error: --rates: ") and says in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_rate_the_protocol_refuses_names_the_rates(tmp_path, capsys):
+    """square-wave's dropout is below 1 (secure-sum's may be 1: every user lost, an abort)."""
+    args = ["stress", "square-wave", "--backend", "local", "--rates", "0,1"]
+    assert main([*args, "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert (
+        err.startswith("rayfed: configuration error: --rates: rate 1: ")
+        and "(allowed: >= 0 and < 1)" in err
+    )
     assert not (tmp_path / "out").exists()
 
 
