@@ -403,11 +403,21 @@ def stress_report(stress_dir: str | Path, out: str | Path | None = None) -> list
     img = f"<img src='{html.escape(where)}' alt='stress'>" if image.exists() else ""
     settings = _table({"options": record.get("options", {}), "sets": record.get("sets", [])})
     security = rows[0].get("security") if rows else None
+    status = record.get("status", "complete")  # (stress directories before issue 28 had none)
+    unfinished = (
+        f"<p style='color:#b00'><b>{html.escape(status)}</b>: "
+        f"{record.get('points_finished')} of {record.get('points')} points finished"
+        + (f" ({html.escape(record['error'])})" if record.get("error") else "")
+        + "</p>"
+        if status != "complete"
+        else ""
+    )
     page = out / "report.html"
     page.write_text(
         _page(
             f"rayfed stress {record['protocol']}",
-            img
+            unfinished
+            + img
             + (f"<p>{html.escape(security)}</p>" if security else "")
             + f"<table><tr>{head}</tr>{body}</table><h2>Settings</h2>{settings}",
         )

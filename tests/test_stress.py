@@ -201,6 +201,9 @@ def test_each_point_is_on_disk_as_it_finishes_and_a_rerun_resumes(tmp_path, monk
     lines = (path / "points.jsonl").read_text().splitlines()
     assert [json.loads(line)["point"] for line in lines] == ["rate=0.0", "rate=0.1"]
     assert pq.read_table(path / "stress.parquet").column("dropout").to_pylist() == [0.0, 0.1]
+    assert main(["report", str(path)]) == 0  # the page says it is unfinished
+    page = (path / "report.html").read_text()
+    assert "<b>interrupted</b>: 2 of 9 points finished" in page and page.count("<tr>") == 1 + 2 + 2
 
     interrupt, calls[:] = False, []
     assert stress_mod.stress(*args, rates=[0.0, 0.1, 0.2], out_dir=tmp_path) == path
