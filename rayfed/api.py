@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import os
+import signal
 import time
 import warnings
 from collections.abc import Mapping, Sequence
@@ -15,7 +16,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from rayfed.config import build_config, load_yaml, merge, parse_assignment, to_dict
-from rayfed.errors import ConfigError
+from rayfed.errors import ConfigError, Interrupted
 from rayfed.faults import check_members
 from rayfed.faults import parse as parse_fault
 from rayfed.federation import Federation, check_member_names
@@ -108,6 +109,9 @@ def execute(
         outcome = proto.drive(fed, cfg, plan)
         result = _result(proto, fed, plan, outcome, record)
         record.complete(result)
+    except KeyboardInterrupt as err:  # Ctrl-C, or SIGTERM under the CLI (errors.Interrupted)
+        err.reached = record.interrupt(err, fed)  # what the CLI's one line says
+        raise
     except BaseException as err:
         record.fail(err, fed)
         raise
@@ -241,6 +245,35 @@ class _Record:
     def complete(self, result: Result) -> None:
         if self.rundir:
             _write_result(self.rundir, self.manifest, result)
+
+    def interrupt(self, err: KeyboardInterrupt, fed: Federation | None) -> str:
+        """Marked ``interrupted``: the signal, the round and phase the run had reached, and the
+        rounds it finished (nothing of the run's result is kept). Returns where it stopped, in
+        words."""
+        rounds = [t["round"] for t in fed.timings if t["phase"] == "(round)"] if fed else []
+        reached = {
+            "signal": signal.Signals(Interrupted.signal_of(err)).name,
+            "round": fed.round_no if fed else None,
+            "phase": (fed.phase or "start") if fed else "start",
+            "rounds_finished": len(rounds),
+        }
+        text = (
+            f"in round {reached['round']}, phase {reached['phase']} "
+            f"({len(rounds)} round(s) finished)"
+            if fed and fed.phase
+            else "while starting the federation"
+        )
+        if not self.rundir:
+            return text
+        self.manifest.update(
+            status="interrupted",
+            interrupted=reached,
+            seconds=time.perf_counter() - self.started,
+            timings=fed.timings if fed else [],
+            transcript=fed.transcript.totals() if fed else None,
+        )
+        self.rundir.write_manifest(self.manifest)
+        return f"{text}; run directory {self.rundir.path} (status interrupted)"
 
     def fail(self, err: BaseException, fed: Federation | None) -> None:
         if not self.rundir:

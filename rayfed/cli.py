@@ -9,15 +9,17 @@ rayfed run PROTOCOL --help
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
 from rayfed.config import RunOptions, describe
-from rayfed.errors import ConfigError, RayfedError
+from rayfed.errors import ConfigError, Interrupted, RayfedError
 from rayfed.protocols import REGISTRY, get_protocol
 
 
@@ -112,7 +114,7 @@ def _run_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argum
 
 
 def _cmd_stress(args) -> int:
-    from rayfed.stress import stress
+    from rayfed.stress import parse_rates, stress
 
     options = {k: v for k, v in (("seed", args.seed), ("backend", args.backend)) if v is not None}
     config = {}
@@ -120,14 +122,30 @@ def _cmd_stress(args) -> int:
         from rayfed.config import load_yaml
 
         config = load_yaml(args.config)
-    rates = [float(r) for r in args.rates.split(",")] if args.rates else None
-    kwargs = {"rates": rates} if rates else {}
+    kwargs: dict = {"rates": parse_rates(args.rates)} if args.rates is not None else {}
     if args.sweep:
         name, _, values = args.sweep.partition("=")
         if not name or not values:
             raise ConfigError("--sweep", f"expected OPTION=V1,V2,..., got {args.sweep!r}")
         kwargs.update(sweep=(name, values.split(",")), reps=args.reps)
-    path = stress(args.protocol, {**config, **options}, args.set, out_dir=args.out, **kwargs)
+    try:
+        path = stress(
+            args.protocol,
+            {**config, **options},
+            args.set,
+            out_dir=args.out,
+            progress=not args.quiet,
+            resume=not args.fresh,
+            **kwargs,
+        )
+    except KeyboardInterrupt as err:
+        kept = getattr(err, "stress_dir", None)
+        if kept is not None:
+            err.reached = (
+                f"after {kept[1]} of {kept[2]} points; the finished ones are in {kept[0]} "
+                "(run the same command again to resume)"
+            )
+        raise
     import json
 
     for row in json.loads((path / "stress.json").read_text())["rows"]:
@@ -142,6 +160,10 @@ def _stress_line(row: dict) -> str:
     sweep = row["scenario"] == "sweep"
     label = f"{row['option']}={row['value']:<8}" if sweep else f"dropout {dropout:>8}"
     sd = (lambda key: f" ± {row[key + '_sd']:.2g}") if sweep else (lambda key: "")
+    if "test_mse" in row and "skipped" not in row:  # federated-mf VFL / HFL
+        return (
+            f"{label}  test MSE {row['test_mse']:.4f}{sd('test_mse')}  epsilon {row['epsilon']:.4g}"
+        )
     if "test_mse" in row:
         bound = row["predicted_abort_bound"]  # None: no secure aggregation (gd-dr)
         bound = "none, no secure aggregation" if bound is None else f"{bound:.1e}"
@@ -215,8 +237,13 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--seed", type=int)
     st.add_argument("--backend", choices=["ray", "local"])
     st.add_argument(
-        "--out", default="runs", help="directory for the stress directory (default: runs)"
+        "--out",
+        default="runs",
+        help="directory for the stress directory (default: runs); an unfinished stress run of "
+        "the same command there is resumed",
     )
+    st.add_argument("--fresh", action="store_true", help="start anew instead of resuming")
+    st.add_argument("--quiet", action="store_true", help="no progress bar")
     st.set_defaults(func=_cmd_stress)
     rep = sub.add_parser(
         "report", help="plots and a one-page HTML summary of a run directory (or several)"
@@ -230,10 +257,66 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+@contextlib.contextmanager
+def _stop_on_signals():
+    """SIGINT (Ctrl-C) and SIGTERM raise :class:`Interrupted` in the main thread, installed
+    explicitly: a process started in the background by a non-interactive shell inherits SIGINT
+    *ignored*, and Python then never raises KeyboardInterrupt (a ``--backend local`` run went on
+    after Ctrl-C); Ray's own SIGTERM handler (``sys.exit``) is kept out by ``ensure_ray``. A
+    second signal while the first unwinds (the run directory marked, Ray stopping) is ignored
+    with a note, so the cleanup cannot be cut short and leave Ray's processes behind; a third
+    exits at once."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    fired: list[int] = []
+
+    def handler(signum, _frame):
+        fired.append(signum)
+        Interrupted.caught = fired[0]
+        if len(fired) == 1:
+            raise Interrupted(signum)
+        if len(fired) == 2:
+            print(
+                "rayfed: stopping cleanly (Ray shutting down); again to exit at once",
+                file=sys.stderr,
+            )
+            return
+        os._exit(128 + fired[0])
+
+    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    for s in previous:
+        signal.signal(s, handler)
+    try:
+        yield
+    finally:
+        Interrupted.caught = None
+        for s, h in previous.items():
+            signal.signal(s, h if h is not None else signal.SIG_DFL)
+
+
+def _interrupted(err: KeyboardInterrupt) -> int:
+    """The one line an interrupted command prints, after stopping this process's Ray (nothing
+    of it left behind); the exit status 128 + the signal's number (130 SIGINT, 143 SIGTERM)."""
+    from rayfed.runtime import shutdown
+
+    signum = Interrupted.signal_of(err)
+    with contextlib.suppress(Exception):
+        shutdown()
+    reached = getattr(err, "reached", None)
+    name = signal.Signals(signum).name
+    print(f"rayfed: interrupted by {name}" + (f" {reached}" if reached else ""), file=sys.stderr)
+    return 128 + signum
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        code = args.func(args)
+        with _stop_on_signals():
+            try:
+                code = args.func(args)
+            except KeyboardInterrupt as err:  # still under the handlers: a 2nd signal is noted
+                return _interrupted(err)
         sys.stdout.flush()  # a closed pipe shows here, not at interpreter exit
         return code
     except BrokenPipeError:

@@ -146,3 +146,34 @@ class RoundTimeout(RayfedError, TimeoutError):
 
     def __reduce__(self):
         return (type(self), (self.parties, self.round, self.phase, self.deadline_s))
+
+
+class Interrupted(KeyboardInterrupt):
+    """The run was stopped by a signal (SIGINT: Ctrl-C, or SIGTERM).
+
+    A KeyboardInterrupt, so code that stops on Ctrl-C stops on SIGTERM alike. ``rayfed run`` and
+    ``rayfed stress`` raise it from their signal handlers; a run directory it reaches is marked
+    ``interrupted`` with the round and phase, and the command exits ``128 + signum`` (130, 143).
+    """
+
+    #: the signal the CLI's handler last caught: Ray re-raises an exception a signal handler
+    #: raised inside ``ray.get``/``ray.wait`` as a plain KeyboardInterrupt, losing its type
+    caught: int | None = None
+
+    def __init__(self, signum: int):
+        import signal
+
+        self.signum = signum
+        self.signame = signal.Signals(signum).name
+        super().__init__(self.signame)
+
+    def __reduce__(self):
+        return (type(self), (self.signum,))
+
+    @staticmethod
+    def signal_of(err: BaseException) -> int:
+        """The signal behind an interruption: its own, else the one the CLI caught, else SIGINT
+        (a plain Ctrl-C)."""
+        import signal
+
+        return getattr(err, "signum", None) or Interrupted.caught or int(signal.SIGINT)

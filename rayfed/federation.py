@@ -164,6 +164,7 @@ class Group:
             return self._run_retrying(step, args, kwargs, phase, members, deadline_s)
         names = members if members is not None else self.names
         started = time.perf_counter()
+        self.fed.phase = f"{self.role}:{phase}"
         faults, round_no = self.fed.faults, self.fed.round_no
         steps = {n: faults.step_for(self.role, n, round_no, phase, step) for n in names}
         replies = self.fed.backend.run(
@@ -234,6 +235,7 @@ class Group:
         ``PerMember(replies)`` sends every receiver only its own message."""
         (name,) = self.names
         started = time.perf_counter()
+        self.fed.phase = f"{self.role}:{phase}"
         metas, payloads = self.fed.backend.scatter(
             self.handles[name],
             name,
@@ -344,6 +346,8 @@ class Federation:
         self.timings: list[dict[str, Any]] = []
         self.per_round: list[dict[str, Any]] = []
         self.round_no = 0
+        #: the phase last started (``role:phase``), for a run that is interrupted in it
+        self.phase: str | None = None
         self.progress = progress
         self._started = False
         self._deaths = 0

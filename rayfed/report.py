@@ -50,11 +50,11 @@ def load(path: str | Path) -> Run:
     if not manifest_path.exists():
         raise ConfigError("run_dir", f"{str(path)!r} has no manifest.json", "a run directory")
     manifest = json.loads(manifest_path.read_text())
-    if manifest.get("status") not in ("complete", "failed"):
+    if manifest.get("status") not in ("complete", "failed", "interrupted"):
         raise ConfigError(
             "run_dir",
             f"run {manifest.get('run_id')} is {manifest.get('status')!r}",
-            "a finished (complete or failed) run directory",
+            "a finished (complete, failed or interrupted) run directory",
         )
     rows: list[dict[str, Any]] = []
     transcript = path / manifest.get("tables", {}).get("transcript", "transcript.parquet")
@@ -308,6 +308,15 @@ def _page(title: str, body: str) -> str:
     )
 
 
+def _interrupted_html(where: dict) -> str:
+    """The banner of an interrupted run: the signal and how far it got (no result was kept)."""
+    text = (
+        f"by {where.get('signal')} in round {where.get('round')}, phase {where.get('phase')}, "
+        f"after {where.get('rounds_finished')} finished round(s); no result was kept"
+    )
+    return f"<p style='color:#b00'><b>interrupted</b> {html.escape(text)}</p>"
+
+
 def _summary_html(run: Run, images: list[Path]) -> str:
     m = run.manifest
     privacy = m.get("privacy", {})
@@ -318,6 +327,8 @@ def _summary_html(run: Run, images: list[Path]) -> str:
     failed = (
         f"<p style='color:#b00'><b>failed:</b> {html.escape(str(m.get('error')))}</p>"
         if m.get("status") == "failed"
+        else _interrupted_html(m.get("interrupted") or {})
+        if m.get("status") == "interrupted"
         else ""
     )
     body = [
@@ -392,11 +403,21 @@ def stress_report(stress_dir: str | Path, out: str | Path | None = None) -> list
     img = f"<img src='{html.escape(where)}' alt='stress'>" if image.exists() else ""
     settings = _table({"options": record.get("options", {}), "sets": record.get("sets", [])})
     security = rows[0].get("security") if rows else None
+    status = record.get("status", "complete")  # (stress directories before issue 28 had none)
+    unfinished = (
+        f"<p style='color:#b00'><b>{html.escape(status)}</b>: "
+        f"{record.get('points_finished')} of {record.get('points')} points finished"
+        + (f" ({html.escape(record['error'])})" if record.get("error") else "")
+        + "</p>"
+        if status != "complete"
+        else ""
+    )
     page = out / "report.html"
     page.write_text(
         _page(
             f"rayfed stress {record['protocol']}",
-            img
+            unfinished
+            + img
             + (f"<p>{html.escape(security)}</p>" if security else "")
             + f"<table><tr>{head}</tr>{body}</table><h2>Settings</h2>{settings}",
         )

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import socket
+import threading
 from typing import Any
 from urllib.parse import urlparse
 
@@ -63,6 +65,9 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None) -> dict[
     ray_logger = logging.getLogger("ray")
     level = ray_logger.level
     ray_logger.setLevel(logging.ERROR)
+    # ray.init replaces the SIGTERM handler with sys.exit(15); a handler already installed (the
+    # CLI's, which marks the run interrupted and stops Ray cleanly) is put back after it
+    sigterm = signal.getsignal(signal.SIGTERM)
     try:
         if address:
             _check_reachable(address, CONNECT_TIMEOUT_S)
@@ -77,6 +82,8 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None) -> dict[
         ) from err
     finally:
         ray_logger.setLevel(level)
+        if callable(sigterm) and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, sigterm)
     return ray.cluster_resources()
 
 

@@ -34,20 +34,38 @@ alive after each phase, wrong sums (there must be none), and the simulated and w
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import os
+import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+from tqdm.auto import tqdm
 
 from rayfed.errors import BelowThreshold, ConfigError
+from rayfed.rundir import _atomic_write, new_run_id
 
 DEFAULT_RATES = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5)
 SUPPORTED = ("secure-sum", "federated-mf", "square-wave")
+
+
+@dataclass(frozen=True)
+class Point:
+    """One point of a stress run: its key (stable across re-runs of the same sweep, so a resumed
+    run knows it is done), the protocol runs it takes, and how to compute its row (calling
+    ``tick`` after each run, for the progress bar)."""
+
+    key: str
+    runs: int
+    compute: Callable[[Callable[[], None]], dict]
 
 
 def _attempt(
@@ -71,53 +89,59 @@ def _attempt(
     return row
 
 
-def secure_sum_scenarios(options: dict[str, Any], sets: list[str], rates) -> list[dict]:
-    """Every scenario above, as result rows."""
+def secure_sum_points(options: dict[str, Any], sets: list[str], rates) -> list[Point]:
+    """Every scenario above, as points of one run each."""
     from rayfed.api import resolve
     from rayfed.protocols.secure_sum.report import statement
 
     proto, run_opts, cfg = resolve("secure-sum", options, sets)
     plan = proto.plan(cfg, run_opts.seed)
     note = statement(cfg)
-    rows = [
-        _attempt(
+    specs = [
+        (
             "rate",
             float(rate),
             "complete" if rate <= cfg.tolerated_dropout else "may abort",
             {**options, "dropout": float(rate)},
-            sets,
         )
         for rate in rates
     ]
-    rows += _adversarial_rows(options, sets, plan, run_opts.seed, cfg.mode)
-    for row in rows:
-        row["mode"] = cfg.mode
-        row["security"] = note
-    return rows
+    specs += _adversarial_specs(options, plan, run_opts.seed, cfg.mode)
+
+    def point(scenario: str, value: float, expected: str, opts: dict[str, Any]) -> Point:
+        def compute(tick: Callable[[], None]) -> dict:
+            row = _attempt(scenario, value, expected, opts, sets)
+            tick()
+            return {**row, "mode": cfg.mode, "security": note}
+
+        return Point(f"rate={value!r}" if scenario == "rate" else scenario, 1, compute)
+
+    return [point(*spec) for spec in specs]
 
 
-def _adversarial_rows(
-    options: dict[str, Any], sets: list[str], plan, seed: int, mode: str
-) -> list[dict]:
+def _adversarial_specs(
+    options: dict[str, Any], plan, seed: int, mode: str
+) -> list[tuple[str, float, str, dict[str, Any]]]:
     """Dropouts placed at the edge of what the parameters tolerate: exactly the minimum number of
     survivors and one fewer, a whole cohort, and one user's neighbourhood — except in secure
     mode on a sparse graph, which the server draws from the OS during the round: nobody can aim
-    at a neighbourhood in advance, which is the point."""
+    at a neighbourhood in advance, which is the point. (scenario, dropout, expected, options)
+    each."""
     from rayfed.secagg.graph import NeighbourGraph
 
     params, registry = plan.params.secagg, plan.params.registry
     n = registry.size
-    rows = []
+    specs = []
     drop = n - params.min_survivors
     for name, count, expected in (
         ("exactly min_survivors", drop, "complete"),
         ("min_survivors - 1", drop + 1, "aborted"),
     ):
-        rows.append(_attempt(name, count / n, expected, _lost(options, registry[:count]), sets))
+        specs.append((name, count / n, expected, _lost(options, registry[:count])))
     cohorts = sorted(plan.cohorts)
     lost = plan.cohorts[cohorts[-1]][0].num_rows
-    rows.append(
-        _attempt(
+    specs.append(
+        (
             "whole cohort lost",
             lost / n,
             "complete" if n - lost >= params.min_survivors else "aborted",
@@ -126,11 +150,10 @@ def _adversarial_rows(
                 "dropout": 0.0,
                 "fail": [*(options.get("fail") or []), f"cohort={cohorts[-1]}@phase=masked_input"],
             },
-            sets,
         )
     )
     if mode == "secure" and not params.complete:  # the graph is drawn during the round
-        return rows
+        return specs
     # one user's neighbourhood: keep exactly t of its neighbours (its self-mask is still
     # recoverable), then t - 1 (it is not), then none
     graph = NeighbourGraph.build(n, params.degree, params.complete, seed, 0)
@@ -143,8 +166,8 @@ def _adversarial_rows(
         ("no neighbour of one user", 0, "aborted"),
     ):
         gone = neighbours[keep:]
-        rows.append(_attempt(name, len(gone) / n, expected, _lost(options, gone), sets))
-    return rows
+        specs.append((name, len(gone) / n, expected, _lost(options, gone)))
+    return specs
 
 
 def _lost(options: dict[str, Any], users: np.ndarray) -> dict[str, Any]:
@@ -190,50 +213,59 @@ def _repeat(options: dict[str, Any], sets: list[str], seed: int) -> dict:
     }
 
 
-def sweep_rows(
+def sweep_points(
     options: dict[str, Any], sets: list[str], option: str, values: list[str], reps: int
-) -> list[dict]:
-    """secure-sum at every value of ``option``, ``reps`` seeds each (see the module's docstring)."""
+) -> list[Point]:
+    """secure-sum at every value of ``option``, ``reps`` seeds each (see the module's
+    docstring); each value's parameters resolved here, before any run."""
     from rayfed.api import resolve
 
     first = int(options.get("seed", 0))
-    rows = []
-    for value in values:
-        point = [*sets, f"{option}={value}"]
-        proto, run_opts, cfg = resolve("secure-sum", options, point)
+
+    def point(value: str) -> Point:
+        point_sets = [*sets, f"{option}={value}"]
+        proto, run_opts, cfg = resolve("secure-sum", options, point_sets)
         secagg = proto.plan(cfg, run_opts.seed).params.secagg
-        runs = [_repeat(options, point, first + r) for r in range(reps)]
-        done = [r for r in runs if r["outcome"] != "aborted"]
-        aborts = reps - len(done)
-        low, high = wilson(aborts, reps)
-        phases = list(done[0]["phases"]) if done else []  # in the protocol's order
-        rows.append(
-            {
-                "scenario": "sweep",
-                "option": option,
-                "value": value,
-                "dropout": float(np.mean([1 - r["survivors"] / r["users"] for r in done]))
-                if done
-                else None,
-                "reps": reps,
-                "aborts": aborts,
-                "abort_rate": aborts / reps,
-                "abort_ci_low": low,
-                "abort_ci_high": high,
-                "predicted_abort_bound": 2.0**secagg.log2_correctness_failure,
-                "tolerated_dropout": cfg.tolerated_dropout,
-                "wrong_sums": sum(r["outcome"] == "WRONG SUM" for r in runs),
-                **{p: float(np.mean([r["phases"].get(p, 0) for r in done])) for p in phases},
-                "simulated_round_seconds": float(np.mean([r["simulated"] for r in done]))
-                if done
-                else None,
-                "wall_round_seconds": float(np.mean([r["wall"] for r in done])) if done else None,
-                "mode": cfg.mode,
-                "outcome": f"{aborts}/{reps} aborted",
-                "expected": "no wrong sum; aborts rare while the dropout is within tolerated",
-            }
-        )
-    return rows
+
+        def compute(tick: Callable[[], None]) -> dict:
+            runs = []
+            for r in range(reps):
+                runs.append(_repeat(options, point_sets, first + r))
+                tick()
+            return _sweep_row(option, value, reps, runs, secagg, cfg)
+
+        return Point(f"{option}={value}", reps, compute)
+
+    return [point(value) for value in values]
+
+
+def _sweep_row(option: str, value: str, reps: int, runs: list[dict], secagg, cfg) -> dict:
+    done = [r for r in runs if r["outcome"] != "aborted"]
+    aborts = reps - len(done)
+    low, high = wilson(aborts, reps)
+    phases = list(done[0]["phases"]) if done else []  # in the protocol's order
+    return {
+        "scenario": "sweep",
+        "option": option,
+        "value": value,
+        "dropout": float(np.mean([1 - r["survivors"] / r["users"] for r in done]))
+        if done
+        else None,
+        "reps": reps,
+        "aborts": aborts,
+        "abort_rate": aborts / reps,
+        "abort_ci_low": low,
+        "abort_ci_high": high,
+        "predicted_abort_bound": 2.0**secagg.log2_correctness_failure,
+        "tolerated_dropout": cfg.tolerated_dropout,
+        "wrong_sums": sum(r["outcome"] == "WRONG SUM" for r in runs),
+        **{p: float(np.mean([r["phases"].get(p, 0) for r in done])) for p in phases},
+        "simulated_round_seconds": float(np.mean([r["simulated"] for r in done])) if done else None,
+        "wall_round_seconds": float(np.mean([r["wall"] for r in done])) if done else None,
+        "mode": cfg.mode,
+        "outcome": f"{aborts}/{reps} aborted",
+        "expected": "no wrong sum; aborts rare while the dropout is within tolerated",
+    }
 
 
 def plot_sweep(rows: list[dict], path: Path, title: str) -> None:
@@ -276,6 +308,8 @@ def plot_sweep(rows: list[dict], path: Path, title: str) -> None:
 def measure(protocol: str, result) -> dict[str, Any]:
     """What a stress row records of one run: the utility, the ε spent and who took part."""
     m = result.metrics
+    if protocol == "federated-mf" and "iterations" not in m:  # VFL, HFL: no dropout, no SecAgg
+        return {"test_mse": m["test_mse"], "epsilon": result.privacy.epsilon}
     if protocol == "federated-mf":
         done = [row for row in m["iterations"] if not row["skipped"]]
         return {
@@ -329,19 +363,20 @@ def abort_stats(measured: list[dict]) -> dict[str, Any]:
     }
 
 
-def rate_rows(protocol: str, options: dict[str, Any], sets: list[str], rates) -> list[dict]:
-    """``protocol`` at each dropout rate (for LFL in both rounds): utility, ε and who took part."""
+def rate_points(protocol: str, options: dict[str, Any], sets: list[str], rates) -> list[Point]:
+    """``protocol`` at each dropout rate (for LFL in both rounds): utility, ε and who took
+    part."""
     from rayfed.api import run
 
-    rows = []
-    for rate in rates:
-        started = time.perf_counter()
-        result = run(protocol, {**options, "out_dir": None, "dropout": float(rate)}, sets=sets)
-        measured = measure(protocol, result)
-        rows.append(
-            {
+    def point(rate: float) -> Point:
+        def compute(tick: Callable[[], None]) -> dict:
+            started = time.perf_counter()
+            result = run(protocol, {**options, "out_dir": None, "dropout": rate}, sets=sets)
+            tick()
+            measured = measure(protocol, result)
+            return {
                 "scenario": "rate",
-                "dropout": float(rate),
+                "dropout": rate,
                 **measured,
                 **abort_stats([measured]),
                 "mode": result.metrics.get("mode", "ldp"),
@@ -349,50 +384,58 @@ def rate_rows(protocol: str, options: dict[str, Any], sets: list[str], rates) ->
                 "expected": "complete",
                 "seconds": time.perf_counter() - started,
             }
-        )
-    return rows
+
+        return Point(f"rate={rate!r}", 1, compute)
+
+    return [point(float(rate)) for rate in rates]
 
 
-def point_rows(
+def value_points(
     protocol: str,
     options: dict[str, Any],
     sets: list[str],
     option: str,
     values: list[str],
     reps: int,
-) -> list[dict]:
+) -> list[Point]:
     """``protocol`` at every value of ``option``, ``reps`` seeds each: the mean and standard
     deviation over the seeds of every measure, and the ε each point spends."""
     from rayfed.api import run
 
     first = int(options.get("seed", 0))
-    rows = []
-    for value in values:
-        point = [*sets, f"{option}={value}"]
-        started = time.perf_counter()
-        runs = [
-            run(protocol, {**options, "seed": first + r, "out_dir": None}, sets=point)
-            for r in range(reps)
-        ]
-        measured = [measure(protocol, r) for r in runs]
-        row = {"scenario": "sweep", "option": option, "value": value, "reps": reps}
-        for key, v in measured[0].items():
-            if isinstance(v, str):
-                row[key] = v
-                continue
-            column = np.array([m[key] for m in measured], dtype=float)
-            row[key] = float(column.mean())
-            row[f"{key}_sd"] = float(column.std(ddof=1)) if reps > 1 else 0.0
-        row.update(abort_stats(measured))
-        row.update(
-            mode=runs[0].metrics.get("mode", "ldp"),
-            outcome="complete",
-            expected="complete",
-            dropout=row.get("observed_dropout"),
-            wall_seconds=(time.perf_counter() - started) / reps,
-        )
-        rows.append(row)
-    return rows
+
+    def point(value: str) -> Point:
+        point_sets = [*sets, f"{option}={value}"]
+
+        def compute(tick: Callable[[], None]) -> dict:
+            started = time.perf_counter()
+            runs = []
+            for r in range(reps):
+                opts = {**options, "seed": first + r, "out_dir": None}
+                runs.append(run(protocol, opts, sets=point_sets))
+                tick()
+            measured = [measure(protocol, r) for r in runs]
+            row = {"scenario": "sweep", "option": option, "value": value, "reps": reps}
+            for key, v in measured[0].items():
+                if isinstance(v, str) or v is None:
+                    row[key] = v
+                    continue
+                column = np.array([m[key] for m in measured], dtype=float)
+                row[key] = float(column.mean())
+                row[f"{key}_sd"] = float(column.std(ddof=1)) if reps > 1 else 0.0
+            row.update(abort_stats(measured))
+            row.update(
+                mode=runs[0].metrics.get("mode", "ldp"),
+                outcome="complete",
+                expected="complete",
+                dropout=row.get("observed_dropout"),
+                wall_seconds=(time.perf_counter() - started) / reps,
+            )
+            return row
+
+        return Point(f"{option}={value}", reps, compute)
+
+    return [point(value) for value in values]
 
 
 def plot_utility(rows: list[dict], path: Path, title: str, protocol: str) -> None:
@@ -414,7 +457,9 @@ def plot_utility(rows: list[dict], path: Path, title: str, protocol: str) -> Non
     eps = ax1.twinx()
     eps.plot(x, [r["epsilon"] for r in rows], color="tab:gray", ls="--", marker=".")
     eps.set_ylabel("ε spent", color="tab:gray")
-    if protocol == "federated-mf":
+    if protocol == "federated-mf" and "skipped" not in rows[0]:  # VFL, HFL: no dropouts
+        ax2.set_visible(False)
+    elif protocol == "federated-mf":
         ax2.bar(x, [r["skipped"] for r in rows], width=0.6 if sweep else 6, color="tab:red")
         ax2.set(ylabel="iterations skipped (below threshold)", title="aborts")
     else:
@@ -463,6 +508,88 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
     plt.close(fig)
 
 
+def points(
+    protocol: str,
+    options: dict[str, Any],
+    sets: list[str],
+    rates=DEFAULT_RATES,
+    sweep: tuple[str, list[str]] | None = None,
+    reps: int = 5,
+) -> list[Point]:
+    """The points of one stress run, every one's configuration checked (a ConfigError names the
+    option) before any protocol runs."""
+    from rayfed.api import resolve
+
+    if protocol not in SUPPORTED:
+        raise ConfigError("protocol", f"no stress test for {protocol!r}", SUPPORTED)
+    if reps < 1:
+        raise ConfigError("--reps", f"must be at least 1, got {reps}")
+    if sweep is not None:
+        option, values = sweep
+        if not option or not values or any(not v.strip() for v in values):
+            raise ConfigError(
+                "--sweep", f"expected OPTION=V1,V2,... with no empty value, got {sweep!r}"
+            )
+        checks = [[*sets, f"{option}={value}"] for value in values]
+        for point_sets in checks:
+            resolve(protocol, options, point_sets)
+    else:
+        for rate in rates:
+            if not (isinstance(rate, (int, float)) and math.isfinite(rate) and 0 <= rate <= 1):
+                raise ConfigError("--rates", f"a dropout rate must lie in [0, 1], got {rate!r}")
+        _check_setting(protocol, options, sets)
+        for rate in rates:
+            try:
+                resolve(protocol, {**options, "dropout": float(rate)}, sets)
+            except ConfigError as err:  # the protocol's own range of its dropout option
+                if err.field != "dropout":
+                    raise
+                raise ConfigError("--rates", f"rate {rate:g}: {err.problem}", err.allowed) from err
+    if sweep is not None and protocol == "secure-sum":
+        return sweep_points(options, sets, *sweep, reps)
+    if sweep is not None:
+        return value_points(protocol, options, sets, *sweep, reps)
+    if protocol == "secure-sum":
+        return secure_sum_points(options, sets, rates)
+    return rate_points(protocol, options, sets, rates)
+
+
+def _check_setting(protocol: str, options: dict[str, Any], sets: list[str]) -> None:
+    """A dropout sweep of federated-mf needs the LFL setting (VFL and HFL parties have no
+    dropout: their sweeps go through ``--sweep``)."""
+    if protocol != "federated-mf":
+        return
+    from rayfed.api import resolve
+
+    _, _, cfg = resolve(protocol, options, sets)
+    if cfg.setting != "lfl":
+        raise ConfigError(
+            "setting",
+            f"rayfed stress federated-mf varies the dropout rate, which only setting=lfl has "
+            f"(got setting={cfg.setting})",
+            "setting=lfl, or --sweep OPTION=V1,V2,... (e.g. --sweep epsilon=0.5,1,2) to sweep "
+            f"another option of setting={cfg.setting}",
+        )
+
+
+def parse_rates(text: str) -> list[float]:
+    """``--rates 0,0.1,0.2``: dropout rates, numbers (their range is checked by :func:`points`)."""
+    rates = []
+    for item in text.split(","):
+        try:
+            rate = float(item)
+        except ValueError:
+            raise ConfigError(
+                "--rates",
+                f"{item.strip()!r} in {text!r} is not a number"
+                if item.strip()
+                else f"an empty rate in {text!r}",
+                "comma-separated dropout rates in [0, 1], e.g. --rates 0,0.1,0.2",
+            ) from None
+        rates.append(rate)
+    return rates
+
+
 def stress(
     protocol: str,
     options: dict[str, Any],
@@ -471,34 +598,209 @@ def stress(
     out_dir: str | Path = "runs",
     sweep: tuple[str, list[str]] | None = None,
     reps: int = 5,
+    *,
+    progress: bool = False,
+    resume: bool = True,
 ) -> Path:
-    """Run the sweep; write stress.json, stress.parquet and stress.png under a new directory."""
-    if protocol not in SUPPORTED:
-        raise ConfigError("protocol", f"no stress test for {protocol!r}", SUPPORTED)
-    if reps < 1:
-        raise ConfigError("--reps", f"must be at least 1, got {reps}")
-    if sweep is not None and protocol == "secure-sum":
-        rows = sweep_rows(options, sets, *sweep, reps)
-    elif sweep is not None:
-        rows = point_rows(protocol, options, sets, *sweep, reps)
-    elif protocol == "secure-sum":
-        rows = secure_sum_scenarios(options, sets, rates)
-    else:
-        rows = rate_rows(protocol, options, sets, rates)
-    path = Path(out_dir) / f"stress-{protocol}-{time.strftime('%Y%m%d-%H%M%S')}"
-    path.mkdir(parents=True, exist_ok=False)
-    pq.write_table(pa.Table.from_pylist(rows), path / "stress.parquet")
-    (path / "stress.json").write_text(
-        json.dumps(
-            {"protocol": protocol, "options": options, "sets": sets, "rows": rows},
-            indent=2,
-            default=str,
+    """Run the sweep into a stress directory ``<out_dir>/stress-<protocol>-<time>-<hex>/`` and
+    return it.
+
+    Each point is written as it finishes: a line of ``points.jsonl`` and the whole
+    ``stress.parquet`` and ``stress.json`` so far (the JSON's ``status`` is ``running``, then
+    ``complete``, ``interrupted`` or ``failed``); ``stress.png`` at the end (also after an
+    interruption, of the points that finished). With ``resume`` (the default), an unfinished
+    stress directory under ``out_dir`` of the same protocol, options, rates or sweep and reps,
+    that no other process is writing, is taken up again: its finished points are skipped (said
+    on stderr). Bad options, rates or ``out_dir`` are ConfigErrors before any protocol runs.
+    """
+    todo = points(protocol, options, sets, rates, sweep, reps)
+    spec = {
+        "protocol": protocol,
+        "options": options,
+        "sets": list(sets),
+        "rates": None if sweep else [float(r) for r in rates],
+        "sweep": None if sweep is None else [sweep[0], list(sweep[1])],
+        "reps": reps if sweep else 1,
+    }
+    store = StressDir.open(out_dir, spec, resume=resume)
+    done = store.rows
+    finished = [p for p in todo if p.key in done]
+    if finished:
+        print(
+            f"rayfed stress: resuming {store.path}: {len(finished)} of {len(todo)} points "
+            "already finished, skipped",
+            file=sys.stderr,
         )
-        + "\n"
+    bar = tqdm(
+        total=sum(p.runs for p in todo),
+        initial=sum(p.runs for p in finished),
+        desc=f"stress {protocol}",
+        unit="run",
+        disable=not progress,
+        leave=False,
     )
+    status, error = "failed", None
+    try:
+        for point in todo:
+            if point.key in done:
+                continue
+            bar.set_postfix_str(point.key, refresh=False)
+            store.add(point.key, point.compute(lambda: bar.update(1)))
+        status = "complete"
+    except KeyboardInterrupt as err:
+        status = "interrupted"
+        err.stress_dir = (store.path, len(store.rows), len(todo))  # what the CLI's line says
+        raise
+    except BaseException as err:
+        error = f"{type(err).__name__}: {err}"
+        raise
+    finally:
+        bar.close()
+        rows = [store.rows[p.key] for p in todo if p.key in store.rows]
+        store.finish(rows, status, error, len(todo))
+        if rows and status != "failed":
+            with contextlib.suppress(Exception):  # a partial table's plot is a bonus
+                _plot(protocol, rows, store.path / "stress.png", sweep is not None)
+    return store.path
+
+
+def _plot(protocol: str, rows: list[dict], path: Path, sweep: bool) -> None:
     title = f"{protocol} ({rows[0]['mode']} mode): dropout tolerance"
     if protocol != "secure-sum":
-        plot_utility(rows, path / "stress.png", title, protocol)
+        plot_utility(rows, path, title, protocol)
     else:
-        (plot_sweep if sweep else plot)(rows, path / "stress.png", title)
-    return path
+        (plot_sweep if sweep else plot)(rows, path, title)
+
+
+class StressDir:
+    """One stress run's directory, held under an exclusive lock (``.lock``, released when the
+    process ends, however it ends) so that no two processes write it."""
+
+    def __init__(self, path: Path, spec: dict[str, Any], lock, rows: dict[str, dict]):
+        self.path, self.spec, self._lock, self.rows = path, spec, lock, rows
+
+    @staticmethod
+    def open(out_dir: str | Path, spec: dict[str, Any], *, resume: bool) -> StressDir:
+        out = _writable(out_dir)
+        if resume:
+            for path in sorted(out.glob(f"stress-{spec['protocol']}-*"), reverse=True):
+                taken = StressDir._take(path, spec)
+                if taken is not None:
+                    return taken
+        for _ in range(10):  # a name another run took in the same second: draw again
+            path = out / new_run_id(f"stress-{spec['protocol']}")
+            try:
+                path.mkdir()
+                break
+            except FileExistsError:
+                continue
+            except OSError as err:
+                raise _out_error(out_dir, err) from err
+        lock = _lock(path)
+        store = StressDir(path, spec, lock, {})
+        store._write([], "running", None, None)
+        return store
+
+    @staticmethod
+    def _take(path: Path, spec: dict[str, Any]) -> StressDir | None:
+        """``path`` if it is an unfinished stress directory of ``spec`` that nobody holds."""
+        try:
+            record = json.loads((path / "stress.json").read_text())
+        except (OSError, ValueError):
+            return None
+        if record.get("status") == "complete" or _canonical(record.get("spec")) != _canonical(spec):
+            return None
+        try:
+            lock = _lock(path)
+        except BlockingIOError:  # another process is writing it
+            return None
+        rows: dict[str, dict] = {}
+        with contextlib.suppress(FileNotFoundError), open(path / "points.jsonl") as handle:
+            for line in handle:
+                with contextlib.suppress(ValueError):  # a line cut short by a crash
+                    entry = json.loads(line)
+                    rows[entry["point"]] = entry["row"]
+        return StressDir(path, spec, lock, rows)
+
+    def add(self, key: str, row: dict) -> None:
+        """One finished point: a line of points.jsonl (synced), then the tables so far."""
+        self.rows[key] = row
+        line = json.dumps({"point": key, "row": row}, default=str)
+        with open(self.path / "points.jsonl", "a") as handle:
+            handle.write(line + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        self._write(list(self.rows.values()), "running", None, None)
+
+    def finish(self, rows: list[dict], status: str, error: str | None, total: int) -> None:
+        self._write(rows, status, error, total)
+        with contextlib.suppress(OSError):
+            self._lock.close()
+
+    def _write(self, rows: list[dict], status: str, error: str | None, total: int | None) -> None:
+        record = {
+            "protocol": self.spec["protocol"],
+            "status": status,
+            "points_finished": len(rows),
+            "points": total,
+            "options": self.spec["options"],
+            "sets": self.spec["sets"],
+            "spec": self.spec,
+            "rows": rows,
+        }
+        if error:
+            record["error"] = error
+        text = json.dumps(record, indent=2, default=str) + "\n"
+        if rows:
+            _atomic_write(self.path / "stress.parquet", lambda p: pq.write_table(_table(rows), p))
+        _atomic_write(self.path / "stress.json", lambda p: p.write_text(text))
+
+
+def _table(rows: list[dict]) -> pa.Table:
+    """The rows as one table, every column any row has (a row without it: null)."""
+    columns = list(dict.fromkeys(key for row in rows for key in row))
+    return pa.Table.from_pylist([{key: row.get(key) for key in columns} for row in rows])
+
+
+def _canonical(spec: Any) -> str:
+    return json.dumps(spec, sort_keys=True, default=str)
+
+
+def _lock(path: Path):
+    """An exclusive, non-blocking lock on ``path/.lock`` (BlockingIOError if held)."""
+    import fcntl
+
+    handle = open(path / ".lock", "a")  # noqa: SIM115 - held open for the run's life
+    try:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BaseException:
+        handle.close()
+        raise
+    return handle
+
+
+def _writable(out_dir: str | Path) -> Path:
+    """``out_dir`` as a directory this process can write in (created if missing), or a
+    ConfigError naming ``--out``."""
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise ConfigError(
+            "--out", f"{str(out)!r} is a file, not a directory", "a directory (created if missing)"
+        )
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise _out_error(out_dir, err) from err
+    if not os.access(out, os.W_OK | os.X_OK):
+        raise ConfigError(
+            "--out", f"cannot write in {str(out)!r} (permission denied)", "a writable directory"
+        )
+    return out
+
+
+def _out_error(out_dir: str | Path, err: OSError) -> ConfigError:
+    return ConfigError(
+        "--out",
+        f"cannot create the stress directory under {str(out_dir)!r}: {err.strerror or err}",
+        "a writable directory (created if missing)",
+    )
