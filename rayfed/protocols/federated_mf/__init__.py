@@ -112,6 +112,16 @@ class FederatedMF(Protocol):
             "local_steps": 2,
             **_SHORT,
         },
+        # LFL with integer Skellam shares through the distributed-DP pipeline (issue 27)
+        {
+            "users": 150,
+            "items": 20,
+            "iterations": 2,
+            "cohorts": 2,
+            "dp_mechanism": "skellam",
+            "dropout": 0.1,
+            **_SHORT,
+        },
     )
     data_bytes = staticmethod(data_bytes)
     resolve_randomness = staticmethod(resolve_randomness)
