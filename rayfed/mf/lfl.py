@@ -12,7 +12,6 @@ import math
 from fractions import Fraction
 
 from rayfed.privacy import distributed_variance
-from rayfed.privacy.distributed import level
 
 
 def threshold(n: int, omega: float) -> int:
@@ -64,15 +63,15 @@ def round1_noise(
     return dict(z=z, sensitivity=sensitivity, zeta1=zeta1, quorum=t, zeta2=zeta2)
 
 
-def removal_variance(quorum: int, levels: tuple[int, ...], u1: int, u2: int) -> float:
+def removal_variance(quorum: int, levels: tuple[int, ...], upto: int, u1: int, u2: int) -> float:
     """The integer mechanism's (``dp_mechanism=skellam``) noise variance on the sum, in units of
-    the target T, when Round 2 removes components: every user of U1 added a share T/t (t =
-    ``quorum``) made of components that sum to T/g_j from level j on; the |U2| Round-2 senders
-    remove the components below j* (the largest j with g_j <= |U1|), keeping T/g_j*, the
-    |U1| − |U2| others keep T/t. (|U1| − |U2|)/t + |U2|/g_j* >= |U1|/g_j* >= 1. The removed
-    components are independent of what is left, so this is also the variance of the server's
-    best estimate (F_eff); without a Round 2 (j* = 0) it is |U1|/t."""
-    j = level(levels, u1)
-    if j == 0:
+    the target T, when Round 2 removed components 0 … ``upto``−1: every user of U1 added a share
+    T/t (t = ``quorum``) made of components that sum to T/g_j from level j on; the |U2| Round-2
+    senders keep T/g_upto, the |U1| − |U2| others T/t. With ``upto`` the largest j with
+    g_j <= |U1| (:func:`rayfed.privacy.distributed.level`, what the driver removes),
+    (|U1| − |U2|)/t + |U2|/g_upto >= |U1|/g_upto >= 1. The removed components are independent
+    of what is left, so this is also the variance of the server's best estimate (F_eff);
+    without a Round 2 (``upto`` = 0) it is |U1|/t."""
+    if upto == 0:
         return u1 / quorum
-    return (u1 - u2) / quorum + u2 / levels[j]
+    return (u1 - u2) / quorum + u2 / levels[upto]

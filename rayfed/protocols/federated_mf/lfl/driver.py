@@ -277,6 +277,6 @@ def _integer_update(fed, cfg: FederatedMFConfig, params: LflParams, t: int, agg,
         bound=cfg.bound,
         phase="update_v",
     )
-    f = removal_variance(params.threshold, params.levels, u1, u2)
+    f = removal_variance(params.threshold, params.levels, upto, u1, u2)
     row.update(u1=u1, u2=u2, f_eff=f, f_applied=f)
     return v_msg
