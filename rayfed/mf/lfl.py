@@ -76,3 +76,24 @@ def round1_noise(
     t = threshold(n, omega)
     zeta1, zeta2, _ = noise_shares(mode, method, n, omega, t, corrupt)
     return dict(z=z, sensitivity=sensitivity, zeta1=zeta1, quorum=t - corrupt, zeta2=zeta2)
+
+
+def removal_variance(
+    quorum: int, levels: tuple[int, ...], upto: int, u1: int, u2: int, corrupt: int = 0
+) -> float:
+    """The integer mechanism's (``dp_mechanism=skellam``) noise variance on the sum that the
+    server and its ``corrupt`` colluding users cannot remove, in units of the target T, when
+    Round 2 removed components 0 … ``upto``−1: every user of U1 added a share T/q (q =
+    ``quorum``, the honest users of the smallest accepted U1) made of components that sum to
+    T/g_j from level j on; the |U2| Round-2 senders keep T/g_upto, the |U1| − |U2| others T/q.
+    The coalition knows its own and takes the largest first (the unremoved T/q, then T/g_upto).
+    With ``upto`` the largest j with g_j <= |U1| − c (:func:`rayfed.privacy.distributed.level`
+    on the honest count, what the driver removes) every honest user keeps at least T/g_upto:
+    at least (|U1| − c)/g_upto >= 1. The removed components are independent of what is left, so
+    this is also the variance of the server's best estimate (F_eff); without a Round 2 (``upto``
+    = 0) it is (|U1| − c)/q."""
+    unremoved = min(corrupt, u1 - u2)
+    kept = (u1 - u2 - unremoved) / quorum
+    if upto == 0:
+        return kept + (u2 - (corrupt - unremoved)) / quorum
+    return kept + (u2 - (corrupt - unremoved)) / levels[upto]

@@ -26,6 +26,10 @@ gradient sum from both has noise variance F_eff σ_v², F_eff = |U2| ζ1ζ2/(ζ1
 
 σ_v = z·Δ with Δ = 2R^{3/2} (one rating per user per iteration, "dummy row" adjacency: per-user
 privacy) and z calibrated with dp-accounting for T Gaussian releases at the target (ε, δ).
+``dp_mechanism=skellam`` (issue 27) puts the noise in the integers: Round 1 runs each row through
+the distributed-DP pipeline (:mod:`rayfed.secagg.ddp`) with a Skellam share in the ring 2^bits,
+and Round 2 removes the survivors' excess share components instead of replacing the share (the
+sum stays exactly Skellam of at least the target variance; docs/protocols/federated-mf.md).
 Baselines (``method``): ``ldp`` (each device adds the full σ_v² itself), ``stage1`` (pre-training
 only, V at its initialisation), ``central`` (non-private central SGD on the pooled ratings), and
 ``gd-dr`` (Private-GD-DR, §2.10: each user sends one ε0-LDP one-bit report of one entry of its
@@ -110,6 +114,16 @@ class FederatedMF(Protocol):
             "items": 30,
             "iterations": 2,
             "local_steps": 2,
+            **_SHORT,
+        },
+        # LFL with integer Skellam shares through the distributed-DP pipeline (issue 27)
+        {
+            "users": 150,
+            "items": 20,
+            "iterations": 2,
+            "cohorts": 2,
+            "dp_mechanism": "skellam",
+            "dropout": 0.1,
             **_SHORT,
         },
     )

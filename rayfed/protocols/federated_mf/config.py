@@ -151,6 +151,23 @@ class FederatedMFConfig:
     lr: float = option(
         2.0, "LFL: γ, server learning rate of V (the update is divided by |U1|)", above=0, when=LFL
     )
+    dp_mechanism: Literal["gaussian", "ddg", "skellam"] = option(
+        "gaussian",
+        "LFL: the users' noise shares. gaussian: continuous N(0, ζ1σ²) on the float gradient "
+        "row, fixed-point rounded into secure aggregation, Round 2 replaces each survivor's "
+        "share; skellam: the distributed-DP pipeline (ℓ2 clip, rotation, scale, conditional "
+        "rounding) and an integer Skellam share in the ring 2^bits, Round 2 removes the "
+        "survivors' excess share components (exact: the sum stays Skellam); ddg (discrete "
+        "Gaussian) is refused: its shares admit no sound Round-2 event",
+        when={**LFL, "method": ("lfl",)},
+    )
+    bits: int = option(
+        16,
+        "LFL, dp_mechanism=skellam: ring bits per coordinate (the secure sum's modulus 2^bits)",
+        at_least=2,
+        at_most=62,
+        when={**LFL, "dp_mechanism": ("ddg", "skellam")},
+    )
     gddr_dim: int | None = option(
         None,
         "GD-DR: k <= m, rows of the public random projection Φ (k x m) (default min(m, 64))",
@@ -312,11 +329,34 @@ class FederatedMFConfig:
             self._check_baseline()
         if self.mode == "faithful" and self.setting != "lfl":
             self._check_faithful()
+        if self.dp_mechanism != "gaussian":
+            self._check_integer_noise()
         if self.noise == "none" and not self.noisy_method():
             raise ConfigError(
                 "noise",
                 f"method={self.resolved_method()} in {self.setting} adds no noise anyway",
                 "drop noise, or method in (vfl, hfl, local with setting=vfl)",
+            )
+
+    def _check_integer_noise(self) -> None:
+        """LFL's integer shares: Skellam, whose Round 2 removes share components exactly; the
+        discrete Gaussian has no sound Round-2 event, and the faithful mode is the thesis's
+        continuous noise algebra (docs/protocols/federated-mf.md, "Integer noise")."""
+        if self.dp_mechanism == "ddg":
+            raise ConfigError(
+                "dp_mechanism",
+                "ddg with LFL's Round 2: a sum of discrete Gaussians is only close to one (KLS's "
+                "τ term, for equal shares), and neither a survivor's replaced share nor its "
+                "removed components leave a sum the distributed discrete Gaussian's event covers",
+                "dp_mechanism=skellam (Round 2 exact: the sum stays Skellam), or gaussian",
+            )
+        if self.mode == "faithful":
+            raise ConfigError(
+                "mode",
+                f"faithful is the thesis's continuous noise algebra; dp_mechanism="
+                f"{self.dp_mechanism}'s Round 2 removes share components instead (the nominal ε "
+                "holds, as in corrected)",
+                "mode=corrected, or dp_mechanism=gaussian",
             )
 
     def _check_baseline(self) -> None:

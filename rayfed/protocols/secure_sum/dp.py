@@ -53,19 +53,16 @@ from rayfed.privacy import (
     Budget,
     DataDomain,
     Declared,
-    DiscreteGaussianShares,
     Field,
     Measurement,
     Neighbours,
     PrivacyDeclaration,
-    SkellamShares,
-    ddg_sigma2,
+    distributed,
     gaussian_noise_multiplier,
-    skellam_variance,
 )
 from rayfed.privacy.ledger import make_accountant
 from rayfed.privacy.measurement import DistributedGaussianShare, SkellamExcess
-from rayfed.secagg import FixedPoint, ddp
+from rayfed.secagg import FixedPoint
 from rayfed.secagg.ddp import DdpPlan
 from rayfed.secagg.params import SecAggParams
 
@@ -112,7 +109,7 @@ class DpParams:
         """j*: the largest j with g_j <= |U3| − c — the survivors remove components 0 … j*-1 and
         keep T/g_j* each (T the target variance of the sum): the at least |U3| − c honest ones
         hold (|U3| − c)·T/g_j* >= T."""
-        return max(j for j, g in enumerate(self.levels) if g <= survivors - self.corrupt)
+        return distributed.level(self.levels, survivors - self.corrupt)
 
     def noise_variance(self, survivors: int, removed: int = 0) -> float:
         """The sum's noise variance per integer coordinate with ``survivors`` shares, ``removed``
@@ -161,11 +158,22 @@ def plan_dp(cfg, n: int, secagg: SecAggParams, dim: int, seed: int) -> DpParams:
         share = DistributedGaussianShare(z, 1.0 / quorum, quorum)
         m = Measurement(label, share, domain, RELATION, shared=True)
     else:
-        pipeline, mechanism = _pipeline(cfg, eps, delta, n, quorum, dim, seed)
+        pipeline, mechanism = distributed.calibrated_shares(
+            cfg.dp_mechanism,
+            eps,
+            delta,
+            quorum=quorum,
+            users=n,
+            dim=dim,
+            clip=float(cfg.clip),
+            bits=int(cfg.bits),
+            rotation_seed=int(seed),
+        )
         if cfg.dp_dropout == "add-then-remove":
-            levels = _levels(quorum, n - secagg.corrupt)
+            levels = distributed.survivor_levels(quorum, n - secagg.corrupt)
             mechanism = dataclasses.replace(
-                mechanism, components=_components(mechanism.variance * quorum, levels)
+                mechanism,
+                components=distributed.excess_components(mechanism.variance * quorum, levels),
             )
         reason = (
             f"the pipeline's rounded norm bound in integer units: a row of ℓ2 norm <= "
@@ -202,89 +210,12 @@ def plan_dp(cfg, n: int, secagg: SecAggParams, dim: int, seed: int) -> DpParams:
         pipeline=pipeline,
         noise_multiplier=z,
         columns=columns,
-        levels=_levels(quorum, n - secagg.corrupt) if excess is not None else (),
+        levels=distributed.survivor_levels(quorum, n - secagg.corrupt)
+        if excess is not None
+        else (),
         excess=excess,
         corrupt=secagg.corrupt,
     )
-
-
-#: add then remove: the share is split at about this many survivor counts between q and n
-LEVELS = 8
-
-
-def _levels(quorum: int, n: int) -> tuple[int, ...]:
-    """g_0 = q < g_1 < … < g_L = n, geometric: with s survivors the sum keeps at most
-    g_{j+1}/g_j <= (n/q)^(1/L) (rounded) times the target variance."""
-    ratio = n / quorum
-    return tuple(
-        sorted({quorum, n} | {round(quorum * ratio ** (j / LEVELS)) for j in range(LEVELS)})
-    )
-
-
-def _components(target: float, levels: tuple[int, ...]) -> tuple[float, ...]:
-    """Component variances c_j = T/g_j − T/g_{j+1} (c_L = T/n): the components j, j+1, … of a
-    share sum to T/g_j, so g_j survivors keeping them hold T."""
-    tails = [target / g for g in levels]
-    return tuple(a - b for a, b in zip(tails[:-1], tails[1:], strict=True)) + (tails[-1],)
-
-
-def _pipeline(cfg, eps, delta, n, quorum, dim, seed):
-    """γ, Δ₂ and each user's share variance to a fixed point (``ddp.plan_calibrated``): the share
-    is what (ε, δ) needs at the plan's own Δ₂/Δ₁ with only ``quorum`` shares in the sum; the
-    modular-clipping bound is taken over all n users' rows and shares (the largest sum)."""
-    if cfg.dp_mechanism == "ddg":
-
-        def need(p: DdpPlan) -> float:
-            return ddg_sigma2(
-                eps,
-                delta,
-                l2_sensitivity=p.l2_bound,
-                quorum=quorum,
-                dim=p.padded_dim,
-                l1_sensitivity=p.l1_bound,
-            )
-
-        noise = "discrete_gaussian"
-    else:
-
-        def need(p: DdpPlan) -> float:
-            mu = skellam_variance(
-                eps,
-                delta,
-                l2_sensitivity=p.l2_bound,
-                l1_sensitivity=p.l1_bound,
-                dim=p.padded_dim,
-            )
-            return mu / quorum
-
-        noise = "skellam"
-    try:
-        p = ddp.plan_calibrated(
-            need,
-            dim=dim,
-            users=n,
-            clip=float(cfg.clip),
-            bits=int(cfg.bits),
-            noise=noise,
-            rotation_seed=int(seed),
-        )
-    except RuntimeError as e:
-        # no fixed point: just above the bits that cannot hold the rounding errors alone, the
-        # noise (ε, δ) needs at the rounded Δ₂ (≥ √(padded_dim)/2 however small γ) does not fit
-        # either, and γ and the noise chase each other down (found by benchmarks/distributed_dp.py)
-        raise ConfigError(
-            "bits",
-            f"{cfg.bits} bits cannot hold the sum of {n} users' rounded rows plus the noise "
-            f"(ε, δ) = ({eps:g}, {delta:.3g}) needs with modular-clipping probability <= 1e-6 "
-            "at any scale",
-            "more bits, a larger epsilon, or fewer users per sum",
-        ) from e
-    share = need(p)  # what the calibration certifies; p.noise_variance >= it (the clip bound's)
-    if cfg.dp_mechanism == "ddg":
-        mechanism = DiscreteGaussianShares(share, quorum, p.padded_dim, p.l1_bound)
-    else:
-        mechanism = SkellamShares(share, quorum, p.padded_dim, p.l1_bound)
-    return p, mechanism
 
 
 def encoding(cfg, n: int, dp: DpParams) -> FixedPoint:

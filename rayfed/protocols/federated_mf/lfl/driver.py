@@ -3,10 +3,12 @@ secure aggregation, Round 2's noise replacement, the server's update), Stage 3 a
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from rayfed.errors import BelowThreshold
-from rayfed.mf.lfl import applied_variance, colluding_variance, noise_shares
+from rayfed.mf.lfl import applied_variance, colluding_variance, noise_shares, removal_variance
+from rayfed.privacy.distributed import level
 from rayfed.protocols.base import Outcome, Plan
 from rayfed.protocols.federated_mf.config import FederatedMFConfig
 from rayfed.protocols.federated_mf.lfl import report
@@ -20,9 +22,11 @@ from rayfed.protocols.federated_mf.lfl.steps import (
     gddr_report_step,
     gddr_update_step,
     lfl_round1_inputs,
+    lfl_round2_removal_step,
     lfl_round2_step,
     restore_step,
     stopped_here_step,
+    update_v_ring_step,
     update_v_step,
 )
 from rayfed.protocols.federated_mf.steps import central_test_mse, init_v_step, pretrain_step
@@ -166,13 +170,16 @@ def _gddr_iterations(fed, cfg: FederatedMFConfig, params: LflParams, v_msg):
 def _iteration(fed, cfg: FederatedMFConfig, params: LflParams, t: int, v_msg):
     """One iteration: (the coordinator's V reply, the iteration's row). Below the threshold t it
     is skipped and V is broadcast unchanged."""
+    # the integer mechanism's pipeline of this iteration: its rotation signs and rounding keyed
+    # by t (never the same signs twice)
+    pipeline = dataclasses.replace(params.ddp, round=t) if params.ddp is not None else None
     spec = make_spec(
         round=t,
         mode=cfg.secagg_mode,
         registry=params.registry,
         params=params.secagg,
         encoding=params.encoding,
-        dim=params.m * cfg.rank,
+        dim=pipeline.padded_dim if pipeline is not None else params.m * cfg.rank,
         tag=fed.run_id.encode(),
         dropout=params.schedule,
         min_survivors=params.threshold,  # secure aggregation itself aborts below t
@@ -185,7 +192,7 @@ def _iteration(fed, cfg: FederatedMFConfig, params: LflParams, t: int, v_msg):
             fed.cohorts,
             spec,
             lfl_round1_inputs,
-            (v, params.releases.round1),
+            (v, params.releases.round1) + ((pipeline,) if pipeline is not None else ()),
             server=fed.coordinator,
         )
     except BelowThreshold as err:
@@ -195,6 +202,8 @@ def _iteration(fed, cfg: FederatedMFConfig, params: LflParams, t: int, v_msg):
     if u1 < params.threshold:
         row.update(skipped=True, reason=f"|U1| = {u1} < t = {params.threshold}")
         return fed.coordinator.run(current_v_step, phase="keep_v"), row
+    if pipeline is not None:
+        return _integer_update(fed, cfg, params, t, agg, pipeline, row), row
     # a malicious server's |U1| cannot be checked: the users' replacement is the worst case's
     # (|U1| = t), which they also enforce (lfl_round2_step)
     counted = params.threshold if cfg.threat_model == "malicious" else u1
@@ -242,3 +251,47 @@ def _round2(fed, cfg: FederatedMFConfig, params: LflParams, t: int, survivors, z
         )
         return round2, int(sum(len(r["ids"]) for r in fed.get(round2).values()))
     return {}, 0
+
+
+def _integer_update(fed, cfg: FederatedMFConfig, params: LflParams, t: int, agg, pipeline, row):
+    """The integer mechanism's Round 2 and update (fills ``row``): the survivors online remove
+    their share components below the level of |U1| (none at |U1| < g_1: no Round 2), the
+    coordinator decodes S1 + N2 and steps V. f_eff = f_applied: the noise left, in units of the
+    target variance (removal reveals nothing about it)."""
+    u1 = int(agg.survivors.size)
+    corrupt = params.secagg.corrupt
+    # the level of the honest count |U1| − c; a malicious server's |U1| cannot be checked, so
+    # its users remove nothing (they also refuse to: lfl_round2_removal_step)
+    checked = cfg.threat_model == "semi-honest"
+    upto = level(params.levels, u1 - corrupt) if checked else 0
+    round2, u2 = {}, 0
+    if upto > 0:
+        round2 = fed.cohorts.run(
+            lfl_round2_removal_step,
+            agg.survivors,
+            round=t,
+            release=params.releases.round2,
+            round1=params.releases.round1,
+            upto=upto,
+            dropout=cfg.dropout,
+            pipeline=pipeline,
+            checked_count=checked,
+            phase="round2",
+            on_failure="drop",  # a cohort lost here: its users keep their whole share
+        )
+        u2 = int(sum(len(r["ids"]) for r in fed.get(round2).values()))
+    v_msg = fed.coordinator.run(
+        update_v_ring_step,
+        agg.words,
+        round2,
+        pipeline=pipeline,
+        u1=u1,
+        lr=cfg.lr,
+        bound=cfg.bound,
+        phase="update_v",
+    )
+    f = removal_variance(
+        params.releases.round1.mechanism.quorum, params.levels, upto, u1, u2, corrupt
+    )
+    row.update(u1=u1, u2=u2, f_eff=f, f_applied=f)
+    return v_msg

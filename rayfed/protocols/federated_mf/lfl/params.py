@@ -9,6 +9,7 @@ import numpy as np
 from rayfed.dropout import DropoutSchedule
 from rayfed.privacy import Clipped, Measurement
 from rayfed.secagg import FixedPoint, SecAggParams
+from rayfed.secagg.ddp import DdpPlan
 
 
 @dataclass(frozen=True)
@@ -64,3 +65,9 @@ class LflParams:
     clipped: Clipped | None = None
     #: method=gd-dr only
     gddr: GddrParams | None = None
+    #: dp_mechanism=skellam: the distributed-DP pipeline (γ, Δ₂, Δ₁, bits; the rotation's signs
+    #: and the rounding keyed per iteration by ``dataclasses.replace(ddp, round=t)``) and the
+    #: survivor counts g_0 = t < … < g_L = n the shares are split at (Round 2 removes the
+    #: components below the largest g_j <= |U1|); None and () for gaussian
+    ddp: DdpPlan | None = None
+    levels: tuple[int, ...] = ()

@@ -3,6 +3,7 @@ calibrated for T iterations, secure aggregation's parameters and the budget."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -16,22 +17,30 @@ from rayfed.mf.lfl import noise_shares, round1_noise, threshold
 from rayfed.privacy import (
     Ball,
     Budget,
+    Declared,
     Interval,
     Measurement,
     Neighbours,
     PrivacyDeclaration,
     check_budget,
+    distributed,
     gaussian_noise_multiplier,
     one_bit_scale,
 )
 from rayfed.privacy.calibration import shuffled_ldp_epsilon
 from rayfed.privacy.ledger import make_accountant
-from rayfed.privacy.measurement import DistributedGaussianShare, OneBitReport, ReplacementShare
+from rayfed.privacy.measurement import (
+    DistributedGaussianShare,
+    OneBitReport,
+    ReplacementShare,
+    SkellamExcess,
+)
 from rayfed.protocols.base import Plan
 from rayfed.protocols.federated_mf import ratings as ratings_data
 from rayfed.protocols.federated_mf.config import FederatedMFConfig, calibration_accountant
 from rayfed.protocols.federated_mf.lfl.params import GddrParams, LflParams, LflReleases
 from rayfed.secagg import FixedPoint, find_params
+from rayfed.secagg.ddp import DdpPlan
 from rayfed.secagg.phases import PHASES
 from rayfed.sizing import default_cohorts
 
@@ -88,21 +97,30 @@ def plan(cfg: FederatedMFConfig, seed: int) -> Plan:
     method = cfg.resolved_method()
     schedule = _schedule(cfg, method, users)
     gddr = _gddr(cfg, n, m, delta, seed) if method == "gd-dr" else None
-    # GD-DR draws no Gaussian noise: its noise multiplier is not calibrated (reported as 0)
-    z = (
-        0.0
-        if gddr
-        else gaussian_noise_multiplier(
-            cfg.epsilon,
-            delta,
-            steps=cfg.iterations,
-            accountant=calibration_accountant(cfg),
-            relation=RELATION.kind,
-        )
-    )
     sensitivity = mf.row_gradient_radius(cfg.bound)  # a user's row G_i lies in this ball
     secagg = _secagg_params(cfg, n)
-    releases = _releases(cfg, method, n, m, z, sensitivity, gddr, secagg.corrupt)
+    pipeline, levels = None, ()
+    if method == "lfl" and cfg.dp_mechanism != "gaussian":
+        releases, pipeline, levels = _integer_releases(
+            cfg, n, m, delta, sensitivity, seed, secagg.corrupt
+        )
+        shares = releases.round1.mechanism
+        # the aggregate's integer noise sd over Δ₂ (what z is to the Gaussian), for the report
+        z = math.sqrt(shares.variance * shares.quorum) / pipeline.l2_bound
+    else:
+        # GD-DR draws no Gaussian noise: its noise multiplier is not calibrated (reported as 0)
+        z = (
+            0.0
+            if gddr
+            else gaussian_noise_multiplier(
+                cfg.epsilon,
+                delta,
+                steps=cfg.iterations,
+                accountant=calibration_accountant(cfg),
+                relation=RELATION.kind,
+            )
+        )
+        releases = _releases(cfg, method, n, m, z, sensitivity, gddr, secagg.corrupt)
     budget = Budget(_charged_epsilon(cfg, method, releases, delta), delta)
     return Plan(
         privacy=(_gddr_privacy if gddr else _privacy)(cfg, budget, releases),
@@ -119,8 +137,10 @@ def plan(cfg: FederatedMFConfig, seed: int) -> Plan:
             z=z,
             sensitivity=sensitivity,
             secagg=secagg,
-            encoding=FixedPoint.choose(
-                n, _clip(cfg, method, n, z, sensitivity, secagg.corrupt), 16
+            encoding=(
+                FixedPoint(sensitivity, 16, pipeline.bits)  # the ring 2^bits of RingWords
+                if pipeline is not None
+                else FixedPoint.choose(n, _clip(cfg, method, n, z, sensitivity, secagg.corrupt), 16)
             ),
             mean=float(train.rating.mean()),
             threshold=threshold(n, cfg.omega),
@@ -129,6 +149,8 @@ def plan(cfg: FederatedMFConfig, seed: int) -> Plan:
             releases=releases,
             clipped=clipped,
             gddr=gddr,
+            ddp=pipeline,
+            levels=levels,
         ),
     )
 
@@ -180,6 +202,80 @@ def _releases(
         return LflReleases(round1=round1)
     round2 = Measurement("Round 2: replacement shares", ReplacementShare(share), row, RELATION)
     return LflReleases(round1=round1, round2=round2)
+
+
+def _integer_releases(
+    cfg: FederatedMFConfig,
+    n: int,
+    m: int,
+    delta: float,
+    sensitivity: float,
+    seed: int,
+    corrupt: int,
+) -> tuple[LflReleases, DdpPlan, tuple[int, ...]]:
+    """Round 1 and Round 2 with integer Skellam shares (``dp_mechanism=skellam``).
+
+    Round 1: each user's gradient row G_i (ℓ2 <= 2R^{3/2}) goes through the distributed-DP
+    pipeline (:mod:`rayfed.secagg.ddp`: clip, rotate, scale γ, conditional rounding, keyed per
+    user id) and gets a Skellam share of variance T/t, drawn as components of variances
+    c_j = T/g_j − T/g_{j+1} (:func:`rayfed.privacy.distributed.excess_components`), with T the
+    aggregate variance T iterations at (ε, δ) need at the pipeline's own Δ₂, Δ₁ and q = t − c the
+    honest users of the worst accepted outcome (|U1| = t, c = ⌈γn⌉ of them colluding with the
+    server, who know their own shares). The sum of any >= q honest shares is Skellam of
+    variance >= T (Skellam is closed under sums): the event is
+    :func:`~rayfed.privacy.mechanisms.distributed_skellam_event` at quorum q; the levels
+    q = g_0 < … < g_L = n − c count honest users too.
+
+    Round 2 (:class:`~rayfed.privacy.measurement.SkellamExcess`): the Gaussian's −ξ_i + ξ'_i
+    with ξ'_i *fresh* has no exact integer event — the server sees each −ξ_i + ξ'_i, and ξ_i
+    given it is not Skellam (the Gaussian's conditional is Gaussian of variance ζ1ζ2/(ζ1+ζ2),
+    which is what F counts; Skellam's has no such law). So ξ'_i is the part of ξ_i that stays:
+    a survivor sends −(its components below j*), j* the largest level with g_j <= |U1| − c, and
+    keeps T/g_j*. What the server sees besides the sum is independent of the sum's noise,
+    whose honest part is exactly Skellam of variance at least (|U1| − c)·T/g_j* >= T: the same
+    event as Round 1's, whoever drops in either round (:func:`rayfed.mf.lfl.removal_variance`).
+    """
+    q = threshold(n, cfg.omega) - corrupt
+    pipeline, shares = distributed.calibrated_shares(
+        cfg.dp_mechanism,
+        cfg.epsilon,
+        delta,
+        quorum=q,
+        users=n,
+        dim=m * cfg.rank,
+        clip=sensitivity,
+        bits=cfg.bits,
+        rotation_seed=seed,
+        steps=cfg.iterations,
+        accountant=cfg.accountant,
+    )
+    levels = distributed.survivor_levels(q, n - corrupt)
+    shares = dataclasses.replace(
+        shares, components=distributed.excess_components(shares.variance * q, levels)
+    )
+    declared = Declared(
+        pipeline.l2_bound,
+        f"the pipeline's rounded norm bound in integer units: a gradient row of ℓ2 norm <= "
+        f"{sensitivity:.6g} (2R^(3/2)), rotated, scaled by γ = {pipeline.gamma:.6g} and "
+        f"conditionally rounded has Σ x_j² <= {pipeline.l2_bound_sq} (checked in integers)",
+    )
+    row = Ball(sensitivity, 2, m * cfg.rank)
+    round1 = Measurement(
+        "Round 1: rounded gradient rows with Skellam shares",
+        shares,
+        row,
+        RELATION,
+        declared=declared,
+        shared=True,
+    )
+    round2 = Measurement(
+        "Round 2: the survivors' excess Skellam share components",
+        SkellamExcess(shares),
+        row,
+        RELATION,
+        declared=declared,
+    )
+    return LflReleases(round1=round1, round2=round2), pipeline, levels
 
 
 def _gddr(cfg: FederatedMFConfig, n: int, m: int, delta: float, seed: int) -> GddrParams:

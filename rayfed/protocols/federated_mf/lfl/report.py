@@ -34,6 +34,9 @@ def notes(cfg: FederatedMFConfig, params: LflParams) -> list[str]:
         )
     if params.method in ("lfl", "ldp"):
         out.append(secagg_note(cfg, params))
+    if params.ddp is not None:
+        out.append(integer_note(cfg, params))
+        return out
     accountant = "RDP" if calibration_accountant(cfg) == "rdp" else "PLD and RDP, the smaller ε"
     out.append(
         f"σ_v = z·2R^(3/2) with z = {params.z:.4g} from dp-accounting ({accountant}, "
@@ -41,6 +44,23 @@ def notes(cfg: FederatedMFConfig, params: LflParams) -> list[str]:
         "(conservative)"
     )
     return out
+
+
+def integer_note(cfg: FederatedMFConfig, params: LflParams) -> str:
+    """The integer mechanism: the pipeline, the share, the removal levels, the bounds."""
+    p, shares = params.ddp, params.releases.round1.mechanism
+    return (
+        f"dp_mechanism={cfg.dp_mechanism}: gradient rows rotated (padded to {p.padded_dim}), "
+        f"scaled by γ = {p.gamma:.4g} and conditionally rounded (Δ₂ = {p.l2_bound:.4g}, "
+        f"Δ₁ = {p.l1_bound} in integer units: {p.inflation_bound:.4f}× the scaled 2R^(3/2)), "
+        f"a Skellam share of variance {shares.variance:.6g} per user and coordinate, "
+        f"{cfg.bits}-bit ring (modular-clipping bound {p.modular_clip_bound():.2g} per "
+        f"iteration); at least t = {params.threshold} shares make Skellam of variance "
+        f">= {shares.variance * shares.quorum:.6g} = (z·Δ₂)², z = {params.z:.4g}, calibrated "
+        f"for T={cfg.iterations} at δ={params.delta:.3g} (Skellam's RDP); Round 2 removes the "
+        f"survivors' share components below the largest of g = {list(params.levels)} that is "
+        "<= |U1|, leaving Skellam of variance >= the target: the nominal ε holds"
+    )
 
 
 def secagg_note(cfg: FederatedMFConfig, params: LflParams) -> str:
@@ -139,6 +159,7 @@ def outcome(
         "users": params.n,
         "items": params.m,
         "noise_multiplier": params.z,
+        "dp_mechanism": cfg.dp_mechanism if params.method == "lfl" else None,
         "delta": params.delta,
         "skipped_iterations": skipped,
         "iterations": history,
@@ -172,6 +193,18 @@ def outcome(
         headline += f"; Round-1 secure aggregation: threat model {params.secagg.threat_model}"
         if cfg.secagg_mode != "secure":  # the model is what the parameters are sized for
             headline += f" [{cfg.secagg_mode} mode, NOT secure]"
+    if params.ddp is not None:
+        p = params.ddp
+        metrics.update(
+            bits=p.bits,
+            gamma=p.gamma,
+            padded_dim=p.padded_dim,
+            l2_sensitivity_integer=p.l2_bound,
+            inflation_bound=p.inflation_bound,
+            modular_clip_bound=p.modular_clip_bound(),
+            share_variance=params.releases.round1.mechanism.variance,
+            removal_levels=list(params.levels),
+        )
     if params.clipped is not None:
         metrics["clipped"] = params.clipped.to_dict()
         if params.clipped.count:

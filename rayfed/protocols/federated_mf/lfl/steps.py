@@ -17,16 +17,43 @@ from rayfed.privacy import Measurement
 from rayfed.privacy.ledger import RUN_SCOPE
 from rayfed.protocols.federated_mf.lfl.params import GddrParams
 from rayfed.protocols.federated_mf.steps import descend, user_ratings
+from rayfed.secagg.ddp import DdpPlan
+from rayfed.secagg.encoding import RingWords
 
 
 # --- cohorts (users) -------------------------------------------------------------------------------
 def lfl_round1_inputs(
-    ctx: StepContext, round: int, ids: np.ndarray, v: np.ndarray, release: Measurement
-) -> tuple[np.ndarray, dp_event.DpEvent]:
+    ctx: StepContext,
+    round: int,
+    ids: np.ndarray,
+    v: np.ndarray,
+    release: Measurement,
+    pipeline: DdpPlan | None = None,
+) -> tuple[np.ndarray | RingWords, dp_event.DpEvent]:
     """Round 1 for the online users ``ids``: (G_i + ξ_i flattened (m·p), the event of the sum), as
     secure aggregation's input (:func:`rayfed.secagg.secure_sum` fixes this signature), drawn by
     ``release`` (the distributed Gaussian: each user's share keyed by its id). A registered user
-    with no training rating sends the zero row with its share (a dummy row)."""
+    with no training rating sends the zero row with its share (a dummy row).
+
+    With the integer mechanism's ``pipeline`` (the iteration's: its rotation and rounding keyed
+    by round), G_i is clipped, rotated, scaled and conditionally rounded (the rounding keyed by
+    user id), ``release`` adds the integer share, and the message is its ring words mod
+    2^bits."""
+    grads = _gradient_rows(ctx, round, ids, v)
+    # the users whose Round-1 share this incarnation drew (not checkpointed: a restarted cohort
+    # has drawn none, and in a secure run it could not regenerate them for Round 2)
+    ctx.state["round1_drawn"] = (round, np.asarray(ids))
+    if pipeline is None:
+        return release(ctx.noise, grads, round=round, ids=ids)
+    ints, _ = pipeline.quantise(grads, pipeline.keyed_rounding(ctx.noise, ids))
+    noisy, event = release(ctx.noise, ints, round=round, ids=ids)
+    return pipeline.to_words(np.asarray(noisy)), event
+
+
+def _gradient_rows(ctx: StepContext, round: int, ids: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """G_i for the users ``ids`` (flattened, m·p): -2(x - ⟨u_i, v_j⟩)u_i in row j of one
+    rating j sampled per user (keyed by user id: the sample is secret too); zero for a user
+    with no training rating."""
     all_ids = ctx.state["ids"]
     rows = np.searchsorted(all_ids, ids)
     users, items, ratings = user_ratings(ctx, "train")
@@ -43,10 +70,7 @@ def lfl_round1_inputs(
     grads = np.zeros((len(ids), m * p))
     grad = -2.0 * (x - np.einsum("ij,ij->i", u, v[j]))[:, None] * u
     grads.reshape(len(ids), m, p)[rated, j] = grad
-    # the users whose Round-1 share this incarnation drew (not checkpointed: a restarted cohort
-    # has drawn none, and in a secure run it could not regenerate them for Round 2)
-    ctx.state["round1_drawn"] = (round, np.asarray(ids))
-    return release(ctx.noise, grads, round=round, ids=ids)
+    return grads
 
 
 def lfl_round2_step(
@@ -71,9 +95,7 @@ def lfl_round2_step(
     server sending a tiny ζ2 would otherwise have every message reveal its Round-1 share."""
     if not checked_count:
         zeta2 = max(zeta2, round1.mechanism.replacement)
-    ids = ctx.state["ids"][np.isin(ctx.state["ids"], u1)]
-    online = rng.keyed_uniform(ctx.seed, "dropout-round2", round, ids, 1)[:, 0] >= dropout
-    ids = ids[online & _regenerable(ctx, round, ids)]
+    ids = _round2_senders(ctx, u1, round, dropout)
     values, _ = release(
         ctx.noise,
         np.zeros((ids.size, width)),  # no data: the message replaces noise only
@@ -83,6 +105,49 @@ def lfl_round2_step(
         replacement=zeta2,
     )
     return Message("noise_replacement", {"ids": ids, "values": values}, to="coordinator")
+
+
+def lfl_round2_removal_step(
+    ctx: StepContext,
+    u1: np.ndarray,
+    *,
+    round: int,
+    release: Measurement,
+    round1: Measurement,
+    upto: int,
+    dropout: float,
+    pipeline: DdpPlan,
+    checked_count: bool = True,
+) -> Message:
+    """Round 2 of the integer mechanism: each Round-1 survivor (``u1``) still online sends
+    −(components 0 … upto−1 of its Round-1 Skellam share), regenerated from its own noise source
+    (``release``: :class:`~rayfed.privacy.measurement.SkellamExcess`, part of the iteration's
+    Round-1 release ``round1``, whose event covers what stays), as ring words mod 2^bits — the
+    same users as the Gaussian's Round 2 (:func:`_regenerable`).
+
+    ``upto`` follows the server's |U1|. Without ``checked_count`` (a malicious server, whose
+    count the users cannot check: one claiming more survivors would have them remove too much)
+    a user removes nothing and keeps its whole share, the worst case the event is charged for."""
+    if not checked_count:
+        upto = 0
+    ids = _round2_senders(ctx, u1, round, dropout)
+    values, _ = release(
+        ctx.noise,
+        np.zeros((ids.size, pipeline.padded_dim), dtype=np.int64),  # no data: noise only
+        round=round,
+        ids=ids,
+        part_of=round1,
+        upto=upto,
+    )
+    words = pipeline.to_words(np.asarray(values)).words
+    return Message("noise_removal", {"ids": ids, "words": words}, to="coordinator")
+
+
+def _round2_senders(ctx: StepContext, u1: np.ndarray, round: int, dropout: float) -> np.ndarray:
+    """The cohort's Round-1 survivors online for Round 2 whose share it can regenerate."""
+    ids = ctx.state["ids"][np.isin(ctx.state["ids"], u1)]
+    online = rng.keyed_uniform(ctx.seed, "dropout-round2", round, ids, 1)[:, 0] >= dropout
+    return ids[online & _regenerable(ctx, round, ids)]
 
 
 def _regenerable(ctx: StepContext, round: int, ids: np.ndarray) -> np.ndarray:
@@ -198,6 +263,28 @@ def update_v_step(
     v = ctx.state["v"]
     n2 = sum((np.asarray(r["values"]).sum(axis=0) for r in round2.values()), np.zeros(v.size))
     ctx.state["v"] = mf.project(v - lr / u1 * (s1 + beta * n2).reshape(v.shape), bound)
+    return Message("item_embeddings", ctx.state["v"], to="cohorts")
+
+
+def update_v_ring_step(
+    ctx: StepContext,
+    words: np.ndarray,
+    round2: dict,
+    *,
+    pipeline: DdpPlan,
+    u1: int,
+    lr: float,
+    bound: float,
+) -> Message:
+    """The integer mechanism's server: S = decode(S1 + N2 mod 2^bits), N2 the Round-2 words
+    (the survivors' removed components), then V <- Π_𝒱(V - γ/|U1| S) — post-processing of the
+    iteration's release. uint64 sums wrap mod 2^64, a multiple of 2^bits: exact."""
+    v = ctx.state["v"]
+    total = np.asarray(words).astype(np.uint64)
+    for r in round2.values():
+        total = total + np.asarray(r["words"]).astype(np.uint64).sum(axis=0, dtype=np.uint64)
+    s = pipeline.decode(total)
+    ctx.state["v"] = mf.project(v - lr / u1 * s.reshape(v.shape), bound)
     return Message("item_embeddings", ctx.state["v"], to="cohorts")
 
 
