@@ -756,7 +756,10 @@ def test_a_malicious_servers_small_zeta2_is_refused_by_the_users():
     share = round1.mechanism.shares(NoiseSource.seeded(9, "c0"), ids, width, 1.0, round=0)
 
     def sent(checked):
-        ctx = StepContext(name="c0", role="cohort", seed=9, state={"ids": ids})
+        model = "semi-honest" if checked else "malicious"  # the cohort's own, from the plan
+        ctx = StepContext(
+            name="c0", role="cohort", seed=9, meta={"threat_model": model}, state={"ids": ids}
+        )
         msg = lfl_round2_step(
             ctx,
             ids,
@@ -766,7 +769,6 @@ def test_a_malicious_servers_small_zeta2_is_refused_by_the_users():
             round1=round1,
             zeta2=1e-12,
             dropout=0.0,
-            checked_count=checked,
         )
         return msg.payload["values"] + share  # ξ'_i: the replacement share left
 

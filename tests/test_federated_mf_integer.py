@@ -264,11 +264,14 @@ def test_under_a_malicious_server_the_users_remove_nothing():
 
 def test_the_removal_step_removes_nothing_for_an_unchecked_count():
     """A malicious server's request (upto from a count the users cannot check) is refused in
-    the step itself: the message removes nothing."""
+    the step itself, from the cohort's own threat model (the plan's, not the caller's): the
+    message removes nothing."""
     plan = get_protocol("federated-mf").plan(FederatedMFConfig(**PLAN), 0)
     p = plan.params
     ids = p.registry[:6]
-    ctx = StepContext(name="c0", role="cohort", seed=0, state={"ids": ids})
+    ctx = StepContext(
+        name="c0", role="cohort", seed=0, meta={"threat_model": "malicious"}, state={"ids": ids}
+    )
     msg = lfl_round2_removal_step(
         ctx,
         ids,
@@ -278,6 +281,5 @@ def test_the_removal_step_removes_nothing_for_an_unchecked_count():
         upto=3,
         dropout=0.0,
         pipeline=p.ddp,
-        checked_count=False,
     )
     assert not np.any(msg.payload["words"])

@@ -245,7 +245,6 @@ def _round2(fed, cfg: FederatedMFConfig, params: LflParams, t: int, survivors, z
             round1=params.releases.round1,
             zeta2=zeta2,
             dropout=cfg.dropout,
-            checked_count=cfg.threat_model == "semi-honest",
             phase="round2",
             on_failure="drop",  # a cohort lost here: its users are Round-2 dropouts
         )
@@ -261,7 +260,7 @@ def _integer_update(fed, cfg: FederatedMFConfig, params: LflParams, t: int, agg,
     u1 = int(agg.survivors.size)
     corrupt = params.secagg.corrupt
     # the level of the honest count |U1| − c; a malicious server's |U1| cannot be checked, so
-    # its users remove nothing (they also refuse to: lfl_round2_removal_step)
+    # its users remove nothing (they refuse to themselves: lfl_round2_removal_step)
     checked = cfg.threat_model == "semi-honest"
     upto = level(params.levels, u1 - corrupt) if checked else 0
     round2, u2 = {}, 0
@@ -275,7 +274,6 @@ def _integer_update(fed, cfg: FederatedMFConfig, params: LflParams, t: int, agg,
             upto=upto,
             dropout=cfg.dropout,
             pipeline=pipeline,
-            checked_count=checked,
             phase="round2",
             on_failure="drop",  # a cohort lost here: its users keep their whole share
         )

@@ -67,7 +67,7 @@ class LflParams:
     gddr: GddrParams | None = None
     #: dp_mechanism=skellam: the distributed-DP pipeline (γ, Δ₂, Δ₁, bits; the rotation's signs
     #: and the rounding keyed per iteration by ``dataclasses.replace(ddp, round=t)``) and the
-    #: survivor counts g_0 = t < … < g_L = n the shares are split at (Round 2 removes the
-    #: components below the largest g_j <= |U1|); None and () for gaussian
+    #: honest-user counts g_0 = t − c < … < g_L = n − c the shares are split at (Round 2 removes
+    #: the components below the largest g_j <= |U1| − c); None and () for gaussian
     ddp: DdpPlan | None = None
     levels: tuple[int, ...] = ()

@@ -92,8 +92,12 @@ def plan(cfg: FederatedMFConfig, seed: int) -> Plan:
     dealt = per_user(table, "user_id", n_cohorts)
     users = {name: np.unique(t.column("user_id").to_numpy()) for name, t in dealt.items()}
     # each cohort's registered users are public (secure aggregation's registry): a user takes
-    # part whether or not its table holds a rating of it
-    cohorts = {name: (t, {"users": users[name]}) for name, t in dealt.items()}
+    # part whether or not its table holds a rating of it; the server it is sized against decides
+    # whether its users trust the server's survivor counts (lfl.steps.trusts_counts)
+    cohorts = {
+        name: (t, {"users": users[name], "threat_model": cfg.threat_model})
+        for name, t in dealt.items()
+    }
     method = cfg.resolved_method()
     schedule = _schedule(cfg, method, users)
     gddr = _gddr(cfg, n, m, delta, seed) if method == "gd-dr" else None

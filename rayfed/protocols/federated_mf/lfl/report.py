@@ -55,11 +55,13 @@ def integer_note(cfg: FederatedMFConfig, params: LflParams) -> str:
         f"Δ₁ = {p.l1_bound} in integer units: {p.inflation_bound:.4f}× the scaled 2R^(3/2)), "
         f"a Skellam share of variance {shares.variance:.6g} per user and coordinate, "
         f"{cfg.bits}-bit ring (modular-clipping bound {p.modular_clip_bound():.2g} per "
-        f"iteration); at least t = {params.threshold} shares make Skellam of variance "
+        f"iteration); at least t − c = {shares.quorum} honest shares (t = {params.threshold}, "
+        f"c = {params.secagg.corrupt} users colluding with the server) make Skellam of variance "
         f">= {shares.variance * shares.quorum:.6g} = (z·Δ₂)², z = {params.z:.4g}, calibrated "
         f"for T={cfg.iterations} at δ={params.delta:.3g} (Skellam's RDP); Round 2 removes the "
         f"survivors' share components below the largest of g = {list(params.levels)} that is "
-        "<= |U1|, leaving Skellam of variance >= the target: the nominal ε holds"
+        "<= |U1| − c (under a malicious server: nothing), leaving the honest users Skellam of "
+        "variance >= the target: the nominal ε holds"
     )
 
 

@@ -83,17 +83,17 @@ def lfl_round2_step(
     round1: Measurement,
     zeta2: float,
     dropout: float,
-    checked_count: bool = True,
 ) -> Message:
     """Round 2: each Round-1 survivor (``u1``) still online sends ξ̄_i = -ξ_i + ξ'_i: ξ_i
     regenerated from its own noise source, ξ'_i ~ N(0, ζ2 σ²) with ζ2 from the realised |U1|
     (``release``, part of the iteration's Round-1 release ``round1``, whose event covers it) —
     for the users whose share it can regenerate (:func:`_regenerable`).
 
-    ζ2 comes from the server. Without ``checked_count`` (a malicious server, whose |U1| the users
-    cannot check) a user takes no less than the worst case's ζ2 (|U1| = t, the event's): a
-    server sending a tiny ζ2 would otherwise have every message reveal its Round-1 share."""
-    if not checked_count:
+    ζ2 comes from the server. Under a malicious server (the cohort's own ``threat_model``, set by
+    the plan, not by the caller), whose |U1| the users cannot check, a user takes no less than
+    the worst case's ζ2 (|U1| = t, the event's): a server sending a tiny ζ2 would otherwise have
+    every message reveal its Round-1 share."""
+    if not trusts_counts(ctx):
         zeta2 = max(zeta2, round1.mechanism.replacement)
     ids = _round2_senders(ctx, u1, round, dropout)
     values, _ = release(
@@ -117,7 +117,6 @@ def lfl_round2_removal_step(
     upto: int,
     dropout: float,
     pipeline: DdpPlan,
-    checked_count: bool = True,
 ) -> Message:
     """Round 2 of the integer mechanism: each Round-1 survivor (``u1``) still online sends
     −(components 0 … upto−1 of its Round-1 Skellam share), regenerated from its own noise source
@@ -125,10 +124,11 @@ def lfl_round2_removal_step(
     Round-1 release ``round1``, whose event covers what stays), as ring words mod 2^bits — the
     same users as the Gaussian's Round 2 (:func:`_regenerable`).
 
-    ``upto`` follows the server's |U1|. Without ``checked_count`` (a malicious server, whose
-    count the users cannot check: one claiming more survivors would have them remove too much)
-    a user removes nothing and keeps its whole share, the worst case the event is charged for."""
-    if not checked_count:
+    ``upto`` follows the server's |U1|. Under a malicious server (the cohort's own
+    ``threat_model``), whose count the users cannot check — one claiming more survivors would
+    have them remove too much — a user removes nothing and keeps its whole share, the worst case
+    the event is charged for."""
+    if not trusts_counts(ctx):
         upto = 0
     ids = _round2_senders(ctx, u1, round, dropout)
     values, _ = release(
@@ -141,6 +141,12 @@ def lfl_round2_removal_step(
     )
     words = pipeline.to_words(np.asarray(values)).words
     return Message("noise_removal", {"ids": ids, "words": words}, to="coordinator")
+
+
+def trusts_counts(ctx: StepContext) -> bool:
+    """Whether the cohort's users take the server's survivor count as given: only against the
+    semi-honest server the plan registered them with (``meta["threat_model"]``)."""
+    return ctx.meta.get("threat_model", "semi-honest") == "semi-honest"
 
 
 def _round2_senders(ctx: StepContext, u1: np.ndarray, round: int, dropout: float) -> np.ndarray:
