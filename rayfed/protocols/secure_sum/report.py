@@ -404,8 +404,9 @@ def private_outcome(
         f"charged at the worst accepted outcome ({dp.quorum} honest users' shares: "
         f"{dp.quorum + dp.corrupt} survivors less {dp.corrupt} colluding)"
         + (
-            f", add then remove: {removed} survivors removed their excess (noise ×"
-            f"{dp.noise_variance(survivors, removed) / (dp.quorum * share):.3f} of the target)"
+            f", add then remove: {removed} survivors removed their excess (noise in the sum ×"
+            f"{dp.noise_variance(survivors, removed) / (dp.quorum * share):.3f} of the target, "
+            f"{dp.corrupt} colluding users' part included)"
             if dp.excess is not None
             else ""
         )
