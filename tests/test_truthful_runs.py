@@ -43,7 +43,12 @@ def test_secure_sum_over_two_rounds_reports_each_round_and_the_lost_cohort(tmp_p
     run_dir = _run_dir(out)
     manifest = json.loads((run_dir / "manifest.json").read_text())
     (loss,) = manifest["metrics"]["losses"]
-    assert (loss["round"], loss["phase"], loss["member"], loss["users"]) == (0, "advertise", "c1", 50)
+    assert (loss["round"], loss["phase"], loss["member"], loss["users"]) == (
+        0,
+        "advertise",
+        "c1",
+        50,
+    )
     assert (loss["fate"], loss["back_round"]) == ("resumed", 1)
     assert [r["lost"] for r in manifest["metrics"]["per_round"]] == [["c1"], []]
     assert [r["survivors"] for r in manifest["metrics"]["per_round"]] == [150, 200]
@@ -140,3 +145,51 @@ def test_an_injected_death_is_not_echoed_as_rays_crash_report(ray_cluster, capfd
     time.sleep(3)  # Ray's error listener prints asynchronously
     captured = capfd.readouterr()
     assert "A worker died" not in captured.out + captured.err
+
+
+MF = dict(
+    users=300,
+    items=40,
+    iterations=2,
+    cohorts=4,
+    secagg_mode="dealer",
+    pretrain_steps=3,
+    finetune_steps=2,
+    out_dir=None,
+)
+
+
+@pytest.fixture(scope="module")
+def mf_clean():
+    return rayfed.run("federated-mf", backend="local", **MF)
+
+
+@pytest.mark.parametrize(
+    "backend,phase", [("local", "finetune"), ("local", "evaluate"), ("ray", "finetune")]
+)
+def test_a_cohort_lost_after_training_is_resumed_with_stage_3(backend, phase, mf_clean, request):
+    """lost_users=resume (the default): a cohort killed in Stage 3 or in the evaluation is
+    restored from its checkpoint and the phase re-run, so the test MSE is the clean run's (it used
+    to leave Stage 3 out, or leave the users out under a note saying lost_users=dropouts); the
+    headline says what happened."""
+    if backend == "ray":
+        request.getfixturevalue("ray_cluster")
+    result = rayfed.run("federated-mf", backend=backend, fail=[f"cohort=c1@phase={phase}"], **MF)
+    assert result.metrics["test_mse"] == mf_clean.metrics["test_mse"]
+    assert f"cohort c1 died at {phase}: restored from its checkpoint" in result.headline
+    assert not any("lost_users=dropouts" in note for note in result.privacy.notes)
+    (loss,) = result.metrics["losses"]
+    assert (loss["fate"], loss["back_phase"]) == ("resumed", phase)
+
+
+def test_a_cohort_lost_at_evaluation_as_dropouts_is_stated_missing(mf_clean):
+    result = rayfed.run(
+        "federated-mf",
+        backend="local",
+        lost_users="dropouts",
+        fail=["cohort=c1@phase=evaluate"],
+        **MF,
+    )
+    assert result.metrics["test_mse"] != mf_clean.metrics["test_mse"]
+    assert "cohort c1 died at evaluate: its users are not in the test MSE" in result.headline
+    assert any("lost for good (lost_users=dropouts)" in n for n in result.privacy.notes)
