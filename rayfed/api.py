@@ -17,7 +17,7 @@ from tqdm.auto import tqdm
 
 from rayfed.config import build_config, load_yaml, merge, parse_assignment, to_dict
 from rayfed.errors import ConfigError
-from rayfed.faults import check_members
+from rayfed.faults import check_members, check_phases
 from rayfed.faults import parse as parse_fault
 from rayfed.federation import Federation, check_member_names
 from rayfed.protocols import get_protocol
@@ -155,6 +155,7 @@ def _prepare(proto, cfg, run_opts) -> tuple[Plan, list, dict[str, dict]]:
     check_member_names(list(plan.parties) + list(plan.cohorts))
     faults = [parse_fault(text) for text in run_opts.fail or []]
     check_members(faults, _members(plan))
+    check_phases(faults, proto.phases, proto.name)
     placement: dict[str, dict] = {}
     if run_opts.backend == "ray":
         resources = ensure_ray(run_opts.address, run_opts.num_cpus)  # an unreachable address, too

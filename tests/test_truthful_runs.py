@@ -193,3 +193,17 @@ def test_a_cohort_lost_at_evaluation_as_dropouts_is_stated_missing(mf_clean):
     assert result.metrics["test_mse"] != mf_clean.metrics["test_mse"]
     assert "cohort c1 died at evaluate: its users are not in the test MSE" in result.headline
     assert any("lost for good (lost_users=dropouts)" in n for n in result.privacy.notes)
+
+
+def test_a_misspelt_fail_phase_is_a_configuration_error(tmp_path, capsys):
+    """It used to be a warning after the whole run (exit 0), which then passed for one with a
+    fault; now it is refused before anything starts, with the protocol's phases."""
+    code = main(
+        ["run", "secure-sum", "--backend", "local", "--out", str(tmp_path)]
+        + SMALL
+        + ["--fail", "cohort=c1@phase=masked_inptu"]
+    )
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "fail: secure-sum has no phase 'masked_inptu'" in err and "masked_input" in err
+    assert list(tmp_path.iterdir()) == []

@@ -175,6 +175,9 @@ class Protocol:
     #: small, fast configurations covering the protocol's main modes (a second each, locally):
     #: tests/conformance runs every check on them, so a new protocol is checked by declaring these
     examples: ClassVar[tuple[dict[str, Any], ...]] = ({},)
+    #: the phase names its parties and cohorts run (``--fail ...@phase=P`` must name one);
+    #: None: not checked
+    phases: ClassVar[tuple[str, ...] | None] = None
 
     def resolve_randomness(self, cfg: Any, randomness: str) -> tuple[Any, str]:
         """(config, the run's randomness) once the run option ``randomness`` and the protocol's own
