@@ -207,3 +207,86 @@ def test_a_misspelt_fail_phase_is_a_configuration_error(tmp_path, capsys):
     assert code == 2
     assert "fail: secure-sum has no phase 'masked_inptu'" in err and "masked_input" in err
     assert list(tmp_path.iterdir()) == []
+
+
+# --- messages -------------------------------------------------------------------------------------
+def test_a_missing_trace_file_is_named_as_the_trace():
+    with pytest.raises(rayfed.ConfigError) as err:
+        rayfed.run(
+            "secure-sum",
+            backend="local",
+            out_dir=None,
+            users=60,
+            population={"availability": "trace", "trace": "/no/such/trace.csv"},
+        )
+    assert err.value.field == "population.trace" and "does not exist" in str(err.value)
+
+
+def test_a_directory_as_data_is_named_a_directory(tmp_path):
+    with pytest.raises(rayfed.ConfigError) as err:
+        rayfed.run("federated-mf", backend="local", out_dir=None, data={"path": str(tmp_path)})
+    assert err.value.field == "data.path" and "is a directory, not a file" in str(err.value)
+    assert "suffix" not in str(err.value)
+
+
+def test_the_python_api_takes_numpy_numbers_and_paths(tmp_path):
+    result = rayfed.run(
+        "secure-sum",
+        backend="local",
+        out_dir=tmp_path,
+        users=np.int64(60),
+        dim=np.int32(2),
+        clip=np.float32(0.5),
+        seed=np.int64(3),
+        allow_weak_params=np.bool_(False),
+    )
+    assert result.config["protocol"]["users"] == 60 and result.config["run"]["seed"] == 3
+    assert result.config["protocol"]["clip"] == 0.5
+    assert Path(result.run_dir).parent == tmp_path
+    manifest = json.loads((Path(result.run_dir) / "manifest.json").read_text())
+    assert manifest["config"]["run"]["out_dir"] == str(tmp_path)
+
+
+def test_weak_parameters_are_stated_in_the_summary():
+    """allow_weak_params with t = 1: the security bound (above 2^0) used to be in the manifest
+    only."""
+    result = rayfed.run(
+        "secure-sum",
+        backend="local",
+        out_dir=None,
+        users=60,
+        dim=2,
+        threshold=1,
+        allow_weak_params=True,
+    )
+    bound = result.metrics["log2_security_failure"]
+    assert bound > 0
+    assert f"WEAK PARAMETERS (allow_weak_params): log2 P[security failure] = {bound:+.2f}" in (
+        result.summary()
+    )
+    assert "guarantees nothing" in result.summary()
+
+
+def test_test_fractions_help_and_check_agree(capsys):
+    from rayfed.cli import protocol_help
+
+    assert "held-out fraction of each user's ratings [float (> 0 and < 1)" in " ".join(
+        protocol_help("federated-mf").split()
+    )
+    assert main(["run", "federated-mf", "--backend", "local", "--set", "test_fraction=1"]) == 2
+    assert "test_fraction: 1.0 is out of range (allowed: > 0 and < 1)" in capsys.readouterr().err
+
+
+def test_usage_lines_document_fail_seed_backend_and_rates(capsys):
+    from rayfed.cli import build_parser, protocol_help
+
+    assert "[--fail SPEC ...]" in protocol_help("secure-sum").splitlines()[0]
+    stress_help = " ".join(
+        build_parser()._subparsers._group_actions[0].choices["stress"].format_help().split()
+    )
+    assert (
+        "--rates RATES comma-separated dropout rates (default 0,0.1,0.2,0.3,0.4,0.5); ignored with --sweep"
+        in stress_help
+    )
+    assert "--seed SEED root seed (default 0)" in stress_help
+    assert "--backend {ray,local} ray (default) or local" in stress_help

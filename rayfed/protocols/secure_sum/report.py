@@ -273,7 +273,30 @@ def headline(
     )
     if cfg.mode != "secure":
         text += f" [{STATEMENTS[cfg.mode].split(':')[0]}]"
-    return text
+    return text + weak_statement(cfg, secagg)
+
+
+def weak_statement(cfg: SecureSumConfig, secagg) -> str:
+    """For the headline: parameters accepted under allow_weak_params that miss the sigma / eta
+    bounds, with the bounds they reach (a bound of 2^0 or more guarantees nothing)."""
+    missed = []
+    if secagg.log2_security_failure > -cfg.sigma:
+        missed.append(
+            f"log2 P[security failure] = {secagg.log2_security_failure:+.2f} (sigma asks "
+            f"<= -{cfg.sigma:g})"
+        )
+    if secagg.log2_correctness_failure > -cfg.eta:
+        missed.append(
+            f"log2 P[abort] = {secagg.log2_correctness_failure:+.2f} (eta asks <= -{cfg.eta:g})"
+        )
+    if not missed:
+        return ""
+    void = (
+        "; a bound of 2^0 or more guarantees nothing"
+        if max(secagg.log2_security_failure, secagg.log2_correctness_failure) >= 0
+        else ""
+    )
+    return f" [WEAK PARAMETERS (allow_weak_params): {', '.join(missed)}{void}]"
 
 
 # --- private mean estimation (dp_mechanism != none) ------------------------------------------------
@@ -447,7 +470,9 @@ def private_outcome(
         + f"; mode={cfg.mode}"
         f"{mode}"
     )
-    return Outcome(tables=tables, metrics=metrics, headline=text)
+    return Outcome(
+        tables=tables, metrics=metrics, headline=text + weak_statement(cfg, params.secagg)
+    )
 
 
 def _predicted(dp, survivors: int, removed: int = 0) -> float:
