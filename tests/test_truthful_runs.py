@@ -290,3 +290,26 @@ def test_usage_lines_document_fail_seed_backend_and_rates(capsys):
     )
     assert "--seed SEED root seed (default 0)" in stress_help
     assert "--backend {ray,local} ray (default) or local" in stress_help
+
+
+def test_square_wave_moments_record_each_rounds_reports_and_losses():
+    """Two rounds (mean, then variance): each round's reports and the cohort lost in round 1."""
+    result = rayfed.run(
+        "square-wave",
+        backend="local",
+        out_dir=None,
+        users=4000,
+        cohorts=4,
+        method="sr",
+        moments="both",
+        lost_users="dropouts",
+        fail=["cohort=c1@phase=perturb-variance"],
+    )
+    rows = result.metrics["per_round"]
+    assert [r["lost"] for r in rows] == [[], ["c1"]]
+    assert rows[1]["reports"] < rows[0]["reports"]
+    assert [r["reports"] for r in rows] == [
+        result.metrics["reports"][0],
+        result.metrics["reports"][1],
+    ]
+    assert "round 1: reports" in result.summary() and "lost c1" in result.summary()
