@@ -447,6 +447,9 @@ class Federation:
         role = MEMBER_ROLE.get(group.role, group.role)
         if any(x["member"] == name and x["fate"] == "dropped for good" for x in self._losses):
             return
+        for earlier in self._losses:  # restarted, but dead again before it answered
+            if earlier["member"] == name and earlier["fate"] == "pending":
+                earlier["fate"] = "died again"
         deaths = self._deaths_of[name] = self._deaths_of.get(name, 0) + 1
         comes_back = deaths <= self.faults.restarts.get(role, 0)
         table = self._specs.get(group.role, {}).get(name, (None, {}))[0]
@@ -482,8 +485,9 @@ class Federation:
         (cohorts), and its fate: ``resumed`` (restarted — from its checkpoint where ``restored``
         says so — and answered again at ``back_round``/``back_phase``; a phase re-run at once is
         the same phase), ``dropped for good`` (dead for the rest of the run: its users are
-        dropouts from then on), or ``not reported`` (restarted, but the run ended before it was
-        asked anything again: whatever came after its death lacks its users)."""
+        dropouts from then on), ``died again`` (restarted, and dead again before it answered: the
+        next line says what then), or ``not reported`` (restarted, but the run ended before it
+        was asked anything again: whatever came after its death lacks its users)."""
         return [
             {**x, "fate": "not reported" if x["fate"] == "pending" else x["fate"]}
             for x in self._losses

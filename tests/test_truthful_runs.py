@@ -313,3 +313,16 @@ def test_square_wave_moments_record_each_rounds_reports_and_losses():
         result.metrics["reports"][1],
     ]
     assert "round 1: reports" in result.summary() and "lost c1" in result.summary()
+
+
+def test_a_cohort_that_dies_again_after_its_restart_has_both_deaths_listed():
+    result = rayfed.run(
+        "square-wave",
+        backend="local",
+        out_dir=None,
+        users=4000,
+        cohorts=4,
+        fail=["cohort=c1@phase=perturb", "cohort=c1@phase=perturb"],
+    )
+    assert [x["fate"] for x in result.metrics["losses"]] == ["died again", "dropped for good"]
+    assert "restarted, and died again before it answered" in result.summary()

@@ -156,6 +156,8 @@ def loss_lines(losses: list[dict[str, Any]]) -> list[str]:
             )
             source = " from its checkpoint" if x.get("restored") == "checkpoint" else ""
             fate = f"resumed{source} ({again})"
+        elif fate == "died again":
+            fate = "restarted, and died again before it answered (next line)"
         elif fate == "not reported":
             fate = "restarted, but not asked again before the run ended (not in what followed)"
         else:
