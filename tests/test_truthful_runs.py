@@ -54,6 +54,12 @@ def test_secure_sum_over_two_rounds_reports_each_round_and_the_lost_cohort(tmp_p
     assert [r["survivors"] for r in manifest["metrics"]["per_round"]] == [150, 200]
     lost = pq.read_table(run_dir / "lost.parquet").to_pylist()
     assert [(x["member"], x["fate"]) for x in lost] == [("c1", "resumed")]
+    from rayfed import report
+
+    report.report(run_dir)  # the page says it too
+    page = (run_dir / "report.html").read_text()
+    assert "round 0: survivors 150, dropouts 50, lost c1" in page
+    assert "cohort c1, 50 users died in round 0 at advertise: resumed" in page
 
 
 def test_secure_sum_keeps_every_rounds_sum():
