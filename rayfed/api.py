@@ -13,11 +13,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 from tqdm.auto import tqdm
 
 from rayfed.config import build_config, load_yaml, merge, parse_assignment, to_dict
 from rayfed.errors import ConfigError, Interrupted
-from rayfed.faults import check_members
+from rayfed.faults import check_members, check_phases
 from rayfed.faults import parse as parse_fault
 from rayfed.federation import Federation, check_member_names
 from rayfed.protocols import get_protocol
@@ -25,6 +26,21 @@ from rayfed.protocols.base import Plan, Result
 from rayfed.rundir import RunDir, new_run_id, versions
 from rayfed.runtime import ensure_ray
 from rayfed.sizing import check_data_size, check_fit, machine_memory
+
+#: the ``lost`` table: one row per member that died (Federation.losses)
+LOSS_SCHEMA = pa.schema(
+    [
+        ("round", pa.int64()),
+        ("phase", pa.string()),
+        ("role", pa.string()),
+        ("member", pa.string()),
+        ("users", pa.int64()),
+        ("fate", pa.string()),
+        ("restored", pa.string()),
+        ("back_round", pa.int64()),
+        ("back_phase", pa.string()),
+    ]
+)
 
 
 def _deep_merge(base: dict[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
@@ -143,6 +159,7 @@ def _prepare(proto, cfg, run_opts) -> tuple[Plan, list, dict[str, dict]]:
     check_member_names(list(plan.parties) + list(plan.cohorts))
     faults = [parse_fault(text) for text in run_opts.fail or []]
     check_members(faults, _members(plan))
+    check_phases(faults, proto.phases, proto.name)
     placement: dict[str, dict] = {}
     if run_opts.backend == "ray":
         resources = ensure_ray(run_opts.address, run_opts.num_cpus)  # an unreachable address, too
@@ -184,8 +201,15 @@ def _result(proto, fed: Federation, plan: Plan, outcome, record: _Record) -> Res
             RuntimeWarning,
             stacklevel=3,
         )
-    if fed.per_round:
-        outcome.metrics.setdefault("per_round", fed.per_round)
+    losses = fed.losses()
+    per_round = [dict(row) for row in fed.per_round]
+    if losses:  # every death, its fate, and per round the members lost in it
+        outcome.metrics["losses"] = losses
+        outcome.tables["lost"] = pa.Table.from_pylist(losses, schema=LOSS_SCHEMA)
+        for row in per_round:
+            row["lost"] = [x["member"] for x in losses if x["round"] == row["round"]]
+    if per_round:
+        outcome.metrics.setdefault("per_round", per_round)
     privacy = fed.privacy_report()
     privacy.requested_epsilon = requested = plan.privacy.requested_epsilon
     if requested is not None and privacy.epsilon > requested * (1 + 1e-9):

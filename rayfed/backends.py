@@ -150,6 +150,11 @@ class Backend(ABC):
         """Stop every member (in-process members need nothing)."""
         return None
 
+    def doomed(self, handle, deadline_s: float) -> None:
+        """A member about to die by an injected fault: on Ray, its process's exit is not echoed
+        as Ray's crash report (in-process: nothing to do)."""
+        return None
+
     def close(self, handles, *, reuse: bool) -> None:
         """The run is over: stop its members, or (``reuse``) keep the healthy ones for the next."""
         self.kill(handles)
@@ -396,6 +401,14 @@ class RayBackend(Backend):
                 time.sleep(0.2)
             except ray.exceptions.RayError:  # one that does not come back stays out
                 return
+
+    def doomed(self, handle, deadline_s):
+        import ray
+
+        from rayfed.runtime import mute_worker_death
+
+        with contextlib.suppress(ray.exceptions.RayError):  # one already gone: nothing to mute
+            mute_worker_death(ray.get(handle.pid.remote(), timeout=deadline_s))
 
     def kill(self, handles):
         import ray

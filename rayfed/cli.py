@@ -2,7 +2,7 @@
 
 rayfed list
 rayfed run PROTOCOL [--config FILE.yaml] [--set key=value ...] [--seed N] [--address ADDR]
-                    [--out DIR] [--backend ray|local] [--quiet]
+                    [--out DIR] [--backend ray|local] [--quiet] [--fail SPEC ...]
 rayfed run PROTOCOL --help
 """
 
@@ -34,7 +34,7 @@ def protocol_help(name: str) -> str:
     proto = get_protocol(name)
     lines = [
         f"rayfed run {name} [--config FILE.yaml] [--set key=value ...] [--seed N] [--address ADDR] [--out DIR] "
-        "[--backend ray|local] [--quiet]",
+        "[--backend ray|local] [--quiet] [--fail SPEC ...]",
         "",
         proto.summary,
         "",
@@ -227,15 +227,22 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument(
         "--set", action="append", default=[], metavar="KEY=VALUE", help="override one option"
     )
-    st.add_argument("--rates", help="comma-separated dropout rates (default 0,0.1,0.2,0.3,0.4,0.5)")
+    st.add_argument(
+        "--rates",
+        help="comma-separated dropout rates (default 0,0.1,0.2,0.3,0.4,0.5); ignored with --sweep",
+    )
     st.add_argument(
         "--sweep",
         metavar="OPTION=V1,V2,...",
         help="sweep one option (e.g. population.markov_off=0.05,0.1,0.2) instead of the rates",
     )
     st.add_argument("--reps", type=int, default=5, help="--sweep: seeds per point (default 5)")
-    st.add_argument("--seed", type=int)
-    st.add_argument("--backend", choices=["ray", "local"])
+    st.add_argument(
+        "--seed", type=int, help="root seed (default 0); a --sweep's reps use SEED, SEED+1, ..."
+    )
+    st.add_argument(
+        "--backend", choices=["ray", "local"], help="ray (default) or local (in-process, no Ray)"
+    )
     st.add_argument(
         "--out",
         default="runs",

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
 import yaml
 
 from rayfed.errors import ConfigError
@@ -89,6 +91,19 @@ def option(
     return field(default=default, metadata=metadata, **kwargs)
 
 
+def check_file(field: str, path: str | Path) -> None:
+    """ConfigError naming ``field`` unless ``path`` is an existing file (not a directory)."""
+    where = Path(path).expanduser()
+    if not where.exists():
+        raise ConfigError(
+            field, f"file {str(path)!r} does not exist", "an existing CSV/Parquet/Arrow file"
+        )
+    if where.is_dir():
+        raise ConfigError(
+            field, f"{str(path)!r} is a directory, not a file", "an existing CSV/Parquet/Arrow file"
+        )
+
+
 @dataclass(frozen=True)
 class DataConfig:
     """Where a run's data comes from and how it is split among the parties."""
@@ -108,12 +123,8 @@ class DataConfig:
     )
 
     def validate(self) -> None:
-        if self.path is not None and not Path(self.path).expanduser().exists():
-            raise ConfigError(
-                "data.path",
-                f"file {self.path!r} does not exist",
-                "an existing CSV/Parquet/Arrow file",
-            )
+        if self.path is not None:
+            check_file("data.path", self.path)
         if self.columns is not None:
             if not self.columns:
                 raise ConfigError("data.columns", "is empty", "a mapping party -> list of columns")
@@ -182,6 +193,7 @@ def coerce(value: Any, tp: Any, name: str) -> Any:
     """Convert ``value`` (from YAML or ``--set``) to the annotated type ``tp``, or raise ConfigError."""
     origin = typing.get_origin(tp)
     args = typing.get_args(tp)
+    value = _plain(value)
     if tp is Any:
         return value
     if origin in (typing.Union, types.UnionType):
@@ -238,6 +250,19 @@ def coerce(value: Any, tp: Any, name: str) -> Any:
         if not isinstance(value, (str, int, float)) or isinstance(value, bool):
             raise ConfigError(name, f"expected a string, got {value!r}")
         return str(value)
+    return value
+
+
+def _plain(value: Any) -> Any:
+    """What the Python API may pass besides plain values, as one: a numpy number (np.int64(3),
+    np.float32(0.5), np.bool_) as its Python number, a numpy array as a list, a path
+    (pathlib.Path) as its string."""
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
     return value
 
 

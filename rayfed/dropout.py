@@ -267,7 +267,7 @@ class Trace:
         """A CSV or Parquet trace file."""
         from rayfed.data import load_table
 
-        table = load_table(path)
+        table = load_table(path, field="population.trace")
         missing = [c for c in ("user", "round", "available") if c not in table.column_names]
         if missing:
             raise DataError(
@@ -425,6 +425,10 @@ class PopulationConfig:
                 "set both population.trace=FILE and population.availability=trace (or "
                 "population.latency=trace), or neither",
             )
+        if self.trace is not None:
+            from rayfed.config import check_file
+
+            check_file("population.trace", self.trace)
         if (self.outage_column is None) != (self.outage_value is None):
             raise ConfigError(
                 "population.outage_value"

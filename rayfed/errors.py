@@ -101,6 +101,7 @@ class BelowThreshold(RayfedError):
         threshold: int,
         round: int | None = None,
         what: str = "participants alive",
+        needed: str = "minimum survivors",
     ):
         self.phase, self.alive, self.threshold, self.round, self.what = (
             phase,
@@ -109,9 +110,14 @@ class BelowThreshold(RayfedError):
             round,
             what,
         )
+        #: what ``threshold`` counts: "minimum survivors" (secure aggregation's min_survivors,
+        #: not its Shamir threshold t), "Shamir threshold t" (shares of one user), or the
+        #: signatures a consistency round needs
+        self.needed = needed
         where = f"round {round}, " if round is not None else ""
         super().__init__(
-            f"{where}phase {phase!r}: {alive} {what}, threshold is {threshold}; the round was aborted"
+            f"{where}phase {phase!r}: {alive} {what}, below the {needed} ({threshold}); the round "
+            "was aborted"
         )
 
     def __reduce__(self):

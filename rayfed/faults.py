@@ -22,6 +22,20 @@ _SPEC = re.compile(r"^(party|cohort)=([^@=\s]+)@(round|phase)=([^@=\s]+)$")
 FORMAT = "party=NAME@round=R, party=NAME@phase=P, cohort=K@phase=P or cohort=K@round=R"
 
 
+#: phases any run may have: a checkpoint of the cohorts' state, a restarted member's restore
+COMMON_PHASES = ("checkpoint", "restore")
+#: the member phases of one secure aggregation (rayfed.secagg.secure_sum)
+SECAGG_PHASES = (
+    "advertise",
+    "share_keys",
+    "masked_input",
+    "consistency",
+    "unmask",
+)
+#: the parties' group-key agreement (rayfed.secagg.keys)
+KEY_AGREEMENT_PHASES = ("key-agreement", "key-shares", "key-combine")
+
+
 @dataclass(frozen=True)
 class Fault:
     """The member of ``role`` ("parties" or "cohorts") that dies, and when."""
@@ -59,6 +73,21 @@ def check_members(faults: list[Fault], members: dict[str, list[str]]) -> None:
             known = members.get(fault.role) or ["(none)"]
             raise ConfigError(
                 "fail", f"this run has no {MEMBER[fault.role]} {fault.member!r}", ", ".join(known)
+            )
+
+
+def check_phases(faults: list[Fault], phases: tuple[str, ...] | None, protocol: str) -> None:
+    """Every ``@phase=P`` names a phase the protocol's members run (checked before any actor
+    starts): a misspelt phase would never fire, and the run would pass for one with a fault."""
+    if phases is None:
+        return
+    for fault in faults:
+        if fault.phase is not None and fault.phase not in phases:
+            raise ConfigError(
+                "fail",
+                f"{protocol} has no phase {fault.phase!r} (in --fail "
+                f"{MEMBER[fault.role]}={fault.member}@phase={fault.phase})",
+                ", ".join(sorted(set(phases))),
             )
 
 

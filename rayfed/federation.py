@@ -20,6 +20,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 from dp_accounting import dp_event
 
@@ -39,7 +40,7 @@ from rayfed.backends import (
 )
 from rayfed.errors import BelowThreshold, ConfigError, UnaccountedNoise
 from rayfed.faults import MEMBER as MEMBER_ROLE
-from rayfed.faults import Faults
+from rayfed.faults import Faults, die
 from rayfed.privacy.declaration import PrivacyDeclaration
 from rayfed.privacy.ledger import RUN_SCOPE, event_to_dict
 from rayfed.privacy.source import RANDOMNESS
@@ -167,6 +168,9 @@ class Group:
         self.fed.phase = f"{self.role}:{phase}"
         faults, round_no = self.fed.faults, self.fed.round_no
         steps = {n: faults.step_for(self.role, n, round_no, phase, step) for n in names}
+        for n in names:
+            if steps[n] is die:  # an injected death is reported by rayfed, not echoed by Ray
+                self.fed.backend.doomed(self.handles[n], self.fed.deadline_s)
         replies = self.fed.backend.run(
             {n: self.handles[n] for n in names},
             steps,
@@ -177,7 +181,8 @@ class Group:
             where=self._where(phase),
         )
         for name in replies.died:
-            self.fed._died(self, name)
+            self.fed._died(self, name, phase)
+        self.fed._answered(self.role, sorted(replies.metas), phase)
         self.fed._after_phase(self.role, phase, replies, time.perf_counter() - started)
         return replies
 
@@ -345,6 +350,10 @@ class Federation:
         self.transcript = Transcript()
         self.timings: list[dict[str, Any]] = []
         self.per_round: list[dict[str, Any]] = []
+        #: every member that died: round, phase, role, member, its users, and its fate (see
+        #: :meth:`losses`)
+        self._losses: list[dict[str, Any]] = []
+        self._deaths_of: dict[str, int] = {}
         self.round_no = 0
         #: the phase last started (``role:phase``), for a run that is interrupted in it
         self.phase: str | None = None
@@ -412,13 +421,14 @@ class Federation:
             options=self._actor_options.get(role, {}),
         )
 
-    def _died(self, group: Group, name: str) -> None:
+    def _died(self, group: Group, name: str, phase: str = "") -> None:
         """A member died during a phase. A backend that restarts its members itself (Ray) has the
         next round wait for it; otherwise it is rebuilt from its partition while its restarts last,
         else it stays dead for every later call. A restarted member with a checkpoint is waited
-        for and restored at once."""
+        for and restored at once. Each death is logged (:meth:`losses`)."""
         self._deaths += 1
         resumes = group.restore is not None and name in group.checkpoints
+        self._log_death(group, name, phase, resumes)
         if self.backend.restarts_itself:
             if not (resumes and self.faults.restarts.get(MEMBER_ROLE[group.role], 0) > 0):
                 self.faults.restarting.add((group.role, name))
@@ -434,6 +444,58 @@ class Federation:
         if resumes:  # its state is needed at once: later phases of this round may call it
             checkpoint = Single(group.checkpoints[name])
             group.run(group.restore, checkpoint, members=[name], phase="restore")
+
+    def _log_death(self, group: Group, name: str, phase: str, resumes: bool) -> None:
+        """One line of the loss log; a member already dead for good (a later call to a dead
+        actor fails again) is not logged twice."""
+        role = MEMBER_ROLE.get(group.role, group.role)
+        if any(x["member"] == name and x["fate"] == "dropped for good" for x in self._losses):
+            return
+        for earlier in self._losses:  # restarted, but dead again before it answered
+            if earlier["member"] == name and earlier["fate"] == "pending":
+                earlier["fate"] = "died again"
+        deaths = self._deaths_of[name] = self._deaths_of.get(name, 0) + 1
+        comes_back = deaths <= self.faults.restarts.get(role, 0)
+        table = self._specs.get(group.role, {}).get(name, (None, {}))[0]
+        users = None
+        if table is not None and "user_id" in table.column_names:
+            users = len(np.unique(table.column("user_id").to_numpy()))
+        self._losses.append(
+            {
+                "round": self.round_no,
+                "phase": phase,
+                "role": role,
+                "member": name,
+                "users": users,
+                # pending: restarted, not yet answered again (settled by _answered / losses)
+                "fate": "pending" if comes_back else "dropped for good",
+                "restored": "checkpoint" if comes_back and resumes else None,
+                "back_round": None,
+                "back_phase": None,
+            }
+        )
+
+    def _answered(self, group_name: str, names: list[str], phase: str) -> None:
+        """Members that answered a phase: a restarted one that had died is back (resumed); its
+        restore is not a phase of the protocol."""
+        if phase == "restore":
+            return
+        for loss in self._losses:
+            if loss["fate"] == "pending" and loss["member"] in names:
+                loss.update(fate="resumed", back_round=self.round_no, back_phase=phase)
+
+    def losses(self) -> list[dict[str, Any]]:
+        """Every member that died, in order: round and phase of its death, role, name, its users
+        (cohorts), and its fate: ``resumed`` (restarted — from its checkpoint where ``restored``
+        says so — and answered again at ``back_round``/``back_phase``; a phase re-run at once is
+        the same phase), ``dropped for good`` (dead for the rest of the run: its users are
+        dropouts from then on), ``died again`` (restarted, and dead again before it answered: the
+        next line says what then), or ``not reported`` (restarted, but the run ended before it
+        was asked anything again: whatever came after its death lacks its users)."""
+        return [
+            {**x, "fate": "not reported" if x["fate"] == "pending" else x["fate"]}
+            for x in self._losses
+        ]
 
     def _await_restarts(self) -> None:
         """Before a new round, wait for members the backend is restarting."""

@@ -317,6 +317,14 @@ def _interrupted_html(where: dict) -> str:
     return f"<p style='color:#b00'><b>interrupted</b> {html.escape(text)}</p>"
 
 
+def _round_and_loss_lines(manifest: dict[str, Any]) -> list[str]:
+    """The terminal summary's per-round and lost-member lines, for the page."""
+    from rayfed.protocols.base import loss_lines, round_lines
+
+    metrics = manifest.get("metrics", {})
+    return round_lines(metrics.get("per_round") or []) + loss_lines(metrics.get("losses") or [])
+
+
 def _summary_html(run: Run, images: list[Path]) -> str:
     m = run.manifest
     privacy = m.get("privacy", {})
@@ -334,6 +342,7 @@ def _summary_html(run: Run, images: list[Path]) -> str:
     body = [
         f"<p><b>{html.escape(m.get('headline', ''))}</b></p>",
         *(f"<p>{html.escape(line)}</p>" for line in m.get("details", [])),
+        *(f"<p>{html.escape(line.strip())}</p>" for line in _round_and_loss_lines(m)),
         failed,
         _table(
             {

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import signal
 import socket
 import threading
@@ -36,6 +37,42 @@ def _check_reachable(address: str, timeout_s: float) -> None:
             f"nothing answers at {address!r} within {timeout_s:g} s ({err})",
             "a running cluster's address, or nothing for an embedded local Ray",
         ) from err
+
+
+#: processes of actors killed by an injected fault (rayfed.faults): Ray's report of their death
+#: ("A worker died or was killed ... OOM killer ... SIGSEGV") is not printed
+_MUTED_PIDS: set[int] = set()
+
+
+def mute_worker_death(pid: int) -> None:
+    """Keep Ray's driver from printing its crash report for the worker process ``pid``, which an
+    injected fault is about to end (its death is reported by the run itself). Other deaths are
+    printed as before."""
+    import ray._private.worker as ray_worker
+
+    _MUTED_PIDS.add(int(pid))
+    if getattr(ray_worker.print_to_stdstream, "_rayfed_muted", False):
+        return
+    printer = ray_worker.print_to_stdstream
+
+    def print_to_stdstream(data, ignore_prefix: bool):
+        if data.get("pid") == "raylet":
+            lines = [line for line in data.get("lines", []) if not _muted(line)]
+            if not lines:
+                return None
+            data = {**data, "lines": lines}
+        return printer(data, ignore_prefix)
+
+    print_to_stdstream._rayfed_muted = True
+    ray_worker.print_to_stdstream = print_to_stdstream  # looked up at call time by Ray's listener
+
+
+def _muted(line: str) -> bool:
+    found = _WORKER_PID.search(line)
+    return bool(found) and int(found.group(1)) in _MUTED_PIDS
+
+
+_WORKER_PID = re.compile(r"Worker PID: (\d+)")
 
 
 def ensure_ray(address: str | None = None, num_cpus: int | None = None) -> dict[str, Any]:

@@ -360,7 +360,9 @@ def test_quorum_check():
 
     fed = make_fed("local")
     fed.require_quorum(3, 3, "collect")
-    with pytest.raises(BelowThreshold, match="2 participants alive, threshold is 3"):
+    with pytest.raises(
+        BelowThreshold, match=r"2 participants alive, below the minimum survivors \(3\)"
+    ):
         fed.require_quorum(2, 3, "collect")
 
 

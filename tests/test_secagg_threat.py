@@ -584,7 +584,7 @@ def test_the_headlines_print_k_on_the_complete_graph_the_survivor_choice_and_the
     assert "chooses which users count as survivors" in MALICIOUS_STATEMENT
     assert "but an abort" not in MALICIOUS_STATEMENT
     ss = rayfed.run("secure-sum", backend="local", out_dir=None, users=20, dim=2, graph="complete")
-    assert "complete graph k=19 (SecAgg, k = n - 1), t=" in ss.headline
+    assert "complete graph k=19 (SecAgg, k = n - 1), Shamir threshold t=" in ss.headline
     lfl = rayfed.run("federated-mf", **dict(LFL, users=11), threat_model="malicious")
     assert lfl.metrics["secagg_degree"] == 10  # n = 11 under malicious: the complete graph
     assert "threat model malicious [simulation mode, NOT secure]" in lfl.headline

@@ -377,7 +377,7 @@ def test_no_report_is_an_abort_not_the_estimators_prior(method):
     """Every user offline: an estimator would return its prior (a uniform histogram, a mean of
     1/2) as if it were an estimate; the run aborts instead."""
     everyone = {"outage": list(range(300)), "outage_rounds": 2}
-    with pytest.raises(BelowThreshold, match="0 participants"):
+    with pytest.raises(BelowThreshold, match=r"0 reports, below the minimum reports \(1\)"):
         run(method, users=300, population=everyone)
 
 

@@ -202,6 +202,10 @@ class RoleActor:
         """Digests of every noise release this actor drew (see NoiseSource.fingerprints)."""
         return list(self.ctx.noise.fingerprints)
 
+    def pid(self) -> int:
+        """This actor's process id (the driver mutes Ray's report of an injected death)."""
+        return os.getpid()
+
     def node(self) -> str:
         """The Ray node this actor runs on ("local" in-process)."""
         if not self.in_ray:

@@ -22,30 +22,46 @@ SUFFIXES = {
 }
 
 
-def load_table(path: str | Path, format: str = "auto") -> pa.Table:
-    """Read a whole file into a pyarrow.Table (format from the suffix unless given)."""
+def load_table(
+    path: str | Path,
+    format: str = "auto",
+    *,
+    field: str = "data.path",
+    format_field: str | None = None,
+) -> pa.Table:
+    """Read a whole file into a pyarrow.Table (format from the suffix unless given). Errors name
+    ``field``, the option that gave the path (``format_field``: the one that gave the format;
+    default ``data.format`` for ``data.path``, else ``field``)."""
     path = Path(path).expanduser()
+    if format_field is None:
+        format_field = "data.format" if field == "data.path" else field
+    if not path.exists():
+        raise DataError(field, f"{path} does not exist", "the path of a CSV, Parquet or Arrow file")
+    if path.is_dir():
+        raise DataError(
+            field, f"{path} is a directory, not a file", "the path of a CSV, Parquet or Arrow file"
+        )
     if format == "auto":
         format = SUFFIXES.get(path.suffix.lower(), "")
         if not format:
             raise DataError(
-                "data.format",
+                format_field,
                 f"cannot tell the format of {path.name!r} from its suffix",
                 ["csv", "parquet", "arrow"],
             )
     if format not in ("csv", "parquet", "arrow"):
         raise DataError(
-            "data.format", f"unknown format {format!r}", ["auto", "csv", "parquet", "arrow"]
+            format_field, f"unknown format {format!r}", ["auto", "csv", "parquet", "arrow"]
         )
     if path.is_file() and path.stat().st_size == 0:
-        raise DataError("data.path", f"{path} is empty: no rows", "a file with at least one row")
+        raise DataError(field, f"{path} is empty: no rows", "a file with at least one row")
     try:
         table = _read(path, format)
     except (OSError, pa.ArrowException) as err:
-        raise DataError("data.path", f"cannot read {path} as {format}: {err}") from err
+        raise DataError(field, f"cannot read {path} as {format}: {err}") from err
     if table.num_rows == 0:
         raise DataError(
-            "data.path",
+            field,
             f"{path} has no rows (columns: {', '.join(table.column_names) or 'none'})",
             "a file with at least one row",
         )

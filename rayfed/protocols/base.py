@@ -89,6 +89,8 @@ class Result:
             f"{self.protocol} run {self.run_id} (seed {self.seed})",
             f"  result:  {self.headline}" if self.headline else None,
             *(f"           {line}" for line in self.details),
+            *round_lines(self.metrics.get("per_round") or []),
+            *loss_lines(self.metrics.get("losses") or []),
             f"  privacy: {self.privacy.summary()}",
             *(f"           {note}" for note in self.privacy.notes),
             f"  noise:   {self.privacy.randomness_statement}",
@@ -103,6 +105,69 @@ class Result:
         return "\n".join(line for line in lines if line is not None)
 
 
+#: rounds listed one by one in the summary up to this many; beyond, the first, the last and every
+#: round that lost a member
+ROUND_LINES = 10
+
+
+def round_lines(per_round: list[dict[str, Any]]) -> list[str]:
+    """The summary's per-round lines (what each round recorded: survivors, dropouts, members lost
+    in it) when the run had more than one round."""
+    if len(per_round) < 2:
+        return []
+    last = per_round[-1]["round"]
+    shown = [
+        row
+        for row in per_round
+        if len(per_round) <= ROUND_LINES or row.get("lost") or row["round"] in (0, last)
+    ]
+    lines = []
+    for row in shown:
+        items = [
+            f"{k.replace('_', ' ')} {_value(v)}"
+            for k, v in row.items()
+            if k not in ("round", "lost") and v is not None
+        ]
+        if row.get("lost"):
+            items.append("lost " + ", ".join(row["lost"]))
+        lines.append(f"round {row['round']}: " + ", ".join(items))
+    if len(shown) < len(per_round):
+        lines.append(
+            f"({len(per_round) - len(shown)} more rounds without a loss: metrics.per_round)"
+        )
+    return [f"  {'rounds:' if i == 0 else '':<9}{line}" for i, line in enumerate(lines)]
+
+
+def _value(v: Any) -> str:
+    return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
+def loss_lines(losses: list[dict[str, Any]]) -> list[str]:
+    """The summary's lines on members that died, one each, with their fate."""
+    lines = []
+    for x in losses:
+        users = f", {x['users']} users" if x.get("users") is not None else ""
+        fate = x["fate"]
+        if fate == "resumed":
+            again = (
+                "the same phase re-run"
+                if (x["back_round"], x["back_phase"]) == (x["round"], x["phase"])
+                else f"back in round {x['back_round']} at {x['back_phase']}"
+            )
+            source = " from its checkpoint" if x.get("restored") == "checkpoint" else ""
+            fate = f"resumed{source} ({again})"
+        elif fate == "died again":
+            fate = "restarted, and died again before it answered (next line)"
+        elif fate == "not reported":
+            fate = "restarted, but not asked again before the run ended (not in what followed)"
+        else:
+            fate = "dropped for good (dead for the rest of the run)"
+        lines.append(
+            f"{x['role']} {x['member']}{users} died in round {x['round']} at {x['phase']}: {fate}"
+        )
+    return [f"  {'lost:' if i == 0 else '':<9}{line}" for i, line in enumerate(lines)]
+
+
 class Protocol:
     """Base of every protocol; subclasses set the class attributes and implement plan and drive."""
 
@@ -112,6 +177,9 @@ class Protocol:
     #: small, fast configurations covering the protocol's main modes (a second each, locally):
     #: tests/conformance runs every check on them, so a new protocol is checked by declaring these
     examples: ClassVar[tuple[dict[str, Any], ...]] = ({},)
+    #: the phase names its parties and cohorts run (``--fail ...@phase=P`` must name one);
+    #: None: not checked
+    phases: ClassVar[tuple[str, ...] | None] = None
 
     def resolve_randomness(self, cfg: Any, randomness: str) -> tuple[Any, str]:
         """(config, the run's randomness) once the run option ``randomness`` and the protocol's own

@@ -179,7 +179,14 @@ def collect_signatures(ctx: StepContext, spec: RoundSpec, replies: dict) -> Mess
     _quorum(st, "consistency", signers.size)
     needed = spec.signatures_needed()
     if signers.size < needed:  # the users would refuse to unmask: abort now, revealing nothing
-        raise BelowThreshold("consistency", int(signers.size), needed, spec.round)
+        raise BelowThreshold(
+            "consistency",
+            int(signers.size),
+            needed,
+            spec.round,
+            what="signatures on U3",
+            needed="signatures the users require",
+        )
     signatures = _concat(replies, "sig", np.uint8, 64)
     st.phase = Phase.UNMASK
     payload = {**_unmask_request(st), "signers": signers, "signatures": signatures}
@@ -200,7 +207,12 @@ def _pick_shares(
     if have.min() < t:
         worst = int(owners_needed[np.argmin(have)])
         raise BelowThreshold(
-            phase, int(have.min()), t, spec.round, what=f"shares of the user at position {worst}"
+            phase,
+            int(have.min()),
+            t,
+            spec.round,
+            what=f"shares of the user at position {worst}",
+            needed="Shamir threshold t",
         )
     idx = starts[:, None] + np.arange(t)[None, :]
     return holder[idx] + 1, share[idx]
@@ -307,6 +319,7 @@ def _check_recoverable(
             spec.threshold,
             spec.round,
             what=f"shares of the user at position {worst}",
+            needed="Shamir threshold t",
         )
 
 

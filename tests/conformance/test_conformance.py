@@ -475,3 +475,113 @@ def test_every_protocol_declares_examples_that_differ():
         examples = get_protocol(name).examples
         assert examples and len({repr(sorted(e.items())) for e in examples}) == len(examples)
         assert np.all([isinstance(e, dict) for e in examples])
+
+
+# --- faults and messages ------------------------------------------------------------------------
+@pytest.mark.parametrize("name,i", CASES)
+def test_every_phase_a_member_runs_is_declared(name, i):
+    """``--fail ...@phase=P`` is refused unless P is among the protocol's declared phases: every
+    phase its parties and cohorts run must be declared, or a fault there would be refused."""
+    result = run(name, i)
+    ran = {t["phase"] for t in result.timings if t["role"] in ("parties", "cohorts")}
+    assert ran <= set(get_protocol(name).phases), ran - set(get_protocol(name).phases)
+
+
+def _settable(cls: type, prefix: str = "") -> set[str]:
+    """Every option name a user can set (dotted for nested ones)."""
+    hints = typing.get_type_hints(cls)
+    out = set()
+    for f in dataclasses.fields(cls):
+        out.add(prefix + f.name)
+        if dataclasses.is_dataclass(hints[f.name]):
+            out |= _settable(hints[f.name], f"{prefix}{f.name}.")
+    return out
+
+
+def _edge_values(tp: Any, bounds: Any, default: Any) -> list[Any]:
+    """Values each option's declaration accepts at its edges: the smallest and largest it admits
+    (just inside an open bound), and a large one where it has no upper bound."""
+    kinds = [k for k in _options_types(tp) if k in (int, float)]
+    if not kinds or bounds is None:
+        return []
+    integer = kinds == [int]
+    eps = 1 if integer else 1e-9
+    out = []
+    if bounds.at_least is not None:
+        out.append(bounds.at_least)
+    elif bounds.above is not None:
+        out.append(bounds.above + eps)
+    if bounds.at_most is not None:
+        out.append(bounds.at_most)
+    elif bounds.below is not None:
+        out.append(bounds.below - eps)
+    elif not integer:  # (a count's largest value is a size: the size check's business)
+        out.append(1e6)
+    return out
+
+
+def _options_types(tp: Any) -> list[Any]:
+    return (
+        list(typing.get_args(tp))
+        if typing.get_origin(tp) in (typing.Union, types.UnionType)
+        else [tp]
+    )
+
+
+def _edge_cases(cls: type, prefix: str = "") -> list[tuple[str, Any]]:
+    hints = typing.get_type_hints(cls)
+    cases = []
+    for f in dataclasses.fields(cls):
+        tp = hints[f.name]
+        if dataclasses.is_dataclass(tp):
+            cases += _edge_cases(tp, f"{prefix}{f.name}.")
+            continue
+        cases += [
+            (prefix + f.name, v) for v in _edge_values(tp, f.metadata.get("bounds"), f.default)
+        ]
+    return cases
+
+
+class _Slow(Exception):
+    pass
+
+
+def _alarm(*_):
+    raise _Slow
+
+
+@pytest.mark.parametrize("name", PROTOCOLS)
+def test_every_config_error_a_protocol_raises_names_a_settable_option(name):
+    """Each option of each example set to the edges of what it accepts: where the run is refused
+    (at configuration or at planning, before any actor), the ConfigError's field is an option the
+    user can set (or a dotted path into one), never an internal parameter's name."""
+    import signal
+
+    from rayfed.api import _prepare, _reconcile
+
+    proto = get_protocol(name)
+    settable = _settable(proto.Config) | _settable(rayfed.RunOptions)
+    wrong = []
+    previous = signal.signal(signal.SIGALRM, _alarm)
+    try:
+        for option, value in _edge_cases(proto.Config):
+            # the first example whose mode reads the option (the others refuse it, naming it)
+            usable = [e for e in proto.examples if _accepts(name, {**e, **_nested(option, value)})]
+            for example in usable[:1] or proto.examples[:1]:
+                options = {**example, "backend": "local", "out_dir": None}
+                signal.alarm(2)  # a plan that builds much: not this check's business
+                try:
+                    _, run_opts, cfg = resolve(name, {**options, **_nested(option, value)})
+                    cfg, run_opts = _reconcile(proto, cfg, run_opts)
+                    _prepare(proto, cfg, run_opts)
+                except ConfigError as err:
+                    head = err.field.split(".")
+                    if not any(".".join(head[:j]) in settable for j in range(1, len(head) + 1)):
+                        wrong.append((option, value, err.field, str(err)))
+                except Exception:  # noqa: BLE001 - other failures are another check's business
+                    pass
+                finally:
+                    signal.alarm(0)
+    finally:
+        signal.signal(signal.SIGALRM, previous)
+    assert not wrong, wrong

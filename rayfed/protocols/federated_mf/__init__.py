@@ -61,6 +61,7 @@ driver, dispatching to the setting's own params, plan, steps, driver and report 
 
 from __future__ import annotations
 
+from rayfed.faults import COMMON_PHASES, SECAGG_PHASES
 from rayfed.protocols.base import Protocol
 from rayfed.protocols.federated_mf.config import FederatedMFConfig, resolve_randomness
 from rayfed.protocols.federated_mf.driver import drive
@@ -71,6 +72,27 @@ _SHORT = {"pretrain_steps": 5, "finetune_steps": 2}  # the examples' short local
 
 class FederatedMF(Protocol):
     name = "federated-mf"
+    #: the phases its members run (a --fail phase outside them is refused)
+    phases = (
+        COMMON_PHASES
+        + SECAGG_PHASES
+        + (
+            "average_u",
+            "average_v",
+            "evaluate",
+            "finetune",
+            "init_u",
+            "init_v",
+            "keep_v",
+            "ldp_reports",
+            "learning_curve",
+            "local_steps",
+            "pretrain",
+            "round2",
+            "update_v",
+            "v_solve",
+        )
+    )
     summary = "federated matrix factorisation with DP: LFL-SGDMF over real secure aggregation, with dropouts"
     Config = FederatedMFConfig
     examples = (

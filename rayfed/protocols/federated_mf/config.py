@@ -295,9 +295,7 @@ class FederatedMFConfig:
     density: float = option(
         0.05, "synthetic data: fraction of observed ratings", above=0, at_most=1
     )
-    test_fraction: float = option(
-        0.1, "held-out fraction of each user's ratings", above=0, at_most=1
-    )
+    test_fraction: float = option(0.1, "held-out fraction of each user's ratings", above=0, below=1)
     data: DataConfig = field(
         default_factory=DataConfig, metadata={"help": "ratings file (user, item, rating)"}
     )

@@ -44,6 +44,7 @@ report, as every protocol's.
 
 from __future__ import annotations
 
+from rayfed.faults import COMMON_PHASES, KEY_AGREEMENT_PHASES, SECAGG_PHASES
 from rayfed.protocols.base import Protocol
 from rayfed.protocols.hfl_kmeans.config import HflKmeansConfig, resolve_randomness
 from rayfed.protocols.hfl_kmeans.driver import drive
@@ -52,6 +53,28 @@ from rayfed.protocols.hfl_kmeans.plan import data_bytes, plan
 
 class HflKmeans(Protocol):
     name = "hfl-kmeans"
+    #: the phases its members run (a --fail phase outside them is refused)
+    phases = (
+        COMMON_PHASES
+        + SECAGG_PHASES
+        + KEY_AGREEMENT_PHASES
+        + (
+            "aggregate",
+            "assign-upload",
+            "init",
+            "mpc-and",
+            "mpc-b2a",
+            "mpc-deal",
+            "mpc-open",
+            "outputs",
+            "prepare",
+            "release",
+            "ring",
+            "ring-close",
+            "setup",
+            "update",
+        )
+    )
     summary = "DP horizontal multiparty k-means (NMA / AMN) with masked aggregation"
     Config = HflKmeansConfig
     examples = (

@@ -31,6 +31,7 @@ report, as every protocol's.
 
 from __future__ import annotations
 
+from rayfed.faults import COMMON_PHASES
 from rayfed.protocols.base import Protocol
 from rayfed.protocols.ldp_bitvector.config import LdpBitvectorConfig
 from rayfed.protocols.ldp_bitvector.driver import drive
@@ -39,6 +40,15 @@ from rayfed.protocols.ldp_bitvector.plan import data_bytes, plan
 
 class LdpBitvector(Protocol):
     name = "ldp-bitvector"
+    #: the phases its members run (a --fail phase outside them is refused)
+    phases = COMMON_PHASES + (
+        "alice-values",
+        "baseline",
+        "collect",
+        "encode",
+        "pair-codes",
+        "values",
+    )
     summary = "Clustering in the anonymised Hamming space: LDP bit vectors (DPBV), kCluster/DBSCAN"
     Config = LdpBitvectorConfig
     examples = (

@@ -23,6 +23,7 @@ and report, as every protocol's.
 
 from __future__ import annotations
 
+from rayfed.faults import COMMON_PHASES
 from rayfed.protocols.base import Protocol
 from rayfed.protocols.pattern_count.config import PatternCountConfig
 from rayfed.protocols.pattern_count.driver import drive
@@ -31,6 +32,8 @@ from rayfed.protocols.pattern_count.plan import data_bytes, plan
 
 class PatternCount(Protocol):
     name = "pattern-count"
+    #: the phases its members run (a --fail phase outside them is refused)
+    phases = COMMON_PHASES + ("estimate", "randomize")
     summary = "DP pattern counting in vertical FL: per-bit randomized response on one-hot values (Alg. 1, Thm B.2)"
     Config = PatternCountConfig
     examples = (

@@ -61,6 +61,14 @@ def plan(cfg: PatternCountConfig, seed: int) -> Plan:
     }
     sent = int(public_sample(seed, table.num_rows, cfg.sample_rate).sum())
     eps_prime = bias(cfg.epsilon, cfg.calibration)
+    if not 0.5 + eps_prime < 1:  # randomized response would keep every bit: no noise at all
+        largest = "below 8 (ε' = ε/16 < 1/2)" if cfg.calibration == "paper" else "at most about 74"
+        raise ConfigError(
+            "epsilon",
+            f"ε = {cfg.epsilon:g} under calibration={cfg.calibration} makes randomized response "
+            f"keep each bit with probability 1/2 + ε' = {0.5 + eps_prime:.17g}: no noise",
+            f"an epsilon {largest}",
+        )
     releases = {
         p: rr_measurement(
             f"{p}: randomized response on one-hot values", eps_prime, len(lab), RELATION

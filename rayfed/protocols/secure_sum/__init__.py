@@ -22,6 +22,7 @@ as every protocol's.
 
 from __future__ import annotations
 
+from rayfed.faults import COMMON_PHASES, SECAGG_PHASES
 from rayfed.protocols.base import Protocol
 from rayfed.protocols.secure_sum.config import SecureSumConfig, resolve_randomness
 from rayfed.protocols.secure_sum.driver import drive
@@ -30,6 +31,8 @@ from rayfed.protocols.secure_sum.plan import data_bytes, plan
 
 class SecureSum(Protocol):
     name = "secure-sum"
+    #: the phases its members run (a --fail phase outside them is refused)
+    phases = COMMON_PHASES + SECAGG_PHASES + ("remove_excess",)
     summary = (
         "secure aggregation (SecAgg / SecAgg+) of users' vectors with dropouts, real cryptography"
     )

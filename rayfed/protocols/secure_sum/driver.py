@@ -19,7 +19,7 @@ def drive(fed, cfg: SecureSumConfig, plan: Plan) -> Outcome:
     params = plan.params
     if params.dp is not None:
         return _private(fed, cfg, plan)
-    rows, clock = [], []
+    rows, clock, sums = [], [], []
     for r in range(cfg.rounds):
         with fed.round(r):
             spec = make_spec(
@@ -58,6 +58,7 @@ def drive(fed, cfg: SecureSumConfig, plan: Plan) -> Outcome:
             faults=fed.injected_faults,
         )
         rows.append(report.round_row(r, result, params, survivors, reference))
+        sums.append(report.round_sums(r, result, cfg, reference, raw))
         clock.append(params.schedule.simulated_seconds(fed.seed, r, params.registry))
     return report.outcome(
         cfg,
@@ -69,6 +70,7 @@ def drive(fed, cfg: SecureSumConfig, plan: Plan) -> Outcome:
         cohorts=len(fed.cohorts),
         phase_seconds=fed.phase_seconds(),
         simulated_seconds=clock,
+        sums=sums,
     )
 
 

@@ -139,6 +139,22 @@ def round_row(
     }
 
 
+def round_sums(
+    r: int, result: AggregationResult, cfg: SecureSumConfig, reference: np.ndarray, raw: np.ndarray
+) -> pa.Table:
+    """Round ``r``'s rows of the ``sums`` table: per coordinate, the secure sum, the raw
+    plaintext sum and the clipped sum it must equal (the ``sum`` table has the last round's)."""
+    return pa.table(
+        {
+            "round": np.full(result.sum.size, r, dtype=np.int64),
+            "coordinate": np.arange(result.sum.size),
+            "secure_sum": result.sum,
+            "plaintext_sum": to_float(raw, cfg.frac_bits),
+            "clipped_sum": to_float(reference, cfg.frac_bits),
+        }
+    )
+
+
 # --- the outcome -----------------------------------------------------------------------------------
 def outcome(
     cfg: SecureSumConfig,
@@ -151,9 +167,11 @@ def outcome(
     cohorts: int,
     phase_seconds: dict[str, float],
     simulated_seconds: list[dict[str, float]],
+    sums: list[pa.Table],
 ) -> Outcome:
-    """The last round's sum next to the raw plaintext sum and the clipped one it must equal, every
-    round's check, and the metrics (what the domain check clipped among them)."""
+    """The last round's sum next to the raw plaintext sum and the clipped one it must equal (the
+    ``sum`` table; every round's in ``sums``), every round's check, and the metrics (what the
+    domain check clipped among them)."""
     secagg = params.secagg
     plaintext = to_float(raw, cfg.frac_bits)  # ±inf where the raw sum is beyond float64
     clipped = to_float(reference, cfg.frac_bits)
@@ -194,6 +212,7 @@ def outcome(
             }
         ),
         "rounds": pa.Table.from_pylist(rows),
+        "sums": pa.concat_tables(sums),
     }
     text = headline(cfg, params, last, metrics, plaintext)
     return Outcome(tables=tables, metrics=metrics, headline=text)
@@ -231,14 +250,53 @@ def headline(
                 "±inf in the sum table"
             )
         verdict += f" for the clipped values ({clipped.statement()}: {raw})"
+    rounds = metrics["rounds"]
+    if len(rounds) > 1:  # every round's survivors and check, not the last round's alone
+        n = params.registry.size
+        counts = ", ".join(f"{row['survivors']}/{n}" for row in rounds)
+        wrong = [str(row["round"]) for row in rounds if not row["exact"]]
+        verdict = "EXACT in every round" if not wrong else f"NOT EXACT in round {', '.join(wrong)}"
+        what = (
+            f"{len(rounds)} rounds of {params.dim}-vector sums, survivors {counts} (rounds "
+            f"0-{rounds[-1]['round']}): {verdict}; the sum table holds the last round's, the "
+            "sums table every round's"
+        )
+    else:
+        what = (
+            f"sum of {last.survivors.size}/{params.registry.size} survivors' {params.dim}-vectors "
+            f"{verdict}"
+        )
     text = (
-        f"sum of {last.survivors.size}/{params.registry.size} survivors' {params.dim}-vectors "
-        f"{verdict}; {graph}, t={secagg.threshold}, mode={cfg.mode}; "
+        f"{what}; {graph}, Shamir threshold t={secagg.threshold}, at least "
+        f"{secagg.min_survivors} survivors, mode={cfg.mode}; "
         f"threat model {secagg.threat_model}: {secagg.bounds()}"
     )
     if cfg.mode != "secure":
         text += f" [{STATEMENTS[cfg.mode].split(':')[0]}]"
-    return text
+    return text + weak_statement(cfg, secagg)
+
+
+def weak_statement(cfg: SecureSumConfig, secagg) -> str:
+    """For the headline: parameters accepted under allow_weak_params that miss the sigma / eta
+    bounds, with the bounds they reach (a bound of 2^0 or more guarantees nothing)."""
+    missed = []
+    if secagg.log2_security_failure > -cfg.sigma:
+        missed.append(
+            f"log2 P[security failure] = {secagg.log2_security_failure:+.2f} (sigma asks "
+            f"<= -{cfg.sigma:g})"
+        )
+    if secagg.log2_correctness_failure > -cfg.eta:
+        missed.append(
+            f"log2 P[abort] = {secagg.log2_correctness_failure:+.2f} (eta asks <= -{cfg.eta:g})"
+        )
+    if not missed:
+        return ""
+    void = (
+        "; a bound of 2^0 or more guarantees nothing"
+        if max(secagg.log2_security_failure, secagg.log2_correctness_failure) >= 0
+        else ""
+    )
+    return f" [WEAK PARAMETERS (allow_weak_params): {', '.join(missed)}{void}]"
 
 
 # --- private mean estimation (dp_mechanism != none) ------------------------------------------------
@@ -413,7 +471,9 @@ def private_outcome(
         + f"; mode={cfg.mode}"
         f"{mode}"
     )
-    return Outcome(tables=tables, metrics=metrics, headline=text)
+    return Outcome(
+        tables=tables, metrics=metrics, headline=text + weak_statement(cfg, params.secagg)
+    )
 
 
 def _predicted(dp, survivors: int, removed: int = 0) -> float:

@@ -31,6 +31,7 @@ as every protocol's.
 
 from __future__ import annotations
 
+from rayfed.faults import COMMON_PHASES
 from rayfed.protocols.base import Protocol
 from rayfed.protocols.square_wave.config import SquareWaveConfig
 from rayfed.protocols.square_wave.driver import drive
@@ -39,6 +40,15 @@ from rayfed.protocols.square_wave.plan import data_bytes, plan
 
 class SquareWave(Protocol):
     name = "square-wave"
+    #: the phases its members run (a --fail phase outside them is refused)
+    phases = COMMON_PHASES + (
+        "estimate",
+        "estimate-mean",
+        "estimate-variance",
+        "perturb",
+        "perturb-mean",
+        "perturb-variance",
+    )
     summary = (
         "Square Wave LDP distribution estimation with EM/EMS and the CFO/hierarchy/SR/PM baselines"
     )

@@ -94,6 +94,7 @@ def _drive_moments(fed, cfg: SquareWaveConfig, plan: Plan) -> Outcome:
                 moment_estimate_step, reports, part=name, phase=f"estimate-{name}"
             )
             results.update(out)
+            fed.record(reports=int(out[f"reports_{name}"]))
             if "mean" in out:
                 mu = min(1.0, max(0.0, out["mean"]))
     for note in report.notes(cfg, lost):

@@ -208,7 +208,7 @@ def _require_reports(reports: dict[str, Any], phase: str, round: int) -> None:
     and an estimator would return its prior (a uniform histogram, a mean of 1/2) as if it were
     one."""
     if not _count(reports):
-        raise BelowThreshold(phase, 0, 1, round)
+        raise BelowThreshold(phase, 0, 1, round, what="reports", needed="minimum reports")
 
 
 def _count(reports: dict[str, Any]) -> int:

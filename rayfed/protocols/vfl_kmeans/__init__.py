@@ -42,6 +42,7 @@ params, plan, steps, driver and report, as every protocol's.
 
 from __future__ import annotations
 
+from rayfed.faults import COMMON_PHASES, KEY_AGREEMENT_PHASES
 from rayfed.protocols.base import Protocol
 from rayfed.protocols.vfl_kmeans.config import VflKmeansConfig, resolve_randomness
 from rayfed.protocols.vfl_kmeans.driver import drive
@@ -50,6 +51,12 @@ from rayfed.protocols.vfl_kmeans.plan import data_bytes, plan
 
 class VflKmeans(Protocol):
     name = "vfl-kmeans"
+    #: the phases its members run (a --fail phase outside them is refused)
+    phases = (
+        COMMON_PHASES
+        + KEY_AGREEMENT_PHASES
+        + ("central", "local-clustering", "membership", "server", "user-count")
+    )
     summary = "DP vertical federated k-means with Flajolet–Martin sketches (DPFMPS) and baselines"
     Config = VflKmeansConfig
     examples = (

@@ -52,6 +52,7 @@ Pattern counting's maths is :mod:`rayfed.ldp.patterns`, k-median's :mod:`rayfed.
 
 from __future__ import annotations
 
+from rayfed.faults import COMMON_PHASES
 from rayfed.protocols.base import Protocol
 from rayfed.protocols.vfl_primitives.config import VflPrimitivesConfig
 from rayfed.protocols.vfl_primitives.driver import drive
@@ -60,6 +61,20 @@ from rayfed.protocols.vfl_primitives.plan import data_bytes, plan
 
 class VflPrimitives(Protocol):
     name = "vfl-primitives"
+    #: the phases its members run (a --fail phase outside them is refused)
+    phases = COMMON_PHASES + (
+        "central-histogram",
+        "combine",
+        "counts",
+        "heavy",
+        "l1",
+        "labels-to-curator",
+        "local-clustering",
+        "noisy-rows",
+        "noisy-vectors",
+        "pattern-counting",
+        "sketch",
+    )
     summary = (
         "DP VFL primitives: ℓ1/ℓp/ℓ2 moments, k-means/k-median, low-rank approximation, regression"
     )

@@ -62,6 +62,10 @@ def drive(fed, cfg: FederatedMFConfig, plan: Plan) -> Outcome:
         v_msg, history = iterations(fed, cfg, params, v_msg)
     for note in report.notes(cfg, params):
         fed.note(note)
+    # lost_users=resume: a cohort lost in Stage 3 or in the evaluation is restarted, restored
+    # from its checkpoint and asked again, so its users' result includes Stage 3 as everyone's
+    # (the checkpoint after Stage 3 is what an evaluation re-run restores)
+    again = "retry" if cfg.lost_users == "resume" else "drop"
     fed.cohorts.run(
         finetune_step,
         v_msg.single(),
@@ -69,20 +73,25 @@ def drive(fed, cfg: FederatedMFConfig, plan: Plan) -> Outcome:
         lr=cfg.local_lr,
         bound=cfg.bound,
         phase="finetune",
-        on_failure="drop",
+        on_failure=again,
     )
-    evaluated = fed.cohorts.run(evaluate_step, v_msg.single(), phase="evaluate", on_failure="drop")
+    if cfg.lost_users == "resume":
+        fed.cohorts.checkpoint(checkpoint_step, restore_step)
+    evaluated = fed.cohorts.run(evaluate_step, v_msg.single(), phase="evaluate", on_failure=again)
     if evaluated.failed:
-        fed.note(report.lost_note(evaluated.failed))
+        fed.note(report.lost_note(evaluated.failed, cfg.lost_users))
     if history:  # evaluation only: the server's step size γ is tuned on it (spec note 23)
         trained = fed.cohorts.run(
-            evaluate_step, v_msg.single(), split="train", phase="evaluate", on_failure="drop"
+            evaluate_step, v_msg.single(), split="train", phase="evaluate", on_failure=again
         )
         baselines["train_mse"] = _mean(fed.get(trained))
     outcome = report.outcome(
         cfg, params, plan.privacy.budget.epsilon, _mean(fed.get(evaluated)), history, baselines
     )
     outcome.metrics["lost_cohorts"] = sorted(evaluated.failed)
+    restored = report.restored_statement(fed.losses(), evaluated.failed)
+    if restored:
+        outcome.headline += f"; {restored}"
     return outcome
 
 

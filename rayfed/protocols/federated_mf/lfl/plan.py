@@ -144,7 +144,7 @@ def plan(cfg: FederatedMFConfig, seed: int) -> Plan:
             encoding=(
                 FixedPoint(sensitivity, 16, pipeline.bits)  # the ring 2^bits of RingWords
                 if pipeline is not None
-                else FixedPoint.choose(n, _clip(cfg, method, n, z, sensitivity, secagg.corrupt), 16)
+                else _encoding(n, _clip(cfg, method, n, z, sensitivity, secagg.corrupt))
             ),
             mean=float(train.rating.mean()),
             threshold=threshold(n, cfg.omega),
@@ -371,3 +371,16 @@ def _clip(
     """The fixed-point clip of a Round-1 input: the gradient row plus 8 sd of its noise share."""
     zeta1 = noise_shares(cfg.mode, method, n, cfg.omega, threshold(n, cfg.omega), corrupt)[0]
     return sensitivity + 8 * z * sensitivity * math.sqrt(max(zeta1, 1e-12))
+
+
+def _encoding(n: int, clip: float) -> FixedPoint:
+    """Round 1's fixed-point encoding (2^16); its range follows from ``bound`` (and the noise),
+    so a range it cannot encode is refused as ``bound``, the option that sets it."""
+    try:
+        return FixedPoint.choose(n, clip, 16)
+    except ConfigError as err:
+        raise ConfigError(
+            "bound",
+            f"Round 1's messages cannot be encoded at 2^16: {err.problem}",
+            "a bound that keeps the clipped updates above 2^-16 (e.g. the default)",
+        ) from err

@@ -106,11 +106,44 @@ def _gddr_notes(cfg: FederatedMFConfig, params: LflParams) -> list[str]:
     ]
 
 
-def lost_note(cohorts: list[str]) -> str:
-    return (
-        f"cohort(s) {', '.join(sorted(cohorts))} lost for good (lost_users=dropouts): their users "
-        "were permanent dropouts from then on and are not in the test MSE"
+def lost_note(cohorts: list[str], lost_users: str = "dropouts") -> str:
+    """Cohorts missing from the evaluation: lost for good (lost_users=dropouts), or, under
+    lost_users=resume, gone with their restarts spent."""
+    how = (
+        "lost for good (lost_users=dropouts): their users were permanent dropouts from then on"
+        if lost_users == "dropouts"
+        else "died and could not be resumed (lost_users=resume, its restarts spent): their "
+        "users were not evaluated"
     )
+    return f"cohort(s) {', '.join(sorted(cohorts))} {how} and are not in the test MSE"
+
+
+#: phases after which a resumed cohort's users have no Stage 2 left: what its restore brings back
+_AFTER_TRAINING = ("finetune", "evaluate")
+
+
+def restored_statement(losses: list[dict[str, Any]], missing: list[str]) -> str:
+    """For the headline: cohorts that died in Stage 3 or in the evaluation, and what their
+    users' result is made of (resumed from a checkpoint and the phase re-run, or missing)."""
+    parts = []
+    for x in losses:
+        if x["role"] != "cohort" or x["phase"] not in _AFTER_TRAINING:
+            continue
+        if x["fate"] == "resumed" and x["member"] not in missing:
+            redo = (
+                "Stage 3 re-run on its checkpointed u_i"
+                if x["phase"] == "finetune"
+                else "evaluated again on its u_i checkpointed after Stage 3"
+            )
+            parts.append(
+                f"cohort {x['member']} died at {x['phase']}: restored from its checkpoint and "
+                f"{redo}, so its users' test error includes Stage 3 as everyone's"
+            )
+        else:
+            parts.append(
+                f"cohort {x['member']} died at {x['phase']}: its users are not in the test MSE"
+            )
+    return "; ".join(parts)
 
 
 def _method_note(cfg: FederatedMFConfig, params: LflParams) -> str:
