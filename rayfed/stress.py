@@ -638,6 +638,7 @@ def stress(
         unit="run",
         disable=not progress,
         leave=False,
+        mininterval=0,  # a point takes a run or more: draw every one (tqdm skips updates <0.1 s)
     )
     status, error = "failed", None
     try:

@@ -22,17 +22,7 @@ def drive(fed, cfg: SecureSumConfig, plan: Plan) -> Outcome:
     rows, clock, sums = [], [], []
     for r in range(cfg.rounds):
         with fed.round(r):
-            spec = make_spec(
-                round=r,
-                mode=cfg.mode,
-                registry=params.registry,
-                params=params.secagg,
-                encoding=params.encoding,
-                dim=params.dim,
-                dropout=params.schedule,
-                tag=fed.run_id.encode(),
-                corrupt=cfg.corrupt_fraction,
-            )
+            spec = _spec(fed, cfg, params, r, params.dim)
             if params.columns:
                 result = secure_sum(
                     fed.cohorts, spec, table_inputs, (params.columns,), server=fed.coordinator
@@ -45,10 +35,7 @@ def drive(fed, cfg: SecureSumConfig, plan: Plan) -> Outcome:
                     (params.dim, cfg.clip),
                     server=fed.coordinator,
                 )
-            fed.record(
-                survivors=int(result.survivors.size),
-                dropouts=int(params.registry.size - result.survivors.size),
-            )
+            _record(fed, params, result)
         survivors, reference, raw = report.reference(
             cfg,
             plan,
@@ -74,6 +61,29 @@ def drive(fed, cfg: SecureSumConfig, plan: Plan) -> Outcome:
     )
 
 
+def _spec(fed, cfg: SecureSumConfig, params, r: int, dim: int):
+    """Round ``r``'s secure aggregation over the plan's registry, ``dim`` words per user."""
+    return make_spec(
+        round=r,
+        mode=cfg.mode,
+        registry=params.registry,
+        params=params.secagg,
+        encoding=params.encoding,
+        dim=dim,
+        dropout=params.schedule,
+        tag=fed.run_id.encode(),
+        corrupt=cfg.corrupt_fraction,
+    )
+
+
+def _record(fed, params, result) -> None:
+    """The round's survivors and dropouts, in the run's per-round record."""
+    fed.record(
+        survivors=int(result.survivors.size),
+        dropouts=int(params.registry.size - result.survivors.size),
+    )
+
+
 def _private(fed, cfg: SecureSumConfig, plan: Plan) -> Outcome:
     """Private mean estimation: the release charged before its noise is drawn, the users' noisy
     rows (or ring words) summed, the coordinator's decoded sum over |U3|."""
@@ -83,17 +93,7 @@ def _private(fed, cfg: SecureSumConfig, plan: Plan) -> Outcome:
     for r in range(cfg.rounds):
         with fed.round(r):
             fed.charge([dp.measurement.charge("run")])
-            spec = make_spec(
-                round=r,
-                mode=cfg.mode,
-                registry=params.registry,
-                params=params.secagg,
-                encoding=params.encoding,
-                dim=dp.width,
-                dropout=params.schedule,
-                tag=fed.run_id.encode(),
-                corrupt=cfg.corrupt_fraction,
-            )
+            spec = _spec(fed, cfg, params, r, dp.width)
             result = secure_sum(
                 fed.cohorts, spec, private.private_inputs, (dp,), server=fed.coordinator
             )
@@ -101,10 +101,7 @@ def _private(fed, cfg: SecureSumConfig, plan: Plan) -> Outcome:
             if dp.excess is not None:
                 words, removed = _remove(fed, dp, r, result, params.schedule)
                 result = dataclasses.replace(result, words=words)
-            fed.record(
-                survivors=int(result.survivors.size),
-                dropouts=int(params.registry.size - result.survivors.size),
-            )
+            _record(fed, params, result)
         survivors, _, _ = report.reference(
             cfg,
             plan,
