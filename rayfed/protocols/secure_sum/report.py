@@ -172,24 +172,11 @@ def outcome(
     """The last round's sum next to the raw plaintext sum and the clipped one it must equal (the
     ``sum`` table; every round's in ``sums``), every round's check, and the metrics (what the
     domain check clipped among them)."""
-    secagg = params.secagg
     plaintext = to_float(raw, cfg.frac_bits)  # ±inf where the raw sum is beyond float64
     clipped = to_float(reference, cfg.frac_bits)
     metrics = {
         "exact": all(row["exact"] for row in rows),
-        "mode": cfg.mode,
-        "secure": cfg.mode == "secure",
-        "threat_model": secagg.threat_model,
-        "users": int(params.registry.size),
-        "dim": params.dim,
-        "cohorts": cohorts,
-        "degree": secagg.degree,
-        "threshold": secagg.threshold,
-        "min_survivors": secagg.min_survivors,
-        "complete_graph": secagg.complete,
-        "log2_security_failure": secagg.log2_security_failure,
-        "log2_correctness_failure": secagg.log2_correctness_failure,
-        "modulus_bits": params.encoding.modulus_bits,
+        **_run_metrics(cfg, params, cohorts),
         "phase_seconds": phase_seconds,
         # per round and client phase, the time on the simulated clock of the latency model
         "simulated_seconds": simulated_seconds,
@@ -299,6 +286,27 @@ def weak_statement(cfg: SecureSumConfig, secagg) -> str:
     return f" [WEAK PARAMETERS (allow_weak_params): {', '.join(missed)}{void}]"
 
 
+def _run_metrics(cfg: SecureSumConfig, params, cohorts: int) -> dict[str, Any]:
+    """What every secure-sum run reports of its setting: mode, threat model, sizes, secure
+    aggregation's graph, threshold and failure bounds, the ring."""
+    secagg = params.secagg
+    return {
+        "mode": cfg.mode,
+        "secure": cfg.mode == "secure",
+        "threat_model": secagg.threat_model,
+        "users": int(params.registry.size),
+        "dim": params.dim,
+        "cohorts": cohorts,
+        "degree": secagg.degree,
+        "threshold": secagg.threshold,
+        "min_survivors": secagg.min_survivors,
+        "complete_graph": secagg.complete,
+        "log2_security_failure": secagg.log2_security_failure,
+        "log2_correctness_failure": secagg.log2_correctness_failure,
+        "modulus_bits": params.encoding.modulus_bits,
+    }
+
+
 # --- private mean estimation (dp_mechanism != none) ------------------------------------------------
 def private_statement(cfg: SecureSumConfig, dp) -> str:
     """What the (ε, δ) of a private run protects, and against whom."""
@@ -370,22 +378,11 @@ def private_outcome(
     at the same (ε, δ) (evaluation only), the pipeline's numbers and the guarantee."""
     params: Params = plan.params
     dp = params.dp
-    secagg = params.secagg
     survivors = int(last.survivors.size)
     mse = float(np.mean((released - truth) ** 2))
     central = (dp.central_z * cfg.clip / max(survivors, 1)) ** 2
     metrics: dict[str, Any] = {
-        "mode": cfg.mode,
-        "secure": cfg.mode == "secure",
-        "threat_model": secagg.threat_model,
-        "users": int(params.registry.size),
-        "dim": params.dim,
-        "cohorts": cohorts,
-        "degree": secagg.degree,
-        "threshold": secagg.threshold,
-        "min_survivors": secagg.min_survivors,
-        "complete_graph": secagg.complete,
-        "modulus_bits": params.encoding.modulus_bits,
+        **_run_metrics(cfg, params, cohorts),
         "dp_mechanism": dp.mechanism,
         "epsilon_target": dp.epsilon,
         "delta": dp.delta,
