@@ -23,7 +23,7 @@ from rayfed.faults import parse as parse_fault
 from rayfed.federation import Federation, check_member_names
 from rayfed.protocols import get_protocol
 from rayfed.protocols.base import Plan, Result
-from rayfed.rundir import RunDir, new_run_id, versions
+from rayfed.rundir import RunDir, check_out_dir, new_run_id, versions
 from rayfed.runtime import ensure_ray
 from rayfed.sizing import check_data_size, check_fit, machine_memory
 
@@ -115,10 +115,11 @@ def execute(
     """Run a prepared ``plan``: the federation, the driver, the result and its directory. (The
     sensitivity check runs a plan whose tables it edited into a neighbour's.)"""
     placement = placement or {}
-    record = _Record.open(proto, cfg, run_opts, plan)
+    record = _Record.new(proto, cfg, run_opts, plan)
     bar = tqdm(total=plan.rounds, desc=proto.name, unit="round", disable=not progress, leave=False)
     fed = None
     try:
+        record.open()  # inside the try: a signal while the directory is made is still recorded
         fed = _federation(record.run_id, plan, run_opts, faults, placement, bar)
         fed.start()
         record.manifest["placement"] = fed.placement()
@@ -154,6 +155,8 @@ def _prepare(proto, cfg, run_opts) -> tuple[Plan, list, dict[str, dict]]:
     """(plan, faults, actor placement): the size check before any data is built, the plan (bad
     data fails there), the faults and the cluster's fit — all before any actor or run directory."""
     check_size(proto, cfg, run_opts)
+    if run_opts.out_dir:
+        check_out_dir(run_opts.out_dir)
     plan: Plan = proto.plan(cfg, run_opts.seed)
     plan.privacy.validate(proto.name)
     check_member_names(list(plan.parties) + list(plan.cohorts))
@@ -248,7 +251,7 @@ class _Record:
     started: float
 
     @staticmethod
-    def open(proto, cfg, run_opts, plan: Plan) -> _Record:
+    def new(proto, cfg, run_opts, plan: Plan) -> _Record:
         run_id = new_run_id(proto.name)
         config = {"run": to_dict(run_opts), "protocol": to_dict(cfg)}
         manifest: dict[str, Any] = {
@@ -262,9 +265,13 @@ class _Record:
             "members": _members(plan),
         }
         rundir = RunDir(run_opts.out_dir, run_id) if run_opts.out_dir else None
-        if rundir:
-            rundir.write_manifest(manifest)
         return _Record(run_id, config, manifest, rundir, time.perf_counter())
+
+    def open(self) -> None:
+        """The run directory with its manifest marked running."""
+        if self.rundir:
+            self.rundir.create()
+            self.rundir.write_manifest(self.manifest)
 
     def complete(self, result: Result) -> None:
         if self.rundir:
@@ -287,7 +294,7 @@ class _Record:
             if fed and fed.phase
             else "while starting the federation"
         )
-        if not self.rundir:
+        if not (self.rundir and self.rundir.exists):
             return text
         self.manifest.update(
             status="interrupted",
@@ -300,7 +307,7 @@ class _Record:
         return f"{text}; run directory {self.rundir.path} (status interrupted)"
 
     def fail(self, err: BaseException, fed: Federation | None) -> None:
-        if not self.rundir:
+        if not (self.rundir and self.rundir.exists):
             return
         self.manifest.update(
             status="failed",

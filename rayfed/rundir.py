@@ -20,6 +20,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from rayfed.errors import ConfigError
+
 PACKAGES = (
     "rayfed-dp",
     "ray",
@@ -74,12 +76,37 @@ def _atomic_write(path: Path, write) -> None:
         os.close(dir_fd)
 
 
+def check_out_dir(out_dir: str | Path, field: str = "out_dir") -> None:
+    """Refuse an ``out_dir`` that cannot hold run directories, creating nothing: it, or the
+    nearest folder above it that exists, must be a directory this process can write in."""
+    out = Path(out_dir)
+    there = next((p for p in (out, *out.parents) if p.exists()), None)
+    if there is None:  # (not even the file system's root: nothing to check)
+        return
+    if not there.is_dir():
+        raise ConfigError(
+            field,
+            f"{str(there)!r} is a file, not a directory",
+            "a directory (created if missing) or an empty value to write nothing",
+        )
+    if not os.access(there, os.W_OK | os.X_OK):
+        raise ConfigError(
+            field,
+            f"cannot write in {str(there)!r} (permission denied)",
+            "a writable directory or an empty value to write nothing",
+        )
+
+
 class RunDir:
     """One run's output directory."""
 
     def __init__(self, out_dir: str | Path, run_id: str):
         self.path = Path(out_dir) / run_id
+        self.exists = False  # made by this run (never another run's directory of the same id)
+
+    def create(self) -> None:
         self.path.mkdir(parents=True, exist_ok=False)
+        self.exists = True
 
     def write_manifest(self, manifest: dict[str, Any]) -> None:
         text = json.dumps(manifest, indent=2, sort_keys=False, default=_json_default)

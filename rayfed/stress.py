@@ -51,7 +51,7 @@ import pyarrow.parquet as pq
 from tqdm.auto import tqdm
 
 from rayfed.errors import BelowThreshold, ConfigError
-from rayfed.rundir import _atomic_write, new_run_id
+from rayfed.rundir import _atomic_write, check_out_dir, new_run_id
 
 DEFAULT_RATES = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5)
 SUPPORTED = ("secure-sum", "federated-mf", "square-wave")
@@ -784,18 +784,11 @@ def _writable(out_dir: str | Path) -> Path:
     """``out_dir`` as a directory this process can write in (created if missing), or a
     ConfigError naming ``--out``."""
     out = Path(out_dir)
-    if out.exists() and not out.is_dir():
-        raise ConfigError(
-            "--out", f"{str(out)!r} is a file, not a directory", "a directory (created if missing)"
-        )
+    check_out_dir(out, "--out")
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise _out_error(out_dir, err) from err
-    if not os.access(out, os.W_OK | os.X_OK):
-        raise ConfigError(
-            "--out", f"cannot write in {str(out)!r} (permission denied)", "a writable directory"
-        )
     return out
 
 

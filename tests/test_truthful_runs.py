@@ -332,3 +332,38 @@ def test_a_cohort_that_dies_again_after_its_restart_has_both_deaths_listed():
     )
     assert [x["fate"] for x in result.metrics["losses"]] == ["died again", "dropped for good"]
     assert "restarted, and died again before it answered" in result.summary()
+
+
+def test_an_out_that_is_a_file_is_a_named_error_and_nothing_is_written(tmp_path, capsys):
+    target = tmp_path / "file"
+    target.write_text("keep me\n")
+    for out in (target, target / "below"):  # the file itself, and a directory under it
+        code = main(["run", "secure-sum", "--backend", "local", "--out", str(out), *SMALL])
+        err = capsys.readouterr().err
+        assert code == 2
+        assert f"configuration error: out_dir: {str(target)!r} is a file, not a directory" in err
+    assert target.read_text() == "keep me\n" and sorted(tmp_path.iterdir()) == [target]
+
+
+def test_a_signal_while_the_run_directory_is_made_leaves_it_interrupted(tmp_path, monkeypatch):
+    """Ctrl-C landing in the first manifest write: the directory exists, and it says
+    ``interrupted`` (never ``running`` forever, nor an empty directory)."""
+    from rayfed.rundir import RunDir
+
+    write = RunDir.write_manifest
+    calls = []
+
+    def interrupted_first(self, manifest):
+        calls.append(manifest["status"])
+        if len(calls) == 1:
+            raise KeyboardInterrupt
+        write(self, manifest)
+
+    monkeypatch.setattr(RunDir, "write_manifest", interrupted_first)
+    with pytest.raises(KeyboardInterrupt):
+        rayfed.run("secure-sum", backend="local", out_dir=str(tmp_path), users=200, cohorts=4)
+    (run_dir,) = tmp_path.iterdir()
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert calls == ["running", "interrupted"]
+    assert manifest["status"] == "interrupted"
+    assert manifest["interrupted"]["phase"] == "start"
