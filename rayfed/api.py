@@ -130,6 +130,7 @@ def execute(
         err.reached = record.interrupt(err, fed)  # what the CLI's one line says
         raise
     except BaseException as err:
+        err.losses = fed.losses() if fed else []  # what the CLI's lines after the error say
         record.fail(err, fed)
         raise
     finally:
@@ -312,6 +313,7 @@ class _Record:
         self.manifest.update(
             status="failed",
             error=f"{type(err).__name__}: {err}",
+            losses=getattr(err, "losses", []),
             seconds=time.perf_counter() - self.started,
             timings=fed.timings if fed else [],
             transcript=fed.transcript.totals() if fed else None,

@@ -21,6 +21,7 @@ from pathlib import Path
 from rayfed.config import RunOptions, describe
 from rayfed.errors import ConfigError, Interrupted, RayfedError
 from rayfed.protocols import REGISTRY, get_protocol
+from rayfed.protocols.base import loss_lines
 
 
 def _cmd_list(_args) -> int:
@@ -336,6 +337,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except RayfedError as err:
         print(f"rayfed: {type(err).__name__}: {err}", file=sys.stderr)
+        for line in loss_lines(getattr(err, "losses", [])):  # what killed the quorum, say
+            print(line, file=sys.stderr)
         return 1
 
 

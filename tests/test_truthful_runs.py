@@ -367,3 +367,18 @@ def test_a_signal_while_the_run_directory_is_made_leaves_it_interrupted(tmp_path
     assert calls == ["running", "interrupted"]
     assert manifest["status"] == "interrupted"
     assert manifest["interrupted"]["phase"] == "start"
+
+
+def test_an_aborted_run_names_the_members_whose_death_aborted_it(tmp_path, capsys):
+    """Two cohorts: c1's death leaves half the users, below the minimum survivors. The error is
+    followed by the lost cohort, and the failed manifest lists it."""
+    args = ["run", "secure-sum", "--backend", "local", "--out", str(tmp_path), "--quiet"]
+    args += ["--set", "users=200", "--set", "dim=2", "--set", "cohorts=2"]
+    assert main([*args, "--fail", "cohort=c1@round=0"]) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith("rayfed: BelowThreshold: round 0, phase 'advertise': 100 participants")
+    assert err[1].startswith("  lost:    cohort c1, 100 users died in round 0 at advertise: ")
+    (run_dir,) = tmp_path.iterdir()
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["status"] == "failed"
+    assert [(x["member"], x["users"], x["round"]) for x in manifest["losses"]] == [("c1", 100, 0)]
