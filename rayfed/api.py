@@ -302,9 +302,16 @@ class _Record:
     def fail(self, err: BaseException, fed: Federation | None) -> None:
         if not self.rundir:
             return
+        rounds = [t for t in fed.timings if t["phase"] == "(round)"] if fed else []
         self.manifest.update(
             status="failed",
             error=f"{type(err).__name__}: {err}",
+            # how far it got, as an interruption records it (the report's failed-run page)
+            reached={
+                "round": fed.round_no if fed else None,
+                "phase": (fed.phase or "start") if fed else "start",
+                "rounds_finished": len(rounds),
+            },
             seconds=time.perf_counter() - self.started,
             timings=fed.timings if fed else [],
             transcript=fed.transcript.totals() if fed else None,
