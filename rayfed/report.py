@@ -395,6 +395,21 @@ def _round_and_loss_lines(manifest: dict[str, Any]) -> list[str]:
     return round_lines(metrics.get("per_round") or []) + loss_lines(metrics.get("losses") or [])
 
 
+def _lines_html(lines: list[str]) -> str:
+    """The summary's indented ``rounds:``/``lost:`` lines as one block, a line each."""
+    if not lines:
+        return ""
+    return "<p>" + "<br>".join(html.escape(line.strip()) for line in lines) + "</p>"
+
+
+def _unfired_html(unfired: list[str] | None) -> str:
+    """The warning the run printed for injected faults that never fired."""
+    if not unfired:
+        return ""
+    text = f"injected fault(s) never fired (no such round or phase reached): {', '.join(unfired)}"
+    return f"<p class='bad'>{html.escape(text)}</p>"
+
+
 def _privacy_html(m: dict[str, Any]) -> str:
     """The terminal summary's privacy, note and noise lines, from the manifest's privacy report
     (the same ``PrivacyReport.summary`` text); a run that ended before its report was written
@@ -546,7 +561,8 @@ def _summary_html(run: Run, images: list[Path]) -> str:
         _status_html(m),
         f"<p><b>{html.escape(m['headline'])}</b></p>" if m.get("headline") else "",
         *(f"<p>{html.escape(line)}</p>" for line in m.get("details") or []),
-        *(f"<p>{html.escape(line.strip())}</p>" for line in _round_and_loss_lines(m)),
+        _lines_html(_round_and_loss_lines(m)),
+        _unfired_html(m.get("metrics", {}).get("faults_unfired")),
         _table({k: v for k, v in overview.items() if v is not None}),
         "<h2>Privacy</h2>",
         _privacy_html(m),

@@ -333,3 +333,13 @@ def test_the_three_kinds_of_page_in_a_browser(runs, failed_run, tmp_path):
         finally:
             browser.close()
     assert not problems, "\n".join(problems)
+
+
+def test_the_page_repeats_the_warning_of_faults_that_never_fired(tmp_path):
+    with pytest.warns(RuntimeWarning, match="never fired") as caught:
+        result = rayfed.run(
+            "secure-sum", out_dir=str(tmp_path), fail=["cohort=c1@round=5"], **SMALL
+        )
+    assert result.metrics["faults_unfired"] == ["cohorts:c1@5"]
+    warning = str(caught[0].message).replace("['cohorts:c1@5']", "cohorts:c1@5")
+    assert warning in _text(report(result.run_dir)[-1].read_text())
