@@ -343,3 +343,40 @@ def test_the_page_repeats_the_warning_of_faults_that_never_fired(tmp_path):
     assert result.metrics["faults_unfired"] == ["cohorts:c1@5"]
     warning = str(caught[0].message).replace("['cohorts:c1@5']", "cohorts:c1@5")
     assert warning in _text(report(result.run_dir)[-1].read_text())
+
+
+def _flat(values: dict, prefix: str = "") -> set[str]:
+    out = set()
+    for key, value in values.items():
+        out |= _flat(value, f"{prefix}{key}.") if isinstance(value, dict) else {prefix + key}
+    return out
+
+
+def test_every_option_an_example_sets_is_listed_as_it_was_set():
+    """The configuration table never hides an option the user set: for every protocol example,
+    the manifest's configuration rebuilds the same config and each option the example sets is
+    listed with its value (an option it could not read would have been refused)."""
+    from rayfed.config import RunOptions, from_mapping, to_dict
+    from rayfed.protocols import REGISTRY, get_protocol
+    from rayfed.report import _config_object, option_rows
+
+    for name in REGISTRY:
+        proto = get_protocol(name)
+        for example in proto.examples:
+            values = {k: v for k, v in example.items() if k not in RunOptions.__dataclass_fields__}
+            cfg = from_mapping(proto.Config, values)
+            rebuilt = _config_object(proto.Config, to_dict(cfg))
+            assert rebuilt == cfg
+            rows, _ = option_rows(rebuilt)
+            listed = {row[0]: row[1] for row in rows}
+            flat = to_dict(cfg)
+            for path in _flat(values):  # an option, or a key inside a mapping-valued one
+                parts = path.split(".")
+                option = next(
+                    ".".join(parts[:n]) for n in range(len(parts), 0, -1)
+                    if ".".join(parts[:n]) in listed
+                )  # fmt: skip
+                value = flat
+                for part in option.split("."):
+                    value = value[part]
+                assert listed[option] == value, (name, example, option)
