@@ -282,16 +282,10 @@ class _Record:
         """Marked ``interrupted``: the signal, the round and phase the run had reached, and the
         rounds it finished (nothing of the run's result is kept). Returns where it stopped, in
         words."""
-        rounds = [t["round"] for t in fed.timings if t["phase"] == "(round)"] if fed else []
-        reached = {
-            "signal": signal.Signals(Interrupted.signal_of(err)).name,
-            "round": fed.round_no if fed else None,
-            "phase": (fed.phase or "start") if fed else "start",
-            "rounds_finished": len(rounds),
-        }
+        reached = {"signal": signal.Signals(Interrupted.signal_of(err)).name, **_reached(fed)}
         text = (
             f"in round {reached['round']}, phase {reached['phase']} "
-            f"({len(rounds)} round(s) finished)"
+            f"({reached['rounds_finished']} round(s) finished)"
             if fed and fed.phase
             else "while starting the federation"
         )
@@ -314,11 +308,23 @@ class _Record:
             status="failed",
             error=f"{type(err).__name__}: {err}",
             losses=getattr(err, "losses", []),
+            # how far it got, as an interruption records it (the report's failed-run page)
+            reached=_reached(fed),
             seconds=time.perf_counter() - self.started,
             timings=fed.timings if fed else [],
             transcript=fed.transcript.totals() if fed else None,
         )
         self.rundir.write_manifest(self.manifest)
+
+
+def _reached(fed: Federation | None) -> dict[str, Any]:
+    """The round and phase a run that stopped early had reached, and the rounds it finished."""
+    rounds = [t for t in fed.timings if t["phase"] == "(round)"] if fed else []
+    return {
+        "round": fed.round_no if fed else None,
+        "phase": (fed.phase or "start") if fed else "start",
+        "rounds_finished": len(rounds),
+    }
 
 
 def check_size(proto, cfg, run_opts) -> None:

@@ -140,6 +140,22 @@ def round_values(run: Run) -> dict[str, tuple[list[int], list[float]]]:
     return out
 
 
+def baselines(run: Run, name: str) -> list[tuple[str, float]]:
+    """(label, value) of each baseline the run measured for the per-round value ``name``: a
+    scalar metric ``<method>_<name>`` of a federated-mf reference method (LFL's
+    ``stage1_test_mse`` and ``central_test_mse`` beside its learning curve ``test_mse``),
+    labelled with the method's own name."""
+    from rayfed.protocols.federated_mf.lfl.report import METHOD_NAMES
+
+    metrics = run.manifest.get("metrics", {})
+    out = []
+    for method, label in METHOD_NAMES.items():
+        value = metrics.get(f"{method}_{name}")
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            out.append((label, float(value)))
+    return out
+
+
 # --- plots --------------------------------------------------------------------------------------
 def _pyplot():
     import matplotlib
@@ -150,7 +166,10 @@ def _pyplot():
     return plt
 
 
-def plot_privacy(runs: list[Run], path: Path) -> Path:
+def plot_privacy(runs: list[Run], path: Path) -> Path | None:
+    """ε spent over rounds against the budget; None (no plot) where no run charged the ledger."""
+    if not any(privacy_series(run)[0] for run in runs):
+        return None
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4))
     budgets = set()
@@ -167,32 +186,45 @@ def plot_privacy(runs: list[Run], path: Path) -> Path:
         ax.text(0.01, budget, f" budget ε = {budget:g}", fontsize=8, va="bottom",
                 transform=ax.get_yaxis_transform())  # fmt: skip
     _round_axes(ax, "ε spent (cumulative)", "Privacy spent over rounds")
-    if not ax.get_legend_handles_labels()[0]:
-        ax.text(0.5, 0.5, "no DP noise in this run", ha="center", transform=ax.transAxes)
     return _save(fig, path)
 
 
-def plot_timings(run: Run, path: Path) -> Path:
-    plt = _pyplot()
+def plot_timings(run: Run, path: Path) -> Path | None:
+    """Seconds per phase and per round: a panel for each that was timed; None if neither was
+    (a run that failed or was interrupted before its first phase)."""
     phases = sorted(phase_seconds(run).items(), key=lambda kv: kv[1])
     rounds, seconds = round_seconds(run)
-    fig, (left, right) = plt.subplots(1, 2, figsize=(12, max(3.5, 0.3 * len(phases) + 1)))
+    if not phases and not rounds:
+        return None
+    plt = _pyplot()
+    panels = int(bool(phases)) + int(bool(rounds))
+    fig, axes = plt.subplots(
+        1, panels, figsize=(6 * panels, max(3.5, 0.3 * len(phases) + 1)), squeeze=False
+    )
+    axes = list(axes[0])
     if phases:
+        left = axes.pop(0)
         names, values = zip(*phases, strict=True)
         colours = [ROLE_COLOURS.get(n.split(":")[0], "tab:gray") for n in names]
         left.barh(names, values, color=colours)
         left.tick_params(axis="y", labelsize=7)
-    left.set_xlabel("seconds (total over rounds)")
-    left.set_title("Time per phase")
-    right.bar(rounds, seconds, color="tab:purple")
-    _integer_rounds(right)
-    right.set_xlabel("round")
-    right.set_ylabel("seconds")
-    right.set_title("Time per round")
+        left.set_xlabel("seconds (total over rounds)")
+        left.set_title("Time per phase")
+    if rounds:
+        right = axes.pop(0)
+        right.bar(rounds, seconds, color="tab:purple")
+        _integer_rounds(right)
+        right.set_xlabel("round")
+        right.set_ylabel("seconds")
+        right.set_title("Time per round")
     return _save(fig, path)
 
 
-def plot_bytes(runs: list[Run], path: Path) -> Path:
+def plot_bytes(runs: list[Run], path: Path) -> Path | None:
+    """Bytes sent per round by sender role, on a log axis; None where no run has a transcript
+    (a failed or interrupted run writes none)."""
+    if not any(run.transcript for run in runs):
+        return None
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4))
     for i, (run, label) in enumerate(zip(runs, labels_of(runs), strict=True)):
@@ -211,7 +243,7 @@ def plot_bytes(runs: list[Run], path: Path) -> Path:
     ax.set_yscale("log")
     ax.yaxis.set_major_formatter(_human_bytes())
     ax.yaxis.set_minor_formatter(_human_bytes())
-    _round_axes(ax, "bytes sent", "Bytes moved per round, by sender role")
+    _round_axes(ax, "bytes sent (log scale)", "Bytes moved per round, by sender role")
     return _save(fig, path)
 
 
@@ -224,13 +256,18 @@ def plot_round_values(runs: list[Run], path: Path) -> Path | None:
     for ax, name in zip(axes[:, 0], names, strict=True):
         for run, label in zip(runs, labels_of(runs), strict=True):
             series = round_values(run).get(name)
+            own = label if len(runs) > 1 else "this run" if baselines(run, name) else None
             if series:
-                ax.plot(*series, marker="o", ms=3, label=label if len(runs) > 1 else None)
+                ax.plot(*series, marker="o", ms=3, label=own)
+            if len(runs) == 1:
+                for i, (text, value) in enumerate(baselines(run, name)):
+                    ax.axhline(value, ls=LINESTYLES[1 + i % 3], lw=1.2, color=f"C{i + 1}",
+                               label=f"{text}: {value:.4g}")  # fmt: skip
         _integer_rounds(ax)
         ax.set_title(name)
         ax.set_xlabel("round")
         ax.grid(alpha=0.3)
-        if len(runs) > 1:
+        if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7)
     return _save(fig, path)
 
@@ -286,18 +323,28 @@ def _table(rows: dict[str, Any]) -> str:
 
 
 def _fmt(value: Any) -> str:
+    """A cell's text, whole: numbers to 6 significant digits, lists and mappings as JSON, and
+    "—" for a value that was not recorded."""
+    if value is None:
+        return "—"
     if isinstance(value, float):
         return f"{value:.6g}"
     if isinstance(value, (dict, list)):
-        return json.dumps(value, default=str)[:300]
+        return json.dumps(value, default=str)
     return str(value)
 
 
 STYLE = (
-    "body{font-family:sans-serif;max-width:1100px;margin:2em auto;color:#222}"
+    "body{font-family:sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}"
     "table{border-collapse:collapse;margin:0.5em 0}th,td{border:1px solid #ccc;padding:3px 8px;"
-    "text-align:left;font-size:13px;vertical-align:top}th{background:#f3f3f3}"
+    "text-align:left;font-size:13px;vertical-align:top;overflow-wrap:break-word}"
+    "th{background:#f3f3f3}td.value{min-width:8em;max-width:32em;overflow-wrap:anywhere}"
+    "td.unset{color:#777;font-style:italic;white-space:nowrap}td.help{color:#555}"
+    "table.options th{white-space:nowrap}"
+    ".wide{max-width:100%;overflow-x:auto}table.sweep th,table.sweep td{font-size:12px;"
+    "padding:2px 5px}table.sweep td{white-space:nowrap}"
     "img{max-width:100%;border:1px solid #ddd;margin:0.5em 0}li{margin:0.2em 0}"
+    ".bad{color:#b00}"
 )
 
 
@@ -308,13 +355,36 @@ def _page(title: str, body: str) -> str:
     )
 
 
-def _interrupted_html(where: dict) -> str:
-    """The banner of an interrupted run: the signal and how far it got (no result was kept)."""
-    text = (
-        f"by {where.get('signal')} in round {where.get('round')}, phase {where.get('phase')}, "
-        f"after {where.get('rounds_finished')} finished round(s); no result was kept"
-    )
-    return f"<p style='color:#b00'><b>interrupted</b> {html.escape(text)}</p>"
+def _where(reached: dict[str, Any]) -> str:
+    """Where a run stopped ("in round R, phase P, after N finished round(s)"), from the manifest."""
+    parts = []
+    if reached.get("round") is not None:
+        parts.append(f"in round {reached['round']}")
+    if reached.get("phase"):
+        parts.append(f"phase {reached['phase']}")
+    if reached.get("rounds_finished") is not None:
+        parts.append(f"after {reached['rounds_finished']} finished round(s)")
+    return ", ".join(parts)
+
+
+def _status_html(m: dict[str, Any]) -> str:
+    """The banner of a run that did not complete: its status, the error or signal, and how far
+    it got (no result was kept); empty for a complete run."""
+    status = m.get("status")
+    if status == "failed":
+        where = _where(m.get("reached") or {})
+        return (
+            "<p class='bad'><b>failed</b>"
+            + (f" {html.escape(where)}" if where else "")
+            + f": {html.escape(str(m.get('error')))}. No result was kept.</p>"
+        )
+    if status == "interrupted":
+        where = m.get("interrupted") or {}
+        text = f"by {where.get('signal')}"
+        if _where(where):
+            text += f" {_where(where)}"
+        return f"<p class='bad'><b>interrupted</b> {html.escape(text)}. No result was kept.</p>"
+    return ""
 
 
 def _round_and_loss_lines(manifest: dict[str, Any]) -> list[str]:
@@ -325,48 +395,183 @@ def _round_and_loss_lines(manifest: dict[str, Any]) -> list[str]:
     return round_lines(metrics.get("per_round") or []) + loss_lines(metrics.get("losses") or [])
 
 
+def _lines_html(lines: list[str]) -> str:
+    """The summary's indented ``rounds:``/``lost:`` lines as one block, a line each."""
+    if not lines:
+        return ""
+    return "<p>" + "<br>".join(html.escape(line.strip()) for line in lines) + "</p>"
+
+
+def _unfired_html(unfired: list[str] | None) -> str:
+    """The warning the run printed for injected faults that never fired."""
+    if not unfired:
+        return ""
+    text = f"injected fault(s) never fired (no such round or phase reached): {', '.join(unfired)}"
+    return f"<p class='bad'>{html.escape(text)}</p>"
+
+
+def _privacy_html(m: dict[str, Any]) -> str:
+    """The terminal summary's privacy, note and noise lines, from the manifest's privacy report
+    (the same ``PrivacyReport.summary`` text); a run that ended before its report was written
+    gets its randomness statement from the configuration it ran with."""
+    import dataclasses
+
+    from rayfed.privacy.ledger import PrivacyReport
+    from rayfed.privacy.source import STATEMENTS
+
+    privacy = m.get("privacy")
+    if privacy:
+        names = {f.name for f in dataclasses.fields(PrivacyReport)}
+        report_ = PrivacyReport(**{k: v for k, v in privacy.items() if k in names})
+        lines = [f"<p><b>privacy:</b> {html.escape(report_.summary())}</p>"]
+        if report_.private or report_.statement not in report_.summary():
+            lines.append(f"<p>{html.escape(report_.statement)}</p>")
+        notes = "".join(f"<li>{html.escape(n)}</li>" for n in report_.notes)
+        lines.append(f"<ul>{notes}</ul>" if notes else "")
+        noise = report_.randomness_statement
+    else:
+        lines = [
+            "<p><b>privacy:</b> the run ended before its privacy report was written; the ε "
+            "spent by then is not recorded.</p>"
+        ]
+        randomness = (m.get("config", {}).get("run") or {}).get("randomness")
+        noise = STATEMENTS.get(randomness, "")
+    if noise:
+        lines.append(f"<p class='noise'><b>noise:</b> {html.escape(noise)}</p>")
+    return "".join(lines)
+
+
+def _config_object(cls: type, values: dict[str, Any]) -> Any:
+    """The config dataclass ``cls`` holding the manifest's ``values`` (nested groups too),
+    without validation: only to ask which options the configuration reads."""
+    import dataclasses
+    import typing
+
+    hints = typing.get_type_hints(cls)
+    kwargs = {}
+    for f in dataclasses.fields(cls):
+        if f.name in values:
+            value = values[f.name]
+            if dataclasses.is_dataclass(hints[f.name]) and isinstance(value, dict):
+                value = _config_object(hints[f.name], value)
+            kwargs[f.name] = value
+    return cls(**kwargs)
+
+
+def _applies(cfg: Any, f: Any) -> bool:
+    """Whether the configuration reads option ``f``: its ``when`` modes hold and its data
+    source is the run's (the declarations rayfed.config.check_applicable enforces)."""
+    from rayfed.config import _mode
+
+    if any(_mode(cfg, key) not in allowed for key, allowed in f.metadata.get("when", {}).items()):
+        return False
+    path = getattr(getattr(cfg, "data", None), "path", None)
+    source = f.metadata.get("source")
+    return not (source == "file" and path is None or source == "synthetic" and path is not None)
+
+
+def option_rows(cfg: Any, prefix: str = "") -> tuple[list[tuple[str, Any, str]], int]:
+    """(name, value, help) of every option ``cfg`` reads, nested groups expanded, and the
+    number left out because the configuration does not read them."""
+    import dataclasses
+
+    from rayfed.config import DataConfig
+
+    rows: list[tuple[str, Any, str]] = []
+    skipped = 0
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        if not _applies(cfg, f):
+            skipped += 1
+        elif dataclasses.is_dataclass(value):
+            inner, more = option_rows(value, f"{prefix}{f.name}.")
+            rows += inner
+            skipped += more
+        elif isinstance(cfg, DataConfig) and cfg.path is None and f.name != "path":
+            skipped += 1  # format, key and columns describe a data file
+        else:
+            rows.append((prefix + f.name, value, f.metadata.get("help", "")))
+    return rows, skipped
+
+
+def _config_html(m: dict[str, Any]) -> str:
+    """The protocol's and the run's options, whole, with their help; options the configuration
+    does not read are left out (and counted), an option left unset says so."""
+    from rayfed.config import RunOptions
+    from rayfed.protocols import get_protocol
+
+    config = m.get("config", {})
+    parts = []
+    for title, cls, values in (
+        ("Protocol options", None, config.get("protocol") or {}),
+        ("Run options", RunOptions, config.get("run") or {}),
+    ):
+        try:
+            cls = cls or get_protocol(m.get("protocol")).Config
+            rows, skipped = option_rows(_config_object(cls, values))
+        except Exception:  # a manifest of another version: every value as recorded
+            rows, skipped = [(k, v, "") for k, v in values.items()], 0
+        cells = "".join(
+            f"<tr><th>{html.escape(name)}</th>"
+            + (
+                "<td class='unset'>not set (default)</td>"
+                if value is None
+                else f"<td class='value'>{html.escape(_fmt(value))}</td>"
+            )
+            + f"<td class='help'>{html.escape(help_)}</td></tr>"
+            for name, value, help_ in rows
+        )
+        note = (
+            f"<p>{skipped} option(s) that do not apply to this configuration are not listed.</p>"
+            if skipped
+            else ""
+        )
+        parts.append(
+            f"<h3>{title}</h3><div class='wide'><table class='options'>{cells}</table></div>{note}"
+        )
+    return "".join(parts)
+
+
 def _summary_html(run: Run, images: list[Path]) -> str:
     m = run.manifest
-    privacy = m.get("privacy", {})
-    scalars = {k: v for k, v in m.get("metrics", {}).items() if not isinstance(v, (dict, list))}
-    notes = "".join(f"<li>{html.escape(n)}</li>" for n in privacy.get("notes", []))
-    spent = f"ε = {privacy.get('epsilon', 0):.4g}, δ = {privacy.get('delta', 0):.3g}"
-    budget = f"ε = {privacy.get('budget_epsilon', 0):g}, δ = {privacy.get('budget_delta', 0):g}"
-    failed = (
-        f"<p style='color:#b00'><b>failed:</b> {html.escape(str(m.get('error')))}</p>"
-        if m.get("status") == "failed"
-        else _interrupted_html(m.get("interrupted") or {})
-        if m.get("status") == "interrupted"
-        else ""
-    )
+    scalars = {
+        k: v
+        for k, v in m.get("metrics", {}).items()
+        if v is not None and not isinstance(v, (dict, list))
+    }
+    totals = m.get("transcript") or {}
+    overview = {
+        "protocol": m.get("protocol"),
+        "seed": m.get("seed"),
+        "status": m.get("status"),
+        "seconds": m.get("seconds"),
+    }
+    if totals:
+        overview["messages / bytes"] = f"{totals.get('messages')} / {totals.get('bytes')}"
+    omitted = [
+        text
+        for name, text in (
+            ("privacy", "privacy (no DP noise was charged)"),
+            ("timings", "timings (nothing was timed)"),
+            ("bytes", "bytes (no transcript was written)"),
+        )
+        if name not in {p.stem for p in images}
+    ]
     body = [
-        f"<p><b>{html.escape(m.get('headline', ''))}</b></p>",
-        *(f"<p>{html.escape(line)}</p>" for line in m.get("details", [])),
-        *(f"<p>{html.escape(line.strip())}</p>" for line in _round_and_loss_lines(m)),
-        failed,
-        _table(
-            {
-                "protocol": m.get("protocol"),
-                "seed": m.get("seed"),
-                "status": m.get("status"),
-                "seconds": m.get("seconds"),
-                "messages / bytes": f"{(m.get('transcript') or {}).get('messages')} / "
-                f"{(m.get('transcript') or {}).get('bytes')}",
-            }
-        ),
+        _status_html(m),
+        f"<p><b>{html.escape(m['headline'])}</b></p>" if m.get("headline") else "",
+        *(f"<p>{html.escape(line)}</p>" for line in m.get("details") or []),
+        _lines_html(_round_and_loss_lines(m)),
+        _unfired_html(m.get("metrics", {}).get("faults_unfired")),
+        _table({k: v for k, v in overview.items() if v is not None}),
         "<h2>Privacy</h2>",
-        f"<p>spent {spent} of budget {budget} "
-        f"({html.escape(str(privacy.get('accountant')))}, "
-        f"{html.escape(str(privacy.get('composition')))}, "
-        f"{html.escape(str(privacy.get('neighboring_relation')))})</p>",
-        f"<p>{html.escape(privacy.get('statement', ''))}</p>",
-        f"<ul>{notes}</ul>" if notes else "",
-        "<h2>Metrics</h2>",
-        _table(scalars),
-        "<h2>Plots</h2>",
+        _privacy_html(m),
+        *(["<h2>Metrics</h2>", _table(scalars)] if scalars else []),
+        "<h2>Plots</h2>" if images or omitted else "",
         *(f"<img src='{p.name}' alt='{p.stem}'>" for p in images),
+        f"<p>No plot of {', '.join(omitted)}.</p>" if omitted else "",
         "<h2>Configuration</h2>",
-        _table(m.get("config", {}).get("protocol", {})),
+        _config_html(m),
     ]
     return _page(f"rayfed run {run.label}", "".join(body))
 
@@ -380,14 +585,13 @@ def report(run_dir: str | Path, out: str | Path | None = None) -> list[Path]:
     run = load(run_dir)
     out = Path(out) if out else run.path
     out.mkdir(parents=True, exist_ok=True)
-    images = [
+    drawn = [
         plot_privacy([run], out / "privacy.png"),
         plot_timings(run, out / "timings.png"),
         plot_bytes([run], out / "bytes.png"),
+        plot_round_values([run], out / "rounds.png"),
     ]
-    values = plot_round_values([run], out / "rounds.png")
-    if values is not None:
-        images.append(values)
+    images = [p for p in drawn if p is not None]
     page = out / "report.html"
     page.write_text(_summary_html(run, images))
     return [*images, page]
@@ -402,7 +606,8 @@ def stress_report(stress_dir: str | Path, out: str | Path | None = None) -> list
     out.mkdir(parents=True, exist_ok=True)
     rows = record["rows"]
     columns = list(dict.fromkeys(k for row in rows for k in row if k not in ("security",)))
-    head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
+    # a long column name may break after each underscore; a wider table scrolls in its box
+    head = "".join(f"<th>{html.escape(c).replace('_', '_<wbr>')}</th>" for c in columns)
     body = "".join(
         "<tr>" + "".join(f"<td>{html.escape(_fmt(row.get(c, '')))}</td>" for c in columns) + "</tr>"
         for row in rows
@@ -428,10 +633,26 @@ def stress_report(stress_dir: str | Path, out: str | Path | None = None) -> list
             unfinished
             + img
             + (f"<p>{html.escape(security)}</p>" if security else "")
-            + f"<table><tr>{head}</tr>{body}</table><h2>Settings</h2>{settings}",
+            + f"<p class='noise'><b>noise:</b> {html.escape(_stress_randomness(record))}</p>"
+            + f"<div class='wide'><table class='sweep'><tr>{head}</tr>{body}</table></div>"
+            + f"<h2>Settings</h2>{settings}",
         )
     )
     return [page]
+
+
+def _stress_randomness(record: dict[str, Any]) -> str:
+    """The randomness statement of a stress directory's runs: every run of a point has the
+    randomness its options and ``--set`` gave (RunOptions' default, seeded, otherwise)."""
+    from rayfed.config import RunOptions, parse_assignment
+    from rayfed.privacy.source import STATEMENTS
+
+    randomness = record.get("options", {}).get("randomness", RunOptions.randomness)
+    for text in record.get("sets") or []:
+        path, value = parse_assignment(text)
+        if path == ["randomness"]:
+            randomness = value
+    return STATEMENTS.get(randomness, f"randomness={randomness}")
 
 
 def compare(run_dirs: list[str | Path], out: str | Path) -> list[Path]:
@@ -441,10 +662,12 @@ def compare(run_dirs: list[str | Path], out: str | Path) -> list[Path]:
     runs = [load(d) for d in run_dirs]
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    images = [plot_privacy(runs, out / "privacy.png"), plot_bytes(runs, out / "bytes.png")]
-    values = plot_round_values(runs, out / "rounds.png")
-    if values is not None:
-        images.append(values)
+    drawn = [
+        plot_privacy(runs, out / "privacy.png"),
+        plot_bytes(runs, out / "bytes.png"),
+        plot_round_values(runs, out / "rounds.png"),
+    ]
+    images = [p for p in drawn if p is not None]
     keys = sorted(
         {
             k

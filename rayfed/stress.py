@@ -268,6 +268,25 @@ def _sweep_row(option: str, value: str, reps: int, runs: list[dict], secagg, cfg
     }
 
 
+#: a bound below this share of the abort-rate axis is stated in words, not drawn: a line at the
+#: axis' zero would read as the observed rate touching it
+VISIBLE_BOUND = 0.01
+
+
+def _draw_bounds(ax, x, bounds: list[float | None]) -> None:
+    """The parameter finder's P[abort] bound at each point that has one (runs with secure
+    aggregation): drawn where it is visible on the linear axis, else written on the plot."""
+    shown = [(xi, b) for xi, b in zip(x, bounds, strict=True) if b is not None]
+    drawn = [(xi, b) for xi, b in shown if b >= VISIBLE_BOUND]
+    if drawn:
+        ax.plot(*zip(*drawn, strict=True), "_", ms=18, mew=2, color="tab:red",
+                label="finder's bound")  # fmt: skip
+    tiny = [b for _, b in shown if b < VISIBLE_BOUND]
+    if tiny:
+        ax.text(0.02, 0.93, f"finder's bound P[abort] <= {max(tiny):.2g}: too small to draw",
+                transform=ax.transAxes, fontsize=8, color="tab:red", va="top")  # fmt: skip
+
+
 def plot_sweep(rows: list[dict], path: Path, title: str) -> None:
     import matplotlib
 
@@ -280,10 +299,7 @@ def plot_sweep(rows: list[dict], path: Path, title: str) -> None:
     rate = np.array([r["abort_rate"] for r in rows])
     err = [rate - [r["abort_ci_low"] for r in rows], [r["abort_ci_high"] for r in rows] - rate]
     ax1.errorbar(x, rate, yerr=err, fmt="o", capsize=4, label="observed (95 % interval)")
-    if rows[0].get("predicted_abort_bound") is not None:  # runs with secure aggregation
-        ax1.axhline(
-            rows[0]["predicted_abort_bound"], color="tab:red", ls="--", label="finder's bound"
-        )
+    _draw_bounds(ax1, x, [r.get("predicted_abort_bound") for r in rows])
     ax1.set(ylabel="abort rate", title="aborts", ylim=(-0.05, 1.05))
     ax1.legend(fontsize=8)
     names = next((list(r) for r in rows if any(k.startswith("alive_") for k in r)), [])

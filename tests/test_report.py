@@ -1,12 +1,21 @@
-"""rayfed report: plots and HTML from a run directory; --compare; per-round values."""
+"""rayfed report: plots and HTML from a run directory; --compare; per-round values; the page as
+honest as the terminal (its caveats, whole configuration, failed and interrupted runs), checked
+in headless Chromium."""
 
 from __future__ import annotations
 
+import html
 import json
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
 
 import pytest
 
 import rayfed
+from rayfed import report as report_module
 from rayfed.cli import main
 from rayfed.errors import ConfigError
 from rayfed.report import bytes_by_round, compare, load, privacy_series, report
@@ -39,7 +48,7 @@ def test_report_writes_readable_plots_and_a_page(runs):
     assert names == {"privacy.png", "timings.png", "bytes.png", "report.html"}
     assert all(p.stat().st_size > 10_000 for p in written if p.suffix == ".png")
     page = (written[-1]).read_text()
-    assert kmeans.headline.split(";")[0] in page
+    assert html.escape(kmeans.headline) in page
     assert "ε-DP towards every client" in page  # the ledger's statement
     assert page.count("<img") == 3
 
@@ -91,12 +100,283 @@ def test_cli_report_and_bad_directories(runs, tmp_path, capsys):
     assert main(["report"]) == 2
 
 
-def test_a_failed_run_is_reported_with_its_error(tmp_path):
+@pytest.fixture(scope="module")
+def failed_run(tmp_path_factory) -> Path:
+    """The directory of a run that failed: party p1 dies in round 2."""
+    out = tmp_path_factory.mktemp("failed")
     with pytest.raises(rayfed.PartyFailed):
         rayfed.run(
-            "hfl-kmeans", backend="local", out_dir=str(tmp_path), users=600, k=3,
+            "hfl-kmeans", backend="local", out_dir=str(out), users=600, k=3,
             fail=["party=p1@round=2"],
         )  # fmt: skip
+    (run_dir,) = out.iterdir()
+    return run_dir
+
+
+def test_a_failed_run_is_reported_with_its_error(failed_run):
+    run_dir = failed_run
+    written = report(run_dir)
+    page = written[-1].read_text()
+    error = json.loads((run_dir / "manifest.json").read_text())["error"]
+    assert error.startswith("PartyFailed: party 'p1' failed in round 2")
+    # the status, how far it got and the error; no plot of what a failed run does not record
+    assert (
+        "<b>failed</b> in round 2, phase parties:assign-upload, after 2 finished round(s): "
+        f"{html.escape(error)}. No result was kept." in page
+    )
+    assert [p.name for p in written] == ["timings.png", "report.html"]
+    assert not (run_dir / "privacy.png").exists() and not (run_dir / "bytes.png").exists()
+    assert "None" not in _text(page)
+    assert "ε spent by then is not recorded" in _text(page)
+
+
+# --- the page as honest as the terminal ----------------------------------------------------------
+def _text(page: str) -> str:
+    """The page's text, tags dropped and entities decoded (what a reader sees)."""
+    return html.unescape(re.sub(r"<[^>]+>", " ", page))
+
+
+def _summary_lines(result) -> list[str]:
+    """Every caveat line of the terminal summary: the headline, the details, the privacy line,
+    each privacy note and the noise line."""
+    return [
+        result.headline,
+        *result.details,
+        result.privacy.summary(),
+        *result.privacy.notes,
+        result.privacy.randomness_statement,
+    ]
+
+
+def test_the_page_carries_every_caveat_of_the_terminal(runs):
+    secure, (kmeans, _) = runs
+    for result in (secure, kmeans):
+        text = _text(report(result.run_dir)[-1].read_text())
+        assert result.privacy.randomness == "seeded"
+        assert "holds only while that seed is secret" in result.privacy.randomness_statement
+        for line in _summary_lines(result):
+            assert line and line in text, line
+
+
+@pytest.fixture
+def captured(monkeypatch):
+    """The figures the report draws, by file name, before they are saved and closed."""
+    figures = {}
+
+    def keep(fig, path):
+        figures[Path(path).name] = fig
+        fig.savefig(path, dpi=30)
+        return path
+
+    monkeypatch.setattr(report_module, "_save", keep)
+    yield figures
+    import matplotlib.pyplot as plt
+
+    for fig in figures.values():
+        plt.close(fig)
+
+
+def test_log_axes_are_labelled_as_log(runs, tmp_path, captured):
+    secure, _ = runs
+    report(secure.run_dir, tmp_path)
+    (ax,) = captured["bytes.png"].axes
+    assert ax.get_yscale() == "log"
+    assert ax.get_ylabel() == "bytes sent (log scale)"
+
+
+def test_the_mf_learning_curve_shows_both_baselines(tmp_path, captured):
+    from rayfed.protocols.federated_mf.lfl.report import METHOD_NAMES
+
+    mf = rayfed.run(
+        "federated-mf", backend="local", out_dir=str(tmp_path), users=100, items=10,
+        iterations=2, pretrain_steps=5, finetune_steps=5, secagg_mode="dealer",
+    )  # fmt: skip
+    report(mf.run_dir, tmp_path / "out")
+    (ax,) = [a for a in captured["rounds.png"].axes if a.get_title() == "test_mse"]
+    lines = {line.get_label(): list(line.get_ydata()) for line in ax.get_lines()}
+    stage1, central = mf.metrics["stage1_test_mse"], mf.metrics["central_test_mse"]
+    assert lines[f"{METHOD_NAMES['stage1']}: {stage1:.4g}"] == [stage1, stage1]
+    assert lines[f"{METHOD_NAMES['central']}: {central:.4g}"] == [central, central]
+    assert lines["this run"] == [r["test_mse"] for r in mf.metrics["per_round"]]
+
+
+def test_the_configuration_is_whole_and_lists_only_what_applies(runs, tmp_path):
+    secure, _ = runs
+    copy = tmp_path / "run"
+    shutil.copytree(secure.run_dir, copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    faults = [f"cohort=c{i}@round={i}" for i in range(40)]  # a value far over 300 characters
+    manifest["config"]["run"]["fail"] = faults
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    page = report(copy)[-1].read_text()
+    assert html.escape(json.dumps(faults)) in page
+    # secure-sum without DP: its DP options do not apply and are not listed; an option that
+    # applies but was left to its default says so
+    assert secure.config["protocol"]["dp_mechanism"] == "none"
+    for name in ("epsilon", "delta", "dp_dropout"):
+        assert f"<th>{name}</th>" not in page
+    assert "<th>degree</th><td class='unset'>not set (default)</td>" in page
+    assert "None" not in _text(page)
+
+
+def test_an_interrupted_run_is_reported_with_where_it_stopped(tmp_path, monkeypatch):
+    from rayfed.federation import Federation
+
+    record = Federation.record
+
+    def interrupt_in_round_1(self, **values):
+        if self.round_no == 1:
+            raise KeyboardInterrupt
+        record(self, **values)
+
+    monkeypatch.setattr(Federation, "record", interrupt_in_round_1)
+    with pytest.raises(KeyboardInterrupt):
+        rayfed.run("secure-sum", rounds=3, out_dir=str(tmp_path), **SMALL)
     (run_dir,) = tmp_path.iterdir()
-    page = report(run_dir)[-1].read_text()
-    assert "failed:" in page and "PartyFailed" in page
+    written = report(run_dir)
+    page = written[-1].read_text()
+    where = json.loads((run_dir / "manifest.json").read_text())["interrupted"]
+    assert where["round"] == 1 and where["rounds_finished"] == 1
+    assert (
+        f"<b>interrupted</b> by SIGINT in round 1, phase {where['phase']}, after 1 finished "
+        "round(s). No result was kept." in page
+    )
+    assert [p.name for p in written] == ["timings.png", "report.html"]
+    assert "None" not in _text(page)
+
+
+def test_a_bound_too_small_to_see_is_written_not_drawn_at_zero(tmp_path, monkeypatch):
+    import matplotlib.pyplot as plt
+
+    from rayfed.stress import plot_sweep
+
+    kept = []
+    monkeypatch.setattr(plt, "close", kept.append)
+    row = dict(
+        option="dropout", abort_rate=0.0, abort_ci_low=0.0, abort_ci_high=0.5,
+        simulated_round_seconds=0.0, wall_round_seconds=0.1, alive_unmask=10,
+    )  # fmt: skip
+    bounds = [6.5e-10, 0.2, None]
+    rows = [{**row, "value": str(i), "predicted_abort_bound": b} for i, b in enumerate(bounds)]
+    plot_sweep(rows, tmp_path / "s.png", "t")
+    aborts = kept[0].axes[0]
+    drawn = [list(line.get_ydata()) for line in aborts.get_lines() if "bound" in line.get_label()]
+    assert drawn == [[0.2]]  # only the visible bound, at its own point
+    texts = [t.get_text() for t in aborts.texts]
+    assert texts == ["finder's bound P[abort] <= 6.5e-10: too small to draw"]
+    monkeypatch.undo()
+    plt.close(kept[0])
+
+
+# --- in a browser -------------------------------------------------------------------------------
+#: CI sets it: there the browser check must run, never skip
+REQUIRE = "RAYFED_REQUIRE_BROWSER"
+CHROMIUM_ARGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+]  # fmt: skip
+
+
+def _chromium() -> str:
+    """Chromium and Playwright to drive it; a skip without them, unless CI requires them."""
+    import importlib.util
+
+    found = shutil.which("chromium") or shutil.which("chromium-browser")
+    if found and importlib.util.find_spec("playwright"):
+        return found
+    missing = "chromium" if not found else "playwright (pip install '.[test]')"
+    if os.environ.get(REQUIRE) == "1":
+        pytest.fail(f"{missing} is missing but {REQUIRE}=1 (apt-get install chromium)")
+    pytest.skip(f"{missing} is not installed")
+
+
+def test_the_three_kinds_of_page_in_a_browser(runs, failed_run, tmp_path):
+    chromium = _chromium()
+    from playwright.sync_api import sync_playwright
+
+    from rayfed.stress import stress
+
+    secure, _ = runs
+    swept = stress(
+        "secure-sum", {"backend": "local"}, ["users=40", "dim=4"], out_dir=str(tmp_path),
+        sweep=("dropout", ["0.1"]), reps=1, progress=False,
+    )  # fmt: skip
+    caveat = "holds only while that seed is secret from every party"
+    pages = {
+        "finished": (report(secure.run_dir)[-1], 3),  # no DP: no privacy plot
+        "failed": (report(failed_run)[-1], 1),
+        "stress": (report(swept)[-1], 1),
+    }
+    with sync_playwright() as pw, tempfile.TemporaryDirectory() as profile:
+        browser = pw.chromium.launch_persistent_context(
+            profile, executable_path=chromium, args=CHROMIUM_ARGS, headless=True,
+            viewport={"width": 1280, "height": 900},
+        )  # fmt: skip
+        problems = []  # every check on every page, so one run shows all that fail
+        try:
+            tab = browser.new_page()
+            for kind, (path, images) in pages.items():
+                tab.goto(path.resolve().as_uri())
+                text = tab.inner_text("body")
+                loaded = tab.evaluate(
+                    "Array.from(document.images, i => i.complete ? i.naturalWidth : 0)"
+                )
+                width = tab.evaluate("document.documentElement.scrollWidth")
+                if caveat not in text:
+                    problems.append(f"{kind}: no seed caveat")
+                if "None" in text:
+                    problems.append(f"{kind}: 'None' on the page")
+                if len(loaded) != images or not all(w > 0 for w in loaded):
+                    problems.append(f"{kind}: images {loaded}, expected {images} loaded")
+                if width > 1280:
+                    problems.append(f"{kind}: {width} px wide in a 1280 px window")
+        finally:
+            browser.close()
+    assert not problems, "\n".join(problems)
+
+
+def test_the_page_repeats_the_warning_of_faults_that_never_fired(tmp_path):
+    with pytest.warns(RuntimeWarning, match="never fired") as caught:
+        result = rayfed.run(
+            "secure-sum", out_dir=str(tmp_path), fail=["cohort=c1@round=5"], **SMALL
+        )
+    assert result.metrics["faults_unfired"] == ["cohorts:c1@5"]
+    warning = str(caught[0].message).replace("['cohorts:c1@5']", "cohorts:c1@5")
+    assert warning in _text(report(result.run_dir)[-1].read_text())
+
+
+def _flat(values: dict, prefix: str = "") -> set[str]:
+    out = set()
+    for key, value in values.items():
+        out |= _flat(value, f"{prefix}{key}.") if isinstance(value, dict) else {prefix + key}
+    return out
+
+
+def test_every_option_an_example_sets_is_listed_as_it_was_set():
+    """The configuration table never hides an option the user set: for every protocol example,
+    the manifest's configuration rebuilds the same config and each option the example sets is
+    listed with its value (an option it could not read would have been refused)."""
+    from rayfed.config import RunOptions, from_mapping, to_dict
+    from rayfed.protocols import REGISTRY, get_protocol
+    from rayfed.report import _config_object, option_rows
+
+    for name in REGISTRY:
+        proto = get_protocol(name)
+        for example in proto.examples:
+            values = {k: v for k, v in example.items() if k not in RunOptions.__dataclass_fields__}
+            cfg = from_mapping(proto.Config, values)
+            rebuilt = _config_object(proto.Config, to_dict(cfg))
+            assert rebuilt == cfg
+            rows, _ = option_rows(rebuilt)
+            listed = {row[0]: row[1] for row in rows}
+            flat = to_dict(cfg)
+            for path in _flat(values):  # an option, or a key inside a mapping-valued one
+                parts = path.split(".")
+                option = next(
+                    ".".join(parts[:n]) for n in range(len(parts), 0, -1)
+                    if ".".join(parts[:n]) in listed
+                )  # fmt: skip
+                value = flat
+                for part in option.split("."):
+                    value = value[part]
+                assert listed[option] == value, (name, example, option)
