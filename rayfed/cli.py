@@ -184,7 +184,7 @@ def _stress_line(row: dict) -> str:
     if "aborts" in row:  # a secure-sum sweep
         simulated = row["simulated_round_seconds"]
         return (
-            f"{label} dropout {dropout:>8}  aborts {row['aborts']}/{row['reps']} (95 % "
+            f"{label} not in the sum {dropout:>8}  aborts {row['aborts']}/{row['reps']} (95 % "
             f"{row['abort_ci_low']:.2f}-{row['abort_ci_high']:.2f}; finder's bound "
             f"{row['predicted_abort_bound']:.1e})  wrong sums {row['wrong_sums']}  simulated "
             + ("-" if simulated is None else f"{simulated:.1f} s")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -321,3 +322,12 @@ def test_progress_bar_counts_points_and_reps(tmp_path, capsys):
     assert "stress secure-sum" in err and "4/4" in err and "dropout=0.1" in err
     assert main([*args, "--sweep", "dropout=0,0.1", "--reps", "2", "--quiet", "--fresh"]) == 0
     assert "stress secure-sum" not in capsys.readouterr().err
+
+
+def test_a_secure_sum_sweep_row_says_what_its_percentage_counts(tmp_path, capsys):
+    """secure-sum's dropout strikes after the masked input, so the dropped users are still in the
+    sum: the row's percentage is of users missing from the sum, not the dropout asked."""
+    args = ["stress", "secure-sum", "--backend", "local", *SMALL_SUM, "--reps", "1", "--quiet"]
+    assert main([*args, "--sweep", "dropout=0.2", "--out", str(tmp_path)]) == 0
+    (line,) = [x for x in capsys.readouterr().out.splitlines() if x.startswith("dropout=0.2")]
+    assert re.search(r" not in the sum +0\.0 %  aborts 0/1 ", line), line
