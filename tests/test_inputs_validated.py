@@ -177,3 +177,26 @@ def test_trace_values_from_parquet_are_checked_too(tmp_path):
         Trace.read(path)
     pacsv.write_csv(pa.table({"user": [0], "round": [0], "available": [True]}), tmp_path / "t.csv")
     assert Trace.read(tmp_path / "t.csv").available.tolist() == [True]
+
+
+@pytest.mark.parametrize("p0", [["a", "y"], ["y"]])
+def test_vfl_regression_refuses_its_label_among_the_features(tmp_path, p0):
+    """It used to learn y from y and report 'loss / OPT 6.5e26'."""
+    path = tmp_path / "rows.csv"
+    gen = np.random.default_rng(3)
+    a = gen.normal(0, 0.2, (40, 2))
+    pacsv.write_csv(pa.table({"a": a[:, 0], "b": a[:, 1], "y": np.clip(a.sum(1), -1, 1)}), path)
+    with pytest.raises(rayfed.ConfigError) as err:
+        rayfed.run(
+            "vfl-primitives",
+            backend="local",
+            out_dir=str(tmp_path / "runs"),
+            task="regression",
+            label="y",
+            sketch_size=8,
+            data={"path": str(path), "columns": {"p0": p0, "p1": ["b"]}},
+        )
+    assert err.value.field == "label"
+    assert "the label column 'y' is also a feature (data.columns.p0)" in str(err.value)
+    assert "drop 'y' from data.columns.p0" in str(err.value)
+    assert not (tmp_path / "runs").exists()
