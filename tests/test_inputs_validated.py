@@ -200,3 +200,65 @@ def test_vfl_regression_refuses_its_label_among_the_features(tmp_path, p0):
     assert "the label column 'y' is also a feature (data.columns.p0)" in str(err.value)
     assert "drop 'y' from data.columns.p0" in str(err.value)
     assert not (tmp_path / "runs").exists()
+
+
+def test_cohorts_above_the_users_are_stated_and_recorded_as_used(tmp_path, capsys):
+    """federated-mf users=20 cohorts=50 ran 20 cohorts while the manifest said only 50."""
+    from rayfed.cli import main
+
+    code = main(
+        ["run", "federated-mf", "--backend", "local", "--out", str(tmp_path), "--quiet"]
+        + ["--set", "users=20", "--set", "items=30", "--set", "iterations=2"]
+        + ["--set", "cohorts=50"]
+    )
+    out = capsys.readouterr().out
+    assert code == 0
+    assert out.count("cohorts=50 asked, 20 used: 20 users, at least one per cohort") == 1
+    (manifest,) = tmp_path.glob("*/manifest.json")
+    record = json.loads(manifest.read_text())
+    assert record["adjusted"] == [
+        {"option": "cohorts", "asked": 50, "used": 20, "why": "20 users, at least one per cohort"}
+    ]
+    assert record["config"]["protocol"]["cohorts"] == 50  # what was asked stays the config
+    assert sorted(record["members"]["cohorts"]) == sorted(f"c{i}" for i in range(20))
+
+
+@pytest.mark.parametrize(
+    "protocol,options,used",
+    [
+        ("secure-sum", {"users": 12, "dim": 2, "cohorts": 15}, 12),
+        (
+            "secure-sum",
+            {"users": 12, "dim": 2, "cohorts": 15, "dp_mechanism": "gaussian", "epsilon": 1.0},
+            12,
+        ),
+        ("square-wave", {"users": 4, "cohorts": 9}, 4),
+    ],
+)
+def test_every_clamped_cohort_count_is_recorded(protocol, options, used):
+    from rayfed.api import _reconcile, resolve
+
+    proto, run_opts, cfg = resolve(protocol, backend="local", out_dir=None, **options)
+    cfg, run_opts = _reconcile(proto, cfg, run_opts)
+    plan = proto.plan(cfg, 0)
+    assert [(a["option"], a["asked"], a["used"]) for a in plan.adjusted] == [
+        ("cohorts", options["cohorts"], used)
+    ]
+    assert len(plan.cohorts) == used
+
+
+def test_records_above_the_bundled_digits_are_recorded_as_used():
+    from rayfed.api import resolve
+
+    proto, run_opts, cfg = resolve("ldp-bitvector", backend="local", records=5000)
+    plan = proto.plan(cfg, 0)
+    assert plan.adjusted == [
+        {
+            "option": "records",
+            "asked": 5000,
+            "used": 1797,
+            "why": "the bundled digits hold 1,797 records",
+        }
+    ]
+    _, _, cfg = resolve("ldp-bitvector", backend="local", records=300)
+    assert proto.plan(cfg, 0).adjusted == []

@@ -122,7 +122,7 @@ class Result:
 def adjusted_lines(entries: list[dict[str, Any]]) -> list[str]:
     """The summary's lines for options used at another value than asked."""
     return [
-        f"  {'adjusted:' if i == 0 else '':<9}{e['option']}={e['asked']} asked, "
+        f"  {'adjusted:' if i == 0 else '':<9} {e['option']}={e['asked']} asked, "
         f"{e['used']} used: {e['why']}"
         for i, e in enumerate(entries)
     ]

@@ -17,7 +17,7 @@ from rayfed.protocols.secure_sum.params import Evaluation, Params, secagg_params
 from rayfed.protocols.secure_sum.report import private_statement, statement
 from rayfed.protocols.secure_sum.steps import synthetic_inputs
 from rayfed.secagg import FixedPoint, SecAggParams
-from rayfed.sizing import default_cohorts
+from rayfed.sizing import cohorts_adjusted, default_cohorts
 
 MAX_COMPLETE_BYTES = 4 << 30
 
@@ -53,6 +53,7 @@ def plan(cfg: SecureSumConfig, seed: int) -> Plan:
         cohorts={name: (t, {}) for name, t in cohorts.items()},
         rounds=cfg.rounds,
         inputs=schedule.notes,
+        adjusted=cohorts_adjusted(n, cfg.cohorts, n_cohorts),
         cohort_restarts=cfg.rounds,  # a cohort's state lives for one round: restart it
         evaluation=Evaluation(table=table if columns else None),  # the raw values: both references
         params=Params(
@@ -93,6 +94,7 @@ def _private_plan(cfg: SecureSumConfig, seed: int) -> Plan:
         },
         rounds=cfg.rounds,
         inputs=schedule.notes,
+        adjusted=cohorts_adjusted(n, cfg.cohorts, n_cohorts),
         cohort_restarts=cfg.rounds,
         evaluation=Evaluation(table=table),
         params=Params(

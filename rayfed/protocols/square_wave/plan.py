@@ -35,7 +35,7 @@ from rayfed.protocols.square_wave.config import (
 )
 from rayfed.protocols.square_wave.params import Estimator, Evaluation, Params
 from rayfed.protocols.square_wave.report import statement
-from rayfed.sizing import default_cohorts
+from rayfed.sizing import cohorts_adjusted, default_cohorts
 
 RELATION = Neighbours("replace_one", "user's value")
 #: where a user's value lives in a cohort's table, and its domain: the sensitivity check moves
@@ -92,6 +92,7 @@ def plan(cfg: SquareWaveConfig, seed: int) -> Plan:
         cohorts=cohorts,
         rounds=rounds,
         inputs=schedule.notes,
+        adjusted=cohorts_adjusted(n, cfg.cohorts, n_cohorts),
         # a lost cohort is asked again in the same round: nothing of its users was released
         cohort_restarts=rounds if cfg.lost_users == "resume" else 0,
         evaluation=evaluation,
