@@ -262,3 +262,48 @@ def test_records_above_the_bundled_digits_are_recorded_as_used():
     ]
     _, _, cfg = resolve("ldp-bitvector", backend="local", records=300)
     assert proto.plan(cfg, 0).adjusted == []
+
+
+def test_square_wave_headline_counts_the_reports_that_arrived():
+    """dropout=0.999 used to read 'distribution of 2,000 users' when 2 reports arrived."""
+    result = rayfed.run(
+        "square-wave", backend="local", out_dir=None, users=2000, dropout=0.999, cohorts=2
+    )
+    reports = result.metrics["reports"][0]
+    assert 0 < reports < 20
+    assert f"distribution of the {reports} reports that arrived of 2,000 users asked" in (
+        result.headline
+    )
+    assert "of 2,000 users at" not in result.headline
+    full = rayfed.run("square-wave", backend="local", out_dir=None, users=2000, cohorts=2)
+    assert "256-bucket distribution of 2,000 users at ε=1" in full.headline
+
+
+def test_square_wave_moment_headline_counts_the_reports_that_arrived():
+    result = rayfed.run(
+        "square-wave",
+        backend="local",
+        out_dir=None,
+        users=2000,
+        dropout=0.5,
+        cohorts=2,
+        method="sr",
+        moments="both",
+    )
+    arrived = sum(result.metrics["reports"])
+    assert 800 < arrived < 1200
+    assert result.headline.endswith(
+        f"from the {arrived:,} reports that arrived of 2,000 users asked"
+    )
+
+
+def test_federated_mf_headline_says_how_many_users_reported_under_dropout():
+    options = dict(backend="local", out_dir=None, users=200, items=30, iterations=3, cohorts=2)
+    result = rayfed.run("federated-mf", dropout=0.3, omega=0.5, **options)
+    u1 = [row["u1"] for row in result.metrics["iterations"]]
+    assert max(u1) < 200
+    span = f"{min(u1)}" if min(u1) == max(u1) else f"{min(u1)} to {max(u1)}"
+    assert f"(200 users, 30 items); {span} of the 200 users reported per iteration" in (
+        result.headline
+    )
+    assert "reported per iteration" not in rayfed.run("federated-mf", **options).headline
