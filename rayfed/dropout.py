@@ -676,6 +676,12 @@ class PopulationConfig:
         stated in a warning."""
         ids = np.concatenate([np.asarray(v, dtype=np.int64) for v in cohorts.values()] or [[]])
         cover = trace.coverage(rounds, ids)
+        if self.latency == "trace" and (trace.latency_s is None or np.isnan(trace.latency_s).all()):
+            raise DataError(
+                "population.trace",
+                "latency=trace replays the trace's latency_s column, and the trace records none",
+                "a latency_s column (seconds), or population.latency=lognormal",
+            )
         cover["unlisted"] = "online" + (
             ", its answer times log-normal (latency_median_s, latency_sigma)"
             if self.latency == "trace"

@@ -307,3 +307,12 @@ def test_federated_mf_headline_says_how_many_users_reported_under_dropout():
         result.headline
     )
     assert "reported per iteration" not in rayfed.run("federated-mf", **options).headline
+
+
+def test_latency_trace_without_latencies_is_refused(tmp_path):
+    """latency=trace on a trace without latency_s used to replay nothing, silently."""
+    path = _trace(tmp_path, "user,round,available\n0,0,1\n1,0,0\n")
+    with pytest.raises(rayfed.ConfigError) as err:
+        _run_trace(path, tmp_path, latency="trace")
+    assert err.value.field == "population.trace" and "records none" in str(err.value)
+    assert not (tmp_path / "runs").exists()
