@@ -292,12 +292,7 @@ class Trace:
         ids = np.unique(np.asarray(ids, dtype=np.int64))
         in_run = np.isin(self.user, ids) & (self.round < rounds)
         trace_rounds = np.unique(self.round)
-        if (
-            trace_rounds.size
-            and trace_rounds[0] == 1
-            and trace_rounds[-1] == rounds
-            and not in_run.all()
-        ):
+        if trace_rounds.size and trace_rounds[0] == 1 and trace_rounds[-1] == rounds:
             raise DataError(
                 field,
                 f"the trace's rounds are 1..{rounds}, but rounds are 0-based: this run has "
@@ -402,7 +397,8 @@ def _numbers(table, name: str, field: str) -> np.ndarray:
     kind = column.type
     if pa.types.is_boolean(kind) or pa.types.is_integer(kind) or pa.types.is_floating(kind):
         return column.to_numpy(zero_copy_only=False).astype(np.float64)
-    first = next((v for v in column.to_pylist() if v is not None and not _number(v)), None)
+    values = [v for v in column.to_pylist() if v is not None]
+    first = next((v for v in values if not _number(v)), values[0] if values else None)
     raise DataError(
         field, f"the trace's {name} column holds {first!r}, not a number", _ALLOWED[name]
     )
