@@ -316,3 +316,20 @@ def test_latency_trace_without_latencies_is_refused(tmp_path):
         _run_trace(path, tmp_path, latency="trace")
     assert err.value.field == "population.trace" and "records none" in str(err.value)
     assert not (tmp_path / "runs").exists()
+
+
+def test_the_cli_states_a_partial_trace_in_one_line(tmp_path, capsys):
+    from rayfed.cli import main
+
+    path = _trace(tmp_path, "user,round,available\n0,0,0\n1,0,0\n900,0,0\n")
+    code = main(
+        ["run", "secure-sum", "--backend", "local", "--out", str(tmp_path / "runs"), "--quiet"]
+        + ["--set", "users=60", "--set", "dim=2", "--set", "rounds=2"]
+        + ["--set", "population.availability=trace", "--set", f"population.trace={path}"]
+    )
+    captured = capsys.readouterr()
+    assert code == 0
+    assert captured.err.startswith(
+        "rayfed: warning: population.trace covers 2 of the run's 120 (user, round) pairs"
+    )
+    assert "RuntimeWarning" not in captured.err and "survivors 58/60, 60/60" in captured.out
