@@ -237,6 +237,7 @@ def _result(proto, fed: Federation, plan: Plan, outcome, record: _Record) -> Res
         details=outcome.details,
         run_dir=str(record.rundir.path) if record.rundir else None,
         noise_fingerprints=fed.noise_fingerprints(),
+        adjusted=list(plan.adjusted),
     )
 
 
@@ -265,6 +266,10 @@ class _Record:
             "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "members": _members(plan),
         }
+        if plan.adjusted:  # what the run used where it differs from the config above
+            manifest["adjusted"] = plan.adjusted
+        if plan.inputs:
+            manifest["inputs"] = plan.inputs
         rundir = RunDir(run_opts.out_dir, run_id) if run_opts.out_dir else None
         return _Record(run_id, config, manifest, rundir, time.perf_counter())
 

@@ -16,6 +16,7 @@ import sys
 import textwrap
 import threading
 import time
+import warnings
 from pathlib import Path
 
 from rayfed.config import RunOptions, describe
@@ -317,10 +318,24 @@ def _interrupted(err: KeyboardInterrupt) -> int:
     return 128 + signum
 
 
+def _one_line_warnings(show):
+    """rayfed's own warnings (a trace that covers the run in part, a fault that never fired) as
+    one line on stderr, without the source line Python's format adds; others as they were."""
+    package = str(Path(__file__).parent)
+
+    def shown(message, category, filename, lineno, file=None, line=None):
+        if not str(filename).startswith(package):
+            return show(message, category, filename, lineno, file, line)
+        print(f"rayfed: warning: {message}", file=file or sys.stderr)
+
+    return shown
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        with _stop_on_signals():
+        with _stop_on_signals(), warnings.catch_warnings():
+            warnings.showwarning = _one_line_warnings(warnings.showwarning)
             try:
                 code = args.func(args)
             except KeyboardInterrupt as err:  # still under the handlers: a 2nd signal is noted

@@ -36,6 +36,7 @@ Nothing sleeps: time runs on a simulated clock (:meth:`DropoutSchedule.simulated
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -110,6 +111,9 @@ class DropoutSchedule:
     #: availability models (Markov, Outage, Trace): offline at a round = absent from all of it
     availability: tuple = ()
     stragglers: Stragglers | None = None
+    #: what the run should state of its population inputs (e.g. the trace's coverage), for the
+    #: manifest: option -> record
+    notes: dict = field(default_factory=dict, compare=False)
 
     def __post_init__(self):
         for name, table in (("population.rates", self.rates), ("population.lost", self.explicit)):
@@ -263,25 +267,59 @@ class Trace:
     latency_s: np.ndarray | None = None
 
     @staticmethod
-    def read(path: str | Path) -> Trace:
-        """A CSV or Parquet trace file."""
+    def read(path: str | Path, field: str = "population.trace") -> Trace:
+        """A CSV or Parquet trace file, checked (errors name ``field``): integer user and round
+        (rounds 0-based, both >= 0), availability 0/1 or boolean, latency_s >= 0 and finite
+        (empty where none is recorded); a (user, round) listed twice must say the same both times
+        (identical repeats count once)."""
         from rayfed.data import load_table
 
-        table = load_table(path, field="population.trace")
+        table = load_table(path, field=field)
         missing = [c for c in ("user", "round", "available") if c not in table.column_names]
         if missing:
+            raise DataError(field, f"the trace lacks column(s) {missing}", "user, round, available")
+        user = _ints(table, "user", field)
+        rounds = _ints(table, "round", field)
+        available = _flags(table, "available", field)
+        latency = _latency(table, field) if "latency_s" in table.column_names else None
+        return _deduplicated(user, rounds, available, latency, field)
+
+    def coverage(self, rounds: int, ids: np.ndarray, field: str = "population.trace") -> dict:
+        """What of this trace applies to a run of ``rounds`` rounds (0-based) and members ``ids``:
+        rows used and ignored, run users and rounds the trace lists, and (user, round) pairs it
+        covers. Refuses (errors name ``field``) a trace of rounds 1..R for a run of rounds
+        0..R-1, and one of which nothing applies."""
+        ids = np.unique(np.asarray(ids, dtype=np.int64))
+        in_run = np.isin(self.user, ids) & (self.round < rounds)
+        trace_rounds = np.unique(self.round)
+        if trace_rounds.size and trace_rounds[0] == 1 and trace_rounds[-1] == rounds:
             raise DataError(
-                "population.trace", f"the trace lacks column(s) {missing}", "user, round, available"
+                field,
+                f"the trace's rounds are 1..{rounds}, but rounds are 0-based: this run has "
+                f"{rounds} round(s), 0..{rounds - 1}, so round {rounds} would never happen and "
+                "every other row would apply one round early",
+                "number the trace's rounds from 0 (subtract 1 from its round column)",
             )
-        latency = (
-            _column(table, "latency_s", np.float64) if "latency_s" in table.column_names else None
-        )
-        return Trace(
-            _column(table, "user", np.int64),
-            _column(table, "round", np.int64),
-            _column(table, "available", bool),
-            latency,
-        )
+        if not in_run.any():
+            raise DataError(
+                field,
+                f"nothing of the trace applies to this run: its users {_span(self.user)} and "
+                f"rounds {_span(self.round)} do not meet the run's users {_span(ids)} and "
+                f"rounds 0..{rounds - 1} (rounds are 0-based)",
+                "a trace of this run's user ids and rounds, or population.availability/latency "
+                "other than trace",
+            )
+        return {
+            "rows": int(self.user.size),
+            "rows_used": int(in_run.sum()),
+            "rows_ignored": int((~in_run).sum()),
+            "users": int(ids.size),
+            "users_listed": int(np.unique(self.user[in_run]).size),
+            "rounds": int(rounds),
+            "rounds_listed": int(np.unique(self.round[in_run]).size),
+            "pairs": int(ids.size) * int(rounds),
+            "pairs_listed": int(in_run.sum()),
+        }
 
     def _rows(self, round: int, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(the trace row of each id at ``round``, whether the trace has one)."""
@@ -348,8 +386,115 @@ class Stragglers:
         return np.where(late.any(axis=1), late.argmax(axis=1), phases).astype(np.int8)
 
 
-def _column(table, name: str, dtype) -> np.ndarray:
-    return table.column(name).to_numpy(zero_copy_only=False).astype(dtype)
+def _span(values: np.ndarray) -> str:
+    return f"{values.min()}..{values.max()}" if values.size else "(none)"
+
+
+def _numbers(table, name: str, field: str) -> np.ndarray:
+    """Column ``name`` as float64 (nulls NaN); a column that is not numeric or boolean is
+    refused, naming its first value that is not a number."""
+    column = table.column(name)
+    kind = column.type
+    if pa.types.is_boolean(kind) or pa.types.is_integer(kind) or pa.types.is_floating(kind):
+        return column.to_numpy(zero_copy_only=False).astype(np.float64)
+    values = [v for v in column.to_pylist() if v is not None]
+    first = next((v for v in values if not _number(v)), values[0] if values else None)
+    raise DataError(
+        field, f"the trace's {name} column holds {first!r}, not a number", _ALLOWED[name]
+    )
+
+
+def _number(value) -> bool:
+    try:
+        float(value)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+_ALLOWED = {
+    "user": "integer user ids >= 0",
+    "round": "integer rounds >= 0 (0-based: the first round is 0)",
+    "available": "0/1 or true/false",
+    "latency_s": "seconds >= 0, finite; an empty cell where none is recorded",
+}
+
+
+def _bad(field: str, name: str, values: np.ndarray, bad: np.ndarray, what: str):
+    row = int(np.flatnonzero(bad)[0])
+    value = values[row]
+    shown = "NaN or an empty cell" if math.isnan(value) else f"{value:g}"
+    return DataError(
+        field,
+        f"the trace's {name} must be {what}: row {row + 1} (of the data rows) holds {shown} "
+        f"({int(bad.sum())} such row(s))",
+        _ALLOWED[name],
+    )
+
+
+def _ints(table, name: str, field: str) -> np.ndarray:
+    values = _numbers(table, name, field)
+    bad = ~np.isfinite(values) | (values != np.round(values)) | (values < 0)
+    if bad.any():
+        raise _bad(field, name, values, bad, "whole numbers >= 0")
+    return values.astype(np.int64)
+
+
+def _flags(table, name: str, field: str) -> np.ndarray:
+    values = _numbers(table, name, field)
+    bad = ~np.isin(values, (0.0, 1.0))
+    if bad.any():
+        raise _bad(field, name, values, bad, "0 or 1 (false or true)")
+    return values == 1.0
+
+
+def _latency(table, field: str) -> np.ndarray:
+    """latency_s, NaN where a cell is empty (none recorded); NaN written out, inf or negative are
+    refused."""
+    column = table.column("latency_s")
+    values = _numbers(table, "latency_s", field)
+    given = ~np.asarray(column.is_null().to_numpy(zero_copy_only=False), dtype=bool)
+    bad = given & ~(np.isfinite(values) & (values >= 0))
+    if bad.any():
+        raise _bad(field, "latency_s", values, bad, "seconds >= 0 and finite")
+    return np.where(given, values, np.nan)
+
+
+def _deduplicated(user, rounds, available, latency, field: str) -> Trace:
+    """The trace with each (user, round) once: a repeat that says the same is dropped, one that
+    says otherwise (availability or recorded latency) is refused, naming the first such pair in
+    the file's order."""
+    key = np.stack([user, rounds], axis=1)
+    _, first, inverse = np.unique(key, axis=0, return_index=True, return_inverse=True)
+    inverse = inverse.reshape(-1)
+    if first.size == user.size:
+        return Trace(user, rounds, available, latency)
+    head = first[inverse]  # each row's first row of its (user, round)
+    conflict = available != available[head]
+    if latency is not None:
+        a, b = latency, latency[head]
+        conflict |= ~((a == b) | (np.isnan(a) & np.isnan(b)))
+    if conflict.any():
+        row = int(np.flatnonzero(conflict)[0])
+
+        def said(i: int) -> str:
+            shown = f", latency_s={latency[i]:g}" if latency is not None else ""
+            return f"available={int(available[i])}{shown}"
+
+        raise DataError(
+            field,
+            f"user {user[row]} at round {rounds[row]} is listed twice and the rows disagree: "
+            f"row {head[row] + 1} says {said(head[row])}, row {row + 1} says {said(row)} "
+            f"({int(conflict.sum())} conflicting row(s))",
+            "one row per (user, round)",
+        )
+    keep = np.sort(first)
+    return Trace(
+        user[keep],
+        rounds[keep],
+        available[keep],
+        None if latency is None else latency[keep],
+    )
 
 
 _MARKOV = {"availability": ("markov",)}
@@ -460,13 +605,16 @@ class PopulationConfig:
         dropout: dict[str, float],
         cohorts: dict[str, np.ndarray] | None = None,
         users: tuple[np.ndarray, pa.Table] | None = None,
+        rounds: int | None = None,
     ) -> DropoutSchedule:
         """The availability model of these options in the protocol's ``phases``: the protocol's
         own i.i.d. rate(s) ``dropout`` (phase -> rate, e.g. its ``dropout`` option at the phase it
         loses users), ``rates`` and ``lost`` beside them, and the population models; ``cohorts``
         (name -> user ids, known at plan time) resolves ``outage_cohort`` and marks the trace file
         to be read (before it, only the parameters are checked); ``users`` (the user ids and their
-        data rows, aligned) resolves ``outage_column``."""
+        data rows, aligned) resolves ``outage_column``; ``rounds`` (the run's number of rounds,
+        0-based) refuses an outage that starts after the last round and a trace of which nothing
+        applies, and states (a warning and ``DropoutSchedule.notes``) how much of the trace does."""
         rates = {phase: rate for phase, rate in dropout.items() if rate}
         for phase in self.rates or {}:
             if phase in rates:
@@ -486,6 +634,11 @@ class PopulationConfig:
             )
         if self.availability == "trace" and trace is not None:
             models.append(trace)
+        notes: dict = {}
+        if trace is not None and rounds is not None:
+            notes["population.trace"] = self._coverage(trace, rounds, cohorts)
+        if rounds is not None:
+            self._check_outage(rounds)
         group = self._outage_group(cohorts, users) if planned else self.outage
         if group is not None:
             models.append(
@@ -510,7 +663,53 @@ class PopulationConfig:
             explicit=explicit,
             availability=tuple(models),
             stragglers=stragglers,
+            notes=notes,
         )
+
+    def _coverage(self, trace: Trace, rounds: int, cohorts: dict[str, np.ndarray]) -> dict:
+        """How much of the run the trace covers (refused when nothing of it applies); a trace
+        that leaves part of the run's (user, round) pairs unlisted, or lists some outside it, is
+        stated in a warning."""
+        ids = np.concatenate([np.asarray(v, dtype=np.int64) for v in cohorts.values()] or [[]])
+        cover = trace.coverage(rounds, ids)
+        if self.latency == "trace" and (trace.latency_s is None or np.isnan(trace.latency_s).all()):
+            raise DataError(
+                "population.trace",
+                "latency=trace replays the trace's latency_s column, and the trace records none",
+                "a latency_s column (seconds), or population.latency=lognormal",
+            )
+        cover["unlisted"] = "online" + (
+            ", its answer times log-normal (latency_median_s, latency_sigma)"
+            if self.latency == "trace"
+            else ""
+        )
+        if cover["pairs_listed"] < cover["pairs"] or cover["rows_ignored"]:
+            warnings.warn(
+                f"population.trace covers {cover['pairs_listed']:,} of the run's "
+                f"{cover['pairs']:,} (user, round) pairs ({cover['users_listed']:,} of "
+                f"{cover['users']:,} users, {cover['rounds_listed']} of {cover['rounds']} rounds, "
+                "0-based); an unlisted user is online that round"
+                + (
+                    f"; {cover['rows_ignored']:,} of its {cover['rows']:,} rows name users or "
+                    "rounds outside the run and are ignored"
+                    if cover["rows_ignored"]
+                    else ""
+                ),
+                RuntimeWarning,
+                stacklevel=2,
+            )
+        return cover
+
+    def _check_outage(self, rounds: int) -> None:
+        """An outage that starts at or after the run's last round would never happen."""
+        given = (self.outage, self.outage_cohort, self.outage_column)
+        if any(g is not None for g in given) and self.outage_start >= rounds:
+            raise ConfigError(
+                "population.outage_start",
+                f"the outage starts at round {self.outage_start}, but this run has {rounds} "
+                f"round(s), 0..{rounds - 1} (0-based): it would never happen",
+                f"an outage_start in 0..{rounds - 1}, or more rounds",
+            )
 
     def _outage_group(
         self, cohorts: dict[str, np.ndarray], users: tuple[np.ndarray, pa.Table] | None

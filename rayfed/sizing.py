@@ -34,6 +34,16 @@ def default_cohorts(users: int, requested: int | None) -> int:
     return max(1, min(requested or cluster_cpus(), users))
 
 
+def cohorts_adjusted(users: int, requested: int | None, used: int) -> list[dict]:
+    """The ``cohorts`` option's entry for :attr:`Plan.adjusted` when the run deals its users to
+    fewer cohorts than asked (a cohort holds at least one user); none otherwise."""
+    from rayfed.protocols.base import adjusted
+
+    if requested is None or used == requested:
+        return []
+    return [adjusted("cohorts", requested, used, f"{users:,} users, at least one per cohort")]
+
+
 def estimate_bytes(plan, cohort_memory_mb: int | None = None) -> int:
     """Memory the run's actors need: overhead + partition x factor each (coordinator included)."""
     total = ACTOR_OVERHEAD_BYTES  # the coordinator

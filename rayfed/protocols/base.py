@@ -47,6 +47,17 @@ class Plan:
     evaluation: Any = None
     #: everything resolved at planning time, as the protocol's frozen, typed Params
     params: Any = None
+    #: options the run uses at another value than asked, each {option, asked, used, why}: stated
+    #: once in the summary and recorded in the manifest (``adjusted``)
+    adjusted: list[dict[str, Any]] = field(default_factory=list)
+    #: what the run used of an input that applies only in part (option -> record, e.g. the
+    #: population trace's coverage): recorded in the manifest (``inputs``)
+    inputs: dict[str, Any] = field(default_factory=dict)
+
+
+def adjusted(option: str, asked: Any, used: Any, why: str) -> dict[str, Any]:
+    """One entry of :attr:`Plan.adjusted`."""
+    return {"option": option, "asked": asked, "used": used, "why": why}
 
 
 @dataclass
@@ -81,6 +92,8 @@ class Result:
     #: noise without exposing it; in memory only, never written to the run directory
     noise_fingerprints: dict[str, list[str]] = field(default_factory=dict, repr=False)
     details: list[str] = field(default_factory=list)
+    #: options used at another value than asked (:attr:`Plan.adjusted`)
+    adjusted: list[dict[str, Any]] = field(default_factory=list)
 
     def summary(self) -> str:
         """A few lines for the end of a CLI run."""
@@ -89,6 +102,7 @@ class Result:
             f"{self.protocol} run {self.run_id} (seed {self.seed})",
             f"  result:  {self.headline}" if self.headline else None,
             *(f"           {line}" for line in self.details),
+            *adjusted_lines(self.adjusted),
             *round_lines(self.metrics.get("per_round") or []),
             *loss_lines(self.metrics.get("losses") or []),
             f"  privacy: {self.privacy.summary()}",
@@ -103,6 +117,15 @@ class Result:
             f"  output:  {self.run_dir}" if self.run_dir else None,
         ]
         return "\n".join(line for line in lines if line is not None)
+
+
+def adjusted_lines(entries: list[dict[str, Any]]) -> list[str]:
+    """The summary's lines for options used at another value than asked."""
+    return [
+        f"  {'adjusted:' if i == 0 else '':<9} {e['option']}={e['asked']} asked, "
+        f"{e['used']} used: {e['why']}"
+        for i, e in enumerate(entries)
+    ]
 
 
 #: rounds listed one by one in the summary up to this many; beyond, the first, the last and every

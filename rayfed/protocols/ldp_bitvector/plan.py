@@ -23,7 +23,7 @@ from rayfed.privacy import (
     PrivacyDeclaration,
     enforce,
 )
-from rayfed.protocols.base import Plan
+from rayfed.protocols.base import Plan, adjusted
 from rayfed.protocols.ldp_bitvector.config import BASELINES, LdpBitvectorConfig
 from rayfed.protocols.ldp_bitvector.params import Clustering, Evaluation, Params
 from rayfed.protocols.ldp_bitvector.steps import MAX_ATTRIBUTES
@@ -87,6 +87,7 @@ def plan(cfg: LdpBitvectorConfig, seed: int) -> Plan:
         ),
         parties=parties,
         rounds=1,
+        adjusted=_records_adjusted(cfg, n),
         evaluation=Evaluation(labels=table.column(label).to_numpy()) if label else None,
         params=Params(
             order=order,
@@ -328,6 +329,13 @@ def _load(
         bounds,
         clipped,
     )
+
+
+def _records_adjusted(cfg: LdpBitvectorConfig, n: int) -> list[dict]:
+    """``records`` above the bundled data's size: the run uses them all, and says so."""
+    if cfg.data.path is not None or cfg.records is None or cfg.records == n:
+        return []
+    return [adjusted("records", cfg.records, n, f"the bundled {cfg.dataset} hold {n:,} records")]
 
 
 def _digits(cfg: LdpBitvectorConfig) -> tuple[pa.Table, list[str], str, list[float]]:

@@ -198,11 +198,14 @@ class SecureSumConfig:
                 "allow_weak_params=false, or threat_model=semi-honest to measure a weak setting",
             )
 
-    def schedule(self, cohorts: dict[str, np.ndarray] | None = None, users=None) -> DropoutSchedule:
+    def schedule(
+        self, cohorts: dict[str, np.ndarray] | None = None, users=None, rounds: int | None = None
+    ) -> DropoutSchedule:
         """The run's availability model in SecAgg's phases: ``dropout`` at unmask, and the
         population's; ``cohorts`` (name -> user ids) resolves the population's ``outage_cohort``,
-        ``users`` (ids, data rows) its ``outage_column``."""
-        return self.population.schedule(PHASES, {"unmask": self.dropout}, cohorts, users)
+        ``users`` (ids, data rows) its ``outage_column``; ``rounds`` checks the outage and the
+        trace against the run's rounds."""
+        return self.population.schedule(PHASES, {"unmask": self.dropout}, cohorts, users, rounds)
 
 
 def resolve_randomness(cfg: SecureSumConfig, randomness: str):

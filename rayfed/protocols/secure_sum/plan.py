@@ -17,7 +17,7 @@ from rayfed.protocols.secure_sum.params import Evaluation, Params, secagg_params
 from rayfed.protocols.secure_sum.report import private_statement, statement
 from rayfed.protocols.secure_sum.steps import synthetic_inputs
 from rayfed.secagg import FixedPoint, SecAggParams
-from rayfed.sizing import default_cohorts
+from rayfed.sizing import cohorts_adjusted, default_cohorts
 
 MAX_COMPLETE_BYTES = 4 << 30
 
@@ -43,6 +43,7 @@ def plan(cfg: SecureSumConfig, seed: int) -> Plan:
     schedule = cfg.schedule(
         {name: t.column("user_id").to_numpy() for name, t in cohorts.items()},
         (table.column(key).to_numpy(), table) if cfg.data.path is not None else None,
+        cfg.rounds,
     )
     secagg = secagg_params(cfg, n)
     encoding = FixedPoint.choose(n, cfg.clip, cfg.frac_bits, cfg.modulus_bits)
@@ -51,6 +52,8 @@ def plan(cfg: SecureSumConfig, seed: int) -> Plan:
         privacy=PrivacyDeclaration.none(statement(cfg)),
         cohorts={name: (t, {}) for name, t in cohorts.items()},
         rounds=cfg.rounds,
+        inputs=schedule.notes,
+        adjusted=cohorts_adjusted(n, cfg.cohorts, n_cohorts),
         cohort_restarts=cfg.rounds,  # a cohort's state lives for one round: restart it
         evaluation=Evaluation(table=table if columns else None),  # the raw values: both references
         params=Params(
@@ -80,7 +83,9 @@ def _private_plan(cfg: SecureSumConfig, seed: int) -> Plan:
     x, n_clipped = private.clip_rows(synthetic_inputs(ctx, 0, ids, cfg.dim, cfg.clip), cfg.clip)
     table = private.rows_table(ids, x, dp.columns)
     cohorts = per_user(table, "user_id", n_cohorts)
-    schedule = cfg.schedule({name: t.column("user_id").to_numpy() for name, t in cohorts.items()})
+    schedule = cfg.schedule(
+        {name: t.column("user_id").to_numpy() for name, t in cohorts.items()}, rounds=cfg.rounds
+    )
     return Plan(
         privacy=private.declaration(cfg, dp, private_statement(cfg, dp)),
         cohorts={
@@ -88,6 +93,8 @@ def _private_plan(cfg: SecureSumConfig, seed: int) -> Plan:
             for name, t in cohorts.items()
         },
         rounds=cfg.rounds,
+        inputs=schedule.notes,
+        adjusted=cohorts_adjusted(n, cfg.cohorts, n_cohorts),
         cohort_restarts=cfg.rounds,
         evaluation=Evaluation(table=table),
         params=Params(

@@ -35,7 +35,7 @@ from rayfed.protocols.square_wave.config import (
 )
 from rayfed.protocols.square_wave.params import Estimator, Evaluation, Params
 from rayfed.protocols.square_wave.report import statement
-from rayfed.sizing import default_cohorts
+from rayfed.sizing import cohorts_adjusted, default_cohorts
 
 RELATION = Neighbours("replace_one", "user's value")
 #: where a user's value lives in a cohort's table, and its domain: the sensitivity check moves
@@ -61,11 +61,15 @@ def plan(cfg: SquareWaveConfig, seed: int) -> Plan:
     table = pa.table({"user_id": np.arange(n, dtype=np.int64), "value": values})
     dealt = per_user(table, "user_id", n_cohorts)
     cohorts = {name: (t, {}) for name, t in dealt.items()}
+    moments = cfg.method in MOMENT_METHODS
+    parts = (("mean", "variance") if cfg.moments == "both" else (None,)) if moments else ()
+    rounds = max(1, len(parts))
     schedule = cfg.population.schedule(
         REPORT,
         {"report": cfg.dropout},
         {name: t.column("user_id").to_numpy() for name, t in dealt.items()},
         (np.arange(n), rows) if rows is not None else None,
+        rounds,
     )
     evaluation = None
     if cfg.evaluate:
@@ -74,9 +78,6 @@ def plan(cfg: SquareWaveConfig, seed: int) -> Plan:
             mean=float(values.mean()),
             variance=float(values.var()),
         )
-    moments = cfg.method in MOMENT_METHODS
-    parts = (("mean", "variance") if cfg.moments == "both" else (None,)) if moments else ()
-    rounds = max(1, len(parts))
     releases = _releases(cfg, parts)
     return Plan(
         privacy=PrivacyDeclaration(
@@ -90,6 +91,8 @@ def plan(cfg: SquareWaveConfig, seed: int) -> Plan:
         ),
         cohorts=cohorts,
         rounds=rounds,
+        inputs=schedule.notes,
+        adjusted=cohorts_adjusted(n, cfg.cohorts, n_cohorts),
         # a lost cohort is asked again in the same round: nothing of its users was released
         cohort_restarts=rounds if cfg.lost_users == "resume" else 0,
         evaluation=evaluation,

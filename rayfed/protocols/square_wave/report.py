@@ -89,7 +89,10 @@ def histogram_outcome(
                 result["wave_ratio"] = params.estimator.wave_ratio
         result.update(iterations=out["iterations"], tolerance=params.estimator.tolerance)
     method = cfg.method if "wave" not in result else f"{cfg.method} ({cfg.wave} wave)"
-    headline = f"{method}: {d}-bucket distribution of {params.users:,} users at ε={cfg.epsilon:g}"
+    headline = (
+        f"{method}: {d}-bucket distribution of {_who(params.users, int(out['reports']))} "
+        f"at ε={cfg.epsilon:g}"
+    )
     result.update(_clipped(params))
     if evaluation is not None:
         truth = evaluation.histogram
@@ -102,6 +105,14 @@ def histogram_outcome(
             headline += f"; range error (α=0.1) {scores['range_error_0.1']:.2e}"
     headline += _clip_note(params)
     return Outcome(tables={"histogram": pa.table(columns)}, metrics=result, headline=headline)
+
+
+def _who(users: int, reports: int) -> str:
+    """Whose values an estimate describes: every user's, or the reports that arrived of the users
+    asked (dropouts, stragglers and lost cohorts send none)."""
+    if reports == users:
+        return f"{users:,} users"
+    return f"the {reports:,} reports that arrived of {users:,} users asked"
 
 
 def _clipped(params: Params) -> dict[str, int]:
@@ -162,6 +173,7 @@ def moments_outcome(
     }
     if "variance" in results:
         metrics_["variance"] = results["variance"]
+    reports = sum(int(v) for k, v in results.items() if k.startswith("reports_"))
     headline = f"{cfg.method}: mean {results['mean']:.4f}"
     if evaluation is not None:
         metrics_["mean_error"] = abs(results["mean"] - evaluation.mean)
@@ -170,6 +182,8 @@ def moments_outcome(
             metrics_["variance_error"] = abs(results["variance"] - evaluation.variance)
     if "variance" in results:
         headline += f", variance {results['variance']:.4f}"
+    if reports != params.users:
+        headline += f" from {_who(params.users, reports)}"
     metrics_.update(_clipped(params))
     headline += _clip_note(params)
     table = pa.table(

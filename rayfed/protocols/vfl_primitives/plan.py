@@ -579,6 +579,17 @@ def load_data(
         raise ConfigError("label", "regression needs the label column", "e.g. --set label=y")
     if label is not None and label not in table.column_names:
         raise DataError("label", f"column {label!r} is not in the data", table.column_names)
+    holders = [p for p, cols in groups.items() if label is not None and label in cols]
+    if holders:  # the model would predict the label from itself
+        raise ConfigError(
+            "label",
+            f"the label column {label!r} is also a feature (data.columns.{holders[0]})",
+            f"drop {label!r} from data.columns.{holders[0]}, or name another label column",
+        )
+    if label is not None and label == cfg.data.key:
+        raise ConfigError(
+            "label", f"the label column {label!r} is the key (data.key)", "another label column"
+        )
     vertical(table, groups, cfg.data.key)  # checks the columns exist and are disjoint
     require_clean(
         table,

@@ -42,7 +42,7 @@ from rayfed.protocols.federated_mf.lfl.params import GddrParams, LflParams, LflR
 from rayfed.secagg import FixedPoint, find_params
 from rayfed.secagg.ddp import DdpPlan
 from rayfed.secagg.phases import PHASES
-from rayfed.sizing import default_cohorts
+from rayfed.sizing import cohorts_adjusted, default_cohorts
 
 #: the share of users the secure aggregation's parameters assume corrupt (γ)
 CORRUPT_FRACTION = 0.05
@@ -99,7 +99,8 @@ def plan(cfg: FederatedMFConfig, seed: int) -> Plan:
         for name, t in dealt.items()
     }
     method = cfg.resolved_method()
-    schedule = _schedule(cfg, method, users)
+    rounds = cfg.iterations if method in ("lfl", "ldp", "gd-dr") else 1
+    schedule = _schedule(cfg, method, users, rounds)
     gddr = _gddr(cfg, n, m, delta, seed) if method == "gd-dr" else None
     sensitivity = mf.row_gradient_radius(cfg.bound)  # a user's row G_i lies in this ball
     secagg = _secagg_params(cfg, n)
@@ -129,7 +130,9 @@ def plan(cfg: FederatedMFConfig, seed: int) -> Plan:
     return Plan(
         privacy=(_gddr_privacy if gddr else _privacy)(cfg, budget, releases),
         cohorts=cohorts,
-        rounds=cfg.iterations if method in ("lfl", "ldp", "gd-dr") else 1,
+        rounds=rounds,
+        inputs=schedule.notes,
+        adjusted=cohorts_adjusted(n, cfg.cohorts, n_cohorts),
         # a restarted cohort resumes from its users' checkpoint: restart it once per iteration
         cohort_restarts=cfg.iterations if cfg.lost_users == "resume" else 0,
         evaluation={"train": train, "test": test},
@@ -340,15 +343,15 @@ def _gddr_privacy(
 REPORT = Phases(("report",))
 
 
-def _schedule(cfg: FederatedMFConfig, method: str, cohorts: dict[str, np.ndarray]):
+def _schedule(cfg: FederatedMFConfig, method: str, cohorts: dict[str, np.ndarray], rounds: int):
     """The users' availability and the population models: for LFL and LDP in Round 1's secure
     aggregation (its phases; the rate is lost at advertise, the user sending nothing that round);
     for GD-DR in its one phase ``report`` (SecAgg's phases are unknown there, a ConfigError naming
     population.rates.<phase>). Both rates read the same uniforms, so dropout=r loses the same
     users either way."""
     if method == "gd-dr":
-        return cfg.population.schedule(REPORT, {"report": cfg.dropout}, cohorts)
-    return cfg.population.schedule(PHASES, {"advertise": cfg.dropout}, cohorts)
+        return cfg.population.schedule(REPORT, {"report": cfg.dropout}, cohorts, rounds=rounds)
+    return cfg.population.schedule(PHASES, {"advertise": cfg.dropout}, cohorts, rounds=rounds)
 
 
 def _charged_epsilon(

@@ -224,6 +224,11 @@ def outcome(
             metrics[unused] = None
         metrics.update(_gddr_metrics(cfg, params))
     headline = f"{METHOD_NAMES[params.method]} test MSE {test_mse:.4f} ({params.n} users, {params.m} items)"
+    reported = [row["u1"] for row in history if row.get("u1") is not None]
+    if reported and min(reported) < params.n:  # dropouts: say how many users each update had
+        low, high = min(reported), max(reported)
+        span = f"{low:,}" if low == high else f"{low:,} to {high:,}"
+        headline += f"; {span} of the {params.n:,} users reported per iteration"
     if params.method in ("lfl", "ldp"):
         headline += f"; Round-1 secure aggregation: threat model {params.secagg.threat_model}"
         if cfg.secagg_mode != "secure":  # the model is what the parameters are sized for
