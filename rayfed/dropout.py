@@ -684,7 +684,7 @@ class PopulationConfig:
             else ""
         )
         if cover["pairs_listed"] < cover["pairs"] or cover["rows_ignored"]:
-            warnings.warn(
+            cover["note"] = (
                 f"population.trace covers {cover['pairs_listed']:,} of the run's "
                 f"{cover['pairs']:,} (user, round) pairs ({cover['users_listed']:,} of "
                 f"{cover['users']:,} users, {cover['rounds_listed']} of {cover['rounds']} rounds, "
@@ -694,10 +694,9 @@ class PopulationConfig:
                     "rounds outside the run and are ignored"
                     if cover["rows_ignored"]
                     else ""
-                ),
-                RuntimeWarning,
-                stacklevel=2,
+                )
             )
+            warnings.warn(cover["note"], RuntimeWarning, stacklevel=2)  # the report shows the note
         return cover
 
     def _check_outage(self, rounds: int) -> None:

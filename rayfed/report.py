@@ -388,11 +388,21 @@ def _status_html(m: dict[str, Any]) -> str:
 
 
 def _round_and_loss_lines(manifest: dict[str, Any]) -> list[str]:
-    """The terminal summary's per-round and lost-member lines, for the page."""
-    from rayfed.protocols.base import loss_lines, round_lines
+    """The terminal's lines on what the run used and what happened: options used at another
+    value than asked, notes on its inputs (a trace's coverage), per-round and lost members (a
+    failed run's from its manifest)."""
+    from rayfed.protocols.base import adjusted_lines, loss_lines, round_lines
 
     metrics = manifest.get("metrics", {})
-    return round_lines(metrics.get("per_round") or []) + loss_lines(metrics.get("losses") or [])
+    notes = [
+        f"  inputs:   {x['note']}" for x in (manifest.get("inputs") or {}).values() if "note" in x
+    ]
+    return (
+        adjusted_lines(manifest.get("adjusted") or [])
+        + notes
+        + round_lines(metrics.get("per_round") or [])
+        + loss_lines(metrics.get("losses") or manifest.get("losses") or [])
+    )
 
 
 def _lines_html(lines: list[str]) -> str:

@@ -5,6 +5,7 @@ raised before any actor or run directory exists."""
 
 from __future__ import annotations
 
+import html
 import json
 import warnings
 
@@ -134,6 +135,11 @@ def test_a_trace_that_applies_in_part_is_stated_and_recorded(tmp_path):
     assert (cover["rounds"], cover["rounds_listed"]) == (2, 1)
     assert (cover["pairs"], cover["pairs_listed"]) == (120, 10)
     assert cover["unlisted"] == "online"
+    # the page states it as the terminal did
+    from rayfed.report import report
+
+    page = html.unescape(report(tmp_path / "runs" / result.run_id)[-1].read_text())
+    assert f"inputs: {cover['note']}" in " ".join(page.split()) and cover["note"] in text
 
 
 def test_a_trace_covering_the_whole_run_gives_no_warning(tmp_path):

@@ -380,3 +380,20 @@ def test_every_option_an_example_sets_is_listed_as_it_was_set():
                 for part in option.split("."):
                     value = value[part]
                 assert listed[option] == value, (name, example, option)
+
+
+def test_the_page_states_options_used_at_another_value_and_a_failed_runs_losses(tmp_path):
+    """The summary's ``adjusted:`` line (50 cohorts asked, 20 users) and the members a failed
+    run lost before it aborted are on the page as in the terminal."""
+    out = tmp_path / "runs"
+    result = rayfed.run("secure-sum", backend="local", out_dir=str(out), users=20, cohorts=50)
+    page = " ".join(_text(report(out / result.run_id)[-1].read_text()).split())
+    assert "adjusted: cohorts=50 asked, 20 used: " in page
+    with pytest.raises(rayfed.BelowThreshold):
+        rayfed.run(
+            "secure-sum", backend="local", out_dir=str(tmp_path / "failed"), users=200, cohorts=2,
+            fail=["cohort=c1@round=0"],
+        )  # fmt: skip
+    (failed,) = (tmp_path / "failed").iterdir()
+    page = " ".join(_text(report(failed)[-1].read_text()).split())
+    assert "lost: cohort c1, 100 users died in round 0 at advertise: " in page
