@@ -315,6 +315,7 @@ class _Record:
             losses=getattr(err, "losses", []),
             # how far it got, as an interruption records it (the report's failed-run page)
             reached=_reached(fed),
+            privacy=_privacy_so_far(fed),
             seconds=time.perf_counter() - self.started,
             timings=fed.timings if fed else [],
             transcript=fed.transcript.totals() if fed else None,
@@ -324,12 +325,21 @@ class _Record:
 
 def _reached(fed: Federation | None) -> dict[str, Any]:
     """The round and phase a run that stopped early had reached, and the rounds it finished."""
-    rounds = [t for t in fed.timings if t["phase"] == "(round)"] if fed else []
-    return {
-        "round": fed.round_no if fed else None,
-        "phase": (fed.phase or "start") if fed else "start",
-        "rounds_finished": len(rounds),
-    }
+    if not (fed and fed.phase):
+        return {"round": None, "phase": "start", "rounds_finished": 0}
+    rounds = [t for t in fed.timings if t["phase"] == "(round)"]
+    return {"round": fed.round_no, "phase": fed.phase, "rounds_finished": len(rounds)}
+
+
+def _privacy_so_far(fed: Federation | None) -> dict[str, Any] | None:
+    """The ledger's report of what a failed run had charged (a charge is spent whether or not
+    its release arrived), or None where the coordinator cannot say (it is the one that died)."""
+    if not (fed and fed.phase):
+        return None
+    try:
+        return fed.privacy_report().to_dict()
+    except Exception:  # noqa: BLE001 - the failure being recorded is the one to report
+        return None
 
 
 def check_size(proto, cfg, run_opts) -> None:

@@ -357,6 +357,8 @@ def _page(title: str, body: str) -> str:
 
 def _where(reached: dict[str, Any]) -> str:
     """Where a run stopped ("in round R, phase P, after N finished round(s)"), from the manifest."""
+    if reached.get("phase") == "start" and reached.get("round") is None:
+        return "while starting the federation"
     parts = []
     if reached.get("round") is not None:
         parts.append(f"in round {reached['round']}")
@@ -433,7 +435,8 @@ def _privacy_html(m: dict[str, Any]) -> str:
     if privacy:
         names = {f.name for f in dataclasses.fields(PrivacyReport)}
         report_ = PrivacyReport(**{k: v for k, v in privacy.items() if k in names})
-        lines = [f"<p><b>privacy:</b> {html.escape(report_.summary())}</p>"]
+        by_then = " (charged by the time it failed)" if m.get("status") == "failed" else ""
+        lines = [f"<p><b>privacy{by_then}:</b> {html.escape(report_.summary())}</p>"]
         if report_.private or report_.statement not in report_.summary():
             lines.append(f"<p>{html.escape(report_.statement)}</p>")
         notes = "".join(f"<li>{html.escape(n)}</li>" for n in report_.notes)

@@ -124,10 +124,20 @@ def test_a_failed_run_is_reported_with_its_error(failed_run):
         "<b>failed</b> in round 2, phase parties:assign-upload, after 2 finished round(s): "
         f"{html.escape(error)}. No result was kept." in page
     )
-    assert [p.name for p in written] == ["timings.png", "report.html"]
-    assert not (run_dir / "privacy.png").exists() and not (run_dir / "bytes.png").exists()
+    assert [p.name for p in written] == ["privacy.png", "timings.png", "report.html"]
+    assert not (run_dir / "bytes.png").exists()
     assert "None" not in _text(page)
-    assert "ε spent by then is not recorded" in _text(page)
+    # what it charged before it failed: the clean run's charges of rounds 0-1 (its round 1 only)
+    clean = rayfed.run("hfl-kmeans", backend="local", out_dir=None, users=600, k=3).privacy
+    charged = json.loads((run_dir / "manifest.json").read_text())["privacy"]
+    entries = clean.to_dict()["entries"]  # pure and equal per round: ε adds up
+    before = [e for e in entries if e["round"] < 2]
+    assert [(e["round"], e["label"]) for e in charged["entries"]] == [
+        (e["round"], e["label"]) for e in before
+    ]
+    assert charged["epsilon"] == pytest.approx(clean.epsilon * len(before) / len(entries))
+    line = f"privacy (charged by the time it failed): epsilon={charged['epsilon']:g}, delta=0 "
+    assert line in " ".join(_text(page).split())
 
 
 # --- the page as honest as the terminal ----------------------------------------------------------
@@ -304,7 +314,7 @@ def test_the_three_kinds_of_page_in_a_browser(runs, failed_run, tmp_path):
     caveat = "holds only while that seed is secret from every party"
     pages = {
         "finished": (report(secure.run_dir)[-1], 3),  # no DP: no privacy plot
-        "failed": (report(failed_run)[-1], 1),
+        "failed": (report(failed_run)[-1], 2),
         "stress": (report(swept)[-1], 1),
     }
     with sync_playwright() as pw, tempfile.TemporaryDirectory() as profile:

@@ -367,6 +367,14 @@ def test_a_signal_while_the_run_directory_is_made_leaves_it_interrupted(tmp_path
     assert calls == ["running", "interrupted"]
     assert manifest["status"] == "interrupted"
     assert manifest["interrupted"]["phase"] == "start"
+    assert (manifest["interrupted"]["round"], manifest["interrupted"]["rounds_finished"]) == (
+        None,
+        0,
+    )
+    from rayfed.report import report
+
+    page = report(run_dir)[-1].read_text()
+    assert "<b>interrupted</b> by SIGINT while starting the federation. No result" in page
 
 
 def test_an_aborted_run_names_the_members_whose_death_aborted_it(tmp_path, capsys):
