@@ -110,7 +110,14 @@ def ensure_ray(address: str | None = None, num_cpus: int | None = None) -> dict[
             _check_reachable(address, CONNECT_TIMEOUT_S)
             ray.init(address=address, **quiet)
         else:
-            ray.init(num_cpus=num_cpus or os.cpu_count() or 1, include_dashboard=False, **quiet)
+            # "local": a new embedded Ray, never the last `ray start` cluster on this machine
+            # (which ray.init() with no address silently joins, refusing num_cpus)
+            ray.init(
+                address="local",
+                num_cpus=num_cpus or os.cpu_count() or 1,
+                include_dashboard=False,
+                **quiet,
+            )
     except ConnectionError as err:
         raise ConfigError(
             "address",

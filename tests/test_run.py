@@ -322,3 +322,26 @@ def test_a_release_the_accountant_cannot_account_is_refused_before_any_run(out_d
         with pytest.raises(DeclarationError, match=message):
             rayfed.run("pattern-count", backend="local", out_dir=str(out_dir), users=100)
         assert not any(out_dir.iterdir())
+
+
+def test_an_embedded_ray_never_joins_a_cluster_started_on_the_machine():
+    """With no address, ``ray.init()`` joins the last ``ray start`` cluster of this machine (and
+    refuses num_cpus there); an embedded run must start its own. A subprocess where Ray believes
+    such a cluster exists (at an address nobody listens on) starts its embedded Ray all the same."""
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import ray._private.services as s\n"
+        "s.find_bootstrap_address = lambda temp_dir: '127.0.0.1:1'\n"
+        "import rayfed\n"
+        "print(int(rayfed.ensure_ray(num_cpus=1)['CPU']))\n"
+        "rayfed.shutdown()\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split()[-1] == "1"
