@@ -26,9 +26,19 @@ def _check_reachable(address: str, timeout_s: float) -> None:
     """Fail fast on a host:port that does not answer: ray.init itself retries for minutes."""
     if address in ("auto", "local"):
         return
-    parsed = urlparse(address if "://" in address else f"gcs://{address}")
-    if parsed.hostname is None or parsed.port is None:
-        return
+    try:
+        parsed = urlparse(address if "://" in address else f"gcs://{address}")
+        host, port = parsed.hostname, parsed.port
+    except ValueError:  # a port that is not a number
+        host = port = None
+    if host is None or port is None:
+        raise ConfigError(
+            "address",
+            f"{address!r} is not a Ray address"
+            + (" (from RAY_ADDRESS)" if os.environ.get("RAY_ADDRESS") == address else ""),
+            "host:port, ray://host:port or auto; or nothing (and RAY_ADDRESS unset) for an "
+            "embedded local Ray",
+        )
     try:
         socket.create_connection((parsed.hostname, parsed.port), timeout=timeout_s).close()
     except OSError as err:

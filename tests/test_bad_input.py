@@ -192,6 +192,20 @@ def test_unreachable_cluster_address_fails_instead_of_hanging(bounded):
         bounded(60, _check_reachable, "ray://127.0.0.1:1", timeout_s=5)
 
 
+@pytest.mark.parametrize("address", ["garbage", "host:port", "ray://nohost", "10.0.0.1:"])
+def test_a_garbage_ray_address_is_a_named_error(address, monkeypatch, capsys):
+    """From RAY_ADDRESS too: it was a ValueError traceback ("Invalid address format")."""
+    from rayfed.cli import main
+
+    monkeypatch.setenv("RAY_ADDRESS", address)
+    code = main(["run", "secure-sum", "--quiet", "--set", "users=50", "--out", ""])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert (
+        f"configuration error: address: {address!r} is not a Ray address (from RAY_ADDRESS)" in err
+    )
+
+
 def test_values_outside_the_declared_domain_are_an_error(out_dir, csv_file):
     path = csv_file({"a": [0, 1, 5], "b": ["x", "y", "x"]})
     err = expect(
