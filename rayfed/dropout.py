@@ -267,49 +267,46 @@ class Trace:
     latency_s: np.ndarray | None = None
 
     @staticmethod
-    def read(path: str | Path, field: str = "population.trace") -> Trace:
-        """A CSV or Parquet trace file, checked (errors name ``field``): integer user and round
-        (rounds 0-based, both >= 0), availability 0/1 or boolean, latency_s >= 0 and finite
-        (empty where none is recorded); a (user, round) listed twice must say the same both times
-        (identical repeats count once)."""
+    def read(path: str | Path, setting: str = "population.trace") -> Trace:
+        """A CSV or Parquet trace file, checked (errors name the option ``setting``): integer
+        user and round (rounds 0-based, both >= 0), availability 0/1 or boolean, latency_s >= 0
+        and finite (empty where none is recorded: a column of empty cells records none); a
+        (user, round) listed twice must say the same both times (identical repeats count once).
+        Columns are numbers or booleans (decimals count as numbers); a text column is refused,
+        even one of numerals (a CSV reader makes a column of numerals numbers)."""
         from rayfed.data import load_table
 
-        table = load_table(path, field=field)
+        table = load_table(path, field=setting)
         missing = [c for c in ("user", "round", "available") if c not in table.column_names]
         if missing:
-            raise DataError(field, f"the trace lacks column(s) {missing}", "user, round, available")
-        user = _ints(table, "user", field)
-        rounds = _ints(table, "round", field)
-        available = _flags(table, "available", field)
-        latency = _latency(table, field) if "latency_s" in table.column_names else None
-        return _deduplicated(user, rounds, available, latency, field)
+            raise DataError(
+                setting, f"the trace lacks column(s) {missing}", "user, round, available"
+            )
+        user = _ints(table, "user", setting)
+        rounds = _ints(table, "round", setting)
+        available = _flags(table, "available", setting)
+        latency = _latency(table, setting) if "latency_s" in table.column_names else None
+        return _deduplicated(user, rounds, available, latency, setting)
 
-    def coverage(self, rounds: int, ids: np.ndarray, field: str = "population.trace") -> dict:
+    def coverage(self, rounds: int, ids: np.ndarray, setting: str = "population.trace") -> dict:
         """What of this trace applies to a run of ``rounds`` rounds (0-based) and members ``ids``:
         rows used and ignored, run users and rounds the trace lists, and (user, round) pairs it
-        covers. Refuses (errors name ``field``) a trace of rounds 1..R for a run of rounds
-        0..R-1, and one of which nothing applies."""
+        covers (``pairs_timed``: those with a recorded latency). Refuses (errors name the option
+        ``setting``) a trace that reads as numbered from 1 (:meth:`_check_one_based`) and one of
+        which nothing applies."""
         ids = np.unique(np.asarray(ids, dtype=np.int64))
         in_run = np.isin(self.user, ids) & (self.round < rounds)
-        trace_rounds = np.unique(self.round)
-        if trace_rounds.size and trace_rounds[0] == 1 and trace_rounds[-1] == rounds:
-            raise DataError(
-                field,
-                f"the trace's rounds are 1..{rounds}, but rounds are 0-based: this run has "
-                f"{rounds} round(s), 0..{rounds - 1}, so round {rounds} would never happen and "
-                "every other row would apply one round early",
-                "number the trace's rounds from 0 (subtract 1 from its round column)",
-            )
+        self._check_one_based(rounds, setting)
         if not in_run.any():
             raise DataError(
-                field,
+                setting,
                 f"nothing of the trace applies to this run: its users {_span(self.user)} and "
                 f"rounds {_span(self.round)} do not meet the run's users {_span(ids)} and "
-                f"rounds 0..{rounds - 1} (rounds are 0-based)",
+                f"{_rounds(rounds)} (rounds are 0-based)",
                 "a trace of this run's user ids and rounds, or population.availability/latency "
                 "other than trace",
             )
-        return {
+        cover = {
             "rows": int(self.user.size),
             "rows_used": int(in_run.sum()),
             "rows_ignored": int((~in_run).sum()),
@@ -320,6 +317,47 @@ class Trace:
             "pairs": int(ids.size) * int(rounds),
             "pairs_listed": int(in_run.sum()),
         }
+        if self.latency_s is not None:
+            cover["pairs_timed"] = int((in_run & ~np.isnan(self.latency_s)).sum())
+        return cover
+
+    def _check_one_based(self, rounds: int, setting: str) -> None:
+        """Refuses a trace that reads as numbered from 1 for a run of rounds 0..R-1: its rounds
+        within 1..R, none at 0 and some at R (outside the run as read 0-based), unless those at R
+        are few beside its other rounds (fewer than 1/``_STRAY`` of the median rows per listed
+        round: stray rows of a 0-based trace, which the coverage note states). The message gives
+        both readings and both fixes."""
+        listed, count = np.unique(self.round, return_counts=True)
+        if not listed.size or listed[0] < 1 or listed[-1] != rounds:
+            return
+        if listed.size > 1 and count[-1] * _STRAY < np.median(count[:-1]):
+            return
+        at_last = _count(int(count[-1]), "row")
+        run = f"this run has {_count(rounds, 'round')}, {_rounds(rounds)} (0-based)"
+        if listed.size == 1:
+            problem = (
+                f"the trace lists only round {rounds} ({at_last}), and {run}: counted from 1, "
+                f"its round {rounds} is this run's round {rounds - 1}; counted from 0, it is "
+                "outside the run and nothing of the trace applies"
+            )
+            fix = (
+                "if the trace is 1-based, subtract 1 from its round column; if 0-based, its "
+                f"round {rounds} is outside this run's {_rounds(rounds)}: run more rounds, or "
+                "give a trace of this run's rounds"
+            )
+        else:
+            problem = (
+                f"the trace's rounds are {listed[0]}..{rounds}, none at 0, and {run}: counted "
+                f"from 1, its rounds 1..{rounds} are this run's 0..{rounds - 1} and, read as "
+                f"they are, each row would apply one round late; counted from 0, its {at_last} "
+                f"at round {rounds} {'is' if count[-1] == 1 else 'are'} outside the run"
+            )
+            fix = (
+                "if the trace is 1-based, subtract 1 from its round column; if 0-based, its "
+                f"round {rounds} is outside this run's {_rounds(rounds)}: drop those rows or "
+                "run more rounds"
+            )
+        raise DataError(setting, problem, fix)
 
     def _rows(self, round: int, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(the trace row of each id at ``round``, whether the trace has one)."""
@@ -390,17 +428,47 @@ def _span(values: np.ndarray) -> str:
     return f"{values.min()}..{values.max()}" if values.size else "(none)"
 
 
-def _numbers(table, name: str, field: str) -> np.ndarray:
-    """Column ``name`` as float64 (nulls NaN); a column that is not numeric or boolean is
-    refused, naming its first value that is not a number."""
+def _rounds(rounds: int) -> str:
+    """A run's rounds, 0-based: 'round 0' or 'rounds 0..R-1'."""
+    return "round 0" if rounds == 1 else f"rounds 0..{rounds - 1}"
+
+
+def _count(n: int, word: str) -> str:
+    return f"{n:,} {word}" + ("" if n == 1 else "s")
+
+
+#: rows at a trace's round R fewer than 1/_STRAY of the median rows per round are stray rows of a
+#: 0-based trace, not the last round of a 1-based one (:meth:`Trace._check_one_based`)
+_STRAY = 10
+
+
+def _numbers(table, name: str, setting: str) -> np.ndarray:
+    """Column ``name`` as float64 (nulls NaN): numbers, booleans and decimals; a column of empty
+    cells only (type null) is all NaN; a text column, or one of another type, is refused."""
     column = table.column(name)
     kind = column.type
+    if pa.types.is_dictionary(kind):
+        column = pc.cast(column, kind.value_type)
+        kind = column.type
+    if pa.types.is_null(kind):
+        return np.full(len(column), np.nan)
+    if pa.types.is_decimal(kind):
+        column = pc.cast(column, pa.float64())
+        kind = column.type
     if pa.types.is_boolean(kind) or pa.types.is_integer(kind) or pa.types.is_floating(kind):
         return column.to_numpy(zero_copy_only=False).astype(np.float64)
-    values = [v for v in column.to_pylist() if v is not None]
-    first = next((v for v in values if not _number(v)), values[0] if values else None)
+    if pa.types.is_string(kind) or pa.types.is_large_string(kind):
+        values = column.to_pylist()
+        given = [i for i, v in enumerate(values) if v is not None]
+        row = next((i for i in given if not _number(values[i])), given[0] if given else 0)
+        raise DataError(
+            setting,
+            f"the trace's {name} column is a text column; numbers expected: row {row + 1} (of "
+            f"the data rows) holds {values[row]!r}",
+            _ALLOWED[name],
+        )
     raise DataError(
-        field, f"the trace's {name} column holds {first!r}, not a number", _ALLOWED[name]
+        setting, f"the trace's {name} column holds {kind} values; numbers expected", _ALLOWED[name]
     )
 
 
@@ -420,47 +488,47 @@ _ALLOWED = {
 }
 
 
-def _bad(field: str, name: str, values: np.ndarray, bad: np.ndarray, what: str):
+def _bad(setting: str, name: str, values: np.ndarray, bad: np.ndarray, what: str):
     row = int(np.flatnonzero(bad)[0])
     value = values[row]
     shown = "NaN or an empty cell" if math.isnan(value) else f"{value:g}"
     return DataError(
-        field,
+        setting,
         f"the trace's {name} must be {what}: row {row + 1} (of the data rows) holds {shown} "
         f"({int(bad.sum())} such row(s))",
         _ALLOWED[name],
     )
 
 
-def _ints(table, name: str, field: str) -> np.ndarray:
-    values = _numbers(table, name, field)
+def _ints(table, name: str, setting: str) -> np.ndarray:
+    values = _numbers(table, name, setting)
     bad = ~np.isfinite(values) | (values != np.round(values)) | (values < 0)
     if bad.any():
-        raise _bad(field, name, values, bad, "whole numbers >= 0")
+        raise _bad(setting, name, values, bad, "whole numbers >= 0")
     return values.astype(np.int64)
 
 
-def _flags(table, name: str, field: str) -> np.ndarray:
-    values = _numbers(table, name, field)
+def _flags(table, name: str, setting: str) -> np.ndarray:
+    values = _numbers(table, name, setting)
     bad = ~np.isin(values, (0.0, 1.0))
     if bad.any():
-        raise _bad(field, name, values, bad, "0 or 1 (false or true)")
+        raise _bad(setting, name, values, bad, "0 or 1 (false or true)")
     return values == 1.0
 
 
-def _latency(table, field: str) -> np.ndarray:
-    """latency_s, NaN where a cell is empty (none recorded); NaN written out, inf or negative are
-    refused."""
+def _latency(table, setting: str) -> np.ndarray:
+    """latency_s, NaN where a cell is empty (none recorded; a column of empty cells records
+    none); NaN written out, inf or negative are refused."""
     column = table.column("latency_s")
-    values = _numbers(table, "latency_s", field)
+    values = _numbers(table, "latency_s", setting)
     given = ~np.asarray(column.is_null().to_numpy(zero_copy_only=False), dtype=bool)
     bad = given & ~(np.isfinite(values) & (values >= 0))
     if bad.any():
-        raise _bad(field, "latency_s", values, bad, "seconds >= 0 and finite")
+        raise _bad(setting, "latency_s", values, bad, "seconds >= 0 and finite")
     return np.where(given, values, np.nan)
 
 
-def _deduplicated(user, rounds, available, latency, field: str) -> Trace:
+def _deduplicated(user, rounds, available, latency, setting: str) -> Trace:
     """The trace with each (user, round) once: a repeat that says the same is dropped, one that
     says otherwise (availability or recorded latency) is refused, naming the first such pair in
     the file's order."""
@@ -482,7 +550,7 @@ def _deduplicated(user, rounds, available, latency, field: str) -> Trace:
             return f"available={int(available[i])}{shown}"
 
         raise DataError(
-            field,
+            setting,
             f"user {user[row]} at round {rounds[row]} is listed twice and the rows disagree: "
             f"row {head[row] + 1} says {said(head[row])}, row {row + 1} says {said(row)} "
             f"({int(conflict.sum())} conflicting row(s))",
@@ -678,21 +746,49 @@ class PopulationConfig:
                 "latency=trace replays the trace's latency_s column, and the trace records none",
                 "a latency_s column (seconds), or population.latency=lognormal",
             )
-        cover["unlisted"] = "online" + (
-            ", its answer times log-normal (latency_median_s, latency_sigma)"
-            if self.latency == "trace"
-            else ""
-        )
-        if cover["pairs_listed"] < cover["pairs"] or cover["rows_ignored"]:
+        availability, latency = self.availability == "trace", self.latency == "trace"
+        lognormal = "log-normal times (latency_median_s, latency_sigma)"
+        if availability and latency:
+            cover["used_for"] = "availability and answer times"
+            cover["unlisted"] = f"online, answering in {lognormal}"
+            unlisted = (
+                f"an unlisted user is online that round and its answers take {lognormal}, as do "
+                "those of a listed one without latency_s"
+            )
+        elif availability:
+            cover["used_for"] = "availability"
+            cover["unlisted"] = "online"
+            unlisted = "an unlisted user is online that round"
+        else:
+            cover["used_for"] = "answer times"
+            cover["unlisted"] = f"answering in {lognormal}"
+            unlisted = (
+                f"the trace gives answer times only (population.availability={self.availability}"
+                f", its available column unused): an unlisted user's answers take {lognormal}, "
+                "as do those of a listed one without latency_s"
+            )
+        if not latency:
+            cover.pop("pairs_timed", None)
+        untimed = latency and cover["pairs_timed"] < cover["pairs_listed"]
+        if cover["pairs_listed"] < cover["pairs"] or cover["rows_ignored"] or untimed:
+            listed, last = np.unique(trace.round), trace.round == rounds
             cover["note"] = (
                 f"population.trace covers {cover['pairs_listed']:,} of the run's "
                 f"{cover['pairs']:,} (user, round) pairs ({cover['users_listed']:,} of "
                 f"{cover['users']:,} users, {cover['rounds_listed']} of {cover['rounds']} rounds, "
-                "0-based); an unlisted user is online that round"
+                "0-based)"
+                + (f", {cover['pairs_timed']:,} of them with a latency_s" if untimed else "")
+                + f"; {unlisted}"
                 + (
                     f"; {cover['rows_ignored']:,} of its {cover['rows']:,} rows name users or "
                     "rounds outside the run and are ignored"
                     if cover["rows_ignored"]
+                    else ""
+                )
+                + (
+                    f" ({int(last.sum()):,} at round {rounds} and none at round 0: if the trace "
+                    "counts rounds from 1, subtract 1 from its round column)"
+                    if last.any() and listed[0] > 0
                     else ""
                 )
             )

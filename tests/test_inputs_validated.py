@@ -39,7 +39,7 @@ def _run_trace(path, tmp_path, rounds=2, **population):
 @pytest.mark.parametrize(
     "rows,column,shown",
     [
-        ("0,0,no\n", "available", "not a number"),  # counted as online before
+        ("0,0,no\n", "available", "a text column; numbers expected: row 2"),  # was online
         ("0,0,0.5\n", "available", "holds 0.5"),
         ("0,0,2\n", "available", "holds 2"),
         ("0,0,NaN\n", "available", "NaN"),
@@ -96,9 +96,155 @@ def test_a_one_based_trace_is_refused_saying_rounds_are_zero_based(tmp_path):
     with pytest.raises(rayfed.ConfigError) as err:
         _run_trace(path, tmp_path)
     assert err.value.field == "population.trace"
-    assert "rounds are 0-based" in str(err.value) and "0..1" in str(err.value)
+    assert "this run has 2 rounds, rounds 0..1 (0-based)" in str(err.value)
     assert "subtract 1 from its round column" in str(err.value)
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize(
+    "rows,rounds,problem,fix",
+    [
+        (  # a sparse trace: 1-based, or 0-based with a row past the run; the message gave one
+            "3,1,0\n4,2,0\n",
+            2,
+            "the trace's rounds are 1..2, none at 0, and this run has 2 rounds, rounds 0..1 "
+            "(0-based): counted from 1, its rounds 1..2 are this run's 0..1 and, read as they "
+            "are, each row would apply one round late; counted from 0, its 1 row at round 2 is "
+            "outside the run",
+            "if the trace is 1-based, subtract 1 from its round column; if 0-based, its round 2 "
+            "is outside this run's rounds 0..1: drop those rows or run more rounds",
+        ),
+        (  # one round: it used to speak of 'every other row' and of 'rounds 0..0'
+            "3,1,0\n4,1,0\n",
+            1,
+            "the trace lists only round 1 (2 rows), and this run has 1 round, round 0 "
+            "(0-based): counted from 1, its round 1 is this run's round 0; counted from 0, it is "
+            "outside the run and nothing of the trace applies",
+            "if the trace is 1-based, subtract 1 from its round column; if 0-based, its round 1 "
+            "is outside this run's round 0: run more rounds, or give a trace of this run's rounds",
+        ),
+    ],
+)
+def test_a_trace_that_reads_as_one_based_is_refused_giving_both_readings_and_fixes(
+    tmp_path, rows, rounds, problem, fix
+):
+    path = _trace(tmp_path, "user,round,available\n" + rows)
+    with pytest.raises(rayfed.ConfigError) as err:
+        Trace.read(path).coverage(rounds, np.arange(60))
+    assert (err.value.field, err.value.problem, err.value.allowed) == (
+        "population.trace",
+        problem,
+        fix,
+    )
+
+
+@pytest.mark.parametrize(
+    "rounds_listed",
+    [
+        range(1, 4),  # none at 0, but round 4's one row is stray beside 20 per round
+        range(0, 5),  # rows at round 0: 0-based, however many its round 4 holds
+    ],
+)
+def test_a_trace_with_a_few_rows_past_the_run_is_not_taken_for_one_based(tmp_path, rounds_listed):
+    rows = "".join(f"{u},{r},0\n" for r in rounds_listed for u in range(20)) + "3,4,0\n"
+    trace = Trace.read(_trace(tmp_path, "user,round,available\n" + rows))
+    cover = trace.coverage(4, np.arange(60))
+    used = 20 * sum(r < 4 for r in rounds_listed)
+    assert (cover["rows_used"], cover["rows_ignored"]) == (used, cover["rows"] - used)
+
+
+def test_stray_rows_past_the_run_are_stated_with_the_one_based_fix(tmp_path):
+    """Round 3's one row is ignored; with none at round 0 the note says how to renumber."""
+    rows = "".join(f"{u},{r},0\n" for r in (1, 2) for u in range(15)) + "3,3,0\n"
+    with pytest.warns(RuntimeWarning) as caught:
+        result = _run_trace(_trace(tmp_path, "user,round,available\n" + rows), tmp_path, 3)
+    text = " ".join(str(w.message) for w in caught)
+    assert "1 of its 31 rows name users or rounds outside the run and are ignored" in text
+    assert (
+        "(1 at round 3 and none at round 0: if the trace counts rounds from 1, subtract 1 from "
+        "its round column)" in text
+    )
+    assert [r["survivors"] for r in result.metrics["rounds"]] == [60, 45, 45]
+
+
+def test_a_trace_of_answer_times_only_says_so_not_that_unlisted_users_are_online(tmp_path):
+    """availability=iid, latency=trace: the note used to say 'an unlisted user is online that
+    round', which the trace does not decide."""
+    rows = "user,round,available,latency_s\n0,0,0,20\n1,0,1,\n2,1,1,0.5\n"
+    with pytest.warns(RuntimeWarning) as caught:
+        result = rayfed.run(
+            "secure-sum",
+            out_dir=str(tmp_path / "runs"),
+            rounds=2,
+            population={
+                "latency": "trace",
+                "latency_sigma": 0,
+                "trace": str(_trace(tmp_path, rows)),
+            },
+            **SMALL,
+        )
+    text = " ".join(str(w.message) for w in caught)
+    assert "is online that round" not in text
+    assert (
+        "covers 3 of the run's 120 (user, round) pairs (3 of 60 users, 2 of 2 rounds, 0-based), "
+        "2 of them with a latency_s; the trace gives answer times only "
+        "(population.availability=iid, its available column unused): an unlisted user's answers "
+        "take log-normal times (latency_median_s, latency_sigma), as do those of a listed one "
+        "without latency_s"
+    ) in text
+    manifest = json.loads((tmp_path / "runs" / result.run_id / "manifest.json").read_text())
+    cover = manifest["inputs"]["population.trace"]
+    assert (cover["used_for"], cover["pairs_listed"], cover["pairs_timed"]) == (
+        "answer times",
+        3,
+        2,
+    )
+    assert cover["unlisted"] == "answering in log-normal times (latency_median_s, latency_sigma)"
+    # user 0, listed offline in round 0, is online: its 20 s answer misses the 10 s deadline
+    assert [r["survivors"] for r in result.metrics["rounds"]] == [59, 60]
+
+
+def test_a_latency_column_of_empty_cells_records_none(tmp_path):
+    """pyarrow reads it as type null; it was refused as 'holds None, not a number'."""
+    path = _trace(tmp_path, "user,round,available,latency_s\n0,0,1,\n1,0,0,\n")
+    trace = Trace.read(path)
+    np.testing.assert_array_equal(trace.latency_s, [np.nan, np.nan])
+    assert trace.available.tolist() == [True, False]
+
+
+def test_parquet_decimals_are_numbers_and_text_is_refused_as_text(tmp_path):
+    import decimal
+
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "trace.parquet"
+    ones = pa.array([decimal.Decimal("1"), decimal.Decimal("0")], pa.decimal128(3, 0))
+    pq.write_table(pa.table({"user": [0, 1], "round": [0, 0], "available": ones}), path)
+    assert Trace.read(path).available.tolist() == [True, False]  # was: holds Decimal('1')
+    pq.write_table(pa.table({"user": [0, 1], "round": [0, 0], "available": ["1", "0"]}), path)
+    with pytest.raises(rayfed.ConfigError) as err:
+        Trace.read(path)
+    assert err.value.problem == (  # was: holds '1', not a number
+        "the trace's available column is a text column; numbers expected: row 1 (of the data "
+        "rows) holds '1'"
+    )
+
+
+def test_the_option_a_trace_error_names_is_a_parameter_not_dataclasses_field(tmp_path):
+    """Trace.read/coverage took ``field``, shadowing dataclasses.field in their module."""
+    import dataclasses
+
+    from rayfed import dropout
+
+    assert dropout.field is dataclasses.field
+    path = _trace(tmp_path, "user,round,available\n0,0,2\n")
+    with pytest.raises(rayfed.ConfigError) as err:
+        Trace.read(path, setting="cohort.trace")
+    assert err.value.field == "cohort.trace"
+    trace = Trace.read(_trace(tmp_path, "user,round,available\n900,0,0\n"))
+    with pytest.raises(rayfed.ConfigError) as err:
+        trace.coverage(2, np.arange(60), setting="cohort.trace")
+    assert err.value.field == "cohort.trace"
 
 
 @pytest.mark.parametrize(
