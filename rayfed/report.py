@@ -652,17 +652,18 @@ def stress_report(stress_dir: str | Path, out: str | Path | None = None) -> list
 
 
 def _stress_randomness(record: dict[str, Any]) -> str:
-    """The randomness statement of a stress directory's runs: every run of a point has the
-    randomness its options and ``--set`` gave (RunOptions' default, seeded, otherwise)."""
-    from rayfed.config import RunOptions, parse_assignment
-    from rayfed.privacy.source import STATEMENTS
-
-    randomness = record.get("options", {}).get("randomness", RunOptions.randomness)
-    for text in record.get("sets") or []:
-        path, value = parse_assignment(text)
-        if path == ["randomness"]:
-            randomness = value
-    return STATEMENTS.get(randomness, f"randomness={randomness}")
+    """The randomness statement of a stress directory's runs, as they ran (``rayfed stress``
+    records each point's: a run's options may make it secure, e.g. secure-sum's
+    ``mode=secure``); never guessed from the options."""
+    statement = record.get("randomness_statement")
+    if statement:
+        return statement
+    if not record.get("rows"):
+        return "no point has finished: no run's randomness to state yet"
+    return (
+        "not recorded: this stress directory was written before rayfed recorded its runs' "
+        "randomness (see a run's own manifest)"
+    )
 
 
 def compare(run_dirs: list[str | Path], out: str | Path) -> list[Path]:
