@@ -198,6 +198,29 @@ def test_the_mf_learning_curve_shows_both_baselines(tmp_path, captured):
     assert lines[f"{METHOD_NAMES['stage1']}: {stage1:.4g}"] == [stage1, stage1]
     assert lines[f"{METHOD_NAMES['central']}: {central:.4g}"] == [central, central]
     assert lines["this run"] == [r["test_mse"] for r in mf.metrics["per_round"]]
+    # the protocol names its baselines in the manifest; the report draws what it declares
+    assert mf.metrics["baselines"] == {
+        "stage1_test_mse": {"of": "test_mse", "label": METHOD_NAMES["stage1"]},
+        "central_test_mse": {"of": "test_mse", "label": METHOD_NAMES["central"]},
+    }
+
+
+def test_a_metric_is_a_baseline_only_where_its_protocol_declares_it(runs):
+    """report.baselines() labelled any scalar metric ``central_<x>`` beside a per-round value
+    ``x`` "central non-private SGD", whatever the protocol; it reads the run's declaration now."""
+    from rayfed.report import Run, baselines
+
+    secure, _ = runs
+    run = load(secure.run_dir)
+    assert "survivors" in run.per_round[0]  # a per-round value of secure-sum
+    metrics = {**run.manifest["metrics"], "central_survivors": 5, "stage1_survivors": 4}
+    undeclared = Run(run.path, {**run.manifest, "metrics": metrics}, run.transcript)
+    assert baselines(undeclared, "survivors") == []
+    declared = {"central_survivors": {"of": "survivors", "label": "everyone online"}}
+    metrics["baselines"] = declared
+    declared_run = Run(run.path, {**run.manifest, "metrics": metrics}, run.transcript)
+    assert baselines(declared_run, "survivors") == [("everyone online", 5.0)]
+    assert baselines(declared_run, "test_mse") == []
 
 
 def test_the_configuration_is_whole_and_lists_only_what_applies(runs, tmp_path):
