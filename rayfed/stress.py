@@ -28,8 +28,10 @@ time:
 With ``sweep=(option, values)`` it instead runs ``secure-sum`` at every value of one option (a
 population model's parameter, say ``markov_off``), ``reps`` seeds each, and records per point the
 abort rate with its 95 % (Wilson) interval beside the parameter finder's bound — P[abort] <= 2^-η
-while the dropout stays within ``tolerated_dropout`` — the dropout actually observed, the users
-alive after each phase, wrong sums (there must be none), and the simulated and wall time per round.
+while the dropout stays within ``tolerated_dropout``, so stated only at a point whose dropout is
+within its own (:func:`abort_bound`) — the share of users missing from the sum (``not_in_sum``)
+and the dropout observed, the users alive after each phase, wrong sums (there must be none), and
+the simulated and wall time per round. Every row records the randomness its runs had.
 """
 
 from __future__ import annotations
