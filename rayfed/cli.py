@@ -172,7 +172,7 @@ def _stress_line(row: dict) -> str:
             f"{label}  test MSE {row['test_mse']:.4f}{sd('test_mse')}  epsilon "
             f"{row['epsilon']:.4g}  skipped {row['skipped']:g}/{row['iterations']:g} (95 % "
             f"{row['abort_ci_low']:.2f}-{row['abort_ci_high']:.2f}; finder's bound: "
-            f"{row['abort_bound']})  alive {row['alive_round1']:.0f} / "
+            f"{row.get('abort_bound', 'not recorded')})  alive {row['alive_round1']:.0f} / "
             f"{row['alive_round2']:.0f} (rounds 1 / 2)"
         )
     if "error" in row:
@@ -186,7 +186,7 @@ def _stress_line(row: dict) -> str:
         return (
             f"{label} not in the sum {dropout:>8}  aborts {row['aborts']}/{row['reps']} (95 % "
             f"{row['abort_ci_low']:.2f}-{row['abort_ci_high']:.2f}; finder's bound: "
-            f"{row['abort_bound']})  wrong sums {row['wrong_sums']}  simulated "
+            f"{row.get('abort_bound', 'not recorded')})  wrong sums {row['wrong_sums']}  simulated "
             + ("-" if simulated is None else f"{simulated:.1f} s")
             + " per round"
         )
