@@ -158,7 +158,8 @@ def _cmd_stress(args) -> int:
 
 def _stress_line(row: dict) -> str:
     """One row of a stress table as a line of text."""
-    dropout = "" if row["dropout"] is None else f"{100 * row['dropout']:5.1f} %"
+    share = row.get("not_in_sum", row.get("dropout"))  # a secure-sum sweep's: not in the sum
+    dropout = "" if share is None else f"{100 * share:5.1f} %"
     sweep = row["scenario"] == "sweep"
     label = f"{row['option']}={row['value']:<8}" if sweep else f"dropout {dropout:>8}"
     sd = (lambda key: f" ± {row[key + '_sd']:.2g}") if sweep else (lambda key: "")
@@ -167,13 +168,11 @@ def _stress_line(row: dict) -> str:
             f"{label}  test MSE {row['test_mse']:.4f}{sd('test_mse')}  epsilon {row['epsilon']:.4g}"
         )
     if "test_mse" in row:
-        bound = row["predicted_abort_bound"]  # None: no secure aggregation (gd-dr)
-        bound = "none, no secure aggregation" if bound is None else f"{bound:.1e}"
         return (
             f"{label}  test MSE {row['test_mse']:.4f}{sd('test_mse')}  epsilon "
             f"{row['epsilon']:.4g}  skipped {row['skipped']:g}/{row['iterations']:g} (95 % "
-            f"{row['abort_ci_low']:.2f}-{row['abort_ci_high']:.2f}; finder's bound "
-            f"{bound})  alive {row['alive_round1']:.0f} / "
+            f"{row['abort_ci_low']:.2f}-{row['abort_ci_high']:.2f}; finder's bound: "
+            f"{row.get('abort_bound', 'not recorded')})  alive {row['alive_round1']:.0f} / "
             f"{row['alive_round2']:.0f} (rounds 1 / 2)"
         )
     if "error" in row:
@@ -186,8 +185,8 @@ def _stress_line(row: dict) -> str:
         simulated = row["simulated_round_seconds"]
         return (
             f"{label} not in the sum {dropout:>8}  aborts {row['aborts']}/{row['reps']} (95 % "
-            f"{row['abort_ci_low']:.2f}-{row['abort_ci_high']:.2f}; finder's bound "
-            f"{row['predicted_abort_bound']:.1e})  wrong sums {row['wrong_sums']}  simulated "
+            f"{row['abort_ci_low']:.2f}-{row['abort_ci_high']:.2f}; finder's bound: "
+            f"{row.get('abort_bound', 'not recorded')})  wrong sums {row['wrong_sums']}  simulated "
             + ("-" if simulated is None else f"{simulated:.1f} s")
             + " per round"
         )

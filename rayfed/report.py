@@ -141,18 +141,19 @@ def round_values(run: Run) -> dict[str, tuple[list[int], list[float]]]:
 
 
 def baselines(run: Run, name: str) -> list[tuple[str, float]]:
-    """(label, value) of each baseline the run measured for the per-round value ``name``: a
-    scalar metric ``<method>_<name>`` of a federated-mf reference method (LFL's
-    ``stage1_test_mse`` and ``central_test_mse`` beside its learning curve ``test_mse``),
-    labelled with the method's own name."""
-    from rayfed.protocols.federated_mf.lfl.report import METHOD_NAMES
-
+    """(label, value) of each baseline the run declared for the per-round value ``name``: its
+    metrics' ``baselines`` maps a scalar metric to the value it compares with and its label
+    (LFL: ``stage1_test_mse`` and ``central_test_mse`` beside ``test_mse``, named by the
+    protocol). A metric no protocol declared is no baseline: the report guesses none."""
     metrics = run.manifest.get("metrics", {})
+    declared = metrics.get("baselines")
     out = []
-    for method, label in METHOD_NAMES.items():
-        value = metrics.get(f"{method}_{name}")
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            out.append((label, float(value)))
+    for metric, what in (declared if isinstance(declared, dict) else {}).items():
+        value = metrics.get(metric)
+        if what.get("of") != name or isinstance(value, bool):
+            continue
+        if isinstance(value, (int, float)):
+            out.append((str(what.get("label", metric)), float(value)))
     return out
 
 
@@ -655,17 +656,18 @@ def stress_report(stress_dir: str | Path, out: str | Path | None = None) -> list
 
 
 def _stress_randomness(record: dict[str, Any]) -> str:
-    """The randomness statement of a stress directory's runs: every run of a point has the
-    randomness its options and ``--set`` gave (RunOptions' default, seeded, otherwise)."""
-    from rayfed.config import RunOptions, parse_assignment
-    from rayfed.privacy.source import STATEMENTS
-
-    randomness = record.get("options", {}).get("randomness", RunOptions.randomness)
-    for text in record.get("sets") or []:
-        path, value = parse_assignment(text)
-        if path == ["randomness"]:
-            randomness = value
-    return STATEMENTS.get(randomness, f"randomness={randomness}")
+    """The randomness statement of a stress directory's runs, as they ran (``rayfed stress``
+    records each point's: a run's options may make it secure, e.g. secure-sum's
+    ``mode=secure``); never guessed from the options."""
+    statement = record.get("randomness_statement")
+    if statement:
+        return statement
+    if not record.get("rows"):
+        return "no point has finished: no run's randomness to state yet"
+    return (
+        "not recorded: this stress directory was written before rayfed recorded its runs' "
+        "randomness (see a run's own manifest)"
+    )
 
 
 def compare(run_dirs: list[str | Path], out: str | Path) -> list[Path]:

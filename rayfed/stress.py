@@ -28,8 +28,10 @@ time:
 With ``sweep=(option, values)`` it instead runs ``secure-sum`` at every value of one option (a
 population model's parameter, say ``markov_off``), ``reps`` seeds each, and records per point the
 abort rate with its 95 % (Wilson) interval beside the parameter finder's bound — P[abort] <= 2^-η
-while the dropout stays within ``tolerated_dropout`` — the dropout actually observed, the users
-alive after each phase, wrong sums (there must be none), and the simulated and wall time per round.
+while the dropout stays within ``tolerated_dropout``, so stated only at a point whose dropout is
+within its own (:func:`abort_bound`) — the share of users missing from the sum (``not_in_sum``)
+and the dropout observed, the users alive after each phase, wrong sums (there must be none), and
+the simulated and wall time per round. Every row records the randomness its runs had.
 """
 
 from __future__ import annotations
@@ -68,6 +70,69 @@ class Point:
     compute: Callable[[Callable[[], None]], dict]
 
 
+def log2_text(x: float) -> str:
+    """``2^x`` with x to one decimal (a bound of 2^-1100 is not the 0 a float makes of it)."""
+    text = f"{x:.1f}".rstrip("0").rstrip(".")
+    return f"2^{text}"
+
+
+def planned_dropout(cfg: dict[str, Any], faults: list[str] | None = None) -> float | None:
+    """The share of its users a round loses by a run's own options where only i.i.d. rates
+    decide it (``dropout`` and ``population.rates``, one after the other); None where a
+    population model (markov, a trace, an outage, named users, latencies) or an injected fault
+    decides it."""
+    population = cfg.get("population") or {}
+    if (
+        faults
+        or population.get("availability", "iid") != "iid"
+        or population.get("latency", "none") != "none"
+        or any(population.get(k) for k in ("lost", "outage", "outage_cohort", "outage_column"))
+    ):
+        return None
+    keep = 1.0 - float(cfg.get("dropout") or 0.0)
+    for rate in (population.get("rates") or {}).values():
+        keep *= 1.0 - float(rate)
+    return 1.0 - keep
+
+
+def abort_bound(
+    log2_bound: float | None, tolerated: float, dropout: float | None, how: str = ""
+) -> dict[str, Any]:
+    """The parameter finder's abort bound as a stress row states it. The finder bounds
+    P[abort] <= 2^log2_bound only while the dropout stays within ``tolerated``: at a point whose
+    ``dropout`` is above it there is no bound (``abort_bound_log2`` None), and at one whose
+    dropout is unknown (None) the bound is stated with its condition only. ``how`` says where
+    the dropout compared came from. (log2_bound None: no secure aggregation, no bound.)"""
+    if log2_bound is None:
+        return {"abort_bound_log2": None, "abort_bound": "none, no secure aggregation"}
+    bound = (
+        f"P[abort] = 0 at dropout <= {tolerated:g} (no round within it can abort)"
+        if log2_bound == -math.inf
+        else f"P[abort] <= {log2_text(log2_bound)} at dropout <= {tolerated:g}"
+    )
+    if dropout is None:
+        return {
+            "abort_bound_log2": None,
+            "abort_bound": f"{bound}; not checked: the population model decides the dropout",
+        }
+    if dropout > tolerated + 1e-12:
+        return {
+            "abort_bound_log2": None,
+            "abort_bound": f"none at dropout {dropout:.3g}{how}: the finder's bound holds at "
+            f"dropout <= {tolerated:g} only",
+        }
+    return {"abort_bound_log2": float(log2_bound), "abort_bound": bound}
+
+
+def planned_randomness(protocol: str, options: dict[str, Any], sets: list[str]) -> str:
+    """The randomness a run of these options reconciles to (what :func:`rayfed.api.run` does):
+    the record of a run that aborted, and so has no result to read it from."""
+    from rayfed.api import resolve
+
+    proto, run_opts, cfg = resolve(protocol, options, sets)
+    return proto.resolve_randomness(cfg, run_opts.randomness)[1]
+
+
 def _attempt(
     scenario: str, value: float | None, expected: str, options: dict[str, Any], sets: list[str]
 ) -> dict:
@@ -82,9 +147,16 @@ def _attempt(
             outcome="complete" if result.metrics["exact"] else "WRONG SUM",
             survivors=last["survivors"],
             alive_unmask=last.get("alive_unmask"),
+            randomness=result.privacy.randomness,
         )
     except BelowThreshold as err:
-        row.update(outcome="aborted", survivors=err.alive, alive_unmask=None, phase=err.phase)
+        row.update(
+            outcome="aborted",
+            survivors=err.alive,
+            alive_unmask=None,
+            phase=err.phase,
+            randomness=planned_randomness("secure-sum", options, sets),
+        )
     row["seconds"] = time.perf_counter() - started
     return row
 
@@ -200,14 +272,25 @@ def _repeat(options: dict[str, Any], sets: list[str], seed: int) -> dict:
     try:
         result = run("secure-sum", {**options, "seed": seed, "out_dir": None}, sets=sets)
     except BelowThreshold as err:
-        return {"outcome": "aborted", "survivors": err.alive, "users": None, "phases": {}}
+        return {
+            "outcome": "aborted",
+            "survivors": err.alive,
+            "users": None,
+            "alive": err.alive,
+            "phases": {},
+            "randomness": None,
+        }
     metrics = result.metrics
     rounds = metrics["rounds"]
+    phases = {k: v for k, v in rounds[-1].items() if k.startswith("alive_")}
     return {
         "outcome": "complete" if metrics["exact"] else "WRONG SUM",
         "survivors": rounds[-1]["survivors"],
         "users": metrics["users"],
-        "phases": {k: v for k, v in rounds[-1].items() if k.startswith("alive_")},
+        # alive after the last phase (of the last round): the dropout the finder's bound is about
+        "alive": list(phases.values())[-1] if phases else rounds[-1]["survivors"],
+        "randomness": result.privacy.randomness,
+        "phases": phases,
         "simulated": float(np.mean(metrics["simulated_round_seconds"])),
         "wall": (time.perf_counter() - started) / len(rounds),
     }
@@ -218,6 +301,8 @@ def sweep_points(
 ) -> list[Point]:
     """secure-sum at every value of ``option``, ``reps`` seeds each (see the module's
     docstring); each value's parameters resolved here, before any run."""
+    import dataclasses
+
     from rayfed.api import resolve
 
     first = int(options.get("seed", 0))
@@ -225,44 +310,71 @@ def sweep_points(
     def point(value: str) -> Point:
         point_sets = [*sets, f"{option}={value}"]
         proto, run_opts, cfg = resolve("secure-sum", options, point_sets)
-        secagg = proto.plan(cfg, run_opts.seed).params.secagg
+        params = proto.plan(cfg, run_opts.seed).params
+        secagg, users = params.secagg, params.registry.size
+        # what a run of this point reconciles its randomness to (an aborted run has no result)
+        randomness = proto.resolve_randomness(cfg, run_opts.randomness)[1]
+        planned = planned_dropout(dataclasses.asdict(cfg), run_opts.fail)
 
         def compute(tick: Callable[[], None]) -> dict:
             runs = []
             for r in range(reps):
                 runs.append(_repeat(options, point_sets, first + r))
                 tick()
-            return _sweep_row(option, value, reps, runs, secagg, cfg)
+            for run in runs:
+                run["randomness"] = run["randomness"] or randomness
+            return _sweep_row(option, value, reps, runs, secagg, cfg, planned, users)
 
         return Point(f"{option}={value}", reps, compute)
 
     return [point(value) for value in values]
 
 
-def _sweep_row(option: str, value: str, reps: int, runs: list[dict], secagg, cfg) -> dict:
+def _sweep_row(
+    option: str,
+    value: str,
+    reps: int,
+    runs: list[dict],
+    secagg,
+    cfg,
+    planned: float | None,
+    users: int,
+) -> dict:
+    """One point of a secure-sum sweep. ``not_in_sum`` is the share of users whose input is
+    missing from the sum (completed runs): a user lost at unmask is still summed. The finder's
+    bound is stated where the point's dropout is within its ``tolerated_dropout``: the dropout
+    its options ask (``planned``, i.i.d. rates only), else the one observed over every run
+    (users lost by the end of the round, or by its abort)."""
     done = [r for r in runs if r["outcome"] != "aborted"]
     aborts = reps - len(done)
     low, high = wilson(aborts, reps)
     phases = list(done[0]["phases"]) if done else []  # in the protocol's order
+    observed = float(np.mean([1 - r["alive"] / (r["users"] or users) for r in runs]))
+    dropout = planned if planned is not None else observed
+    how = " (asked)" if planned is not None else " (observed)"
+    kinds = sorted({r["randomness"] for r in runs})
     return {
         "scenario": "sweep",
         "option": option,
         "value": value,
-        "dropout": float(np.mean([1 - r["survivors"] / r["users"] for r in done]))
+        "not_in_sum": float(np.mean([1 - r["survivors"] / r["users"] for r in done]))
         if done
         else None,
+        "observed_dropout": observed,
         "reps": reps,
         "aborts": aborts,
         "abort_rate": aborts / reps,
         "abort_ci_low": low,
         "abort_ci_high": high,
-        "predicted_abort_bound": 2.0**secagg.log2_correctness_failure,
+        **abort_bound(secagg.log2_correctness_failure, cfg.tolerated_dropout, dropout, how),
         "tolerated_dropout": cfg.tolerated_dropout,
         "wrong_sums": sum(r["outcome"] == "WRONG SUM" for r in runs),
         **{p: float(np.mean([r["phases"].get(p, 0) for r in done])) for p in phases},
         "simulated_round_seconds": float(np.mean([r["simulated"] for r in done])) if done else None,
         "wall_round_seconds": float(np.mean([r["wall"] for r in done])) if done else None,
         "mode": cfg.mode,
+        # every run's own (a mix would be a bug: stated, never averaged away)
+        "randomness": kinds[0] if len(kinds) == 1 else "mixed: " + ", ".join(kinds),
         "outcome": f"{aborts}/{reps} aborted",
         "expected": "no wrong sum; aborts rare while the dropout is within tolerated",
     }
@@ -273,18 +385,34 @@ def _sweep_row(option: str, value: str, reps: int, runs: list[dict], secagg, cfg
 VISIBLE_BOUND = 0.01
 
 
-def _draw_bounds(ax, x, bounds: list[float | None]) -> None:
-    """The parameter finder's P[abort] bound at each point that has one (runs with secure
-    aggregation): drawn where it is visible on the linear axis, else written on the plot."""
-    shown = [(xi, b) for xi, b in zip(x, bounds, strict=True) if b is not None]
-    drawn = [(xi, b) for xi, b in shown if b >= VISIBLE_BOUND]
+def _draw_bounds(ax, x, rows: list[dict]) -> None:
+    """The parameter finder's P[abort] bound at each point where it applies (its dropout within
+    its tolerated_dropout): drawn where it is visible on the linear axis, else written on the
+    plot as 2^x with its condition; the points where no bound applies are named."""
+    shown = [
+        (xi, r) for xi, r in zip(x, rows, strict=True) if r.get("abort_bound_log2") is not None
+    ]
+    drawn = [(xi, 2.0 ** r["abort_bound_log2"]) for xi, r in shown]
+    drawn = [(xi, b) for xi, b in drawn if b >= VISIBLE_BOUND]
     if drawn:
+        tolerated = sorted({f"{r['tolerated_dropout']:g}" for _, r in shown})
         ax.plot(*zip(*drawn, strict=True), "_", ms=18, mew=2, color="tab:red",
-                label="finder's bound")  # fmt: skip
-    tiny = [b for _, b in shown if b < VISIBLE_BOUND]
-    if tiny:
-        ax.text(0.02, 0.93, f"finder's bound P[abort] <= {max(tiny):.2g}: too small to draw",
-                transform=ax.transAxes, fontsize=8, color="tab:red", va="top")  # fmt: skip
+                label=f"finder's bound (at dropout <= {', '.join(tolerated)})")  # fmt: skip
+    tiny = [r for _, r in shown if 2.0 ** r["abort_bound_log2"] < VISIBLE_BOUND]
+    lines = [
+        f"finder's bound: {r['abort_bound']}"
+        + ("" if r["abort_bound_log2"] == -math.inf else "\n(too small to draw)")
+        for r in {r["abort_bound"]: r for r in tiny}.values()
+    ]
+    none = [str(r["value"]) for r in rows if r.get("abort_bound_log2") is None]
+    if none:
+        lines.append(
+            f"no bound at {rows[0]['option']}={', '.join(none)}:\nits dropout is above "
+            "tolerated_dropout"
+        )
+    if lines:
+        ax.text(0.02, 0.93, "\n".join(lines), transform=ax.transAxes, fontsize=7,
+                color="tab:red", va="top")  # fmt: skip
 
 
 def plot_sweep(rows: list[dict], path: Path, title: str) -> None:
@@ -299,7 +427,7 @@ def plot_sweep(rows: list[dict], path: Path, title: str) -> None:
     rate = np.array([r["abort_rate"] for r in rows])
     err = [rate - [r["abort_ci_low"] for r in rows], [r["abort_ci_high"] for r in rows] - rate]
     ax1.errorbar(x, rate, yerr=err, fmt="o", capsize=4, label="observed (95 % interval)")
-    _draw_bounds(ax1, x, [r.get("predicted_abort_bound") for r in rows])
+    _draw_bounds(ax1, x, rows)
     ax1.set(ylabel="abort rate", title="aborts", ylim=(-0.05, 1.05))
     ax1.legend(fontsize=8)
     names = next((list(r) for r in rows if any(k.startswith("alive_") for k in r)), [])
@@ -337,10 +465,12 @@ def measure(protocol: str, result) -> dict[str, Any]:
             "alive_round1": float(np.mean([r["u1"] for r in done])) if done else 0.0,
             # (method=gd-dr has one round of reports: no Round 2)
             "alive_round2": float(np.mean([r.get("u2", 0) for r in done])) if done else 0.0,
-            # (None for gd-dr, which runs no secure aggregation)
-            "predicted_abort_bound": None
-            if m["secagg_log2_abort_bound"] is None
-            else 2.0 ** m["secagg_log2_abort_bound"],
+            # stated where the run's dropout is within ω (None for gd-dr: no secure aggregation)
+            **abort_bound(
+                m["secagg_log2_abort_bound"],
+                m["tolerated_dropout"],
+                planned_dropout(result.config["protocol"], result.config["run"].get("fail")),
+            ),
             "tolerated_dropout": m["tolerated_dropout"],
         }
     error = "wasserstein" if "wasserstein" in m else "mean_error"
@@ -357,6 +487,9 @@ def measure(protocol: str, result) -> dict[str, Any]:
         "simulated_round_seconds": float(np.mean(m["simulated_round_seconds"])),
     }
 
+
+#: measures every seed of a point shares (its options decide them): kept, not averaged
+PER_POINT = ("abort_bound_log2", "tolerated_dropout")
 
 #: the utility a rate or sweep row plots, per protocol
 UTILITY = {"federated-mf": "test_mse", "square-wave": "error"}
@@ -396,6 +529,7 @@ def rate_points(protocol: str, options: dict[str, Any], sets: list[str], rates) 
                 **measured,
                 **abort_stats([measured]),
                 "mode": result.metrics.get("mode", "ldp"),
+                "randomness": result.privacy.randomness,
                 "outcome": "complete",
                 "expected": "complete",
                 "seconds": time.perf_counter() - started,
@@ -433,15 +567,17 @@ def value_points(
             measured = [measure(protocol, r) for r in runs]
             row = {"scenario": "sweep", "option": option, "value": value, "reps": reps}
             for key, v in measured[0].items():
-                if isinstance(v, str) or v is None:
+                if isinstance(v, str) or v is None or key in PER_POINT:
                     row[key] = v
                     continue
                 column = np.array([m[key] for m in measured], dtype=float)
                 row[key] = float(column.mean())
                 row[f"{key}_sd"] = float(column.std(ddof=1)) if reps > 1 else 0.0
             row.update(abort_stats(measured))
+            kinds = sorted({r.privacy.randomness for r in runs})
             row.update(
                 mode=runs[0].metrics.get("mode", "ldp"),
+                randomness=kinds[0] if len(kinds) == 1 else "mixed: " + ", ".join(kinds),
                 outcome="complete",
                 expected="complete",
                 dropout=row.get("observed_dropout"),
@@ -763,6 +899,7 @@ class StressDir:
             "options": self.spec["options"],
             "sets": self.spec["sets"],
             "spec": self.spec,
+            **randomness_of(rows),
             "rows": rows,
         }
         if error:
@@ -771,6 +908,28 @@ class StressDir:
         if rows:
             _atomic_write(self.path / "stress.parquet", lambda p: pq.write_table(_table(rows), p))
         _atomic_write(self.path / "stress.json", lambda p: p.write_text(text))
+
+
+def randomness_of(rows: list[dict]) -> dict[str, Any]:
+    """The randomness the runs of these rows had (each row records its own runs'), and its
+    statement: one for all, or ``mixed`` naming which points had which (never one picked)."""
+    from rayfed.privacy.source import STATEMENTS
+
+    kinds = list(dict.fromkeys(r.get("randomness") for r in rows if r.get("randomness")))
+    if not kinds:
+        return {}
+    if len(kinds) == 1 and kinds[0] in STATEMENTS:
+        return {"randomness": kinds[0], "randomness_statement": STATEMENTS[kinds[0]]}
+    points = {
+        kind: [str(r.get("value", r.get("dropout", r["scenario"]))) for r in rows
+               if r.get("randomness") == kind]
+        for kind in kinds
+    }  # fmt: skip
+    return {
+        "randomness": "mixed",
+        "randomness_statement": "the points' runs differ in randomness: "
+        + "; ".join(f"{kind} at {', '.join(at)}" for kind, at in points.items()),
+    }
 
 
 def _table(rows: list[dict]) -> pa.Table:

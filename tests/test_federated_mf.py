@@ -231,7 +231,8 @@ def test_stress_sweep_reports_mse_epsilon_and_aborts(tmp_path, capsys):
     rows = json.loads((path / "stress.json").read_text())["rows"]
     assert [r["skipped"] for r in rows] == [0, 3]  # at 50 % dropout every iteration falls below t
     assert rows[0]["alive_round1"] == 300 and rows[0]["abort_ci_high"] < 0.6  # Wilson, 0 of 3
-    assert rows[1]["abort_rate"] == 1 and rows[0]["predicted_abort_bound"] < 2**-29  # eta = 30
+    assert rows[1]["abort_rate"] == 1 and rows[0]["abort_bound_log2"] < -29  # eta = 30
+    assert rows[1]["abort_bound_log2"] is None  # 50 % dropout: beyond omega, no bound
     assert rows[0]["epsilon"] == rows[1]["epsilon"]  # skipped iterations are charged (conservative)
     assert (path / "stress.png").stat().st_size > 10_000 and "test MSE" in capsys.readouterr().out
 

@@ -299,7 +299,8 @@ def test_a_stress_sweep_of_gd_dr_states_it_has_no_secure_aggregation(tmp_path, c
     assert main([*args, str(tmp_path), *[a for o in options for a in ("--set", o)]]) == 0
     (path,) = tmp_path.iterdir()
     rows = json.loads((path / "stress.json").read_text())["rows"]
-    assert [r["predicted_abort_bound"] for r in rows] == [None, None]
+    assert [r["abort_bound_log2"] for r in rows] == [None, None]
+    assert [r["abort_bound"] for r in rows] == ["none, no secure aggregation"] * 2
     assert rows[1]["alive_round1"] < rows[0]["alive_round1"] == 400  # dropouts send no report
     assert "no secure aggregation" in capsys.readouterr().out
 

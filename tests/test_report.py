@@ -208,6 +208,29 @@ def test_the_mf_learning_curve_shows_both_baselines(tmp_path, captured):
     assert lines[f"{METHOD_NAMES['stage1']}: {stage1:.4g}"] == [stage1, stage1]
     assert lines[f"{METHOD_NAMES['central']}: {central:.4g}"] == [central, central]
     assert lines["this run"] == [r["test_mse"] for r in mf.metrics["per_round"]]
+    # the protocol names its baselines in the manifest; the report draws what it declares
+    assert mf.metrics["baselines"] == {
+        "stage1_test_mse": {"of": "test_mse", "label": METHOD_NAMES["stage1"]},
+        "central_test_mse": {"of": "test_mse", "label": METHOD_NAMES["central"]},
+    }
+
+
+def test_a_metric_is_a_baseline_only_where_its_protocol_declares_it(runs):
+    """report.baselines() labelled any scalar metric ``central_<x>`` beside a per-round value
+    ``x`` "central non-private SGD", whatever the protocol; it reads the run's declaration now."""
+    from rayfed.report import Run, baselines
+
+    secure, _ = runs
+    run = load(secure.run_dir)
+    assert "survivors" in run.per_round[0]  # a per-round value of secure-sum
+    metrics = {**run.manifest["metrics"], "central_survivors": 5, "stage1_survivors": 4}
+    undeclared = Run(run.path, {**run.manifest, "metrics": metrics}, run.transcript)
+    assert baselines(undeclared, "survivors") == []
+    declared = {"central_survivors": {"of": "survivors", "label": "everyone online"}}
+    metrics["baselines"] = declared
+    declared_run = Run(run.path, {**run.manifest, "metrics": metrics}, run.transcript)
+    assert baselines(declared_run, "survivors") == [("everyone online", 5.0)]
+    assert baselines(declared_run, "test_mse") == []
 
 
 def test_the_configuration_is_whole_and_lists_only_what_applies(runs, tmp_path):
@@ -256,24 +279,38 @@ def test_an_interrupted_run_is_reported_with_where_it_stopped(tmp_path, monkeypa
 
 
 def test_a_bound_too_small_to_see_is_written_not_drawn_at_zero(tmp_path, monkeypatch):
+    """A visible bound is drawn at its own point, one too small to see (or below a float's
+    range: 2^-1100 is 0.0) is written as 2^x with what it bounds, and a point where no bound
+    applies (its dropout above the tolerated) is named, never drawn."""
     import matplotlib.pyplot as plt
 
-    from rayfed.stress import plot_sweep
+    from rayfed.stress import abort_bound, plot_sweep
 
     kept = []
     monkeypatch.setattr(plt, "close", kept.append)
     row = dict(
         option="dropout", abort_rate=0.0, abort_ci_low=0.0, abort_ci_high=0.5,
         simulated_round_seconds=0.0, wall_round_seconds=0.1, alive_unmask=10,
+        tolerated_dropout=0.3,
     )  # fmt: skip
-    bounds = [6.5e-10, 0.2, None]
-    rows = [{**row, "value": str(i), "predicted_abort_bound": b} for i, b in enumerate(bounds)]
+    bounds = [(-30.5, 0.1), (-2.3, 0.2), (-1100.4, 0.3), (-30.5, 0.5)]  # (log2, dropout asked)
+    rows = [{**row, "value": str(d), **abort_bound(x, 0.3, d, " (asked)")} for x, d in bounds]
+    assert rows[3]["abort_bound"] == (
+        "none at dropout 0.5 (asked): the finder's bound holds at dropout <= 0.3 only"
+    )
     plot_sweep(rows, tmp_path / "s.png", "t")
     aborts = kept[0].axes[0]
     drawn = [list(line.get_ydata()) for line in aborts.get_lines() if "bound" in line.get_label()]
-    assert drawn == [[0.2]]  # only the visible bound, at its own point
-    texts = [t.get_text() for t in aborts.texts]
-    assert texts == ["finder's bound P[abort] <= 6.5e-10: too small to draw"]
+    assert drawn == [[2**-2.3]]  # only the visible bound, at its own point
+    (text,) = [t.get_text() for t in aborts.texts]
+    assert text.splitlines() == [
+        "finder's bound: P[abort] <= 2^-30.5 at dropout <= 0.3",
+        "(too small to draw)",
+        "finder's bound: P[abort] <= 2^-1100.4 at dropout <= 0.3",
+        "(too small to draw)",
+        "no bound at dropout=0.5:",
+        "its dropout is above tolerated_dropout",
+    ]
     monkeypatch.undo()
     plt.close(kept[0])
 

@@ -261,9 +261,12 @@ def test_stress_sweeps_a_population_model(tmp_path, capsys):
     low, high = json.loads((path / "stress.json").read_text())["rows"]
     assert (low["value"], low["aborts"], high["aborts"]) == ("0.02", 0, 3)
     assert low["wrong_sums"] == high["wrong_sums"] == 0
-    assert 0 < low["dropout"] < 0.3 and low["alive_unmask"] <= low["alive_advertise"] <= 60
+    assert 0 < low["not_in_sum"] < 0.3 and low["alive_unmask"] <= low["alive_advertise"] <= 60
     assert high["abort_ci_low"] == pytest.approx(0.4385, abs=1e-4)  # Wilson, 3 of 3
-    assert low["predicted_abort_bound"] < 2**-29  # eta = 30
+    # the finder's bound (eta = 30) where the observed dropout is within the tolerated 30 %,
+    # none where it is far beyond
+    assert low["abort_bound_log2"] < -29 and 0 < low["observed_dropout"] < 0.3
+    assert high["abort_bound_log2"] is None and high["observed_dropout"] > 0.3
     assert (path / "stress.png").stat().st_size > 10_000
     assert "markov_off=0.5" in capsys.readouterr().out
 

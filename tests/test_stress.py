@@ -331,3 +331,110 @@ def test_a_secure_sum_sweep_row_says_what_its_percentage_counts(tmp_path, capsys
     assert main([*args, "--sweep", "dropout=0.2", "--out", str(tmp_path)]) == 0
     (line,) = [x for x in capsys.readouterr().out.splitlines() if x.startswith("dropout=0.2")]
     assert re.search(r" not in the sum +0\.0 %  aborts 0/1 ", line), line
+
+
+# --- what a row states: the finder's bound where it applies, the runs' randomness --------------
+def test_the_finders_bound_is_stated_only_at_points_within_their_tolerated_dropout(
+    tmp_path, capsys
+):
+    """The finder bounds P[abort] only while the dropout stays within tolerated_dropout (0.3 by
+    default): at dropout=0.5 there is no bound (it read 'finder's bound 0.0e+00' beside 2/2
+    aborts), and where tolerated_dropout itself is swept each point's own value decides."""
+    args = ["stress", "secure-sum", "--backend", "local", "--set", "users=40", "--set", "dim=2"]
+    args += ["--reps", "2", "--quiet", "--out", str(tmp_path)]
+    assert main([*args, "--sweep", "dropout=0.1,0.5"]) == 0
+    out = capsys.readouterr().out
+    (line,) = [x for x in out.splitlines() if x.startswith("dropout=0.5")]
+    assert "finder's bound: none at dropout 0.5" in line and "e+00" not in line
+    (path,) = tmp_path.iterdir()
+    low, high = _record(path)["rows"]
+    assert (low["abort_bound_log2"], high["abort_bound_log2"]) == (float("-inf"), None)
+    assert low["abort_bound"] == "P[abort] = 0 at dropout <= 0.3 (no round within it can abort)"
+    assert high["aborts"] == 2 and high["abort_bound"] == (
+        "none at dropout 0.5 (asked): the finder's bound holds at dropout <= 0.3 only"
+    )
+    swept = stress_mod.stress(
+        "secure-sum", {"backend": "local", "users": 200, "dim": 2, "dropout": 0.2}, [],
+        out_dir=tmp_path / "tolerated", sweep=("tolerated_dropout", ["0.1", "0.3"]), reps=1,
+    )  # fmt: skip
+    below, within = _record(swept)["rows"]
+    assert below["abort_bound_log2"] is None and below["tolerated_dropout"] == 0.1
+    assert "none at dropout 0.2 (asked)" in below["abort_bound"]
+    assert -40 < within["abort_bound_log2"] < -29  # eta = 30 at n = 200
+    assert within["abort_bound"] == (
+        f"P[abort] <= {stress_mod.log2_text(within['abort_bound_log2'])} at dropout <= 0.3"
+    )
+
+
+def test_an_underflowed_bound_is_written_as_a_power_of_two():
+    from rayfed.stress import abort_bound
+
+    assert 2.0**-1100.4 == 0.0  # what the row used to hold
+    assert (
+        abort_bound(-1100.4, 0.3, 0.1)["abort_bound"] == "P[abort] <= 2^-1100.4 at dropout <= 0.3"
+    )
+    assert abort_bound(-30.0, 0.3, 0.1)["abort_bound"] == "P[abort] <= 2^-30 at dropout <= 0.3"
+
+
+def test_an_lfl_rate_row_has_no_bound_above_omega():
+    """LFL's rate rows: the bound holds at dropout <= omega only (the run's own options)."""
+    from types import SimpleNamespace
+
+    metrics = {
+        "test_mse": 1.0, "skipped_iterations": [], "secagg_log2_abort_bound": -31.0,
+        "tolerated_dropout": 0.3, "iterations": [{"skipped": False, "u1": 9, "u2": 9}],
+    }  # fmt: skip
+
+    def row(dropout):
+        result = SimpleNamespace(
+            metrics=metrics,
+            privacy=SimpleNamespace(epsilon=1.0),
+            config={"protocol": {"dropout": dropout, "population": {}}, "run": {"fail": None}},
+        )
+        return stress_mod.measure("federated-mf", result)
+
+    assert row(0.2)["abort_bound_log2"] == -31.0
+    assert row(0.5)["abort_bound_log2"] is None
+    assert row(0.5)["abort_bound"].startswith("none at dropout 0.5")
+
+
+def test_the_stress_page_states_the_randomness_the_runs_had(tmp_path):
+    """secure-sum's mode=secure makes its runs secure: the record and the page say so (the page
+    read 'seeded ... reproducible', built from the options), for a sweep and for the rates."""
+    from rayfed.privacy.source import STATEMENTS
+    from rayfed.report import report
+
+    small = ["users=20", "dim=2", "mode=secure"]
+    for kwargs in ({"sweep": ("dropout", ["0", "0.6"]), "reps": 1}, {"rates": [0.0, 0.6]}):
+        path = stress_mod.stress(
+            "secure-sum", {"backend": "local"}, small, out_dir=tmp_path, resume=False, **kwargs
+        )
+        page = report(path)[-1].read_text()
+        assert "secure randomness: every noise draw" in page and "seeded randomness" not in page
+        record = _record(path)
+        assert {r["randomness"] for r in record["rows"]} == {"secure"}  # aborted ones too
+        assert record["randomness"] == "secure"
+        assert record["randomness_statement"] == STATEMENTS["secure"]
+    seeded = stress_mod.stress(
+        "secure-sum", {"backend": "local"}, ["users=20", "dim=2"], out_dir=tmp_path,
+        rates=[0.0], resume=False,
+    )  # fmt: skip
+    assert _record(seeded)["randomness"] == "seeded"
+
+
+def test_a_secure_sum_sweep_row_names_its_share_not_in_the_sum(tmp_path):
+    """The sweep row's share is of users missing from the sum (not the dropout asked, which
+    strikes after the masked input): 'not_in_sum' in stress.json, Parquet and report.html."""
+    from rayfed.report import report
+
+    path = stress_mod.stress(
+        "secure-sum", {"backend": "local"}, ["users=20", "dim=2"], out_dir=tmp_path,
+        sweep=("dropout", ["0.2"]), reps=1,
+    )  # fmt: skip
+    (row,) = _record(path)["rows"]
+    assert "dropout" not in row and row["not_in_sum"] == 0.0  # all 20 inputs are in the sum
+    assert 0 < row["observed_dropout"] < 1  # users lost at unmask, still summed
+    table = pq.read_table(path / "stress.parquet")
+    assert "not_in_sum" in table.column_names and "dropout" not in table.column_names
+    page = report(path)[-1].read_text()
+    assert "<th>not_<wbr>in_<wbr>sum</th>" in page and "<th>dropout</th>" not in page

@@ -209,6 +209,13 @@ def outcome(
         "epsilon_nominal": cfg.epsilon,
         "epsilon_worst_case": charged_epsilon,
         **baselines,
+        # what rayfed report draws beside the learning curve: each baseline's metric, the
+        # per-round value it compares with, and its name (the report guesses none)
+        "baselines": {
+            f"{method}_test_mse": {"of": "test_mse", "label": METHOD_NAMES[method]}
+            for method in ("stage1", "central")
+            if f"{method}_test_mse" in baselines
+        },
         "learning_curve": [row["test_mse"] for row in history],
     }
     if params.gddr is not None:  # it runs no secure aggregation and draws no Gaussian
