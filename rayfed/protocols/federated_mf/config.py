@@ -10,6 +10,7 @@ from rayfed.config import DataConfig, option
 from rayfed.dropout import PopulationConfig
 from rayfed.errors import ConfigError
 from rayfed.privacy import check_budget
+from rayfed.privacy.calibration import MAX_DELTA, MAX_DELTA_WHY
 from rayfed.protocols.base import reconcile_randomness
 
 LFL = {"setting": ("lfl",)}
@@ -82,7 +83,8 @@ class FederatedMFConfig:
         None,
         "δ (default 1/number of ratings)",
         above=0,
-        below=1,
+        at_most=MAX_DELTA,
+        why=MAX_DELTA_WHY,
         when={**PRIVATE, **NOT_OBJPERT},
     )
     accountant: Literal["tightest", "rdp"] = option(
