@@ -262,10 +262,10 @@ def clustering_outcome(
         metrics.update(
             cost=cost(a, final, p),
             cost_nonprivate=base,
-            cost_ratio=cost(a, final, p) / base,
+            cost_ratio=_ratio(cost(a, final, p), base),
             cost_product_grid=cost(a, grid, p),
-            cost_ratio_exact_counts=cost(a, truth.exact_counts, p) / base,
-            cost_ratio_nonprivate_vfl=cost(a, truth.nonprivate_vfl, p) / base,
+            cost_ratio_exact_counts=_ratio(cost(a, truth.exact_counts, p), base),
+            cost_ratio_nonprivate_vfl=_ratio(cost(a, truth.nonprivate_vfl, p), base),
             weights_rmse=float(np.sqrt(np.mean((raw - truth.true_counts) ** 2))),
             weights_predicted_sd=_weights_sd(cfg, truth, eps_prime),
         )
@@ -328,7 +328,18 @@ def _lowrank_errors(k: int, a: np.ndarray, v_mat: np.ndarray) -> dict[str, float
     err = float(np.linalg.norm(a - a @ v_mat @ v_mat.T))
     sv = np.linalg.svd(a, compute_uv=False)
     best = float(np.sqrt((sv[k:] ** 2).sum()))
-    return {"error": err, "best_rank_k_error": best, "ratio": err / best, "excess": err - best}
+    return {
+        "error": err,
+        "best_rank_k_error": best,
+        "ratio": _ratio(err, best),
+        "excess": err - best,
+    }
+
+
+def _ratio(value: float, base: float) -> float:
+    """value / base, where a base of 0 (data of rank <= k, or no more users than clusters) gives
+    inf (1 where the value is 0 too) rather than an error after the release."""
+    return value / base if base > 0 else (math.inf if value > 0 else 1.0)
 
 
 def lowrank_outcome(
