@@ -75,8 +75,14 @@ class FederatedMFConfig:
     )
     epsilon: float = option(
         1.0,
-        "target ε (per user, or per rating in VFL/HFL with privacy_unit=rating)",
+        "target ε (per user, or per rating in VFL/HFL with privacy_unit=rating), at most 1000",
         above=0,
+        at_most=1000.0,
+        why=(
+            "e^-ε underflows float64 from about 745 on (a guarantee past that says nothing), and "
+            "the baselines' calibrations overflow beyond it (objpert's λ from e^(ε/2K), "
+            "DP-SGLD's accounting of near-noiseless steps)"
+        ),
         when=PRIVATE,
     )
     delta: float | None = option(
