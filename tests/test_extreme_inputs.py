@@ -133,3 +133,19 @@ def test_vfl_primitives_kmeans_without_a_positive_weight_still_chooses_centers(o
     result = runs("vfl-primitives", users=300, **options)
     assert result.tables["centers"].num_rows == options.get("k", 4)
     assert result.metrics["cost_ratio"] >= 1.0 - 1e-9
+
+
+@pytest.mark.parametrize("task", ["l2-moment", "lp-moment"])
+def test_vfl_primitives_moment_of_all_zero_data_reports_instead_of_failing(tmp_path, task):
+    """All-zero data: the true moment is 0, and the relative error after the release divided by
+    zero (ZeroDivisionError, budget spent). It is reported as inf instead."""
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+
+    path = tmp_path / "zeros.csv"
+    pacsv.write_csv(pa.table({"x0": [0] * 40, "x1": [0] * 40}), path)
+    data = {"path": str(path), "columns": {"p0": ["x0"], "p1": ["x1"]}}
+    options = {"value_bounds": [0, 4]} if task == "lp-moment" else {}
+    result = runs("vfl-primitives", task=task, data=data, **options)
+    assert result.metrics["true"] == 0.0
+    assert result.metrics["relative_error"] in (float("inf"), float("-inf"), 0.0)

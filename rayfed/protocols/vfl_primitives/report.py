@@ -140,7 +140,7 @@ def lp_outcome(
         light = np.delete(x, est.heavy_set)
         light_true = float(light @ light ** (cfg.p - 1)) if cfg.p != 1 else float(light.sum())
         metrics.update(
-            true=true, relative_error=(est.estimate - true) / true, light_part_true=light_true
+            true=true, relative_error=_relative(est.estimate, true), light_part_true=light_true
         )
         sd = _light_part_sd(cfg, est, truth.a)
         if sd is not None:
@@ -186,8 +186,8 @@ def l2_outcome(
         true = float((truth.a.sum(axis=1) ** 2).sum())
         metrics.update(
             true=true,
-            relative_error=(debiased - true) / true,
-            raw_relative_error=(raw - true) / true,
+            relative_error=_relative(debiased, true),
+            raw_relative_error=_relative(raw, true),
         )
         if truth.unclipped is not None:
             metrics["true_unclipped"] = float((truth.unclipped.sum(axis=1) ** 2).sum())
@@ -336,6 +336,14 @@ def _lowrank_errors(k: int, a: np.ndarray, v_mat: np.ndarray) -> dict[str, float
     }
 
 
+def _relative(value: float, true: float) -> float:
+    """(value − true) / true; ±inf for a true value of 0 (0 where the value is 0 too): the
+    evaluation after the release never divides by zero."""
+    if true != 0:
+        return (value - true) / true
+    return 0.0 if value == 0 else math.copysign(math.inf, value)
+
+
 def _ratio(value: float, base: float) -> float:
     """value / base, where a base of 0 (data of rank <= k, or no more users than clusters) gives
     inf (1 where the value is 0 too) rather than an error after the release."""
@@ -414,7 +422,7 @@ def regression_outcome(
         metrics.update(
             loss=loss,
             opt=opt,
-            loss_ratio=loss / opt,
+            loss_ratio=_ratio(loss, opt),
             ridge_loss=float(((a @ ridge - b) ** 2).sum()),
             distance_to_ridge=float(np.linalg.norm(x - ridge) / np.linalg.norm(ridge)),
             distance_to_ols=float(np.linalg.norm(x - opt_x) / np.linalg.norm(opt_x)),
