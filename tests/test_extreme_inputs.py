@@ -149,3 +149,11 @@ def test_vfl_primitives_moment_of_all_zero_data_reports_instead_of_failing(tmp_p
     result = runs("vfl-primitives", task=task, data=data, **options)
     assert result.metrics["true"] == 0.0
     assert result.metrics["relative_error"] in (float("inf"), float("-inf"), 0.0)
+
+
+def test_a_sketch_too_large_for_memory_is_refused_naming_sketch_constant(out_dir):
+    """sketch_constant = 1e6 was refused naming `users`, which had not grown at all."""
+    err = refused(
+        "sketch_constant", out_dir, "vfl-primitives", task="lowrank", users=300, sketch_constant=1e6
+    )
+    assert "GiB" in err.problem

@@ -75,7 +75,7 @@ class VflPrimitivesConfig:
         when={"task": ("lp-moment", *SKETCH_TASKS)},
     )
     sketch_constant: float = option(
-        1.0, "C of the sketch size", above=0, when={"task": SKETCH_TASKS}
+        1.0, "C of the sketch size", above=0, size=True, when={"task": SKETCH_TASKS}
     )
     sketch_size: int | None = option(
         None, "s, overriding C and α", at_least=1, size=True, when={"task": SKETCH_TASKS}
