@@ -306,7 +306,7 @@ def calibrate(
         if key not in seen:
             loss = JointSketchLoss(*key, gamma, parties, keys, negligible=1e-6 * delta)
             # δ(ε) falls as ε grows: checking at min(ε, EPSILON_CHECKED) is a sound bound where
-            # the loss grid cannot take ε itself (past it e^-ε is below float64's resolution)
+            # the loss grid cannot take ε itself (its e^ε overflows float64 past ~709)
             seen[key] = loss.delta(min(epsilon, EPSILON_CHECKED)) <= delta
         return seen[key]
 
