@@ -39,11 +39,39 @@ def test_ldp_bitvector_huge_epsilon_is_refused_not_an_overflow(out_dir, epsilon)
     assert "float64" in err.problem and "<= 18" in err.allowed
 
 
-def test_ldp_bitvector_tiny_epsilon_is_refused_not_a_budget_overrun(out_dir):
-    """ε = 1e-9 used to plan, then fail in the ledger (the event's ε rounded above the budget)."""
-    refused("epsilon", out_dir, "ldp-bitvector", bits=16, records=40, epsilon=1e-9)
-    assert runs("ldp-bitvector", bits=16, records=40, epsilon=1e-6).privacy.epsilon > 0
-    assert runs("ldp-bitvector", bits=16, records=40, epsilon=18.0).privacy.epsilon > 0
+@pytest.mark.parametrize(
+    "protocol,options",
+    [
+        ("pattern-count", {"users": 300, "calibration": "exact", "sample_rate": 0.5}),
+        ("vfl-kmeans", {"users": 300, "method": "ldp-agg-2pest"}),
+    ],
+)
+def test_randomized_response_at_a_tiny_epsilon_runs(protocol, options):
+    """ε = 1e-9 used to plan, then fail in the ledger with BudgetExceeded: the event's ε,
+    recovered from the keep probability, rounded above the budget (1e-16 in 1e-9); vfl-kmeans'
+    simplex projection of the unbiased counts then failed on their non-finite cells."""
+    result = runs(protocol, epsilon=1e-9, **options)
+    assert 0 < result.privacy.epsilon <= 1e-9 * (1 + 1e-6)
+
+
+def test_ldp_bitvector_epsilon_is_declared_where_it_runs(out_dir):
+    """ε = 1e-9 used to plan, then fail in the ledger (BudgetExceeded) or, past it, in the
+    clustering after the release: it is refused by the declared range, whose ends run."""
+    err = refused("epsilon", out_dir, "ldp-bitvector", bits=16, records=40, epsilon=1e-9)
+    assert ">= 1e-06" in err.allowed and "after the release" in err.problem
+    for epsilon in (1e-6, 18.0):
+        assert runs("ldp-bitvector", bits=16, records=40, epsilon=epsilon).privacy.epsilon > 0
+
+
+def test_dp_sgld_at_a_tiny_epsilon_states_what_it_spends():
+    """DP-SGLD's advanced-composition calibration promises ε = 1e-9, which the ledger's
+    accountant cannot certify: it ended in BudgetExceeded mid-run; it now spends the ledger's ε
+    and the headline says so."""
+    options = dict(setting="vfl", method="dp-sgld", parties=1, users=40, items=10, iterations=1)
+    result = runs(
+        "federated-mf", local_steps=1, epsilon=1e-9, delta=1e-5, accountant="rdp", **options
+    )
+    assert result.privacy.epsilon > 1e-9 and "ε requested 1e-09" in result.headline
 
 
 def test_ldp_bitvector_half_width_that_makes_every_code_alike_is_refused(out_dir):
@@ -157,3 +185,9 @@ def test_a_sketch_too_large_for_memory_is_refused_naming_sketch_constant(out_dir
         "sketch_constant", out_dir, "vfl-primitives", task="lowrank", users=300, sketch_constant=1e6
     )
     assert "GiB" in err.problem
+
+
+def test_pattern_count_exact_calibration_at_a_huge_epsilon_names_epsilon(out_dir):
+    """(The issue saw an internal `keep_probability` named and a run directory left.)"""
+    err = refused("epsilon", out_dir, "pattern-count", users=300, calibration="exact", epsilon=1e9)
+    assert "no noise" in err.problem

@@ -33,10 +33,11 @@ class LdpBitvectorConfig:
         at_least=1e-6,
         at_most=18.0,
         why=(
-            "randomized response keeps a bit with probability e^ε/(1 + e^ε); outside [1e-6, 18] "
-            "float64 holds that probability too coarsely for the ledger to recover ε to its "
-            "1e-9 tolerance, and above about 37 it rounds to 1 (no noise: the release would be "
-            "the exact codes)"
+            "randomized response keeps a bit with probability p = e^ε/(1 + e^ε); the distance "
+            "estimates divide by (2p − 1)² ≈ ε²/4, which below ε = 1e-6 leaves them no finite "
+            "precision (the clustering failed after the release); above 18 float64 holds 1 − p "
+            "too coarsely for the ledger to recover ε to its 1e-9 tolerance, and above about 37 "
+            "p rounds to 1 (no noise: the release would be the exact codes)"
         ),
         when=_ENCODED,
     )
