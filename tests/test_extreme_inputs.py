@@ -97,7 +97,10 @@ def test_gaussian_budgets_below_the_noise_floor_are_refused(out_dir, protocol, o
     "protocol,options",
     [
         ("federated-mf", {"users": 40, "items": 10, "iterations": 1}),
-        ("secure-sum", {"users": 30, "dim": 2, "dp_mechanism": "skellam", "bits": 16}),
+        (
+            "secure-sum",
+            {"users": 30, "dim": 2, "dp_mechanism": "skellam", "bits": 16, "epsilon": 1.0},
+        ),
         ("vfl-primitives", {"users": 300, "task": "lowrank"}),
     ],
 )
