@@ -114,7 +114,7 @@ def test_federated_mf_huge_epsilon_is_refused_not_an_overflow(out_dir):
     """objpert at ε = 1e6 was an OverflowError, LFL at 1e9 a NoBracketIntervalFoundError."""
     options = dict(setting="vfl", method="objpert", parties=1, privacy_unit="user", users=40)
     err = refused("epsilon", out_dir, "federated-mf", items=10, epsilon=1e6, **options)
-    assert "<= 1000" in err.allowed and "float64" in err.problem
+    assert "<= 10000" in err.allowed and "float64" in err.problem
     refused("epsilon", out_dir, "federated-mf", users=40, items=10, iterations=1, epsilon=1e9)
 
 
