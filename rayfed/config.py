@@ -31,6 +31,8 @@ class Bounds:
     above: float | None = None
     at_most: float | None = None
     below: float | None = None
+    #: why the range ends where it does (said in the refusal), where that is not self-evident
+    why: str | None = None
 
     def admits(self, value: float) -> bool:
         if isinstance(value, float) and not math.isfinite(value):
@@ -64,6 +66,7 @@ def option(
     above: float | None = None,
     at_most: float | None = None,
     below: float | None = None,
+    why: str | None = None,
     size: bool = False,
     when: dict[str, tuple] | None = None,
     source: Literal["file", "synthetic"] | None = None,
@@ -85,7 +88,7 @@ def option(
     """
     metadata: dict[str, Any] = {"help": help, "size": size, "when": when or {}, "source": source}
     if (at_least, above, at_most, below) != (None, None, None, None):
-        metadata["bounds"] = Bounds(at_least, above, at_most, below)
+        metadata["bounds"] = Bounds(at_least, above, at_most, below, why)
     if isinstance(default, (list, dict)):
         return field(default_factory=lambda: type(default)(default), metadata=metadata, **kwargs)
     return field(default=default, metadata=metadata, **kwargs)
@@ -298,7 +301,8 @@ def from_mapping(cls: type, values: dict[str, Any], prefix: str = "") -> Any:
         bounds = known[key].metadata.get("bounds")
         numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
         if bounds is not None and numeric and not bounds.admits(value):
-            raise ConfigError(f"{prefix}{key}", f"{value!r} is out of range", bounds.text())
+            why = f": {bounds.why}" if bounds.why else ""
+            raise ConfigError(f"{prefix}{key}", f"{value!r} is out of range{why}", bounds.text())
     obj = cls(**kwargs)
     check_applicable(obj, prefix)  # the modes an option names are its siblings
     if hasattr(obj, "validate"):

@@ -150,7 +150,10 @@ def normalise(w: np.ndarray, total: float, projection: str = "clip") -> np.ndarr
         u = np.sort(v)[::-1]
         excess = np.cumsum(u) - total
         rank = np.arange(1, v.size + 1)
-        last = np.flatnonzero(u - excess / rank > 0)[-1]
+        kept = np.flatnonzero(u - excess / rank > 0)
+        if kept.size == 0:  # (only from non-finite cells: noise at a tiny ε) uniform, as clip
+            return np.full(w.shape, total / w.size)
+        last = kept[-1]
         return np.maximum(w - excess[last] / (last + 1), 0.0)
     if projection != "clip":
         raise ValueError(f"unknown projection {projection!r}; one of {PROJECTIONS}")

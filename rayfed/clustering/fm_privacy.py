@@ -282,6 +282,10 @@ class Calibration:
     delta: float
 
 
+#: the largest ε at which :meth:`JointSketchLoss.delta` is evaluated (e^ε overflows past ~709)
+EPSILON_CHECKED = 500.0
+
+
 @functools.lru_cache(maxsize=256)
 def calibrate(
     epsilon: float, delta: float, keys: int, parties: int, gamma: float, rtol: float = 1e-3
@@ -294,10 +298,16 @@ def calibrate(
     seen: dict[tuple[int, int], bool] = {}
 
     def holds(eps_prime: float) -> bool:
+        if fm.alpha_min(eps_prime, gamma) < 1:
+            # 1 - e^-ε′ rounds to 1 in float64 (ε′ past ~37): no sketch of that ε′ can be
+            # represented, so the search stays below it (fewer ε′ than the share allows: still DP)
+            return False
         key = (fm.phantom_count(eps_prime), fm.alpha_min(eps_prime, gamma))
         if key not in seen:
             loss = JointSketchLoss(*key, gamma, parties, keys, negligible=1e-6 * delta)
-            seen[key] = loss.delta(epsilon) <= delta
+            # δ(ε) falls as ε grows: checking at min(ε, EPSILON_CHECKED) is a sound bound where
+            # the loss grid cannot take ε itself (its e^ε overflows float64 past ~709)
+            seen[key] = loss.delta(min(epsilon, EPSILON_CHECKED)) <= delta
         return seen[key]
 
     guess = fm.sketch_epsilon(epsilon / parties, delta / parties, keys)  # Lemma 1's, a start

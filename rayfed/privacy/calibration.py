@@ -115,6 +115,35 @@ def tightest_noise_multiplier(make_event, epsilon, delta, relation, upper: float
     return float(min(high, upper))
 
 
+#: the largest δ a Gaussian-calibrated option accepts (declared on each protocol's ``delta``)
+MAX_DELTA = 0.1
+MAX_DELTA_WHY = (
+    "δ is the probability that the ε guarantee fails outright: above 0.1 it is all but void, "
+    "and the Gaussian calibration's search grows as 1/σ² while δ nears 1 (minutes of planning)"
+)
+
+#: the smallest noise multiplier (σ/Δ) the calibration searches: below it dp-accounting's RDP
+#: orders lose precision ("negative Rényi divergence") and σ is under a thousandth of Δ
+NOISE_MULTIPLIER_FLOOR = 1e-3
+
+
+def _check_above_floor(epsilon, delta, steps, sampling_rate, relation) -> None:
+    """ConfigError naming ``epsilon`` when noise at the floor already meets (ε, δ): the budget
+    asks for less noise than the calibration can certify (the release would be all but exact)."""
+    acc = make_accountant("rdp", relation)
+    acc.compose(gaussian_steps_event(NOISE_MULTIPLIER_FLOOR, steps, sampling_rate))
+    at_floor = float(acc.get_epsilon(delta))
+    if at_floor <= epsilon:
+        raise ConfigError(
+            "epsilon",
+            f"ε = {epsilon:g} at δ = {delta:g} over {steps} Gaussian step(s) needs noise below "
+            f"{NOISE_MULTIPLIER_FLOOR:g}·Δ, the calibration's floor (dp-accounting's RDP numerics "
+            "break down there; the release would be the exact value to within a thousandth of "
+            "its sensitivity)",
+            f"epsilon below {at_floor:.4g} at this δ",
+        )
+
+
 def _rdp_noise_multiplier(epsilon, delta, steps, sampling_rate, relation) -> float:
     """The smallest z (dp-accounting's calibration under RDP)."""
     check_budget(epsilon, delta)
@@ -128,13 +157,14 @@ def _rdp_noise_multiplier(epsilon, delta, steps, sampling_rate, relation) -> flo
         )
     if relation not in RELATIONS:
         raise ConfigError("relation", f"unknown neighbouring relation {relation!r}", RELATIONS)
+    _check_above_floor(epsilon, delta, steps, sampling_rate, relation)
     return float(
         mechanism_calibration.calibrate_dp_mechanism(
             lambda: make_accountant("rdp", relation),
             lambda z: gaussian_steps_event(z, steps, sampling_rate),
             epsilon,
             delta,
-            mechanism_calibration.LowerEndpointAndGuess(1e-3, 1.0),
+            mechanism_calibration.LowerEndpointAndGuess(NOISE_MULTIPLIER_FLOOR, 1.0),
             tol=1e-4,
         )
     )

@@ -28,6 +28,10 @@ from rayfed.privacy.source import STATEMENTS as RANDOMNESS_STATEMENTS
 # Relative slack for comparing floating-point ε against the budget: a protocol that calibrates
 # its noise to spend exactly the budget must not be refused for a rounding error.
 _RTOL = 1e-9
+# Absolute slack, for the smallest budgets: a randomized response at ε = 1e-9 keeps a bit with
+# probability 1/2 + ε/4, which float64 holds to ~1e-16 — a relative error of 1e-7 in its ε. An ε
+# differing by 1e-12 is the same guarantee (e^1e-12 = 1 + 1e-12).
+_ATOL = 1e-12
 RUN_SCOPE = "run"
 
 
@@ -727,7 +731,7 @@ class PrivacyLedger:
             keys = [scope]
         trials = {k: self._compose(copy.deepcopy(self._accountant_of(k)), event) for k in keys}
         would = max(self._guarantee(acc)[0] for acc in trials.values())
-        if not would <= self.budget.epsilon * (1 + _RTOL):
+        if not would <= self.budget.epsilon * (1 + _RTOL) + _ATOL:
             raise BudgetExceeded(scope, label, would, self.budget.epsilon, self.budget.delta)
         self._accountants.update(trials)
         entry = LedgerEntry(round=round, scope=scope, label=label, event=event, epsilon_after=would)

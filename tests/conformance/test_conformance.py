@@ -516,7 +516,7 @@ def _edge_values(tp: Any, bounds: Any, default: Any) -> list[Any]:
     elif bounds.below is not None:
         out.append(bounds.below - eps)
     elif not integer:  # (a count's largest value is a size: the size check's business)
-        out.append(1e6)
+        out += [1e6, 1e9]
     return out
 
 
@@ -585,3 +585,106 @@ def test_every_config_error_a_protocol_raises_names_a_settable_option(name):
     finally:
         signal.signal(signal.SIGALRM, previous)
     assert not wrong, wrong
+
+
+#: options that shrink a protocol's examples so that each edge run takes well under a second
+#: (each applied only where the example's mode reads it)
+_SMALL: dict[str, dict[str, Any]] = {
+    "federated-mf": {
+        "users": 40,
+        "items": 10,
+        "iterations": 1,
+        "cohorts": 1,
+        "pretrain_steps": 1,
+        "finetune_steps": 0,
+        "local_steps": 1,
+        "rank": 2,
+        "accountant": "rdp",  # PLD's search takes seconds per budget: RDP's, milliseconds
+        "delta": 1e-5,  # (the default 1/ratings of so few ratings calibrates slowly)
+    },
+    "hfl-kmeans": {"users": 400, "iterations": 2},
+    "ldp-bitvector": {"records": 40, "bits": 16},
+    "pattern-count": {"users": 300},
+    "secure-sum": {"users": 30, "dim": 2},
+    "square-wave": {"users": 500, "buckets": 64, "output_buckets": 64},
+    "vfl-kmeans": {"users": 300, "sketches": 32},
+    "vfl-primitives": {"users": 300},
+}
+#: options whose edges run on every example (mode) that reads them
+_BUDGET = {"epsilon", "delta"}
+#: the seconds one edge run may take before it counts as a failure of its own (slow)
+_EDGE_RUN_S = 15
+
+
+def _small(name: str, example: dict[str, Any]) -> dict[str, Any]:
+    out = dict(example)
+    for key, value in _SMALL.get(name, {}).items():
+        if _accepts(name, {**out, key: value}):
+            out[key] = value
+    return out
+
+
+def _edge_outcome(name: str, options: dict[str, Any]) -> tuple[str, str]:
+    """("refused", field) for a ConfigError before any actor starts; ("ran", "") for a run that
+    finishes; ("aborted", why) for the protocol's own abort (BelowThreshold: too many dropouts,
+    an outcome the run reports by design); otherwise ("slow" | "crashed", what happened)."""
+    import signal
+
+    from rayfed.api import _prepare, _reconcile, execute
+    from rayfed.errors import BelowThreshold
+
+    proto = get_protocol(name)
+    previous = signal.signal(signal.SIGALRM, _alarm)
+    signal.alarm(_EDGE_RUN_S)
+    try:
+        try:  # every refusal comes here, before any actor or run directory
+            _, run_opts, cfg = resolve(name, {**options, "backend": "local", "out_dir": None})
+            cfg, run_opts = _reconcile(proto, cfg, run_opts)
+            plan, faults, placement = _prepare(proto, cfg, run_opts)
+        except ConfigError as err:
+            return "refused", err.field
+        execute(proto, cfg, run_opts, plan, faults, placement)
+        return "ran", ""
+    except BelowThreshold as err:
+        return "aborted", str(err)
+    except _Slow:
+        return "slow", f"over {_EDGE_RUN_S} s"
+    except Exception as err:  # noqa: BLE001 - the failure this check reports
+        return "crashed", f"{type(err).__name__}: {err}"[:300]
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+@pytest.mark.parametrize("name", PROTOCOLS)
+def test_every_option_at_its_edges_runs_or_is_refused_naming_it(name):
+    """Each option at the edges of its declared range (smallest and largest accepted value, just
+    inside an open bound, 1e6 and 1e9 for an unbounded float) on the protocol's smallest example:
+    the run finishes, or a ConfigError naming the option (or a dotted path under it) refuses it
+    before any actor starts. No other exception, no run longer than a few seconds (slow is a
+    failure of its own kind, not a pass)."""
+    proto = get_protocol(name)
+    settable = _settable(proto.Config) | _settable(rayfed.RunOptions)
+    bad = []
+    for option, value in _edge_cases(proto.Config):
+        edge = _nested(option, value)
+        usable = [e for e in proto.examples if _accepts(name, {**e, **edge})]
+        if not usable:  # refused at configuration in every mode: it must name the option
+            with pytest.raises(ConfigError) as err:
+                resolve(name, {**proto.examples[0], **edge})
+            if not (err.value.field == option or err.value.field.startswith(option + ".")):
+                bad.append((option, value, "refused naming", err.value.field))
+            continue
+        # the budget on every mode that reads it (each mode calibrates its own way), the rest on
+        # the first
+        for example in usable if option in _BUDGET else usable[:1]:
+            kind, detail = _edge_outcome(name, {**_small(name, example), **edge})
+            if kind in ("ran", "aborted"):
+                continue
+            # refused naming the option, or the settable option it conflicts with (users=1 with
+            # k=5 is refused naming k)
+            named = any(".".join(detail.split(".")[:j]) in settable for j in (1, 2))
+            if kind == "refused" and named:
+                continue
+            bad.append((option, value, proto.examples.index(example), kind, detail))
+    assert not bad, bad

@@ -10,6 +10,7 @@ from rayfed.config import DataConfig, option
 from rayfed.dropout import PopulationConfig
 from rayfed.errors import ConfigError
 from rayfed.privacy import check_budget
+from rayfed.privacy.calibration import MAX_DELTA, MAX_DELTA_WHY
 from rayfed.protocols.base import reconcile_randomness
 
 LFL = {"setting": ("lfl",)}
@@ -74,15 +75,22 @@ class FederatedMFConfig:
     )
     epsilon: float = option(
         1.0,
-        "target ε (per user, or per rating in VFL/HFL with privacy_unit=rating)",
+        "target ε (per user, or per rating in VFL/HFL with privacy_unit=rating), at most 10⁴",
         above=0,
+        at_most=1e4,
+        why=(
+            "the baselines' calibrations break down beyond 10⁴ (objpert's λ from e^(ε/2K) "
+            "overflows float64, DP-SGLD plans near-noiseless steps for minutes), and a guarantee "
+            "past ε ≈ 745, where e^-ε underflows, says nothing already"
+        ),
         when=PRIVATE,
     )
     delta: float | None = option(
         None,
         "δ (default 1/number of ratings)",
         above=0,
-        below=1,
+        at_most=MAX_DELTA,
+        why=MAX_DELTA_WHY,
         when={**PRIVATE, **NOT_OBJPERT},
     )
     accountant: Literal["tightest", "rdp"] = option(

@@ -283,10 +283,30 @@ def _measured(cfg: HflKmeansConfig, block: _Block, honest: int | None) -> Noise:
         sampler = BitGeometric.plan(block.epsilon / block.l1)
         # 2·length truncated geometric variables: their total variations add up
         tail = 2 * block.length * sampler.tail
+        _check_truncation(cfg, block.epsilon, tail)
         mechanism = JointDiscreteLaplace(sampler.noise_parameter, tail, sampler)
     label = f"cluster {block.key}: {where}"
     measurement = Measurement(label, mechanism, block.domain, RELATION, block.sensitivity)
     return Noise(block.key, measurement, block.length)
+
+
+#: the most δ the MPC sampler's truncation may add to a block's ε-DP release
+MAX_TRUNCATION_DELTA = 1e-9
+
+
+def _check_truncation(cfg: HflKmeansConfig, epsilon: float, tail: float) -> None:
+    """ConfigError naming ``epsilon`` when the MPC sampler's truncation adds δ = (1 + e^ε)·tail
+    above :data:`MAX_TRUNCATION_DELTA` (computed in logs: e^ε overflows past ε ≈ 709)."""
+    log_delta = epsilon + math.log1p(math.exp(-epsilon)) + math.log(tail) if tail > 0 else -math.inf
+    if log_delta > math.log(MAX_TRUNCATION_DELTA):
+        raise ConfigError(
+            "epsilon",
+            f"ε = {cfg.epsilon:g} gives a block ε = {epsilon:g}, for which ring_noise=mpc's "
+            f"truncated sampler adds δ = (1 + e^ε)·tail ≈ 10^{log_delta / math.log(10):.1f} "
+            f"> {MAX_TRUNCATION_DELTA:g} (its coins stop at a fixed precision, and e^ε magnifies "
+            "what they cut off)",
+            "a smaller epsilon, or ring_noise=split / local",
+        )
 
 
 def _honest(cfg: HflKmeansConfig) -> int | None:

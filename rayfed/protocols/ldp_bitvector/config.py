@@ -28,7 +28,18 @@ class LdpBitvectorConfig:
         when=_ENCODED,
     )
     epsilon: float = option(
-        1.0, "ε of each bit's randomized response (the paper's ε)", above=0, when=_ENCODED
+        1.0,
+        "ε of each bit's randomized response (the paper's ε), in [1e-6, 18]",
+        at_least=1e-6,
+        at_most=18.0,
+        why=(
+            "randomized response keeps a bit with probability p = e^ε/(1 + e^ε); the distance "
+            "estimates divide by (2p − 1)² ≈ ε²/4, which below ε = 1e-6 leaves them no finite "
+            "precision (the clustering failed after the release); above 18 float64 holds 1 − p "
+            "too coarsely for the ledger to recover ε to its 1e-9 tolerance, and above about 37 "
+            "p rounds to 1 (no noise: the release would be the exact codes)"
+        ),
+        when=_ENCODED,
     )
     bits: int = option(1000, "s, bits per attribute value", at_least=1, size=True, when=_ENCODED)
     half_width: float = option(

@@ -125,6 +125,7 @@ def _releases(
             copies=2 * (n - 1),
             what="u and v of the record's pairs",
         )
+        _check_informative(codes, cfg, bob)
         return {
             bob: Measurement("pair codes of u and v (randomized response)", rr, codes, relation)
         }
@@ -132,9 +133,24 @@ def _releases(
     for p in order:
         meta = parties[p][1]
         codes = bv.Codes.of(meta["anchors"], cfg.half_width, cfg.low, cfg.high, what="attributes")
+        _check_informative(codes, cfg, p)
         label = f"{p}: per-bit randomized response on its BV codes"
         out[p] = Measurement(label, rr, codes, relation)
     return out
+
+
+def _check_informative(codes: bv.Codes, cfg: LdpBitvectorConfig, party: str) -> None:
+    """ConfigError naming ``half_width`` when no bit of the party's codes can tell two values of
+    the range apart (every record's codes alike: nothing to release, noisy or not)."""
+    if not any(codes.reach):
+        raise ConfigError(
+            "half_width",
+            f"t = {cfg.half_width:g}: none of the {codes.bits} anchors of {party}'s codes lies "
+            f"where two values of [{codes.low:g}, {codes.high:g}] get different bits, so the "
+            "codes carry nothing about the data (a bit separates values only for anchors "
+            "within t of the range's ends: about 2(U − L)/(U − L + 2t) of them)",
+            "half_width near (U − L)/2, the paper's t, or more bits",
+        )
 
 
 def _record_bits(cfg: LdpBitvectorConfig, releases: dict[str, Measurement]) -> int:

@@ -10,6 +10,7 @@ import numpy as np
 from rayfed.config import DataConfig, option
 from rayfed.dropout import DropoutSchedule, PopulationConfig
 from rayfed.errors import ConfigError
+from rayfed.privacy.calibration import MAX_DELTA, MAX_DELTA_WHY
 from rayfed.protocols.base import reconcile_randomness
 from rayfed.secagg.phases import PHASES
 
@@ -113,7 +114,8 @@ class SecureSumConfig:
         None,
         "δ of the target (default 1/users²)",
         above=0,
-        below=1,
+        at_most=MAX_DELTA,
+        why=MAX_DELTA_WHY,
         when={"dp_mechanism": ("gaussian", "ddg", "skellam")},
     )
     dp_dropout: Literal["worst-case", "add-then-remove"] = option(

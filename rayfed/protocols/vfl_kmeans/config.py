@@ -39,7 +39,16 @@ class VflKmeansConfig:
     """Options of ``rayfed run vfl-kmeans``."""
 
     method: Literal[METHODS] = option("dpfmps-2pest", "protocol or baseline: " + ", ".join(METHODS))
-    epsilon: float = option(1.0, "total privacy budget ε over all parties and phases", above=0)
+    epsilon: float = option(
+        1.0,
+        "total privacy budget ε over all parties and phases, at most 500",
+        above=0,
+        at_most=500.0,
+        why=(
+            "the FM sketches' phantom count 1/(e^ε′ − 1) and the LDP oracles' probabilities are "
+            "computed from e^ε, which overflows float64 past ε ≈ 709"
+        ),
+    )
     delta: float | None = option(
         None,
         "total δ (FM sketches only), public: the server is sent the phantom count it sets. "
@@ -65,7 +74,17 @@ class VflKmeansConfig:
     sketches: int = option(
         4096, "M, the number of FM hash keys (sketch rows)", at_least=1, size=True
     )
-    gamma: float = option(1.0, "γ of the geometric hash Geometric(γ/(1+γ))", above=0)
+    gamma: float = option(
+        1.0,
+        "γ of the geometric hash Geometric(γ/(1+γ)), in [0.25, 100] (the paper's is 1)",
+        at_least=0.25,
+        at_most=100.0,
+        why=(
+            "the sketches' values and the joint calibration's privacy-loss grid grow as 1/γ "
+            "(γ = 1e-9 asked for 309 GiB, γ = 0.05 takes minutes), and above 100 nearly every "
+            "hashed value is 1, so the sketches cannot count"
+        ),
+    )
     estimator: Literal[fm.ESTIMATORS] = option(
         "corrected",
         "FM cardinality estimator: corrected (bias-corrected harmonic mean); literal (the paper's "

@@ -172,7 +172,11 @@ def label_counts(
 def cluster(
     cfg: VflPrimitivesConfig, points: np.ndarray, weights: np.ndarray, gen: np.random.Generator
 ) -> np.ndarray:
-    """k weighted centers: k-means (kmeans) or the k-median heuristic (kmedian)."""
+    """k weighted centers: k-means (kmeans) or the k-median heuristic (kmedian). Where noise left
+    no cell a positive weight, every cell weighs the same (post-processing of the release: the
+    centers are still chosen, never an error after the budget is spent)."""
+    if not (weights > 0).any():
+        weights = np.ones_like(weights)
     if cfg.task == "kmeans":
         return weighted_kmeans(points, weights, cfg.k, gen)
     return weighted_kmedian(points, weights, cfg.k, gen)

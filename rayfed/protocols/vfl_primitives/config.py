@@ -9,6 +9,7 @@ from typing import Literal
 from rayfed.config import DataConfig, option
 from rayfed.errors import ConfigError
 from rayfed.privacy import check_budget
+from rayfed.privacy.calibration import MAX_DELTA, MAX_DELTA_WHY
 from rayfed.protocols.base import check_party_split
 
 TASKS = ("l1-moment", "lp-moment", "l2-moment", "kmeans", "kmedian", "lowrank", "regression")
@@ -39,7 +40,8 @@ class VflPrimitivesConfig:
         1e-5,
         "δ of the Gaussian sketch tasks (l2-moment, lowrank, regression)",
         at_least=0,
-        below=1,
+        at_most=MAX_DELTA,
+        why=MAX_DELTA_WHY,
         when={"task": SKETCH_TASKS},
     )
     parties: int = option(
@@ -73,7 +75,7 @@ class VflPrimitivesConfig:
         when={"task": ("lp-moment", *SKETCH_TASKS)},
     )
     sketch_constant: float = option(
-        1.0, "C of the sketch size", above=0, when={"task": SKETCH_TASKS}
+        1.0, "C of the sketch size", above=0, size=True, when={"task": SKETCH_TASKS}
     )
     sketch_size: int | None = option(
         None, "s, overriding C and α", at_least=1, size=True, when={"task": SKETCH_TASKS}

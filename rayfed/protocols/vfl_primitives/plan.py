@@ -93,12 +93,33 @@ def data_bytes(cfg: VflPrimitivesConfig) -> int:
     return users * d * 8 * 4 + s * (d + 1024) * 8 * (cfg.parties + 1)
 
 
+def _check_rank_and_clusters(cfg: VflPrimitivesConfig, m: int, d: int) -> None:
+    """ConfigError naming ``k`` where the evaluation after the release would have no baseline
+    to compare with (checked here, before any budget is spent): k clusters for k or fewer users
+    (the non-private cost is 0), or a rank k >= d (A_k = A: the best error is 0)."""
+    if cfg.task in ("kmeans", "kmedian") and cfg.k >= m:
+        raise ConfigError(
+            "k",
+            f"{cfg.k} clusters for {m} users: every user can be its own center, so the "
+            "non-private cost the result is measured against is 0",
+            f"k < {m} (the users), or more users",
+        )
+    if cfg.task == "lowrank" and cfg.k >= d:
+        raise ConfigError(
+            "k",
+            f"rank {cfg.k} for {d} attributes: the top-{cfg.k} subspace is the whole space "
+            "(A_k = A), so there is nothing to estimate and no error to compare",
+            f"k < {d} (the attributes), or more dims",
+        )
+
+
 def plan(cfg: VflPrimitivesConfig, seed: int) -> Plan:
     table, groups, label = load_data(cfg, seed)
     raw = table
     table, clipped = enforce_domain(cfg, table, groups, label)
     order = list(groups)
     m = table.num_rows
+    _check_rank_and_clusters(cfg, m, sum(len(c) for c in groups.values()))
     relation = relation_of(cfg)
     params = _params(cfg, seed, groups, label, m, relation, clipped)
     _check_pattern_space(cfg, params)

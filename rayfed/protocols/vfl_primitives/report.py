@@ -140,7 +140,7 @@ def lp_outcome(
         light = np.delete(x, est.heavy_set)
         light_true = float(light @ light ** (cfg.p - 1)) if cfg.p != 1 else float(light.sum())
         metrics.update(
-            true=true, relative_error=(est.estimate - true) / true, light_part_true=light_true
+            true=true, relative_error=_relative(est.estimate, true), light_part_true=light_true
         )
         sd = _light_part_sd(cfg, est, truth.a)
         if sd is not None:
@@ -186,8 +186,8 @@ def l2_outcome(
         true = float((truth.a.sum(axis=1) ** 2).sum())
         metrics.update(
             true=true,
-            relative_error=(debiased - true) / true,
-            raw_relative_error=(raw - true) / true,
+            relative_error=_relative(debiased, true),
+            raw_relative_error=_relative(raw, true),
         )
         if truth.unclipped is not None:
             metrics["true_unclipped"] = float((truth.unclipped.sum(axis=1) ** 2).sum())
@@ -262,10 +262,10 @@ def clustering_outcome(
         metrics.update(
             cost=cost(a, final, p),
             cost_nonprivate=base,
-            cost_ratio=cost(a, final, p) / base,
+            cost_ratio=_ratio(cost(a, final, p), base),
             cost_product_grid=cost(a, grid, p),
-            cost_ratio_exact_counts=cost(a, truth.exact_counts, p) / base,
-            cost_ratio_nonprivate_vfl=cost(a, truth.nonprivate_vfl, p) / base,
+            cost_ratio_exact_counts=_ratio(cost(a, truth.exact_counts, p), base),
+            cost_ratio_nonprivate_vfl=_ratio(cost(a, truth.nonprivate_vfl, p), base),
             weights_rmse=float(np.sqrt(np.mean((raw - truth.true_counts) ** 2))),
             weights_predicted_sd=_weights_sd(cfg, truth, eps_prime),
         )
@@ -328,7 +328,26 @@ def _lowrank_errors(k: int, a: np.ndarray, v_mat: np.ndarray) -> dict[str, float
     err = float(np.linalg.norm(a - a @ v_mat @ v_mat.T))
     sv = np.linalg.svd(a, compute_uv=False)
     best = float(np.sqrt((sv[k:] ** 2).sum()))
-    return {"error": err, "best_rank_k_error": best, "ratio": err / best, "excess": err - best}
+    return {
+        "error": err,
+        "best_rank_k_error": best,
+        "ratio": _ratio(err, best),
+        "excess": err - best,
+    }
+
+
+def _relative(value: float, true: float) -> float:
+    """(value − true) / true; ±inf for a true value of 0 (0 where the value is 0 too): the
+    evaluation after the release never divides by zero."""
+    if true != 0:
+        return (value - true) / true
+    return 0.0 if value == 0 else math.copysign(math.inf, value)
+
+
+def _ratio(value: float, base: float) -> float:
+    """value / base, where a base of 0 (data of rank <= k, or no more users than clusters) gives
+    inf (1 where the value is 0 too) rather than an error after the release."""
+    return value / base if base > 0 else (math.inf if value > 0 else 1.0)
 
 
 def lowrank_outcome(
@@ -403,7 +422,7 @@ def regression_outcome(
         metrics.update(
             loss=loss,
             opt=opt,
-            loss_ratio=loss / opt,
+            loss_ratio=_ratio(loss, opt),
             ridge_loss=float(((a @ ridge - b) ** 2).sum()),
             distance_to_ridge=float(np.linalg.norm(x - ridge) / np.linalg.norm(ridge)),
             distance_to_ols=float(np.linalg.norm(x - opt_x) / np.linalg.norm(opt_x)),

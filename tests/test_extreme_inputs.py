@@ -1,0 +1,196 @@
+"""Extreme ε, δ and option values at the edges of their declared ranges (issue 28): each is refused
+with a ConfigError naming the option before any actor starts and before any run directory exists,
+or it runs; and no evaluation fails after the private release. (The conformance suite runs every
+option of every protocol at its edges; these are the cases that used to crash, pinned.)"""
+
+from __future__ import annotations
+
+import pytest
+
+import rayfed
+from rayfed.errors import ConfigError
+
+
+def refused(field, out_dir, protocol, **options):
+    """The ConfigError of ``protocol`` run with ``options``: it names ``field`` and nothing is
+    written (not even a failed run directory)."""
+    with pytest.raises(ConfigError) as info:
+        rayfed.run(protocol, backend="local", out_dir=str(out_dir), **options)
+    assert info.value.field == field, info.value
+    assert list(out_dir.iterdir()) == []
+    return info.value
+
+
+def runs(protocol, **options):
+    return rayfed.run(protocol, backend="local", out_dir=None, **options)
+
+
+@pytest.fixture
+def out_dir(tmp_path):
+    d = tmp_path / "runs"
+    d.mkdir()
+    return d
+
+
+# --- ε and δ beyond what the mechanisms' numerics hold -------------------------------------------
+@pytest.mark.parametrize("epsilon", [1e6, 1e9])
+def test_ldp_bitvector_huge_epsilon_is_refused_not_an_overflow(out_dir, epsilon):
+    err = refused("epsilon", out_dir, "ldp-bitvector", bits=16, records=40, epsilon=epsilon)
+    assert "float64" in err.problem and "<= 18" in err.allowed
+
+
+@pytest.mark.parametrize(
+    "protocol,options",
+    [
+        ("pattern-count", {"users": 300, "calibration": "exact", "sample_rate": 0.5}),
+        ("vfl-kmeans", {"users": 300, "method": "ldp-agg-2pest"}),
+    ],
+)
+def test_randomized_response_at_a_tiny_epsilon_runs(protocol, options):
+    """ε = 1e-9 used to plan, then fail in the ledger with BudgetExceeded: the event's ε,
+    recovered from the keep probability, rounded above the budget (1e-16 in 1e-9); vfl-kmeans'
+    simplex projection of the unbiased counts then failed on their non-finite cells."""
+    result = runs(protocol, epsilon=1e-9, **options)
+    assert 0 < result.privacy.epsilon <= 1e-9 * (1 + 1e-6)
+
+
+def test_ldp_bitvector_epsilon_is_declared_where_it_runs(out_dir):
+    """ε = 1e-9 used to plan, then fail in the ledger (BudgetExceeded) or, past it, in the
+    clustering after the release: it is refused by the declared range, whose ends run."""
+    err = refused("epsilon", out_dir, "ldp-bitvector", bits=16, records=40, epsilon=1e-9)
+    assert ">= 1e-06" in err.allowed and "after the release" in err.problem
+    for epsilon in (1e-6, 18.0):
+        assert runs("ldp-bitvector", bits=16, records=40, epsilon=epsilon).privacy.epsilon > 0
+
+
+def test_dp_sgld_at_a_tiny_epsilon_states_what_it_spends():
+    """DP-SGLD's advanced-composition calibration promises ε = 1e-9, which the ledger's
+    accountant cannot certify: it ended in BudgetExceeded mid-run; it now spends the ledger's ε
+    and the headline says so."""
+    options = dict(setting="vfl", method="dp-sgld", parties=1, users=40, items=10, iterations=1)
+    result = runs(
+        "federated-mf", local_steps=1, epsilon=1e-9, delta=1e-5, accountant="rdp", **options
+    )
+    assert result.privacy.epsilon > 1e-9 and "ε requested 1e-09" in result.headline
+
+
+def test_ldp_bitvector_half_width_that_makes_every_code_alike_is_refused(out_dir):
+    err = refused("half_width", out_dir, "ldp-bitvector", bits=64, records=40, half_width=1e6)
+    assert "carry nothing" in err.problem
+
+
+@pytest.mark.parametrize(
+    "protocol,options",
+    [
+        ("vfl-primitives", {"users": 300, "task": "l2-moment"}),
+        ("vfl-primitives", {"users": 300, "task": "lowrank"}),
+        ("secure-sum", {"users": 30, "dim": 2, "dp_mechanism": "skellam", "bits": 16}),
+    ],
+)
+def test_gaussian_budgets_below_the_noise_floor_are_refused(out_dir, protocol, options):
+    """ε = 1e9 used to end in dp-accounting's NoBracketIntervalFoundError."""
+    err = refused("epsilon", out_dir, protocol, epsilon=1e9, **options)
+    assert "0.001·Δ" in err.problem and "epsilon below" in err.allowed
+
+
+@pytest.mark.parametrize(
+    "protocol,options",
+    [
+        ("federated-mf", {"users": 40, "items": 10, "iterations": 1}),
+        (
+            "secure-sum",
+            {"users": 30, "dim": 2, "dp_mechanism": "skellam", "bits": 16, "epsilon": 1.0},
+        ),
+        ("vfl-primitives", {"users": 300, "task": "lowrank"}),
+    ],
+)
+def test_delta_near_one_is_refused_by_its_declared_range(out_dir, protocol, options):
+    """δ = 1 − 1e-9 used to plan for minutes (the calibration's PLD search as σ → 0)."""
+    err = refused("delta", out_dir, protocol, delta=1 - 1e-9, **options)
+    assert "<= 0.1" in err.allowed and "fails outright" in err.problem
+
+
+def test_federated_mf_huge_epsilon_is_refused_not_an_overflow(out_dir):
+    """objpert at ε = 1e6 was an OverflowError, LFL at 1e9 a NoBracketIntervalFoundError."""
+    options = dict(setting="vfl", method="objpert", parties=1, privacy_unit="user", users=40)
+    err = refused("epsilon", out_dir, "federated-mf", items=10, epsilon=1e6, **options)
+    assert "<= 10000" in err.allowed and "float64" in err.problem
+    refused("epsilon", out_dir, "federated-mf", users=40, items=10, iterations=1, epsilon=1e9)
+
+
+def test_hfl_kmeans_mpc_noise_refuses_an_epsilon_its_truncation_cannot_hold(out_dir):
+    options = dict(users=400, topology="ring", ring_noise="mpc", clients=3, masking="pairwise")
+    for epsilon in (300.0, 1e6):
+        err = refused("epsilon", out_dir, "hfl-kmeans", epsilon=epsilon, **options)
+        assert "truncated sampler" in err.problem
+    assert runs("hfl-kmeans", epsilon=100.0, **options).privacy.epsilon <= 100.0 * (1 + 1e-9)
+
+
+def test_vfl_kmeans_large_epsilon_calibrates_or_is_refused(out_dir):
+    """ε = 1e6 was an OverflowError, ε = 100 on 300 users a ValueError in the FM calibration."""
+    for epsilon in (100.0, 500.0):
+        result = runs("vfl-kmeans", users=300, sketches=32, epsilon=epsilon)
+        assert 0 < result.privacy.epsilon <= epsilon * (1 + 1e-9)
+    err = refused("epsilon", out_dir, "vfl-kmeans", users=300, sketches=32, epsilon=1e6)
+    assert "709" in err.problem
+
+
+@pytest.mark.parametrize("gamma", [1e-9, 1e-3, 1e6])
+def test_vfl_kmeans_gamma_outside_its_range_is_refused_before_any_allocation(out_dir, gamma):
+    """γ = 1e-9 tried to allocate 309 GiB; γ = 1e6 ended in a ValueError."""
+    err = refused("gamma", out_dir, "vfl-kmeans", users=300, sketches=32, gamma=gamma)
+    assert "[0.25, 100]" not in err.problem and ">= 0.25 and <= 100" in err.allowed
+
+
+# --- evaluation never fails after the release ------------------------------------------------------
+@pytest.mark.parametrize("task", ["kmeans", "kmedian"])
+def test_vfl_primitives_more_clusters_than_users_is_refused_before_the_release(out_dir, task):
+    """k > users divided by zero in the evaluation after the DP release (budget spent)."""
+    err = refused("k", out_dir, "vfl-primitives", task=task, users=5, k=6)
+    assert "5 users" in err.problem
+
+
+def test_vfl_primitives_rank_not_below_d_is_refused_before_the_release(out_dir):
+    """lowrank with k >= d divided by zero in the evaluation after the release."""
+    err = refused("k", out_dir, "vfl-primitives", task="lowrank", users=300, dims=6, k=6)
+    assert "6 attributes" in err.problem
+    assert runs("vfl-primitives", task="lowrank", users=300, dims=6, k=5).metrics["ratio"] > 0
+
+
+@pytest.mark.parametrize("options", [{"k": 1}, {"sample_rate": 1e-9}])
+def test_vfl_primitives_kmeans_without_a_positive_weight_still_chooses_centers(options):
+    """Noise that leaves no grid cell a positive weight ended in a ValueError after the release;
+    the grid is then clustered unweighted (post-processing)."""
+    result = runs("vfl-primitives", users=300, **options)
+    assert result.tables["centers"].num_rows == options.get("k", 4)
+    assert result.metrics["cost_ratio"] >= 1.0 - 1e-9
+
+
+@pytest.mark.parametrize("task", ["l2-moment", "lp-moment"])
+def test_vfl_primitives_moment_of_all_zero_data_reports_instead_of_failing(tmp_path, task):
+    """All-zero data: the true moment is 0, and the relative error after the release divided by
+    zero (ZeroDivisionError, budget spent). It is reported as inf instead."""
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+
+    path = tmp_path / "zeros.csv"
+    pacsv.write_csv(pa.table({"x0": [0] * 40, "x1": [0] * 40}), path)
+    data = {"path": str(path), "columns": {"p0": ["x0"], "p1": ["x1"]}}
+    options = {"value_bounds": [0, 4]} if task == "lp-moment" else {}
+    result = runs("vfl-primitives", task=task, data=data, **options)
+    assert result.metrics["true"] == 0.0
+    assert result.metrics["relative_error"] in (float("inf"), float("-inf"), 0.0)
+
+
+def test_a_sketch_too_large_for_memory_is_refused_naming_sketch_constant(out_dir):
+    """sketch_constant = 1e6 was refused naming `users`, which had not grown at all."""
+    err = refused(
+        "sketch_constant", out_dir, "vfl-primitives", task="lowrank", users=300, sketch_constant=1e6
+    )
+    assert "GiB" in err.problem
+
+
+def test_pattern_count_exact_calibration_at_a_huge_epsilon_names_epsilon(out_dir):
+    """(The issue saw an internal `keep_probability` named and a run directory left.)"""
+    err = refused("epsilon", out_dir, "pattern-count", users=300, calibration="exact", epsilon=1e9)
+    assert "no noise" in err.problem
