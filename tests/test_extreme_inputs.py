@@ -225,3 +225,21 @@ def test_pattern_count_exact_calibration_at_a_huge_epsilon_names_epsilon(out_dir
     """(The issue saw an internal `keep_probability` named and a run directory left.)"""
     err = refused("epsilon", out_dir, "pattern-count", users=300, calibration="exact", epsilon=1e9)
     assert "no noise" in err.problem
+
+
+def test_the_ledger_slack_is_capped_by_the_budget():
+    """The 1e-12 absolute slack for float rounding was uncapped: a budget of 1e-13 accepted a
+    Laplace event of ε = 9e-13 (9× the budget)."""
+    from rayfed.errors import BudgetExceeded
+    from rayfed.privacy.ledger import Budget, PrivacyLedger
+    from rayfed.privacy.mechanisms import laplace_event
+
+    ledger = PrivacyLedger(Budget(1e-13))
+    with pytest.raises(BudgetExceeded):
+        ledger.charge(laplace_event(1.0, 9e-13), label="9x")
+    with pytest.raises(BudgetExceeded):
+        ledger.charge(laplace_event(1.0, 1.01e-13), label="1.01x")
+    assert ledger.charge(laplace_event(1.0, 1e-13), label="exact").epsilon_after == 1e-13
+    # at ordinary budgets the absolute slack still covers rounding of 1e-12
+    ledger = PrivacyLedger(Budget(1e-9))
+    assert ledger.charge(laplace_event(1.0, 1e-9 + 5e-13), label="rounded").epsilon_after > 1e-9

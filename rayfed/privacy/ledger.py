@@ -30,8 +30,17 @@ from rayfed.privacy.source import STATEMENTS as RANDOMNESS_STATEMENTS
 _RTOL = 1e-9
 # Absolute slack, for the smallest budgets: a randomized response at ε = 1e-9 keeps a bit with
 # probability 1/2 + ε/4, which float64 holds to ~1e-16 — a relative error of 1e-7 in its ε. An ε
-# differing by 1e-12 is the same guarantee (e^1e-12 = 1 + 1e-12).
+# differing by 1e-12 is the same guarantee (e^1e-12 = 1 + 1e-12). Capped at 1e-3 of the budget
+# (:func:`_within`): a budget of 1e-13 must not admit an ε of 9e-13.
 _ATOL = 1e-12
+_ATOL_OF_BUDGET = 1e-3
+
+
+def _within(epsilon: float, budget_epsilon: float) -> bool:
+    """Whether a charge's ε fits the budget up to float rounding (see _RTOL, _ATOL)."""
+    return epsilon <= budget_epsilon * (1 + _RTOL) + min(_ATOL, _ATOL_OF_BUDGET * budget_epsilon)
+
+
 RUN_SCOPE = "run"
 
 
@@ -731,7 +740,7 @@ class PrivacyLedger:
             keys = [scope]
         trials = {k: self._compose(copy.deepcopy(self._accountant_of(k)), event) for k in keys}
         would = max(self._guarantee(acc)[0] for acc in trials.values())
-        if not would <= self.budget.epsilon * (1 + _RTOL) + _ATOL:
+        if not _within(would, self.budget.epsilon):
             raise BudgetExceeded(scope, label, would, self.budget.epsilon, self.budget.delta)
         self._accountants.update(trials)
         entry = LedgerEntry(round=round, scope=scope, label=label, event=event, epsilon_after=would)
