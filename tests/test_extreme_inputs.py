@@ -243,3 +243,12 @@ def test_the_ledger_slack_is_capped_by_the_budget():
     # at ordinary budgets the absolute slack still covers rounding of 1e-12
     ledger = PrivacyLedger(Budget(1e-9))
     assert ledger.charge(laplace_event(1.0, 1e-9 + 5e-13), label="rounded").epsilon_after > 1e-9
+
+
+def test_federated_mf_epsilon_cap_states_the_reason_that_holds(out_dir):
+    """The cap's reason said DP-SGLD planned for minutes beyond 10⁴, which it does not (it plans
+    in seconds at 10⁹); ObjPertb's default λ overflows float64 from 10⁵ (OverflowError)."""
+    options = dict(setting="vfl", method="objpert", parties=1, users=40, items=10)
+    err = refused("epsilon", out_dir, "federated-mf", epsilon=1e5, **options)
+    assert "overflows float64 from ε = 10⁵" in str(err) and "minutes" not in str(err)
+    assert runs("federated-mf", epsilon=1e4, **options).privacy.epsilon <= 1e4

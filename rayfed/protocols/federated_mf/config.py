@@ -79,9 +79,9 @@ class FederatedMFConfig:
         above=0,
         at_most=1e4,
         why=(
-            "the baselines' calibrations break down beyond 10⁴ (objpert's λ from e^(ε/2K) "
-            "overflows float64, DP-SGLD plans near-noiseless steps for minutes), and a guarantee "
-            "past ε ≈ 745, where e^-ε underflows, says nothing already"
+            "objpert's default λ = R/(e^(ε/(2K·blocks)) − 1) overflows float64 from ε = 10⁵ "
+            "(OverflowError), and a guarantee past ε ≈ 745, where e^-ε underflows, says nothing "
+            "already"
         ),
         when=PRIVATE,
     )
