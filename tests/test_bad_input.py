@@ -195,8 +195,11 @@ def test_unreachable_cluster_address_fails_instead_of_hanging(bounded):
 @pytest.mark.parametrize("address", ["garbage", "host:port", "ray://nohost", "10.0.0.1:"])
 def test_a_garbage_ray_address_is_a_named_error(address, monkeypatch, capsys):
     """From RAY_ADDRESS too: it was a ValueError traceback ("Invalid address format")."""
+    import ray
+
     from rayfed.cli import main
 
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)  # as in a fresh process
     monkeypatch.setenv("RAY_ADDRESS", address)
     code = main(["run", "secure-sum", "--quiet", "--set", "users=50", "--out", ""])
     err = capsys.readouterr().err
