@@ -5,6 +5,8 @@ option of every protocol at its edges; these are the cases that used to crash, p
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 import rayfed
@@ -139,7 +141,14 @@ def test_vfl_kmeans_large_epsilon_calibrates_or_is_refused(out_dir):
 def test_vfl_kmeans_gamma_outside_its_range_is_refused_before_any_allocation(out_dir, gamma):
     """γ = 1e-9 tried to allocate 309 GiB; γ = 1e6 ended in a ValueError."""
     err = refused("gamma", out_dir, "vfl-kmeans", users=300, sketches=32, gamma=gamma)
-    assert "[0.25, 100]" not in err.problem and ">= 0.25 and <= 100" in err.allowed
+    assert "[0.1, 100]" not in err.problem and ">= 0.1 and <= 100" in err.allowed
+
+
+def test_vfl_kmeans_gamma_runs_down_to_the_specs_smallest():
+    """The spec gives the correction factor for γ = 0.1 (0.9538); the floor was 0.25."""
+    result = runs("vfl-kmeans", users=300, sketches=32, gamma=0.1)
+    assert result.config["protocol"]["gamma"] == 0.1
+    assert 0 < result.privacy.epsilon <= 1.0 * (1 + 1e-9)
 
 
 # --- evaluation never fails after the release ------------------------------------------------------
@@ -194,3 +203,24 @@ def test_pattern_count_exact_calibration_at_a_huge_epsilon_names_epsilon(out_dir
     """(The issue saw an internal `keep_probability` named and a run directory left.)"""
     err = refused("epsilon", out_dir, "pattern-count", users=300, calibration="exact", epsilon=1e9)
     assert "no noise" in err.problem
+
+
+def test_vfl_primitives_delta_declares_the_open_bound_its_validation_holds(out_dir):
+    """delta was declared >= 0 while δ = 0 is refused: the declared range now says > 0."""
+    err = refused("delta", out_dir, "vfl-primitives", task="l2-moment", users=300, delta=0.0)
+    assert err.allowed.startswith("> 0")
+
+
+@pytest.mark.parametrize("name", ["hfl-kmeans", "vfl-kmeans"])
+def test_the_synthetic_std_and_the_spread_run_option_are_both_settable(out_dir, name):
+    """The data's std was named spread, shadowed by the run option spread (a bool): spread=0.2
+    was refused as 'expected true or false', so the std could not be set at all."""
+    from rayfed.api import resolve
+    from rayfed.config import RunOptions
+
+    _, run_opts, cfg = resolve(name, {"cluster_sd": 0.2, "spread": False})
+    assert (cfg.cluster_sd, run_opts.spread) == (0.2, False)
+    err = refused("spread", out_dir, name, users=300, spread=0.2)
+    assert "cluster_sd=0.2" in err.allowed
+    run_names = {f.name for f in dataclasses.fields(RunOptions)}
+    assert not run_names & {f.name for f in dataclasses.fields(type(cfg))}
