@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import pytest
 
 import rayfed
@@ -173,6 +174,10 @@ def test_vfl_primitives_kmeans_without_a_positive_weight_still_chooses_centers(o
     result = runs("vfl-primitives", users=300, **options)
     assert result.tables["centers"].num_rows == options.get("k", 4)
     assert result.metrics["cost_ratio"] >= 1.0 - 1e-9
+    # the fallback is said, not silent
+    assert result.metrics["unweighted_grid"] is True
+    assert "clustered unweighted" in result.headline
+    assert runs("vfl-primitives", users=300).metrics["unweighted_grid"] is False
 
 
 @pytest.mark.parametrize("task", ["l2-moment", "lp-moment"])
@@ -224,3 +229,28 @@ def test_the_synthetic_std_and_the_spread_run_option_are_both_settable(out_dir, 
     assert "cluster_sd=0.2" in err.allowed
     run_names = {f.name for f in dataclasses.fields(RunOptions)}
     assert not run_names & {f.name for f in dataclasses.fields(type(cfg))}
+
+
+def test_fm_normalise_counts_its_uniform_fallback():
+    from rayfed.clustering import fm
+
+    with fm.counting_fallbacks() as seen:
+        assert fm.normalise(np.array([1.0, 3.0]), 8.0).tolist() == [2.0, 6.0]
+        assert fm.normalise(np.array([-1.0, -2.0]), 8.0).tolist() == [4.0, 4.0]
+        assert fm.normalise(np.full((2, 2), np.nan), 8.0, "simplex").tolist() == [[2.0] * 2] * 2
+    assert seen == [(2,), (2, 2)]
+
+
+def test_vfl_kmeans_says_when_its_grid_weights_fell_back_to_uniform(monkeypatch):
+    """A grid with no positive weight left after the noise is made uniform (post-processing):
+    the run counts it in a metric and says it in the headline (it was silent)."""
+    from rayfed.clustering import fm
+
+    options = {"users": 300, "sketches": 32, "method": "dpfmps-basic", "projection": "clip"}
+    assert runs("vfl-kmeans", **options).metrics["uniform_fallbacks"] == 0
+    monkeypatch.setattr(
+        fm, "raw_intersections", lambda n_hat, sketches, *a, **k: -np.ones((3,) * len(sketches))
+    )
+    result = runs("vfl-kmeans", **options)
+    assert result.metrics["uniform_fallbacks"] == 1
+    assert "1 grid table(s) had no positive weight" in result.headline
