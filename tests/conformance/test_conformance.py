@@ -752,7 +752,7 @@ _NEVER_RUN: dict[tuple[str, str], str] = {}
 #: (protocol, option): the other options a run of the option at an edge may be refused naming,
 #: where the edge conflicts with the example's other settings (the fix is in that option)
 _CONFLICTS: dict[tuple[str, str], set[str]] = {
-    # ε = 1e-9: Skellam's noise needs more bits than the example's
+    # ε = 1e-9 with Skellam: 16 bits cannot hold the users' rounding errors at that scale
     ("federated-mf", "epsilon"): {"bits"},
     # ε = 1e-9 / ρ at its edges / 30 fraction bits: the fixed-point ring cannot hold the noise
     ("hfl-kmeans", "epsilon"): {"ring_bits"},
@@ -761,7 +761,8 @@ _CONFLICTS: dict[tuple[str, str], set[str]] = {
     ("hfl-kmeans", "max_size"): {"min_size"},  # max_size = 1 below the example's min_size
     ("ldp-bitvector", "records"): {"k"},  # 2 records, fewer than k clusters
     ("pattern-count", "max_patterns"): {"patterns"},  # 1 pattern allowed, the example asks more
-    # 2 users, or degree 2: below the example's secret-sharing threshold
+    # 2 users leave no threshold for the example's dropouts and corrupt clients; degree 2 is
+    # below the example's threshold of 3
     ("secure-sum", "users"): {"threshold"},
     ("secure-sum", "degree"): {"threshold"},
     ("vfl-kmeans", "max_grid_cells"): {"k_prime"},  # a 1-cell grid: k' is too large
