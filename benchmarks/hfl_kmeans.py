@@ -42,7 +42,7 @@ DATASETS = {
 
 def options(name: str, data_dir: Path) -> dict:
     if name == "synthetic":  # the thesis's "Synth": 5000 x 2, two clusters
-        return {"users": 5000, "dims": 2, "k": 2, "spread": 0.2}
+        return {"users": 5000, "dims": 2, "k": 2, "cluster_sd": 0.2}
     rel, cols, k = DATASETS[name]
     path = data_dir / rel
     frame = pd.read_csv(path, usecols=cols)

@@ -168,7 +168,7 @@ def ablation(args, parties: int, eps: float) -> dict:
     out = {"DPLSF + exact intersection": [], "k-means + DPFMPS-2PEst": []}
     for seed in range(args.reps):
         cfg = VflKmeansConfig(epsilon=eps, parties=parties, users=args.users)
-        table = synthetic_table(cfg.users, cfg.dims, cfg.k, cfg.spread, seed)
+        table = synthetic_table(cfg.users, cfg.dims, cfg.k, cfg.cluster_sd, seed)
         features = [f"x{j}" for j in range(cfg.dims)]
         groups = random_split(features, parties, seed)
         x = features_of(table, features)

@@ -403,6 +403,14 @@ def build_config(config_cls: type, values: dict[str, Any]) -> tuple[RunOptions, 
     """Split ``values`` into RunOptions and the protocol's config; validate both."""
     run_keys = {f.name for f in dataclasses.fields(RunOptions)}
     proto_keys = {f.name for f in dataclasses.fields(config_cls)}
+    spread = values.get("spread")
+    numeric = isinstance(spread, (int, float)) and not isinstance(spread, bool)
+    if "cluster_sd" in proto_keys and numeric:  # the synthetic data's std was called spread too
+        raise ConfigError(
+            "spread",
+            f"{spread!r}: spread is the run option that spreads actors over nodes (true/false)",
+            f"cluster_sd={spread} for the synthetic data's std per coordinate",
+        )
     for key in values:
         if key not in run_keys and key not in proto_keys:
             _unknown(config_cls, key, "", sorted(run_keys | proto_keys))

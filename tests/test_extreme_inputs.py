@@ -5,8 +5,10 @@ option of every protocol at its edges; these are the cases that used to crash, p
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
+import numpy as np
 import pytest
 
 import rayfed
@@ -170,7 +172,14 @@ def test_vfl_kmeans_large_epsilon_calibrates_or_is_refused(out_dir):
 def test_vfl_kmeans_gamma_outside_its_range_is_refused_before_any_allocation(out_dir, gamma):
     """γ = 1e-9 tried to allocate 309 GiB; γ = 1e6 ended in a ValueError."""
     err = refused("gamma", out_dir, "vfl-kmeans", users=300, sketches=32, gamma=gamma)
-    assert "[0.25, 100]" not in err.problem and ">= 0.25 and <= 100" in err.allowed
+    assert "[0.1, 100]" not in err.problem and ">= 0.1 and <= 100" in err.allowed
+
+
+def test_vfl_kmeans_gamma_runs_down_to_the_specs_smallest():
+    """The spec gives the correction factor for γ = 0.1 (0.9538); the floor was 0.25."""
+    result = runs("vfl-kmeans", users=300, sketches=32, gamma=0.1)
+    assert result.config["protocol"]["gamma"] == 0.1
+    assert 0 < result.privacy.epsilon <= 1.0 * (1 + 1e-9)
 
 
 # --- evaluation never fails after the release ------------------------------------------------------
@@ -195,6 +204,10 @@ def test_vfl_primitives_kmeans_without_a_positive_weight_still_chooses_centers(o
     result = runs("vfl-primitives", users=300, **options)
     assert result.tables["centers"].num_rows == options.get("k", 4)
     assert result.metrics["cost_ratio"] >= 1.0 - 1e-9
+    # the fallback is said, not silent
+    assert result.metrics["unweighted_grid"] is True
+    assert "clustered unweighted" in result.headline
+    assert runs("vfl-primitives", users=300).metrics["unweighted_grid"] is False
 
 
 @pytest.mark.parametrize("task", ["l2-moment", "lp-moment"])
@@ -252,3 +265,49 @@ def test_federated_mf_epsilon_cap_states_the_reason_that_holds(out_dir):
     err = refused("epsilon", out_dir, "federated-mf", epsilon=1e5, **options)
     assert "overflows float64 from ε = 10⁵" in str(err) and "minutes" not in str(err)
     assert runs("federated-mf", epsilon=1e4, **options).privacy.epsilon <= 1e4
+
+
+def test_vfl_primitives_delta_declares_the_open_bound_its_validation_holds(out_dir):
+    """delta was declared >= 0 while δ = 0 is refused: the declared range now says > 0."""
+    err = refused("delta", out_dir, "vfl-primitives", task="l2-moment", users=300, delta=0.0)
+    assert err.allowed.startswith("> 0")
+
+
+@pytest.mark.parametrize("name", ["hfl-kmeans", "vfl-kmeans"])
+def test_the_synthetic_std_and_the_spread_run_option_are_both_settable(out_dir, name):
+    """The data's std was named spread, shadowed by the run option spread (a bool): spread=0.2
+    was refused as 'expected true or false', so the std could not be set at all."""
+    from rayfed.api import resolve
+    from rayfed.config import RunOptions
+
+    _, run_opts, cfg = resolve(name, {"cluster_sd": 0.2, "spread": False})
+    assert (cfg.cluster_sd, run_opts.spread) == (0.2, False)
+    err = refused("spread", out_dir, name, users=300, spread=0.2)
+    assert "cluster_sd=0.2" in err.allowed
+    run_names = {f.name for f in dataclasses.fields(RunOptions)}
+    assert not run_names & {f.name for f in dataclasses.fields(type(cfg))}
+
+
+def test_fm_normalise_counts_its_uniform_fallback():
+    from rayfed.clustering import fm
+
+    with fm.counting_fallbacks() as seen:
+        assert fm.normalise(np.array([1.0, 3.0]), 8.0).tolist() == [2.0, 6.0]
+        assert fm.normalise(np.array([-1.0, -2.0]), 8.0).tolist() == [4.0, 4.0]
+        assert fm.normalise(np.full((2, 2), np.nan), 8.0, "simplex").tolist() == [[2.0] * 2] * 2
+    assert seen == [(2,), (2, 2)]
+
+
+def test_vfl_kmeans_says_when_its_grid_weights_fell_back_to_uniform(monkeypatch):
+    """A grid with no positive weight left after the noise is made uniform (post-processing):
+    the run counts it in a metric and says it in the headline (it was silent)."""
+    from rayfed.clustering import fm
+
+    options = {"users": 300, "sketches": 32, "method": "dpfmps-basic", "projection": "clip"}
+    assert runs("vfl-kmeans", **options).metrics["uniform_fallbacks"] == 0
+    monkeypatch.setattr(
+        fm, "raw_intersections", lambda n_hat, sketches, *a, **k: -np.ones((3,) * len(sketches))
+    )
+    result = runs("vfl-kmeans", **options)
+    assert result.metrics["uniform_fallbacks"] == 1
+    assert "1 grid table(s) had no positive weight" in result.headline

@@ -20,8 +20,11 @@ paper's noise-vs-signal rule (§2.10) or the thesis's Table 5.1.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import itertools
 import math
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -136,10 +139,36 @@ def leave_one_out_max(a: np.ndarray) -> np.ndarray:
     return np.where(np.arange(k)[None, :] == order[:, -1:], second, top)
 
 
+#: the uniform fallbacks of :func:`normalise` inside :func:`counting_fallbacks`, one per use
+_FALLBACKS: contextvars.ContextVar[list[tuple[int, ...]] | None] = contextvars.ContextVar(
+    "fm_uniform_fallbacks", default=None
+)
+
+
+@contextlib.contextmanager
+def counting_fallbacks() -> Iterator[list[tuple[int, ...]]]:
+    """Collect the shape of every table :func:`normalise` made uniform (no positive weight left)
+    while the block runs, so that the run can say it (post-processing, never silent)."""
+    seen: list[tuple[int, ...]] = []
+    token = _FALLBACKS.set(seen)
+    try:
+        yield seen
+    finally:
+        _FALLBACKS.reset(token)
+
+
+def _uniform(shape: tuple[int, ...], total: float) -> np.ndarray:
+    seen = _FALLBACKS.get()
+    if seen is not None:
+        seen.append(tuple(shape))
+    return np.full(shape, total / math.prod(shape))
+
+
 def normalise(w: np.ndarray, total: float, projection: str = "clip") -> np.ndarray:
     """BasicEst line 13, "ensure Σw = n̂ and w >= 0" (spec §2.8).
 
-    ``clip``: clip at 0 and rescale (uniform if nothing is left) — the spec's default.
+    ``clip``: clip at 0 and rescale (uniform if nothing is left, counted by
+    :func:`counting_fallbacks`) — the spec's default.
     ``simplex``: the Euclidean projection onto {w >= 0, Σw = n̂} (Duchi et al. 2008): subtracts one
     common shift before clipping, so the positive noise of empty cells is removed rather than
     rescaled — far less spurious mass (spec §2.8 names it as the alternative).
@@ -152,14 +181,14 @@ def normalise(w: np.ndarray, total: float, projection: str = "clip") -> np.ndarr
         rank = np.arange(1, v.size + 1)
         kept = np.flatnonzero(u - excess / rank > 0)
         if kept.size == 0:  # (only from non-finite cells: noise at a tiny ε) uniform, as clip
-            return np.full(w.shape, total / w.size)
+            return _uniform(w.shape, total)
         last = kept[-1]
         return np.maximum(w - excess[last] / (last + 1), 0.0)
     if projection != "clip":
         raise ValueError(f"unknown projection {projection!r}; one of {PROJECTIONS}")
     w = np.maximum(w, 0.0)
     s = w.sum()
-    return w * (total / s) if s > 0 else np.full(w.shape, total / w.size)
+    return w * (total / s) if s > 0 else _uniform(w.shape, total)
 
 
 def raw_intersections(

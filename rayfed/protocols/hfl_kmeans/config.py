@@ -143,7 +143,7 @@ class HflKmeansConfig:
         10_000, "synthetic data: number of points N", at_least=1, size=True, source="synthetic"
     )
     dims: int = option(2, "synthetic data: dimension d", at_least=1, size=True, source="synthetic")
-    spread: float = option(
+    cluster_sd: float = option(
         0.06, "synthetic data: std of each blob per coordinate", above=0, source="synthetic"
     )
     bounds: dict[str, list[float]] | None = option(

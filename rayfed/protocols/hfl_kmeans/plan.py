@@ -130,7 +130,7 @@ def synthetic_table(users: int, dims: int, k: int, spread: float, seed: int) -> 
 
 def _load(cfg: HflKmeansConfig, seed: int) -> tuple[pa.Table, list[str], np.ndarray, np.ndarray]:
     if cfg.data.path is None:
-        table = synthetic_table(cfg.users, cfg.dims, cfg.k, cfg.spread, seed)
+        table = synthetic_table(cfg.users, cfg.dims, cfg.k, cfg.cluster_sd, seed)
         features = [f"x{j}" for j in range(cfg.dims)]
         return table, features, np.full(cfg.dims, -1.0), np.full(cfg.dims, 1.0)
     if not cfg.bounds:

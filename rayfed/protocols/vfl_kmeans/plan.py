@@ -232,7 +232,7 @@ def random_split(features: list[str], parties: int, seed: int) -> dict[str, list
 def _load(cfg: VflKmeansConfig, seed: int):
     """(table, features in global order, groups, lo, hi, reference label column or None)."""
     if cfg.data.path is None:
-        table = synthetic_table(cfg.users, cfg.dims, cfg.k, cfg.spread, seed)
+        table = synthetic_table(cfg.users, cfg.dims, cfg.k, cfg.cluster_sd, seed)
         features = [f"x{j}" for j in range(cfg.dims)]
         lo, hi = np.full(cfg.dims, -1.0), np.full(cfg.dims, 1.0)
         return table, features, random_split(features, cfg.parties, seed), lo, hi, "label"

@@ -100,6 +100,7 @@ def outcome(
         "epsilon2": split.eps2,
         "delta2": split.delta2,
         "iterations_2pest": out.iterations,
+        "uniform_fallbacks": out.uniform_fallbacks,
         "clipped": {c.field: c.count for c in params.clipped},
     }
     sketch = params.releases.sketch
@@ -130,6 +131,11 @@ def outcome(
         headline += f" (k'={k_prime})"
     if params.clipped:
         headline += "; " + "; ".join(c.statement() for c in params.clipped)
+    if out.uniform_fallbacks:
+        headline += (
+            f"; {out.uniform_fallbacks} grid table(s) had no positive weight after the noise and "
+            "were made uniform (post-processing)"
+        )
     return Outcome(tables=tables, metrics=metrics, headline=headline)
 
 

@@ -131,12 +131,14 @@ def curator_step(
 @dataclass(frozen=True)
 class ServerOutput:
     """The server's result: the final centers, the grid weights (None for the central baselines),
-    every party's local centers in order and the 2PEst pair updates run."""
+    every party's local centers in order, the 2PEst pair updates run and how many of its tables
+    had no positive weight left and were made uniform (post-processing of the release)."""
 
     centers: np.ndarray
     weights: np.ndarray | None
     local: list[np.ndarray]
     iterations: int
+    uniform_fallbacks: int = 0
 
 
 def grid_weights(
@@ -203,16 +205,17 @@ def server_step(
 ) -> ServerOutput:
     """Server: weigh the grid of local-center combinations and run weighted k-means on it."""
     local = [np.asarray(centers[p]) for p in order]
-    weights, iterations = grid_weights(
-        ctx,
-        encoding,
-        [memberships[p] for p in order],
-        n_hat=n_hat,
-        k=k_prime,
-        server=server,
-        round=round,
-    )
+    with fm.counting_fallbacks() as fallbacks:
+        weights, iterations = grid_weights(
+            ctx,
+            encoding,
+            [memberships[p] for p in order],
+            n_hat=n_hat,
+            k=k_prime,
+            server=server,
+            round=round,
+        )
     m = sum(len(p) for p in positions)
     grid = product_grid(local, positions, m)
     final = weighted_kmeans(grid, weights.reshape(-1), k, ctx.rng("clustering", round, "final"))
-    return ServerOutput(final, weights, local, iterations)
+    return ServerOutput(final, weights, local, iterations, len(fallbacks))

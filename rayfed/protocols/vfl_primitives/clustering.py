@@ -174,7 +174,8 @@ def cluster(
 ) -> np.ndarray:
     """k weighted centers: k-means (kmeans) or the k-median heuristic (kmedian). Where noise left
     no cell a positive weight, every cell weighs the same (post-processing of the release: the
-    centers are still chosen, never an error after the budget is spent)."""
+    centers are still chosen, never an error after the budget is spent; the run's metric
+    ``unweighted_grid`` and its headline say so)."""
     if not (weights > 0).any():
         weights = np.ones_like(weights)
     if cfg.task == "kmeans":

@@ -39,7 +39,7 @@ class VflPrimitivesConfig:
     delta: float = option(
         1e-5,
         "δ of the Gaussian sketch tasks (l2-moment, lowrank, regression)",
-        at_least=0,
+        above=0,
         at_most=MAX_DELTA,
         why=MAX_DELTA_WHY,
         when={"task": SKETCH_TASKS},

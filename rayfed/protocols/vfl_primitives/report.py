@@ -256,6 +256,13 @@ def clustering_outcome(
             pattern_bits_per_server=sent.bits_per_server,
         )
     headline = f"{cfg.task}: {cfg.k} centers from a {grid.shape[0]}-cell product grid"
+    # clustering.cluster's fallback: with no positive weight left, every cell weighs the same
+    metrics["unweighted_grid"] = not bool((raw > 0).any())
+    if metrics["unweighted_grid"]:
+        headline += (
+            "; no grid cell kept a positive weight after the noise, so the grid was clustered "
+            "unweighted (post-processing)"
+        )
     if truth is not None:
         a = truth.a
         base = cost(a, truth.reference, p)
