@@ -311,3 +311,12 @@ def test_vfl_kmeans_says_when_its_grid_weights_fell_back_to_uniform(monkeypatch)
     result = runs("vfl-kmeans", **options)
     assert result.metrics["uniform_fallbacks"] == 1
     assert "1 grid table(s) had no positive weight" in result.headline
+
+
+@pytest.mark.parametrize("setting", ["lfl", "vfl"])
+def test_a_test_fraction_that_holds_out_nothing_is_refused(out_dir, setting):
+    """test_fraction just above 0 left the test set empty and the headline read 'test MSE
+    0.0000' (the mean of nothing)."""
+    options = dict(setting=setting, users=150, items=20, iterations=2)
+    err = refused("test_fraction", out_dir, "federated-mf", test_fraction=1e-9, **options)
+    assert "holds out none of the" in err.problem and "no test MSE" in err.problem

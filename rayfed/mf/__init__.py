@@ -140,6 +140,22 @@ def split(
         test[order] = rank < quota[ratings.user[order]]
     else:
         test = u < test_fraction
+    if not test.any():  # the test MSE would be the mean of nothing (it read 0.0000)
+        single = by_user and not np.any(np.bincount(ratings.user) > 1)
+        raise ConfigError(
+            "test_fraction",
+            f"{test_fraction:g} holds out none of the {len(ratings):,} ratings, so there would be "
+            "no test MSE"
+            + (
+                "; every user has a single rating, and a user's last is never held out"
+                if single
+                else ""
+            ),
+            "users with 2 or more ratings (more items, or a denser population)"
+            if single
+            else f"a fraction that holds out at least one rating (about "
+            f"{1 / max(len(ratings), 1):.2g} or more; < 1)",
+        )
     return ratings.take(np.flatnonzero(~test)), ratings.take(np.flatnonzero(test))
 
 

@@ -754,6 +754,8 @@ _NEVER_RUN: dict[tuple[str, str], str] = {}
 _CONFLICTS: dict[tuple[str, str], set[str]] = {
     # ε = 1e-9 with Skellam: 16 bits cannot hold the users' rounding errors at that scale
     ("federated-mf", "epsilon"): {"bits"},
+    # 1 item: each user has a single rating, never held out, so no test set at any fraction
+    ("federated-mf", "items"): {"test_fraction"},
     # ε = 1e-9 / ρ at its edges / 30 fraction bits: the fixed-point ring cannot hold the noise
     ("hfl-kmeans", "epsilon"): {"ring_bits"},
     ("hfl-kmeans", "rho"): {"ring_bits"},
