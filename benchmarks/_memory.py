@@ -1,5 +1,7 @@
 """Peak memory of a benchmark: the summed proportional set size (PSS) of the driver and every
-process it started (an embedded Ray's raylet, GCS and workers), polled in a background thread."""
+process it started (an embedded Ray's raylet, GCS and workers), polled in a background thread;
+and, per process, its own peak PSS and peak resident set (the kernel's VmHWM), so that each actor's
+memory can be read apart (:meth:`PeakMemory.per_process`)."""
 
 from __future__ import annotations
 
@@ -18,6 +20,30 @@ def _pss(pid: str) -> int:
     except OSError:
         pass
     return 0
+
+
+def _hwm(pid: str) -> int:
+    """The process's peak resident set so far (VmHWM), 0 if it is gone."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def _label(pid: str) -> str:
+    """What the process is: a Ray worker's title names its actor class (``ray::UserCohortActor``,
+    the method it runs stripped), else the executable's name (raylet, gcs_server, python)."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return "?"
+    first = argv[0].decode(errors="replace").strip()
+    if first.startswith("ray::"):
+        return first.split()[0].split(".")[0]
+    return Path(first).name or "?"
 
 
 def _family(root: int) -> list[str]:
@@ -39,16 +65,33 @@ def _family(root: int) -> list[str]:
 
 
 class PeakMemory:
-    """Polls the summed PSS of the driver and its descendants in a background thread."""
+    """Polls the summed PSS of the driver and its descendants in a background thread, and each
+    process's own peak PSS and peak RSS."""
 
     def __init__(self, interval: float = 0.05):
         self.interval, self.peak, self._stop = interval, 0, threading.Event()
+        self._procs: dict[str, dict] = {}  # pid -> {label, peak_pss, peak_rss}
         self._thread = threading.Thread(target=self._poll, daemon=True)
 
     def _poll(self) -> None:
         while not self._stop.is_set():
-            self.peak = max(self.peak, sum(_pss(p) for p in _family(os.getpid())))
+            total = 0
+            for pid in _family(os.getpid()):
+                pss = _pss(pid)
+                total += pss
+                proc = self._procs.get(pid)
+                if proc is None:
+                    proc = self._procs[pid] = {"label": _label(pid), "peak_pss": 0, "peak_rss": 0}
+                elif proc["label"] in ("ray::IDLE", "default_worker.py", "python"):
+                    proc["label"] = _label(pid)  # a pooled worker becomes an actor later
+                proc["peak_pss"] = max(proc["peak_pss"], pss)
+                proc["peak_rss"] = max(proc["peak_rss"], _hwm(pid))
+            self.peak = max(self.peak, total)
             time.sleep(self.interval)
+
+    def per_process(self) -> dict[str, dict]:
+        """pid -> {label, peak_pss, peak_rss} (bytes) of every process seen."""
+        return {pid: dict(p) for pid, p in self._procs.items()}
 
     def __enter__(self) -> PeakMemory:
         self._thread.start()

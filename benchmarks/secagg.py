@@ -74,23 +74,35 @@ def measure_primitives(repeat: int = 20_000) -> dict:
 
 
 def _rss_step(ctx):
-    """(current, peak) resident memory of this actor's process, in bytes."""
+    """(current, peak, pid): resident memory of this actor's process, in bytes, and its pid."""
     fields = dict(
         line.split(":", 1)
         for line in Path("/proc/self/status").read_text().splitlines()
         if ":" in line
     )
     kib = lambda key: int(fields[key].split()[0]) * 1024  # noqa: E731
-    return kib("VmRSS"), kib("VmHWM")
+    return kib("VmRSS"), kib("VmHWM"), os.getpid()
 
 
-def run_one(name: str, users: int, dim: int, variant: str, dropout: float, seed: int = 0) -> dict:
+def run_one(
+    name: str,
+    users: int,
+    dim: int,
+    variant: str,
+    dropout: float,
+    seed: int = 0,
+    *,
+    cohorts: int | None = None,
+    actor_options: dict[str, dict] | None = None,
+) -> dict:
+    """One round on Ray: ``cohorts`` user cohorts (default: one per CPU of this machine);
+    ``actor_options`` per role as :class:`~rayfed.federation.Federation` takes them (placement)."""
     mode = "dealer" if variant == "dealer" else "secure"  # real crypto with OS randomness
     graph = "complete" if variant == "secagg" else "auto"
     params = find_params(users, dropout=max(0.3, dropout), corrupt=0.05, graph=graph)
     encoding = FixedPoint.choose(users, 1.0, 16)
     ids = np.arange(users, dtype=np.int64)
-    n_cohorts = os.cpu_count() or 1
+    n_cohorts = cohorts or os.cpu_count() or 1
     cohorts = {
         k: (t, {}) for k, t in per_user(pa.table({"user_id": ids}), "user_id", n_cohorts).items()
     }
@@ -107,6 +119,7 @@ def run_one(name: str, users: int, dim: int, variant: str, dropout: float, seed:
         dropout=schedule,
     )
     memory: dict[str, dict] = {}
+    pids: dict[str, int] = {}  # member -> its process (to read PeakMemory's per-process peaks)
     Path("/proc/self/clear_refs").write_text("5")  # reset the driver's peak (VmHWM) for this run
     with Federation(
         run_id=f"bench-{variant}",
@@ -115,16 +128,19 @@ def run_one(name: str, users: int, dim: int, variant: str, dropout: float, seed:
         privacy=PrivacyDeclaration.none("benchmark"),
         randomness="seeded" if mode == "dealer" else "secure",
         deadline_s=3600.0,
+        actor_options=actor_options,
     ) as fed:
 
         def sample(phase: str) -> None:
             cohort = fed.get(fed.cohorts.run(_rss_step, phase="memory"))
             coord = fed.coordinator.call(_rss_step, phase="memory")
             driver_peak = _rss_step(None)[1]
+            pids.update({name: pid for name, (_, _, pid) in cohort.items()}, coordinator=coord[2])
             memory[phase] = {
-                "peak_bytes_total": sum(p for _, p in cohort.values()) + coord[1] + driver_peak,
-                "peak_bytes_per_cohort": max(p for _, p in cohort.values()),
+                "peak_bytes_total": sum(p for _, p, _ in cohort.values()) + coord[1] + driver_peak,
+                "peak_bytes_per_cohort": max(p for _, p, _ in cohort.values()),
                 "peak_bytes_coordinator": coord[1],
+                "peak_bytes_cohorts": {name: p for name, (_, p, _) in cohort.items()},
             }
 
         sample("start")
@@ -147,6 +163,7 @@ def run_one(name: str, users: int, dim: int, variant: str, dropout: float, seed:
         for row in fed.transcript.rows:
             calls[row["phase"]] = calls.get(row["phase"], 0) + 1
         sample("end")
+        placement = fed.placement()
     # the independent reference: survivors from the schedule and graph, exact integer sum
     survivors = expected_survivors(
         ids,
@@ -187,6 +204,38 @@ def run_one(name: str, users: int, dim: int, variant: str, dropout: float, seed:
         "messages_per_phase": calls,
         "user_key_agreements": kas,
         "user_keystream_bytes": keystream,
+        "pids": pids,
+        "placement": placement,
+    }
+
+
+#: the roles that run the users' side of a round; every other role's phases are server work
+CLIENT_ROLES = ("cohorts", "parties")
+
+
+def busy_split(timings: list[dict]) -> dict:
+    """A run's phase seconds (``fed.timings`` / ``Result.timings``: round, phase, role, seconds)
+    split into the users' side (cohorts, parties) and the server's (the coordinator, and any other
+    role: server shards once they exist), each the driver's wait on that phase. The round's
+    seconds are the federation's round totals (phases and the driver's work between them), else
+    the phases' sum."""
+    by_role: dict[str, dict[str, float]] = {}
+    rounds = 0.0
+    for t in timings:
+        if t["phase"] == "(round)":
+            rounds += float(t["seconds"])
+            continue
+        phases = by_role.setdefault(t["role"], {})
+        phases[t["phase"]] = phases.get(t["phase"], 0.0) + float(t["seconds"])
+    server = sum(sum(p.values()) for r, p in by_role.items() if r not in CLIENT_ROLES)
+    client = sum(sum(p.values()) for r, p in by_role.items() if r in CLIENT_ROLES)
+    round_s = rounds or server + client
+    return {
+        "server_seconds": server,
+        "client_seconds": client,
+        "round_seconds": round_s,
+        "server_share": server / round_s if round_s else 0.0,
+        "phase_seconds_by_role": by_role,
     }
 
 
