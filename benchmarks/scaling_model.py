@@ -98,7 +98,8 @@ def _design(points: list[dict]) -> dict[str, np.ndarray]:
 
 
 def fit(points: list[dict]) -> dict[str, list[float]]:
-    """Non-negative least squares, each row weighted by 1 / its value (relative errors)."""
+    """Non-negative least squares, each row weighted by 1 / its value (relative errors); a point
+    without a memory measurement (None) is left out of that part's fit only."""
     X = _design(points)
     targets = {
         "work": [p["client_seconds"] * p["cores"] for p in points],
@@ -108,9 +109,10 @@ def fit(points: list[dict]) -> dict[str, list[float]]:
     }
     out = {}
     for name, y in targets.items():
-        y = np.asarray(y, dtype=float)
+        rows = [i for i, v in enumerate(y) if v is not None]
+        y = np.asarray([y[i] for i in rows], dtype=float)
         w = 1 / np.maximum(y, 1e-9)
-        out[name] = nnls(X[name] * w[:, None], y * w)[0].tolist()
+        out[name] = nnls(X[name][rows] * w[:, None], y * w)[0].tolist()
     return out
 
 
