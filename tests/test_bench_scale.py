@@ -123,7 +123,9 @@ def test_held_out_prediction_leaves_the_largest_round_out_of_the_fit():
     assert errors["seconds"] == pytest.approx(0.0, abs=1e-6)
     assert errors["coordinator_bytes"] == pytest.approx(0.0, abs=1e-6)
     # the held-out round measured twice as slow: the prediction (from the others) is half of it
-    points[-1] = {**points[-1], "wall_seconds": 2 * points[-1]["wall_seconds"]}
+    last = points[-1]
+    points[-1] = {**last, **{k: 2 * last[k] for k in ("client_seconds", "server_seconds")}}
+    points[-1]["wall_seconds"] = 2 * last["wall_seconds"]
     _, _, model2, errors = scale.held_out_check(points)
     assert model2["seconds"] == pytest.approx(model["seconds"], rel=1e-6)
     assert errors["seconds"] == pytest.approx(-0.5, abs=1e-6)
