@@ -1,6 +1,6 @@
 """Scale targets: each row holds the target beside the measured number. Writes JSON.
 
-    python benchmarks/scale.py                    # every target (about 45 minutes on 2 cores)
+    python benchmarks/scale.py                    # the first five (about 45 minutes on 2 cores)
     python benchmarks/scale.py --only overhead    # one: secagg-100k, dealer-1m, lfl-100k, overhead,
                                                   # main-job, and the scale-out rows below
     python benchmarks/scale.py --only coordinator-share --set server_shards=4   # a secure-sum option
@@ -20,7 +20,8 @@ Rows merge into ``benchmarks/results/scale.json`` by name, so the targets can be
   work (two X25519 agreements and two mask expansions per pair); the simulator does a same-cohort
   pair once, so it can come closer to the bound than real users could.
 
-The scale-out rows (issue 29; benchmarks/README.md, "scale-out"):
+The scale-out rows (issue 29; benchmarks/README.md, "scale-out"), each run by name (one per
+process for cluster-4node, which starts its own Ray cluster):
 
 * ``coordinator-share`` — secure-sum, secure mode, d = 1,000, this machine's cores, n = 10^4 and
   10^5 (two rows), 20 % dropout after the masked input: the server's busy time (its phases:
@@ -524,6 +525,9 @@ TARGETS = {
     "scaling-model": scaling_model_check,
     "parallel-efficiency": parallel_efficiency,
 }
+#: what a run without --only measures: the scale-out rows are run by name (secagg-200k needs more
+#: than 24 GiB unsharded, cluster-4node its own process, parallel-efficiency the 16-core lines)
+DEFAULT = ("main-job", "overhead", "secagg-100k", "dealer-1m", "lfl-100k")
 #: the targets ``--users`` resizes
 SIZED = ("coordinator-share", "actor-memory", "secagg-200k", "cluster-4node")
 
@@ -543,7 +547,7 @@ def main(argv: list[str] | None = None) -> int:
         help="a secure-sum option for coordinator-share (e.g. server_shards=4)",
     )
     args = p.parse_args(argv)
-    keys = args.only or list(TARGETS)
+    keys = args.only or list(DEFAULT)
     if args.set:
         _check_sets(args.set)  # before Ray starts
     out = Path(args.out)
