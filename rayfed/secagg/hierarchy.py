@@ -1,0 +1,322 @@
+"""Hierarchical secure aggregation: populations beyond one SecAgg+ instance.
+
+Bonawitz et al., "Towards Federated Learning at Scale: System Design" (SysML 2019), §4.2
+(Aggregators under a Master Aggregator: "the Master Aggregator ... spawns one or more
+Aggregators" to which the round's devices are split, each running its own aggregation) and §6
+(Secure Aggregation "is run ... per Aggregator", "the Master Aggregator" combining "the
+intermediate results of the Aggregators": the groups' sums are then visible to it). Here the
+registry is split into G contiguous groups of users (sizes as equal as possible); each group is
+one :func:`~rayfed.secagg.secure_sum` round with its own :class:`RoundSpec` (the finder's graph
+and threshold for its size, its own round number and so its own salt, dealer key and masks),
+over the members that hold its users (``ids=``: a member holding users of several groups takes
+part in each with only that group's users). The group sums are then combined in one of two
+variants (:data:`VARIANTS`):
+
+* ``revealed`` — the paper's: every group's server is the master (the coordinator), which learns
+  each group's sum and its survivors and adds the sums;
+* ``secure`` — every group has its own aggregator, a server distinct from the master (an
+  honest-but-curious server colluding neither with the master nor with another aggregator); it
+  keeps its group's decoded sum in its own state (never returned to the driver), and the
+  aggregators then run a second secure sum among themselves (one SecAgg user per group, the
+  ``party_ids`` shape), aggregated by the master, which learns only the total and each group's
+  survivor count.
+
+A group whose round aborts (BelowThreshold: fewer survivors than its quorum) is dropped: the round
+goes on with the other groups and the total misses that group's users (stated, see
+:func:`server_learns`); only a round whose every group aborts raises BelowThreshold. In ``secure``
+an aborted group's aggregator enters the zero vector in the second sum.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from rayfed.errors import BelowThreshold
+from rayfed.secagg import AggregationResult, secure_sum
+from rayfed.secagg import server as server_steps
+from rayfed.secagg.encoding import RingWords
+from rayfed.secagg.group import Members, Server
+from rayfed.secagg.spec import RoundSpec
+
+VARIANTS = ("revealed", "secure")
+#: where an aggregator keeps its group's sum (``secure``), by the group's round number
+STATE_KEY = "hierarchy_sums"
+
+__all__ = [
+    "VARIANTS",
+    "HierarchyResult",
+    "group_rounds",
+    "hierarchical_sum",
+    "server_learns",
+    "split_groups",
+]
+
+
+def split_groups(registry: np.ndarray, groups: int) -> list[np.ndarray]:
+    """The registry in ``groups`` contiguous runs (by position), sizes differing by at most one."""
+    return [np.asarray(g, dtype=np.int64) for g in np.array_split(np.asarray(registry), groups)]
+
+
+def group_rounds(round: int, groups: int) -> tuple[list[int], int]:
+    """Round numbers of protocol round ``round``: one per group, then the second-level sum's.
+    Distinct across groups and rounds, so no two groups share a salt, a dealer key or masks (and a
+    member's per-round state, keyed by round number, never collides)."""
+    base = round * (groups + 1)
+    return [base + g for g in range(groups)], base + groups
+
+
+def server_learns(
+    variant: str, groups: int, dropped: Sequence[int] = (), total_users: int | None = None
+) -> str:
+    """What the master learns in ``variant`` (derived from it, never written beside it)."""
+    if variant not in VARIANTS:
+        raise ValueError(f"hierarchy variant {variant!r} is none of {VARIANTS}")
+    if variant == "revealed":
+        learned = (
+            f"the master (the coordinator, every group's SecAgg server) learns each of the "
+            f"{groups} groups' sums and survivor sets, and their total"
+        )
+    else:
+        learned = (
+            f"the master learns only the total over the {groups} groups and each group's "
+            "survivor count; each group's sum and survivor set stay with its aggregator (a "
+            "separate server, assumed to collude neither with the master nor with another "
+            "aggregator; simulated on a cohort actor), which enters it in a second secure sum "
+            "among the aggregators"
+        )
+    if dropped:
+        missed = ", ".join(str(int(g)) for g in dropped)
+        learned += f"; group(s) {missed} fell below their threshold and were dropped: the total misses their users"
+    return learned
+
+
+@dataclass
+class HierarchyResult:
+    """One hierarchical round: the total and what each level revealed to the master."""
+
+    variant: str
+    #: the decoded total and its ring words
+    sum: np.ndarray
+    words: np.ndarray
+    #: each group's registry (contiguous runs of the whole registry's positions)
+    group_users: list[np.ndarray]
+    #: each group's |U3| (None: the group aborted); the master learns these in both variants
+    group_counts: list[int | None]
+    #: groups whose round aborted (below their threshold)
+    dropped: list[int]
+    #: each group's round (``revealed``: the full AggregationResult the master got; ``secure``: the
+    #: result with ``sum``, ``words`` and ``survivors`` None, as they never left the aggregator);
+    #: None for an aborted group
+    group_results: list[AggregationResult | None]
+    #: the second-level secure sum among the aggregators (``secure``; None in ``revealed``)
+    top: AggregationResult | None = None
+
+    @property
+    def group_sums(self) -> list[np.ndarray | None] | None:
+        """The groups' decoded sums as the master knows them: ``revealed`` only (None in secure)."""
+        if self.variant != "revealed":
+            return None
+        return [None if r is None else r.sum for r in self.group_results]
+
+    @property
+    def survivors(self) -> np.ndarray | None:
+        """The users in the total, as the master knows them: ``revealed`` only."""
+        if self.variant != "revealed":
+            return None
+        parts = [r.survivors for r in self.group_results if r is not None]
+        return np.sort(np.concatenate(parts)) if parts else np.zeros(0, np.int64)
+
+    @property
+    def survivor_count(self) -> int:
+        return int(sum(c for c in self.group_counts if c is not None))
+
+    @property
+    def server_learned(self) -> str:
+        return server_learns(self.variant, len(self.group_users), self.dropped)
+
+
+def hierarchical_sum(
+    members: Members,
+    member_users: Mapping[str, np.ndarray],
+    group_specs: Sequence[RoundSpec],
+    input_fn: Callable[..., Any],
+    input_args: tuple = (),
+    *,
+    round: int,
+    variant: str,
+    master: Server,
+    aggregators: Sequence[Server] | None = None,
+    aggregator_members: Members | None = None,
+    aggregator_hosts: Sequence[str] | None = None,
+    top_spec: RoundSpec | None = None,
+) -> HierarchyResult:
+    """One hierarchical round over ``members`` (each holding ``member_users[name]``), group g run
+    with ``group_specs[g]`` (its registry is the group's users). Every user's input is
+    ``input_fn(ctx, round, ids, *input_args)`` at the protocol's ``round``, whatever the group's
+    round number, so the users enter the same inputs as in one flat round.
+
+    ``revealed``: every group is aggregated by ``master``. ``secure``: group g by
+    ``aggregators[g]``, a one-member server on the actor ``aggregator_hosts[g]`` (a member of
+    ``aggregator_members``); the second sum runs over ``aggregator_members`` (aggregator g is
+    SecAgg user g of ``top_spec``, whose registry is ``arange(G)``), aggregated by ``master``.
+    """
+    if variant not in VARIANTS:
+        raise ValueError(f"hierarchy variant {variant!r} is none of {VARIANTS}")
+    n_groups = len(group_specs)
+    if variant == "secure" and (
+        aggregators is None
+        or aggregator_members is None
+        or aggregator_hosts is None
+        or top_spec is None
+        or len(aggregators) != n_groups
+        or len(aggregator_hosts) != n_groups
+    ):
+        raise ValueError(
+            "hierarchy=secure needs an aggregator and its host per group, and top_spec"
+        )
+    results: list[AggregationResult | None] = []
+    aborted: list[BelowThreshold] = []
+    dropped: list[int] = []
+    for g, spec in enumerate(group_specs):
+        ids = _group_ids(member_users, spec.registry)
+        server = master if variant == "revealed" else _Keeping(aggregators[g])
+        try:
+            result = secure_sum(
+                _Subset(members, sorted(ids)),
+                spec,
+                _at_round,
+                (input_fn, round, tuple(input_args)),
+                server=server,
+                ids=ids,
+            )
+        except BelowThreshold as err:
+            dropped.append(g)
+            aborted.append(err)
+            results.append(None)
+            continue
+        results.append(result)
+    if len(dropped) == n_groups:
+        raise aborted[0]
+    counts = [None if r is None else int(r.counts["masked_input"]) for r in results]
+    if variant == "revealed":
+        words = np.zeros(group_specs[0].dim, dtype=np.uint64)
+        for r in results:
+            if r is not None:
+                words = words + r.words.astype(np.uint64)
+        enc = group_specs[0].encoding
+        words = enc.reduce(words)
+        return HierarchyResult(
+            variant,
+            enc.decode(words),
+            words,
+            [s.registry for s in group_specs],
+            counts,
+            dropped,
+            results,
+        )
+    hosts = {}
+    for g, host in enumerate(aggregator_hosts):
+        hosts.setdefault(host, []).append(g)
+    rounds = [s.round for s in group_specs]
+    top = secure_sum(
+        aggregator_members,
+        top_spec,
+        group_words,
+        (rounds, tuple(dropped), top_spec.dim),
+        server=master,
+        ids={h: np.array(gs, dtype=np.int64) for h, gs in hosts.items()},
+    )
+    return HierarchyResult(
+        variant,
+        top.sum,
+        top.words,
+        [s.registry for s in group_specs],
+        counts,
+        dropped,
+        results,
+        top,
+    )
+
+
+def _group_ids(member_users: Mapping[str, np.ndarray], group: np.ndarray) -> dict[str, np.ndarray]:
+    """Each member's users in ``group`` (members with none are left out of the group's round)."""
+    lo, hi = group[0], group[-1]
+    out = {}
+    for name in sorted(member_users):
+        users = np.asarray(member_users[name], dtype=np.int64)
+        mine = users[(users >= lo) & (users <= hi)]
+        mine = mine[np.isin(mine, group, assume_unique=False)]
+        if mine.size:
+            out[name] = np.sort(mine)
+    return out
+
+
+def _at_round(ctx, group_round: int, ids: np.ndarray, input_fn, round: int, args: tuple):
+    """The users' inputs of the protocol's ``round`` (not of their group's round number)."""
+    return input_fn(ctx, round, ids, *args)
+
+
+# --- the aggregators (``secure``) ------------------------------------------------------------------
+def keep_sum(ctx, spec: RoundSpec, replies: dict) -> dict:
+    """The aggregator's last step: the server's ``finish``, its decoded words kept in the
+    aggregator's state for the second sum; the reply (to the driver and on to the master) holds
+    the counts and the public graph seed, not the sum nor the survivor set."""
+    out = server_steps.finish(ctx, spec, replies)
+    ctx.state.setdefault(STATE_KEY, {})[spec.round] = out["words"]
+    return {
+        "sum": None,
+        "words": None,
+        "survivors": None,
+        "dropped_after_sharing": None,
+        "counts": dict(out["counts"]),
+        "graph_seed": out["graph_seed"],
+    }
+
+
+def group_words(ctx, round: int, ids: np.ndarray, rounds: Sequence[int], dropped: tuple, dim: int):
+    """Aggregator ``g``'s input to the second sum (``ids`` are group indices): its group's kept
+    words as ring words (the zero vector for a group that aborted); taken out of its state."""
+    kept = ctx.state.get(STATE_KEY, {})
+    rows = np.zeros((len(ids), dim), dtype=np.uint64)
+    for i, g in enumerate(np.asarray(ids).tolist()):
+        if g not in dropped:
+            rows[i] = kept.pop(rounds[g])
+    return RingWords(rows)
+
+
+@dataclass
+class _Subset:
+    """The members holding a group's users (``secure_sum`` runs its phases on these only)."""
+
+    group: Members
+    only: list[str]
+
+    @property
+    def names(self) -> list[str]:
+        return list(self.only)
+
+    def run(self, step, *args, phase: str, members=None, **kwargs):
+        names = self.only if members is None else [n for n in members if n in self.only]
+        return self.group.run(step, *args, phase=phase, members=names, **kwargs)
+
+
+@dataclass
+class _Keeping:
+    """An aggregator that keeps its group's sum: its ``finish`` is :func:`keep_sum`."""
+
+    server: Server
+
+    def run(self, step, *args, phase: str, **kwargs):
+        return self.server.run(step, *args, phase=phase, **kwargs)
+
+    def scatter(self, step, *args, to, phase: str, **kwargs):
+        return self.server.scatter(step, *args, to=to, phase=phase, **kwargs)
+
+    def call(self, step, *args, phase: str, **kwargs):
+        if step is not server_steps.finish:
+            raise ValueError(f"an aggregator's call is finish, not {step.__name__}")
+        return self.server.call(keep_sum, *args, phase=phase, **kwargs)
