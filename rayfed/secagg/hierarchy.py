@@ -1,18 +1,16 @@
 """Hierarchical secure aggregation: populations beyond one SecAgg+ instance.
 
-Bonawitz et al., "Towards Federated Learning at Scale: System Design" (SysML 2019), §4.2
-(Aggregators under a Master Aggregator: "the Master Aggregator ... spawns one or more
-Aggregators" to which the round's devices are split, each running its own aggregation) and §6
-(Secure Aggregation "is run ... per Aggregator", "the Master Aggregator" combining "the
-intermediate results of the Aggregators": the groups' sums are then visible to it). Here the
-registry is split into G contiguous groups of users (sizes as equal as possible); each group is
+Bonawitz et al., "Towards Federated Learning at Scale: System Design" (SysML 2019) describe a
+Master Aggregator that hands a round's devices to several Aggregators, each running secure
+aggregation over its own devices, the Master combining the Aggregators' results (the paper's
+text was not at hand here: no section is cited). Here the registry is split into G contiguous groups of users (sizes as equal as possible); each group is
 one :func:`~rayfed.secagg.secure_sum` round with its own :class:`RoundSpec` (the finder's graph
 and threshold for its size, its own round number and so its own salt, dealer key and masks),
 over the members that hold its users (``ids=``: a member holding users of several groups takes
 part in each with only that group's users). The group sums are then combined in one of two
 variants (:data:`VARIANTS`):
 
-* ``revealed`` — the paper's: every group's server is the master (the coordinator), which learns
+* ``revealed`` — every group's server is the master (the coordinator), which learns
   each group's sum and its survivors and adds the sums;
 * ``secure`` — every group has its own aggregator, a server distinct from the master (an
   honest-but-curious server colluding neither with the master nor with another aggregator); it
@@ -83,7 +81,7 @@ def server_learns(
     else:
         learned = (
             f"the master learns only the total over the {groups} groups and each group's "
-            "survivor count; each group's sum and survivor set stay with its aggregator (a "
+            "participant count per phase (its survivor count among them); each group's sum and survivor set stay with its aggregator (a "
             "separate server, assumed to collude neither with the master nor with another "
             "aggregator; simulated on a cohort actor), which enters it in a second secure sum "
             "among the aggregators"
