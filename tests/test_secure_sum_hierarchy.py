@@ -147,3 +147,51 @@ def test_secure_variant_on_ray_equals_local(ray_cluster):
     assert on_ray.metrics["exact"] and local.metrics["exact"]
     assert on_ray.tables["sum"].equals(local.tables["sum"])
     assert on_ray.metrics["rounds"] == local.metrics["rounds"]
+
+
+def test_secure_variant_keeps_group_sums_off_the_driver_and_the_master():
+    """The library call: in ``secure`` no group's sum, words or survivor set comes back from its
+    aggregator; the total is the numpy sum of every user's input (no dropout)."""
+    from rayfed import rng
+    from rayfed.data import per_user
+    from rayfed.federation import Federation
+    from rayfed.privacy import PrivacyDeclaration
+    from rayfed.protocols.secure_sum.driver import _on
+    from rayfed.secagg import FixedPoint, find_params, make_spec
+    from rayfed.secagg.hierarchy import hierarchical_sum
+
+    def inputs(ctx, round, ids, dim):
+        return rng.keyed_uniform(ctx.seed, "h", round, ids, dim) * 2 - 1
+
+    ids = np.arange(120, dtype=np.int64) * 5 + 2
+    cohorts = {k: (t, {}) for k, t in per_user(pa.table({"uid": ids}), "uid", 3).items()}
+    users = {k: t.column("user_id").to_numpy() for k, (t, _) in cohorts.items()}
+    enc = FixedPoint.choose(ids.size, 1.0, 12)
+    groups = split_groups(ids, 3)
+    numbers, top = group_rounds(0, 3)
+
+    def spec(r, reg, params):
+        return make_spec(
+            round=r, mode="simulation", registry=reg, params=params, encoding=enc, dim=2
+        )
+
+    specs = [
+        spec(numbers[g], reg, find_params(reg.size, dropout=0.3)) for g, reg in enumerate(groups)
+    ]
+    top_spec = spec(top, np.arange(3), find_params(3, dropout=0.0, corrupt=0.0, graph="complete"))
+    with Federation(
+        run_id="h", seed=9, cohorts=cohorts, privacy=PrivacyDeclaration.none("t"), backend="local"
+    ) as fed:
+        hosts = [fed.cohorts.names[g % 3] for g in range(3)]
+        result = hierarchical_sum(
+            fed.cohorts, users, specs, inputs, (2,), round=0, variant="secure",
+            master=fed.coordinator, aggregators=[_on(fed, h) for h in hosts],
+            aggregator_members=_on(fed, *hosts), aggregator_hosts=hosts, top_spec=top_spec,
+        )  # fmt: skip
+    assert result.group_sums is None and result.survivors is None
+    for r in result.group_results:
+        assert r.sum is None and r.words is None and r.survivors is None
+    assert result.group_counts == [40, 40, 40] and result.top.survivors.tolist() == [0, 1, 2]
+    x = rng.keyed_uniform(9, "h", 0, ids, 2) * 2 - 1
+    want = np.rint(x * 2.0**12).astype(np.int64).sum(axis=0)
+    assert np.array_equal(enc.signed(result.words), want)
