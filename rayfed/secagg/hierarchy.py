@@ -241,13 +241,13 @@ def hierarchical_sum(
 
 
 def _group_ids(member_users: Mapping[str, np.ndarray], group: np.ndarray) -> dict[str, np.ndarray]:
-    """Each member's users in ``group`` (members with none are left out of the group's round)."""
+    """Each member's users in ``group`` (members with none are left out of the group's round): a
+    range test, as a group is a contiguous run of the sorted registry."""
     lo, hi = group[0], group[-1]
     out = {}
     for name in sorted(member_users):
         users = np.asarray(member_users[name], dtype=np.int64)
         mine = users[(users >= lo) & (users <= hi)]
-        mine = mine[np.isin(mine, group, assume_unique=False)]
         if mine.size:
             out[name] = np.sort(mine)
     return out
