@@ -26,12 +26,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--users", type=int, default=100_000)
     p.add_argument("--dim", type=int, default=100)
     p.add_argument("--groups", type=int, default=10)
-    p.add_argument("--cohorts", type=int, default=2)
+    p.add_argument(
+        "--cohorts",
+        type=int,
+        default=None,
+        help="default groups + 2: secure needs a cohort per aggregator holding none of its users",
+    )
     p.add_argument(
         "--repeat", type=int, default=2, help="passes over the three (the first warms up)"
     )
     p.add_argument("--out", default="benchmarks/results/hierarchy.json")
     args = p.parse_args(argv)
+    if args.cohorts is None:
+        args.cohorts = args.groups + 2
     rows, load = [], [round(x, 2) for x in os.getloadavg()]
     passes = [v for _ in range(args.repeat) for v in ("none", "revealed", "secure")]
     for i, variant in enumerate(passes):

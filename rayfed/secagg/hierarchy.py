@@ -27,12 +27,14 @@ an aborted group's aggregator enters the zero vector in the second sum.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from rayfed.dropout import DropoutSchedule
 from rayfed.errors import BelowThreshold
 from rayfed.secagg import AggregationResult, secure_sum
 from rayfed.secagg import server as server_steps
@@ -46,9 +48,11 @@ STATE_KEY = "hierarchy_sums"
 
 __all__ = [
     "VARIANTS",
+    "AtRound",
     "HierarchyResult",
     "group_rounds",
     "hierarchical_sum",
+    "place_aggregators",
     "server_learns",
     "split_groups",
 ]
@@ -67,29 +71,117 @@ def group_rounds(round: int, groups: int) -> tuple[list[int], int]:
     return [base + g for g in range(groups)], base + groups
 
 
+#: why the master can undo the second sum's masks outside mode=secure (flat runs' statements say it)
+_NOT_PROTECTED = {
+    "simulation": "every key and mask seed derives from the run's root seed, which the coordinator "
+    "holds",
+    "dealer": "the coordinator deals every mask seed",
+}
+
+
 def server_learns(
-    variant: str, groups: int, dropped: Sequence[int] = (), total_users: int | None = None
+    variant: str,
+    groups: int,
+    dropped: Sequence[int] = (),
+    total_users: int | None = None,
+    *,
+    mode: str = "secure",
+    hosts: Sequence[str] | None = None,
 ) -> str:
-    """What the master learns in ``variant`` (derived from it, never written beside it)."""
+    """What the master learns in ``variant`` under ``mode`` (derived from both, never written
+    beside them); in ``secure``, the aggregators' placement ``hosts`` (group g's on ``hosts[g]``)
+    and the trust assumed of them."""
     if variant not in VARIANTS:
         raise ValueError(f"hierarchy variant {variant!r} is none of {VARIANTS}")
+    if variant == "secure" and mode == "plain":
+        raise ValueError("hierarchy=secure with mode=plain sends every group's sum to the master")
     if variant == "revealed":
         learned = (
             f"the master (the coordinator, every group's SecAgg server) learns each of the "
             f"{groups} groups' sums and survivor sets, and their total"
         )
+    elif mode != "secure":
+        learned = (
+            f"mode={mode} does NOT protect the group sums from the master: "
+            f"{_NOT_PROTECTED[mode]}, so it can unmask each aggregator's input to the second sum "
+            f"(each of the {groups} groups' sums), and the cohorts' masked inputs in the "
+            "groups' rounds too; the run simulates the secure variant's messages only"
+        )
     else:
         learned = (
             f"the master learns only the total over the {groups} groups and each group's "
-            "participant count per phase (its survivor count among them); each group's sum and survivor set stay with its aggregator (a "
-            "separate server, assumed to collude neither with the master nor with another "
-            "aggregator; simulated on a cohort actor), which enters it in a second secure sum "
-            "among the aggregators"
+            "participant count per phase (its survivor count among them); each group's sum and "
+            "survivor set stay with its aggregator, which enters it in a second secure sum among "
+            "the aggregators"
         )
+        if groups == 2:
+            learned += (
+                " (with 2 groups the second sum's threshold is t = 1: either aggregator knows "
+                "its own group's sum, so the total gives it the other's anyway)"
+            )
+    if variant == "secure":
+        learned += (
+            "; trust assumed: the aggregators are honest-but-curious, collude with no one (not "
+            "the master, not another aggregator, not a user) and stay online"
+        )
+        if hosts is not None:
+            where = ", ".join(f"group {g} on {h}" for g, h in enumerate(hosts))
+            learned += (
+                f"; each simulated on a cohort actor holding none of its group's users ({where})"
+            )
     if dropped:
         missed = ", ".join(str(int(g)) for g in dropped)
         learned += f"; group(s) {missed} fell below their threshold and were dropped: the total misses their users"
     return learned
+
+
+def place_aggregators(
+    group_users: Sequence[np.ndarray], holders: Mapping[str, np.ndarray]
+) -> list[str]:
+    """A host per group for its aggregator (``hierarchy=secure``): a member of ``holders`` (name ->
+    its users) holding none of the group's users, a different one per group (a bipartite
+    matching, groups in order, candidates in name order); ValueError when none exists."""
+    names = sorted(holders)
+    candidates = []
+    for users in group_users:
+        candidates.append([n for n in names if not np.isin(np.asarray(holders[n]), users).any()])
+    host_of: dict[str, int] = {}
+
+    def assign(g: int, seen: set[str]) -> bool:
+        for name in candidates[g]:
+            if name in seen:
+                continue
+            seen.add(name)
+            if name not in host_of or assign(host_of[name], seen):
+                host_of[name] = g
+                return True
+        return False
+
+    for g in range(len(group_users)):
+        if not assign(g, set()):
+            raise ValueError(f"no distinct cohort holding none of group {g}'s users is left")
+    hosts = {g: name for name, g in host_of.items()}
+    return [hosts[g] for g in range(len(group_users))]
+
+
+@dataclass(frozen=True)
+class AtRound(DropoutSchedule):
+    """A group round's availability: ``schedule`` drawn at the protocol's round ``at``, whatever
+    round number the group's spec carries (that number keys its salt, keys and masks only), so
+    outages, Markov chains, diurnal cycles and traces hit the protocol's rounds, as in a flat run."""
+
+    at: int = 0
+
+    @classmethod
+    def of(cls, schedule: DropoutSchedule, at: int) -> AtRound:
+        fields = {f.name: getattr(schedule, f.name) for f in dataclasses.fields(DropoutSchedule)}
+        return cls(**fields, at=at)
+
+    def round(self, seed: int, round: int, ids: np.ndarray, *, latency: bool = True):
+        return super().round(seed, self.at, ids, latency=latency)
+
+    def simulated_seconds(self, seed: int, round: int, ids: np.ndarray) -> dict[str, float]:
+        return super().simulated_seconds(seed, self.at, ids)
 
 
 @dataclass
@@ -112,6 +204,11 @@ class HierarchyResult:
     group_results: list[AggregationResult | None]
     #: the second-level secure sum among the aggregators (``secure``; None in ``revealed``)
     top: AggregationResult | None = None
+    #: per group, the phase its round aborted in (BelowThreshold's), None for a completed group
+    abort_phases: list[str | None] | None = None
+    #: the rounds' mode and (``secure``) each group's aggregator host: the statement derives from them
+    mode: str = "secure"
+    hosts: list[str] | None = None
 
     @property
     def group_sums(self) -> list[np.ndarray | None] | None:
@@ -134,7 +231,9 @@ class HierarchyResult:
 
     @property
     def server_learned(self) -> str:
-        return server_learns(self.variant, len(self.group_users), self.dropped)
+        return server_learns(
+            self.variant, len(self.group_users), self.dropped, mode=self.mode, hosts=self.hosts
+        )
 
 
 def hierarchical_sum(
@@ -182,6 +281,12 @@ def hierarchical_sum(
     for g, spec in enumerate(group_specs):
         ids = _group_ids(member_users, spec.registry)
         server = master if variant == "revealed" else _Keeping(aggregators[g])
+        # the transcript's addresses: the group's server, its broadcasts to the group's members
+        spec = dataclasses.replace(
+            spec,
+            server=spec.server if variant == "revealed" else aggregator_hosts[g],
+            clients=tuple(sorted(ids)),
+        )
         try:
             result = secure_sum(
                 _Subset(members, sorted(ids)),
@@ -199,6 +304,9 @@ def hierarchical_sum(
         results.append(result)
     if len(dropped) == n_groups:
         raise aborted[0]
+    phases: list[str | None] = [None] * n_groups
+    for g, err in zip(dropped, aborted, strict=True):
+        phases[g] = err.phase
     counts = [None if r is None else int(r.counts["masked_input"]) for r in results]
     if variant == "revealed":
         words = np.zeros(group_specs[0].dim, dtype=np.uint64)
@@ -215,6 +323,8 @@ def hierarchical_sum(
             counts,
             dropped,
             results,
+            mode=group_specs[0].mode,
+            abort_phases=phases,
         )
     hosts = {}
     for g, host in enumerate(aggregator_hosts):
@@ -222,7 +332,7 @@ def hierarchical_sum(
     rounds = [s.round for s in group_specs]
     top = secure_sum(
         aggregator_members,
-        top_spec,
+        dataclasses.replace(top_spec, clients=tuple(sorted(hosts))),
         group_words,
         (rounds, tuple(dropped), top_spec.dim),
         server=master,
@@ -237,6 +347,9 @@ def hierarchical_sum(
         dropped,
         results,
         top,
+        mode=group_specs[0].mode,
+        hosts=list(aggregator_hosts),
+        abort_phases=phases,
     )
 
 

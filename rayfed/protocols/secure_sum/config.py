@@ -236,6 +236,13 @@ class SecureSumConfig:
                 f"{self.groups} groups of {self.users} users leave a group below 2 users",
                 f"groups <= {self.users // 2}",
             )
+        if self.hierarchy == "secure" and self.mode == "plain":
+            raise ConfigError(
+                "hierarchy",
+                "mode=plain sends the aggregators' inputs to the second sum unmasked: the master "
+                "would receive every group's sum, which hierarchy=secure keeps from it",
+                "mode=secure (or simulation/dealer to measure), or hierarchy=revealed",
+            )
         if self.dp_mechanism != "none":
             raise ConfigError(
                 "hierarchy",

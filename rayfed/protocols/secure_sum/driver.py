@@ -14,7 +14,7 @@ from rayfed.protocols.secure_sum import report
 from rayfed.protocols.secure_sum.config import SecureSumConfig
 from rayfed.protocols.secure_sum.steps import synthetic_inputs, table_inputs
 from rayfed.secagg import make_spec, secure_sum
-from rayfed.secagg.hierarchy import group_rounds, hierarchical_sum
+from rayfed.secagg.hierarchy import AtRound, group_rounds, hierarchical_sum
 
 
 def drive(fed, cfg: SecureSumConfig, plan: Plan) -> Outcome:
@@ -169,7 +169,7 @@ def _hierarchical(fed, cfg: SecureSumConfig, plan: Plan) -> Outcome:
     )
     users = {name: t.column("user_id").to_numpy() for name, (t, _) in plan.cohorts.items()}
     n_groups = len(params.group_registries)
-    hosts = [fed.cohorts.names[g % len(fed.cohorts)] for g in range(n_groups)]
+    hosts = list(params.aggregator_hosts)  # plan's placement: no group's users on its host
     rows, clock, sums = [], [], []
     for r in range(cfg.rounds):
         with fed.round(r):
@@ -182,7 +182,7 @@ def _hierarchical(fed, cfg: SecureSumConfig, plan: Plan) -> Outcome:
                     params=params.group_secagg[g],
                     encoding=params.encoding,
                     dim=params.dim,
-                    dropout=params.schedule,
+                    dropout=AtRound.of(params.schedule, r),  # drawn at r, not numbers[g]
                     tag=fed.run_id.encode() + b"|group=%d" % g,
                     corrupt=cfg.corrupt_fraction,
                 )

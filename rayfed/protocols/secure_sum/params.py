@@ -13,7 +13,7 @@ from rayfed.errors import ConfigError
 from rayfed.privacy import Clipped
 from rayfed.protocols.secure_sum.config import SecureSumConfig
 from rayfed.secagg import FixedPoint, SecAggParams, check_params, find_params
-from rayfed.secagg.hierarchy import split_groups
+from rayfed.secagg.hierarchy import place_aggregators, split_groups
 
 
 @dataclass(frozen=True)
@@ -49,6 +49,8 @@ class Params:
     group_registries: tuple = ()
     group_secagg: tuple = ()
     top_secagg: SecAggParams | None = None
+    #: hierarchy=secure: group g's aggregator runs on cohort ``aggregator_hosts[g]``
+    aggregator_hosts: tuple = ()
 
 
 def secagg_params(cfg: SecureSumConfig, n: int) -> SecAggParams:
@@ -96,3 +98,19 @@ def hierarchy_params(cfg: SecureSumConfig, registry: np.ndarray):
     if cfg.hierarchy == "secure":
         top = find_params(cfg.groups, dropout=0.0, corrupt=0.0, graph="complete")
     return tuple(groups), tuple(by_size[g.size] for g in groups), top
+
+
+def aggregator_hosts(cfg: SecureSumConfig, groups, cohorts: dict) -> list[str]:
+    """``hierarchy=secure``: each group's aggregator on a cohort holding none of its users, a
+    different cohort per group (:func:`~rayfed.secagg.hierarchy.place_aggregators`); ConfigError
+    naming ``groups`` when the cohorts allow no such placement."""
+    holders = {name: t.column("user_id").to_numpy() for name, t in cohorts.items()}
+    try:
+        return place_aggregators(groups, holders)
+    except ValueError as err:
+        raise ConfigError(
+            "groups",
+            f"{cfg.groups} groups over {len(holders)} cohorts leave an aggregator no cohort of its "
+            f"own holding none of its group's users ({err})",
+            f"more cohorts (e.g. cohorts={cfg.groups + 2}), or fewer groups",
+        ) from err

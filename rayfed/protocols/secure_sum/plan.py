@@ -16,6 +16,7 @@ from rayfed.protocols.secure_sum.config import SecureSumConfig
 from rayfed.protocols.secure_sum.params import (
     Evaluation,
     Params,
+    aggregator_hosts,
     hierarchy_params,
     secagg_params,
 )
@@ -51,9 +52,11 @@ def plan(cfg: SecureSumConfig, seed: int) -> Plan:
         cfg.rounds,
     )
     registry = np.sort(table.column(key).to_numpy())
-    groups, group_secagg, top = (), (), None
+    groups, group_secagg, top, hosts = (), (), None, None
     if cfg.hierarchy != "none":
         groups, group_secagg, top = hierarchy_params(cfg, registry)
+        if cfg.hierarchy == "secure":
+            hosts = aggregator_hosts(cfg, groups, cohorts)
         secagg = group_secagg[0]  # the largest group's (sizes differ by at most one)
         _check_params(cfg, secagg, int(groups[0].size), n_cohorts)
     else:
@@ -61,7 +64,7 @@ def plan(cfg: SecureSumConfig, seed: int) -> Plan:
         _check_params(cfg, secagg, n, n_cohorts)
     encoding = FixedPoint.choose(n, cfg.clip, cfg.frac_bits, cfg.modulus_bits)
     return Plan(
-        privacy=PrivacyDeclaration.none(statement(cfg)),
+        privacy=PrivacyDeclaration.none(statement(cfg, hosts)),
         cohorts={name: (t, {}) for name, t in cohorts.items()},
         rounds=cfg.rounds,
         inputs=schedule.notes,
@@ -79,6 +82,7 @@ def plan(cfg: SecureSumConfig, seed: int) -> Plan:
             group_registries=groups,
             group_secagg=group_secagg,
             top_secagg=top,
+            aggregator_hosts=tuple(hosts or ()),
         ),
     )
 

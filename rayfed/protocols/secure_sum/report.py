@@ -47,16 +47,17 @@ MALICIOUS_STATEMENT = (
 )
 
 
-def statement(cfg: SecureSumConfig) -> str:
+def statement(cfg: SecureSumConfig, hosts: list[str] | None = None) -> str:
     """The run's privacy statement: the mode's, and in secure mode the threat model's; with
-    ``hierarchy``, what its variant lets the master learn (:func:`server_learns`)."""
+    ``hierarchy``, what its variant lets the master learn under the mode, and (``secure``) where
+    the aggregators run, ``hosts[g]`` group g's (:func:`server_learns`)."""
     if cfg.mode == "secure" and cfg.threat_model == "malicious":
         text = MALICIOUS_STATEMENT
     else:
         text = STATEMENTS[cfg.mode]
     if cfg.hierarchy != "none":
         text += f"; hierarchical aggregation ({cfg.hierarchy}): " + server_learns(
-            cfg.hierarchy, cfg.groups
+            cfg.hierarchy, cfg.groups, mode=cfg.mode, hosts=hosts
         )
     return text
 
@@ -332,10 +333,13 @@ def group_references(
     seed: int,
     round: int,
 ) -> dict[str, Any]:
-    """Per group, the users whose input must be in its sum (its own registry, dropout draws at its
-    own round number, its own graph: the seed its server published; an aborted group's is the run
+    """Per group, the users whose input must be in its sum (its own registry, dropout drawn at the
+    protocol's round, its own graph: the seed its server published; an aborted group's is the run
     seed outside secure mode, unknown in it) and their exact sums at the protocol's ``round``; a
-    group is expected to abort when fewer than its quorum are left. The total's references are
+    group is expected to abort when fewer than its quorum are left. In secure mode an aborted
+    group's graph is unknown: its abort is expected when fewer users than the quorum answer up to
+    the masked input (graph-independent); an abort at the unmask (or consistency) is taken as
+    given, not predicted. The total's references are
     the sums over the groups expected to complete. Evaluation only: computed outside the protocol."""
     survivors, clipped, expected_dropped = [], [], []
     total, raw = 0, 0
@@ -344,15 +348,23 @@ def group_references(
         graph_seed = done.graph_seed if done is not None else None
         if graph_seed is None and cfg.mode != "secure":
             graph_seed = seed
+        reg = spec.registry
+        codes = drop_codes(spec.dropout, seed, spec.round, reg)
         if graph_seed is None:  # aborted in secure mode: the graph is the server's secret draw
+            # graph-independent: fewer users answering up to the masked input than the quorum
+            # abort the round before the unmask whatever the graph; an abort at the unmask (the
+            # survivors' shares, which depend on the graph) is taken as given
+            bound = int(np.count_nonzero(codes > INDEX["masked_input"]))
+            phases = result.abort_phases or []
+            at_unmask = g < len(phases) and phases[g] in ("consistency", "unmask")
             survivors.append(None)
             clipped.append(None)
-            expected_dropped.append(g)
+            if bound < spec.min_survivors or at_unmask:
+                expected_dropped.append(g)
             continue
-        reg = spec.registry
         expected = expected_survivors(
             reg,
-            drop_codes(spec.dropout, seed, spec.round, reg),
+            codes,
             NeighbourGraph.build(reg.size, spec.degree, spec.complete, graph_seed, spec.round),
             spec.threshold,
         )
@@ -438,6 +450,7 @@ def hierarchy_outcome(
             "group_degree": [p.degree for p in params.group_secagg],
             "group_threshold": [p.threshold for p in params.group_secagg],
             "server_learned": learned,
+            "aggregator_hosts": last.hosts,
         },
         "phase_seconds": phase_seconds,
         "simulated_seconds": simulated_seconds,
