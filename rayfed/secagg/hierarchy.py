@@ -16,8 +16,14 @@ variants (:data:`VARIANTS`):
   honest-but-curious server colluding neither with the master nor with another aggregator); it
   keeps its group's decoded sum in its own state (never returned to the driver), and the
   aggregators then run a second secure sum among themselves (one SecAgg user per group, the
-  ``party_ids`` shape), aggregated by the master, which learns only the total and each group's
-  survivor count.
+  ``party_ids`` shape), aggregated by the master, which in ``mode=secure`` learns only the total
+  and each group's survivor count (in ``dealer`` and ``simulation`` it holds what unmasks every
+  input; ``plain`` is refused). Aggregator g runs on a cohort holding none of group g's users, a
+  different one per group (:func:`place_aggregators`).
+
+Every group round draws its dropout at the protocol's round (:class:`AtRound`), its own round
+number keying only its salt, keys and masks; its spec addresses the transcript to its server and
+its broadcasts to its members (``RoundSpec.server``, ``clients``).
 
 A group whose round aborts (BelowThreshold: fewer survivors than its quorum) is dropped: the round
 goes on with the other groups and the total misses that group's users (stated, see
