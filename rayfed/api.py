@@ -164,6 +164,7 @@ def _prepare(proto, cfg, run_opts) -> tuple[Plan, list, dict[str, dict]]:
     faults = [parse_fault(text) for text in run_opts.fail or []]
     check_members(faults, _members(plan))
     check_phases(faults, proto.phases, proto.name)
+    proto.check_faults(cfg, faults)
     placement: dict[str, dict] = {}
     if run_opts.backend == "ray":
         resources = ensure_ray(run_opts.address, run_opts.num_cpus)  # an unreachable address, too

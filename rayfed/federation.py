@@ -622,7 +622,9 @@ class Federation:
             where=Where("coordinator", f"coordinator:{method}", self.round_no),
         )
 
-    def _receivers(self, to: str) -> list[str]:
+    def _receivers(self, to: str | tuple[str, ...]) -> list[str]:
+        if isinstance(to, tuple):  # some members by name (a round over part of a group)
+            return list(to)
         groups = {g.role: g for g in self.groups}
         return groups[to].names if to in groups else [to]
 

@@ -35,7 +35,8 @@ class Message:
     payload:
         The content; its size in bytes is recorded in the transcript.
     to:
-        A role (``"coordinator"``, ``"parties"``, ``"cohorts"``) or one member's name.
+        A role (``"coordinator"``, ``"parties"``, ``"cohorts"``), one member's name, or a tuple
+        of member names.
     dp_event:
         The noise event the payload carries, if any: built only from events a
         :mod:`rayfed.privacy` mechanism drew in the same step (else UnaccountedNoise), and equal

@@ -222,6 +222,10 @@ class Protocol:
     def drive(self, fed, cfg: Any, plan: Plan) -> Outcome:
         raise NotImplementedError
 
+    def check_faults(self, cfg: Any, faults: list) -> None:
+        """Refuse (ConfigError naming ``fail``) ``--fail`` faults the config cannot run with;
+        called with the parsed faults before any actor starts."""
+
 
 def reconcile_randomness(
     cfg: Any,

@@ -151,7 +151,7 @@ def advertise(ctx: StepContext, spec: RoundSpec, ids: np.ndarray | None = None) 
         if spec.consistency:
             payload["sign_pk"] = _signing_keys(ctx, spec, st, ids[active])
             payload["key_sig"] = _sign_keys(spec, st, ids[active])
-    return Message("public_keys", payload, to="coordinator")
+    return Message("public_keys", payload, to=spec.server)
 
 
 def _signing_keys(ctx: StepContext, spec: RoundSpec, st: ClientRound, ids) -> np.ndarray:
@@ -313,7 +313,7 @@ def share_keys(
     active[rows[enough]] = True
     st.active = active
     if spec.mode in ("plain", "dealer"):
-        return Message("shares", {"pos": st.pos[active]}, to="coordinator")
+        return Message("shares", {"pos": st.pos[active]}, to=spec.server)
     key_rows = np.searchsorted(np.flatnonzero(st.drop > ADVERTISE), rows)
     st.table_pos = u1
     st.table_c_pk = _crypto.public_keys(np.asarray(table["c_pk"]))
@@ -355,7 +355,7 @@ def share_keys(
     return Message(
         "shares",
         {"pos": st.pos[rows], "sender": sender, "receiver": receiver, "ct": ct},
-        to="coordinator",
+        to=spec.server,
     )
 
 
@@ -487,7 +487,7 @@ def masked_input(
     return Message(
         "masked_input",
         {"pos": st.pos[rows], "y": _masked_sum(ctx, spec, st, rows, u2_member, x)[None, :]},
-        to="coordinator",
+        to=spec.server,
         dp_event=event,
         scope=scope if event is not None else None,
     )
@@ -575,7 +575,7 @@ def consistency(ctx: StepContext, spec: RoundSpec, request: dict) -> Message:
     sig = np.empty((len(signing), 64), dtype=np.uint8)
     for i, k in enumerate(key_at.tolist()):
         sig[i] = np.frombuffer(st.sign_sk[k].sign(message), np.uint8)
-    return Message("signatures", {"pos": st.pos[signing], "sig": sig}, to="coordinator")
+    return Message("signatures", {"pos": st.pos[signing], "sig": sig}, to=spec.server)
 
 
 def _check_quorum(spec: RoundSpec, survivors: np.ndarray) -> None:
@@ -660,7 +660,7 @@ def unmask(ctx: StepContext, spec: RoundSpec, request: dict) -> Message:
         "share": np.zeros((0, shamir.CHUNKS), np.int64),
     }
     if spec.mode in ("plain", "dealer") or not st.received or not len(st.received["ct"]):
-        return Message("unmask_shares", {**empty, "pos": st.pos[st.active]}, to="coordinator")
+        return Message("unmask_shares", {**empty, "pos": st.pos[st.active]}, to=spec.server)
     in_drop = _member(spec.n, dropped)
     holder, owner, ct = st.received["receiver"], st.received["sender"], st.received["ct"]
     mine = _member(spec.n, st.pos[st.active])[holder]
@@ -686,7 +686,7 @@ def unmask(ctx: StepContext, spec: RoundSpec, request: dict) -> Message:
         "kind": kind,
         "share": shares,
     }
-    return Message("unmask_shares", payload, to="coordinator")
+    return Message("unmask_shares", payload, to=spec.server)
 
 
 def _decrypt_shares(

@@ -105,7 +105,7 @@ def collect_keys(
             table["sign_pk"] = _concat(replies, "sign_pk", np.uint8, 32)[order]
             table["key_sig"] = _concat(replies, "key_sig", np.uint8, 64)[order]
     st.phase = Phase.SHARE_KEYS
-    return Message("key_table", table, to="cohorts")
+    return Message("key_table", table, to=spec.clients)
 
 
 def _graph_seed(ctx: StepContext, spec: RoundSpec) -> int:
@@ -162,9 +162,9 @@ def collect_masked(ctx: StepContext, spec: RoundSpec, replies: dict) -> Message:
     st.y_sum = total
     if spec.consistency:
         st.phase = Phase.CONSISTENCY
-        return Message("sign_request", {"survivors": st.u3}, to="cohorts")
+        return Message("sign_request", {"survivors": st.u3}, to=spec.clients)
     st.phase = Phase.UNMASK
-    return Message("unmask_request", _unmask_request(st), to="cohorts")
+    return Message("unmask_request", _unmask_request(st), to=spec.clients)
 
 
 def _unmask_request(st: ServerRound) -> dict:
@@ -190,7 +190,7 @@ def collect_signatures(ctx: StepContext, spec: RoundSpec, replies: dict) -> Mess
     signatures = _concat(replies, "sig", np.uint8, 64)
     st.phase = Phase.UNMASK
     payload = {**_unmask_request(st), "signers": signers, "signatures": signatures}
-    return Message("unmask_request", payload, to="cohorts")
+    return Message("unmask_request", payload, to=spec.clients)
 
 
 def _pick_shares(

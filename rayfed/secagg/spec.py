@@ -66,6 +66,10 @@ class RoundSpec:
     threat_model: str = "semi-honest"
     #: users the parameters assume corrupt (⌈γn⌉): they may sign two lists
     corrupt_users: int = 0
+    #: the transcript's addresses: the server the users answer (``to=``), and who its broadcasts
+    #: go to (a role, or the member names of a round over some of them, e.g. a hierarchy's group)
+    server: str = "coordinator"
+    clients: str | tuple[str, ...] = "cohorts"
 
     @property
     def consistency(self) -> bool:

@@ -22,6 +22,7 @@ as every protocol's.
 
 from __future__ import annotations
 
+from rayfed.errors import ConfigError
 from rayfed.faults import COMMON_PHASES, SECAGG_PHASES
 from rayfed.protocols.base import Protocol
 from rayfed.protocols.secure_sum.config import SecureSumConfig, resolve_randomness
@@ -65,3 +66,12 @@ class SecureSum(Protocol):
     resolve_randomness = staticmethod(resolve_randomness)
     plan = staticmethod(plan)
     drive = staticmethod(drive)
+
+    def check_faults(self, cfg: SecureSumConfig, faults: list) -> None:
+        if faults and cfg.hierarchy != "none":
+            raise ConfigError(
+                "fail",
+                "the hierarchical rounds' reference does not predict injected faults (a cohort "
+                "holds users of several groups, and may host an aggregator)",
+                "drop --fail, or hierarchy=none",
+            )

@@ -96,6 +96,19 @@ class SecureSumConfig:
         "with k grown to keep the bounds",
         when={"mode": ("secure", "simulation")},
     )
+    hierarchy: Literal["none", "revealed", "secure"] = option(
+        "none",
+        "hierarchical aggregation (Bonawitz et al. 2019, Aggregators under a Master): the users "
+        "split into `groups` contiguous groups, each its own SecAgg+ round; revealed: the master "
+        "(coordinator) learns every group's sum and adds them; secure: each group's aggregator "
+        "keeps its sum and the aggregators run a second secure sum, so the master learns only "
+        "the total; a group below its threshold is dropped (the total misses it)",
+    )
+    groups: int | None = option(
+        None,
+        "number of groups G of hierarchy=revealed|secure (sizes as equal as possible)",
+        at_least=2,
+    )
     data: DataConfig = field(default_factory=DataConfig, metadata={"help": "data source"})
     dp_mechanism: Literal["none", "gaussian", "ddg", "skellam"] = option(
         "none",
@@ -150,6 +163,7 @@ class SecureSumConfig:
 
     def validate(self) -> None:
         self.schedule()  # unknown phases or rates outside [0, 1] fail here, before any actor
+        self._validate_hierarchy()
         if self.dp_mechanism != "none":
             if self.epsilon is None:
                 raise ConfigError(
@@ -198,6 +212,55 @@ class SecureSumConfig:
                 "threat_model=malicious claims the sigma/eta bounds against a malicious server, "
                 "which a weak setting does not meet",
                 "allow_weak_params=false, or threat_model=semi-honest to measure a weak setting",
+            )
+
+    def _validate_hierarchy(self) -> None:
+        """``hierarchy`` and ``groups`` go together; the variants compose what they support."""
+        if self.hierarchy == "none":
+            if self.groups is not None:
+                raise ConfigError(
+                    "groups",
+                    "groups splits the users for hierarchical aggregation, which is off",
+                    "set hierarchy=revealed or hierarchy=secure, or drop groups",
+                )
+            return
+        if self.groups is None:
+            raise ConfigError(
+                "groups",
+                f"hierarchy={self.hierarchy} needs the number of groups",
+                "e.g. --set groups=10 (at least 2)",
+            )
+        if self.data.path is None and self.groups > self.users // 2:
+            raise ConfigError(
+                "groups",
+                f"{self.groups} groups of {self.users} users leave a group below 2 users",
+                f"groups <= {self.users // 2}",
+            )
+        if self.hierarchy == "secure" and self.mode == "plain":
+            raise ConfigError(
+                "hierarchy",
+                "mode=plain sends the aggregators' inputs to the second sum unmasked: the master "
+                "would receive every group's sum, which hierarchy=secure keeps from it",
+                "mode=secure (or simulation/dealer to measure), or hierarchy=revealed",
+            )
+        if self.dp_mechanism != "none":
+            raise ConfigError(
+                "hierarchy",
+                "private mean estimation is calibrated for one aggregation over all users",
+                "hierarchy=none with a dp_mechanism, or dp_mechanism=none",
+            )
+        if self.threat_model == "malicious":
+            raise ConfigError(
+                "hierarchy",
+                "the hierarchical rounds are semi-honest only (the second sum among the "
+                "aggregators has no PKI of its own)",
+                "threat_model=semi-honest, or hierarchy=none",
+            )
+        if self.degree is not None or self.threshold is not None:
+            raise ConfigError(
+                "degree" if self.degree is not None else "threshold",
+                "each group's graph and threshold come from the finder for its own size",
+                "drop the override, or hierarchy=none",
             )
 
     def schedule(

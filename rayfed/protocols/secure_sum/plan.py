@@ -13,7 +13,13 @@ from rayfed.privacy import Clipped, Interval, PrivacyDeclaration, enforce
 from rayfed.protocols.base import Plan
 from rayfed.protocols.secure_sum import dp as private
 from rayfed.protocols.secure_sum.config import SecureSumConfig
-from rayfed.protocols.secure_sum.params import Evaluation, Params, secagg_params
+from rayfed.protocols.secure_sum.params import (
+    Evaluation,
+    Params,
+    aggregator_hosts,
+    hierarchy_params,
+    secagg_params,
+)
 from rayfed.protocols.secure_sum.report import private_statement, statement
 from rayfed.protocols.secure_sum.steps import synthetic_inputs
 from rayfed.secagg import FixedPoint, SecAggParams
@@ -45,11 +51,20 @@ def plan(cfg: SecureSumConfig, seed: int) -> Plan:
         (table.column(key).to_numpy(), table) if cfg.data.path is not None else None,
         cfg.rounds,
     )
-    secagg = secagg_params(cfg, n)
+    registry = np.sort(table.column(key).to_numpy())
+    groups, group_secagg, top, hosts = (), (), None, None
+    if cfg.hierarchy != "none":
+        groups, group_secagg, top = hierarchy_params(cfg, registry)
+        if cfg.hierarchy == "secure":
+            hosts = aggregator_hosts(cfg, groups, cohorts)
+        secagg = group_secagg[0]  # the largest group's (sizes differ by at most one)
+        _check_params(cfg, secagg, int(groups[0].size), n_cohorts)
+    else:
+        secagg = secagg_params(cfg, n)
+        _check_params(cfg, secagg, n, n_cohorts)
     encoding = FixedPoint.choose(n, cfg.clip, cfg.frac_bits, cfg.modulus_bits)
-    _check_params(cfg, secagg, n, n_cohorts)
     return Plan(
-        privacy=PrivacyDeclaration.none(statement(cfg)),
+        privacy=PrivacyDeclaration.none(statement(cfg, hosts)),
         cohorts={name: (t, {}) for name, t in cohorts.items()},
         rounds=cfg.rounds,
         inputs=schedule.notes,
@@ -57,13 +72,17 @@ def plan(cfg: SecureSumConfig, seed: int) -> Plan:
         cohort_restarts=cfg.rounds,  # a cohort's state lives for one round: restart it
         evaluation=Evaluation(table=table if columns else None),  # the raw values: both references
         params=Params(
-            registry=np.sort(table.column(key).to_numpy()),
+            registry=registry,
             secagg=secagg,
             encoding=encoding,
             dim=dim,
             columns=columns,
             schedule=schedule,
             clipped=clipped,
+            group_registries=groups,
+            group_secagg=group_secagg,
+            top_secagg=top,
+            aggregator_hosts=tuple(hosts or ()),
         ),
     )
 

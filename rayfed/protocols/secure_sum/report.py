@@ -21,6 +21,7 @@ from rayfed.protocols.secure_sum.params import Params
 from rayfed.protocols.secure_sum.steps import synthetic_inputs
 from rayfed.secagg import AggregationResult, RoundSpec
 from rayfed.secagg.graph import NeighbourGraph
+from rayfed.secagg.hierarchy import HierarchyResult, server_learns
 from rayfed.secagg.phases import INDEX, NEVER, drop_codes
 from rayfed.secagg.reference import exact_sum, expected_survivors, raw_sum, to_float
 
@@ -46,11 +47,19 @@ MALICIOUS_STATEMENT = (
 )
 
 
-def statement(cfg: SecureSumConfig) -> str:
-    """The run's privacy statement: the mode's, and in secure mode the threat model's."""
+def statement(cfg: SecureSumConfig, hosts: list[str] | None = None) -> str:
+    """The run's privacy statement: the mode's, and in secure mode the threat model's; with
+    ``hierarchy``, what its variant lets the master learn under the mode, and (``secure``) where
+    the aggregators run, ``hosts[g]`` group g's (:func:`server_learns`)."""
     if cfg.mode == "secure" and cfg.threat_model == "malicious":
-        return MALICIOUS_STATEMENT
-    return STATEMENTS[cfg.mode]
+        text = MALICIOUS_STATEMENT
+    else:
+        text = STATEMENTS[cfg.mode]
+    if cfg.hierarchy != "none":
+        text += f"; hierarchical aggregation ({cfg.hierarchy}): " + server_learns(
+            cfg.hierarchy, cfg.groups, mode=cfg.mode, hosts=hosts
+        )
+    return text
 
 
 # --- the exactness reference (evaluation only, computed outside the protocol) ----------------------
@@ -82,19 +91,26 @@ def reference(
     )
     if not values:  # the survivors only (private mean estimation: its own evaluation)
         return survivors, np.zeros(0), np.zeros(0)
+    clipped, raw = _sums_of(cfg, plan, survivors, spec.round, seed)
+    return survivors, clipped, raw
+
+
+def _sums_of(cfg: SecureSumConfig, plan: Plan, survivors: np.ndarray, round: int, seed: int):
+    """The exact clipped and raw sums of ``survivors``' inputs in ``round`` (see reference)."""
+    params: Params = plan.params
     if params.columns:
         table = plan.evaluation.table
         keys = table.column(cfg.data.key).to_numpy()
         order = np.argsort(keys)
         rows = order[np.searchsorted(keys[order], survivors)]
         cols = [table.column(c).to_numpy()[rows] for c in params.columns]
-        x = np.column_stack(cols)
+        x = np.column_stack(cols) if cols else np.zeros((0, 0))
         raw = np.concatenate([raw_sum(col[:, None], cfg.frac_bits) for col in cols])
     else:
         ctx = StepContext(name="evaluation", role="driver", seed=seed)
-        x = synthetic_inputs(ctx, spec.round, survivors, params.dim, cfg.clip)
+        x = synthetic_inputs(ctx, round, survivors, params.dim, cfg.clip)
         raw = raw_sum(x, cfg.frac_bits)
-    return survivors, exact_sum(x, cfg.clip, cfg.frac_bits), raw
+    return exact_sum(x, cfg.clip, cfg.frac_bits), raw
 
 
 def _lost_at(plan: Plan, spec: RoundSpec, faults: tuple) -> np.ndarray:
@@ -305,6 +321,182 @@ def _run_metrics(cfg: SecureSumConfig, params, cohorts: int) -> dict[str, Any]:
         "log2_correctness_failure": secagg.log2_correctness_failure,
         "modulus_bits": params.encoding.modulus_bits,
     }
+
+
+# --- hierarchical aggregation (hierarchy=revealed|secure) -----------------------------------------
+def group_references(
+    cfg: SecureSumConfig,
+    plan: Plan,
+    specs: list[RoundSpec],
+    result: HierarchyResult,
+    *,
+    seed: int,
+    round: int,
+) -> dict[str, Any]:
+    """Per group, the users whose input must be in its sum (its own registry, dropout drawn at the
+    protocol's round, its own graph: the seed its server published; an aborted group's is the run
+    seed outside secure mode, unknown in it) and their exact sums at the protocol's ``round``; a
+    group is expected to abort when fewer than its quorum are left. In secure mode an aborted
+    group's graph is unknown: its abort is expected when fewer users than the quorum answer up to
+    the masked input (graph-independent); an abort at the unmask (or consistency) is taken as
+    given, not predicted. The total's references are
+    the sums over the groups expected to complete. Evaluation only: computed outside the protocol."""
+    survivors, clipped, expected_dropped = [], [], []
+    total, raw = 0, 0
+    for g, spec in enumerate(specs):
+        done = result.group_results[g]
+        graph_seed = done.graph_seed if done is not None else None
+        if graph_seed is None and cfg.mode != "secure":
+            graph_seed = seed
+        reg = spec.registry
+        codes = drop_codes(spec.dropout, seed, spec.round, reg)
+        if graph_seed is None:  # aborted in secure mode: the graph is the server's secret draw
+            # graph-independent: fewer users answering up to the masked input than the quorum
+            # abort the round before the unmask whatever the graph; an abort at the unmask (the
+            # survivors' shares, which depend on the graph) is taken as given
+            bound = int(np.count_nonzero(codes > INDEX["masked_input"]))
+            phases = result.abort_phases or []
+            at_unmask = g < len(phases) and phases[g] in ("consistency", "unmask")
+            survivors.append(None)
+            clipped.append(None)
+            if bound < spec.min_survivors or at_unmask:
+                expected_dropped.append(g)
+            continue
+        expected = expected_survivors(
+            reg,
+            codes,
+            NeighbourGraph.build(reg.size, spec.degree, spec.complete, graph_seed, spec.round),
+            spec.threshold,
+        )
+        if expected.size < spec.min_survivors:
+            survivors.append(None)
+            clipped.append(None)
+            expected_dropped.append(g)
+            continue
+        ref, raw_g = _sums_of(cfg, plan, expected, round, seed)
+        survivors.append(expected)
+        clipped.append(ref)
+        total, raw = total + ref, raw + raw_g
+    dim = plan.params.dim
+    zero = np.zeros(dim, dtype=np.int64)
+    return {
+        "survivors": survivors,
+        "group_reference": clipped,
+        "expected_dropped": expected_dropped,
+        "reference": zero + total,
+        "raw": zero + raw,
+    }
+
+
+def hierarchy_row(
+    r: int, result: HierarchyResult, params: Params, check: dict[str, Any]
+) -> dict[str, Any]:
+    """Round ``r``'s line: exact when the dropped groups, every completed group's survivor count
+    (and, in ``revealed``, its survivor set and sum) and the total are the references'."""
+    enc = params.encoding
+    exact = result.dropped == check["expected_dropped"] and np.array_equal(
+        enc.signed(result.words), check["reference"]
+    )
+    for g, done in enumerate(result.group_results):
+        want = check["survivors"][g]
+        if done is None or want is None:
+            continue
+        exact = exact and result.group_counts[g] == want.size
+        if result.variant == "revealed":
+            exact = (
+                exact
+                and np.array_equal(done.survivors, want)
+                and np.array_equal(enc.signed(done.words), check["group_reference"][g])
+            )
+    expected = sum(s.size for s in check["survivors"] if s is not None)
+    return {
+        "round": r,
+        "exact": bool(exact),
+        "hierarchy": result.variant,
+        "groups": len(result.group_users),
+        "groups_dropped": ",".join(str(g) for g in result.dropped),
+        "expected_survivors": int(expected),
+        "survivors": result.survivor_count,
+        "group_survivors": ",".join("-" if c is None else str(c) for c in result.group_counts),
+    }
+
+
+def hierarchy_outcome(
+    cfg: SecureSumConfig,
+    params: Params,
+    rows: list[dict[str, Any]],
+    last: HierarchyResult,
+    check: dict[str, Any],
+    *,
+    cohorts: int,
+    phase_seconds: dict[str, float],
+    simulated_seconds: list[dict[str, float]],
+    sums: list[pa.Table],
+) -> Outcome:
+    """The last round's total beside its references, every round's check, what the master
+    learned (the variant's statement, and in ``revealed`` the group sums table)."""
+    plaintext = to_float(check["raw"], cfg.frac_bits)
+    clipped = to_float(check["reference"], cfg.frac_bits)
+    learned = last.server_learned
+    metrics = {
+        "exact": all(row["exact"] for row in rows),
+        **_run_metrics(cfg, params, cohorts),
+        "hierarchy": {
+            "variant": last.variant,
+            "groups": len(last.group_users),
+            "group_sizes": [int(g.size) for g in last.group_users],
+            "group_survivors": last.group_counts,
+            "groups_dropped": last.dropped,
+            "group_degree": [p.degree for p in params.group_secagg],
+            "group_threshold": [p.threshold for p in params.group_secagg],
+            "server_learned": learned,
+            "aggregator_hosts": last.hosts,
+        },
+        "phase_seconds": phase_seconds,
+        "simulated_seconds": simulated_seconds,
+        "simulated_round_seconds": [sum(r.values()) for r in simulated_seconds],
+        "rounds": rows,
+        "clipped": params.clipped.to_dict() if params.clipped else None,
+        "clipping_gap": float(np.max(np.abs(plaintext - clipped), initial=0.0)),
+        "raw_sum_beyond_float64": int(np.count_nonzero(np.isinf(plaintext))),
+    }
+    tables = {
+        "sum": pa.table(
+            {
+                "coordinate": np.arange(params.dim),
+                "secure_sum": last.sum,
+                "plaintext_sum": plaintext,
+                "clipped_sum": clipped,
+            }
+        ),
+        "rounds": pa.Table.from_pylist(rows),
+        "sums": pa.concat_tables(sums),
+    }
+    group_sums = last.group_sums
+    if group_sums is not None:  # revealed: what the master saw of each group
+        done = [(g, v) for g, v in enumerate(group_sums) if v is not None]
+        tables["group_sums"] = pa.table(
+            {
+                "group": np.repeat([g for g, _ in done], params.dim),
+                "coordinate": np.tile(np.arange(params.dim), len(done)),
+                "sum": np.concatenate([v for _, v in done]),
+            }
+        )
+    verdict = "EXACT" if metrics["exact"] else "NOT EXACT"
+    if len(rows) > 1:
+        wrong = [str(row["round"]) for row in rows if not row["exact"]]
+        verdict = "EXACT in every round" if not wrong else f"NOT EXACT in round {', '.join(wrong)}"
+    g0 = params.group_secagg[0]
+    text = (
+        f"hierarchy={last.variant}: sum of {last.survivor_count}/{params.registry.size} "
+        f"survivors' {params.dim}-vectors over {len(last.group_users)} groups {verdict}"
+        f" ({len(rows)} round(s)); per group (largest) "
+        f"{'complete graph' if g0.complete else 'Harary graph'} k={g0.degree}, t={g0.threshold}, "
+        f"mode={cfg.mode}; the server learned: {learned}"
+    )
+    if cfg.mode != "secure":
+        text += f" [{STATEMENTS[cfg.mode].split(':')[0]}]"
+    return Outcome(tables=tables, metrics=metrics, headline=text)
 
 
 # --- private mean estimation (dp_mechanism != none) ------------------------------------------------
