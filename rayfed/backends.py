@@ -147,6 +147,11 @@ class Backend(ABC):
         come back. In-process: ``rebuild()`` makes it anew from its partition."""
         return rebuild()
 
+    def given_up(self, handle, name: str):
+        """The handle of a member the lifecycle gave up: in-process, one whose every call is a
+        death (:class:`Dead`); a Ray actor out of restarts is dead already."""
+        return Dead(name)
+
     def kill(self, handles) -> None:
         """Stop every member (in-process members need nothing)."""
         return None
@@ -412,6 +417,12 @@ class RayBackend(Backend):
             except ray.exceptions.RayError:  # one that does not come back stays out
                 return None
         return None
+
+    def given_up(self, handle, name):
+        """Killed without restart: one out of restarts is gone already, and one that did not come
+        back in time must not come back unloaded later."""
+        self.kill([handle])
+        return handle
 
     def doomed(self, handle, deadline_s):
         import ray

@@ -32,7 +32,6 @@ from rayfed.actors.coordinator import CoordinatorActor
 from rayfed.actors.party import PartyActor
 from rayfed.backends import (
     Backend,
-    Dead,
     LocalBackend,
     PerMember,
     RayBackend,
@@ -418,12 +417,10 @@ class Federation:
         has a checkpoint: that is restored at once, as later phases of this round may call it. A
         dead one stays dead for every later call."""
         resumes = group.restore is not None and name in group.checkpoints
-        state = self.lifecycle.died(
-            name, self.round_no, phase, resumes=resumes, users=self._users(group.role, name)
-        )
+        users = lambda: self._users(group.role, name)  # noqa: E731
+        state = self.lifecycle.died(name, self.round_no, phase, resumes=resumes, users=users)
         if state is MemberState.DEAD:
-            if not self.backend.restarts_itself:
-                group.handles[name] = Dead(name)
+            group.handles[name] = self.backend.given_up(group.handles[name], name)
             return
         if self.backend.restarts_itself and not resumes:
             return  # Ray restarts it meanwhile; awaited before the next round or a retry
@@ -442,6 +439,7 @@ class Federation:
         )
         if handle is None:
             self.lifecycle.gave_up(name)
+            group.handles[name] = self.backend.given_up(group.handles[name], name)
             return False
         group.handles[name] = handle
         self.lifecycle.restarted(name)

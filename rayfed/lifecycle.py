@@ -26,6 +26,7 @@ process). The loss log (:meth:`Lifecycle.losses`) is written by the same transit
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -140,11 +141,12 @@ class Lifecycle:
         phase: str,
         *,
         resumes: bool = False,
-        users: int | None = None,
+        users: int | Callable[[], int | None] | None = None,
     ) -> MemberState:
         """The member died in ``phase``: ``restarting`` while it has restarts left, else it is
         given up (``dead``). A member already dead stays so, and its repeated death is not logged.
-        ``resumes``: it has a checkpoint to be restored from; ``users``: how many it holds."""
+        ``resumes``: it has a checkpoint to be restored from; ``users``: how many it holds (or a
+        function saying so, asked only when the death is logged)."""
         self.deaths += 1
         member = self.member(name)
         if member.state is MemberState.DEAD:
@@ -155,6 +157,8 @@ class Lifecycle:
                 self._losses[i]["fate"] = "died again"
         member.deaths += 1
         comes_back = member.deaths <= member.allowance
+        if callable(users):
+            users = users()
         member.rows.append(len(self._losses))
         self._losses.append(
             {

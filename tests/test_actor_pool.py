@@ -88,3 +88,14 @@ def test_idle_actors_are_stopped_after_a_while(ray_cluster, monkeypatch):
     time.sleep(1.5)
     later = _run(seed=1)
     assert not ({v[0] for v in later.values()} & {v[0] for v in first.values()})
+
+
+def test_the_warm_actors_belong_to_the_ray_session_and_end_with_it(ray_cluster):
+    warm = session().warm
+    warm.drain()
+    first = _run(seed=1)
+    assert session().warm is warm and len(warm) == 3  # the coordinator and both cohorts
+    session().close()  # what rayfed.shutdown does before Ray stops
+    assert len(warm) == 0
+    later = _run(seed=1)
+    assert not ({v[0] for v in later.values()} & {v[0] for v in first.values()})
