@@ -196,3 +196,54 @@ def test_a_sessions_warm_actors_are_drained_when_it_closes():
     assert len(session.warm) == 2
     session.close()
     assert len(session.warm) == 0 and session.warm.take(("Cls", "opts")) is None
+
+
+def _seen(ctx, round_no):
+    """The member's table sum, and how many steps this instance has run (0 after a rebuild)."""
+    from rayfed.actors import Message
+
+    seen = ctx.state.get("seen", 0)
+    ctx.state["seen"] = seen + 1
+    return Message("seen", (int(ctx.table.column("x").to_numpy().sum()), seen))
+
+
+def test_a_federation_asks_the_lifecycle_whom_to_restart():
+    """In-process: c0 (allowance 1) is rebuilt after its first death and given up after its
+    second; c1 never dies and keeps its state; a dead c0 called again is no new loss."""
+    import numpy as np
+    import pyarrow as pa
+
+    from rayfed.faults import Fault
+    from rayfed.federation import Federation
+    from rayfed.privacy import PrivacyDeclaration
+
+    cohorts = {f"c{i}": (pa.table({"x": np.arange(4) + 10 * i}), {}) for i in range(2)}
+    fed = Federation(
+        run_id="life",
+        seed=1,
+        cohorts=cohorts,
+        privacy=PrivacyDeclaration.none("test"),
+        backend="local",
+        faults=[Fault("cohorts", "c0", round=0), Fault("cohorts", "c0", round=2)],
+        cohort_restarts=1,
+    )
+    with fed:
+        assert fed.lifecycle.state("c0") is R and fed.lifecycle.state("coordinator") is R
+        seen = []
+        for r in range(4):
+            with fed.round(r):
+                replies = fed.cohorts.run(_seen, r, phase="p", on_failure="drop")
+                seen.append((sorted(replies.failed), fed.get(replies)))
+        life = fed.lifecycle
+        assert (life.state("c0"), life.member("c0").deaths, life.member("c0").restarts) == (D, 2, 1)
+        assert (life.state("c1"), life.member("c1").deaths) == (R, 0)
+    assert seen == [
+        (["c0"], {"c1": (46, 0)}),
+        ([], {"c0": (6, 0), "c1": (46, 1)}),  # c0 rebuilt from its partition: a fresh state
+        (["c0"], {"c1": (46, 2)}),
+        (["c0"], {"c1": (46, 3)}),  # dead for good: fails again
+    ]
+    assert [(x["round"], x["member"], x["fate"], x["back_round"]) for x in fed.losses()] == [
+        (0, "c0", "resumed", 1),
+        (2, "c0", "dropped for good", None),
+    ]
