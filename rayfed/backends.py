@@ -5,7 +5,8 @@ replies with a deadline, call a built-in method, fetch payloads, kill — so the
 them has no branch on where its members live. A member that dies (or, on Ray, misses the deadline)
 ends the phase with :class:`PartyFailed` / :class:`RoundTimeout`, or, when the caller asks for it
 (``on_failure="drop"``), becomes a dropout listed in :attr:`Replies.failed` (and in
-:attr:`Replies.died` if it died: the federation's restart policy takes it from there).
+:attr:`Replies.died` if it died: the run's :class:`~rayfed.lifecycle.Lifecycle` decides what
+becomes of it, and the backend only carries it out — :meth:`Backend.revive`).
 """
 
 from __future__ import annotations
@@ -105,8 +106,8 @@ class Backend(ABC):
     """The transport of one federation (see the module docstring)."""
 
     name: str
-    #: whether a member that died comes back by itself (Ray's ``max_restarts``); otherwise the
-    #: federation rebuilds it, or not, by its restart policy
+    #: whether a member that died comes back by itself (Ray's ``max_restarts``: its restart runs
+    #: while the run goes on, and is awaited later); otherwise :meth:`revive` rebuilds it at once
     restarts_itself: bool
 
     def __init__(self, *, seed: int, randomness: str):
@@ -141,10 +142,15 @@ class Backend(ABC):
             name: getattr(h, method)() for name, h in handles.items() if not isinstance(h, Dead)
         }
 
-    def wait_restarted(self, handle, deadline_s: float, member: tuple) -> None:
-        """Wait for a member the backend is restarting and give it back its ``member``
-        (name, table, meta); nothing to wait for in-process."""
-        return None
+    def revive(self, handle, rebuild, member: tuple, deadline_s: float):
+        """A member the lifecycle restarts: its handle once it is back, or None if it does not
+        come back. In-process: ``rebuild()`` makes it anew from its partition."""
+        return rebuild()
+
+    def given_up(self, handle, name: str):
+        """The handle of a member the lifecycle gave up: in-process, one whose every call is a
+        death (:class:`Dead`); a Ray actor out of restarts is dead already."""
+        return Dead(name)
 
     def kill(self, handles) -> None:
         """Stop every member (in-process members need nothing)."""
@@ -264,7 +270,7 @@ class RayBackend(Backend):
         super().__init__(seed=seed, randomness=randomness)
         self.actors = actors  # how many the run starts: each gets its share of the CPUs
         self._step_refs: dict[Any, Any] = {}
-        self._keys: dict[int, tuple] = {}  # id(handle) -> its pool key
+        self._keys: dict[int, tuple] = {}  # id(handle) -> its key among the warm actors
 
     def make(self, cls, name, table, meta, *, restarts, options):
         import ray
@@ -277,7 +283,7 @@ class RayBackend(Backend):
             **options,
         }
         key = (cls.__name__, repr(sorted(actor_options.items())))
-        handle = POOL.take(key)
+        handle = self._warm().take(key)
         if handle is None:
             handle = ray.remote(cls).options(**actor_options).remote(in_ray=True)
         self._keys[id(handle)] = key
@@ -286,9 +292,16 @@ class RayBackend(Backend):
         handle.load.remote(name, self.seed, table, meta, self.randomness)
         return handle
 
+    @staticmethod
+    def _warm() -> WarmActors:
+        """The warm actors of this process's Ray session (:func:`rayfed.runtime.session`)."""
+        from rayfed.runtime import session
+
+        return session().warm
+
     def made(self) -> None:
         """Every member exists: idle actors no run took are stopped (they hold CPUs)."""
-        POOL.drain()
+        self._warm().drain()
 
     def _put_step(self, step):
         import ray
@@ -388,7 +401,9 @@ class RayBackend(Backend):
                 out[name] = ray.get(ref, timeout=60.0)
         return out
 
-    def wait_restarted(self, handle, deadline_s, member):
+    def revive(self, handle, rebuild, member, deadline_s):
+        """Wait (up to ``deadline_s``) for Ray's restart of the actor and give it back its
+        ``member`` (name, table, meta); None if it does not come back."""
         import ray
 
         until = time.monotonic() + deadline_s
@@ -396,11 +411,18 @@ class RayBackend(Backend):
             try:
                 load = handle.load.remote(*member[:1], self.seed, *member[1:], self.randomness)
                 ray.get(load, timeout=max(0.1, until - time.monotonic()))
-                return
+                return handle
             except ray.exceptions.ActorUnavailableError:  # still restarting: ask again
                 time.sleep(0.2)
             except ray.exceptions.RayError:  # one that does not come back stays out
-                return
+                return None
+        return None
+
+    def given_up(self, handle, name):
+        """Killed without restart: one out of restarts is gone already, and one that did not come
+        back in time must not come back unloaded later."""
+        self.kill([handle])
+        return handle
 
     def doomed(self, handle, deadline_s):
         import ray
@@ -418,7 +440,7 @@ class RayBackend(Backend):
                 ray.kill(handle, no_restart=True)
 
     def close(self, handles, *, reuse):
-        """Members that answer at once go to the pool; a member still busy (a step past its
+        """Members that answer at once stay warm for the next run; a member still busy (a step past its
         deadline) or gone is stopped."""
         import ray
 
@@ -432,49 +454,46 @@ class RayBackend(Backend):
                     ray.get(ref, timeout=REUSE_PING_S)  # ready already: returns at once
                     healthy.add(id(pings[ref]))
         self.kill([h for h in handles if id(h) not in healthy])
+        warm = self._warm() if healthy else None
         for handle in handles:
             if id(handle) in healthy:
-                POOL.give(self._keys[id(handle)], handle)
+                warm.give(self._keys[id(handle)], handle)
 
     def release(self):
         self._step_refs.clear()
 
 
-class ActorPool:
-    """Idle actors of finished runs, by class and actor options.
+class WarmActors:
+    """Idle actors of finished runs, by class and actor options, kept by the Ray session that
+    started them (:class:`rayfed.runtime.Session`, which drains them when it ends).
 
     Starting an actor is a process spawn plus imports, about 2 s for a run's three actors on 2
     cores, which dominated small runs and sweeps. A run of the same shape as the last one loads its
     members into these actors instead (:meth:`RoleActor.load` gives each a fresh context). Only
     actors of a run that had no death or injected fault come back, so each still has all its Ray
     restarts. Idle actors hold their CPUs, so they are stopped after ``IDLE_S`` without a run (or
-    when a run of another shape starts); the pool forgets actors of an earlier Ray session.
+    when a run of another shape starts).
     """
 
     IDLE_S = 5.0
 
     def __init__(self):
         self._idle: dict[tuple, list] = {}
-        self._job = None
         self._lock = threading.Lock()
         self._timer: threading.Timer | None = None
 
-    def _current(self) -> dict[tuple, list]:
-        import ray
-
-        job = ray.get_runtime_context().get_job_id()
-        if job != self._job:
-            self._idle, self._job = {}, job
-        return self._idle
+    def __len__(self) -> int:
+        with self._lock:
+            return sum(len(v) for v in self._idle.values())
 
     def take(self, key: tuple):
         with self._lock:
-            idle = self._current().get(key)
+            idle = self._idle.get(key)
             return idle.pop() if idle else None
 
     def give(self, key: tuple, handle) -> None:
         with self._lock:
-            self._current().setdefault(key, []).append(handle)
+            self._idle.setdefault(key, []).append(handle)
             if self._timer is not None:
                 self._timer.cancel()
             self._timer = threading.Timer(self.IDLE_S, self.drain)
@@ -487,6 +506,9 @@ class ActorPool:
 
         with self._lock:
             idle, self._idle = self._idle, {}
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
             if not ray.is_initialized():
                 return
             for handles in idle.values():
@@ -495,7 +517,6 @@ class ActorPool:
                         ray.kill(handle, no_restart=True)
 
 
-POOL = ActorPool()
 REUSE_PING_S = 2.0  # a member that does not answer this fast after its run is not reused
 
 

@@ -97,19 +97,16 @@ def die(ctx: StepContext, *args, **kwargs):
 
 
 class Faults:
-    """A run's injected faults and its restart policy.
+    """A run's injected faults.
 
     ``step_for`` hands a doomed member the step that kills it (once, at the round or phase its
-    fault names); ``died`` decides what becomes of members that died: restarted — where their role
-    keeps no state across rounds, as Ray's ``max_restarts`` per member — or dead for good.
+    fault names). What becomes of a member that died — restarted or dead for good — is the run's
+    :class:`~rayfed.lifecycle.Lifecycle`'s.
     """
 
-    def __init__(self, faults: list[Fault] | None = None, *, cohort_restarts: int = 0):
+    def __init__(self, faults: list[Fault] | None = None):
         self.pending = list(faults or [])
         self.injected = tuple(self.pending)  # as planned, for references that need them
-        self.restarts = {"party": 0, "cohort": int(cohort_restarts)}  # per member
-        self._restarted: dict[str, int] = {}
-        self.restarting: set[tuple[str, str]] = set()  # (group, member) a backend is restarting
 
     def step_for(self, group: str, name: str, round_no: int, phase: str, step):
         """``step``, or — once, if a fault is due for this member now — the step that kills it."""
@@ -118,11 +115,3 @@ class Faults:
                 self.pending.remove(fault)
                 return die
         return step
-
-    def may_restart(self, group: str, name: str) -> bool:
-        """Whether a member of ``group`` that died now is restarted (counting its restarts)."""
-        allowed = self.restarts.get(MEMBER.get(group, ""), 0)
-        if self._restarted.get(name, 0) >= allowed:
-            return False
-        self._restarted[name] = self._restarted.get(name, 0) + 1
-        return True

@@ -4,8 +4,10 @@ A :class:`Federation` holds three role groups — the coordinator, the parties a
 on a :mod:`backend <rayfed.backends>` (Ray actors, or plain objects in this process: the same
 drivers and steps either way). A driver runs a step on a group with :meth:`Group.run` (every
 member, gathered with a deadline), :meth:`Group.call` (the single member's value) or
-:meth:`Group.scatter` (one message per receiver). Injected faults and restarts are the
-:class:`~rayfed.faults.Faults` object's; the ledger lives on the coordinator.
+:meth:`Group.scatter` (one message per receiver). Injected faults are the
+:class:`~rayfed.faults.Faults` object's; each member's life (running, restarting, dead), its restarts
+and the loss log are the :class:`~rayfed.lifecycle.Lifecycle`'s; the ledger lives on the
+coordinator.
 
 Every message a step returns is recorded in the :class:`Transcript` (round, phase, sender, receiver,
 name, bytes, DP event); messages' payloads stay with the backend and travel by reference.
@@ -30,7 +32,6 @@ from rayfed.actors.coordinator import CoordinatorActor
 from rayfed.actors.party import PartyActor
 from rayfed.backends import (
     Backend,
-    Dead,
     LocalBackend,
     PerMember,
     RayBackend,
@@ -41,6 +42,7 @@ from rayfed.backends import (
 from rayfed.errors import BelowThreshold, ConfigError, UnaccountedNoise
 from rayfed.faults import MEMBER as MEMBER_ROLE
 from rayfed.faults import Faults, die
+from rayfed.lifecycle import Lifecycle, MemberState
 from rayfed.privacy.declaration import PrivacyDeclaration
 from rayfed.privacy.ledger import RUN_SCOPE, event_to_dict
 from rayfed.privacy.source import RANDOMNESS
@@ -182,7 +184,7 @@ class Group:
         )
         for name in replies.died:
             self.fed._died(self, name, phase)
-        self.fed._answered(self.role, sorted(replies.metas), phase)
+        self.fed.lifecycle.answered(sorted(replies.metas), self.fed.round_no, phase)
         self.fed._after_phase(self.role, phase, replies, time.perf_counter() - started)
         return replies
 
@@ -202,7 +204,7 @@ class Group:
             )
 
         first = attempt(members)
-        again = [n for n in first.died if self._restarted(n)]
+        again = [n for n in first.died if self.fed.lifecycle.state(n) is not MemberState.DEAD]
         self.fed._await_restarts()
         if not again:
             return first
@@ -213,18 +215,6 @@ class Group:
             failed=[n for n in first.failed if n not in again] + second.failed,
             died=first.died + second.died,
         )
-
-    def _restarted(self, name: str) -> bool:
-        """Whether a member that just died is back: rebuilt by the federation (else it is Dead),
-        or restarted by a backend that restarts its members while this one's restarts last."""
-        if isinstance(self.handles[name], Dead):
-            return False
-        if not self.fed.backend.restarts_itself:
-            return True
-        if self.fed.faults.may_restart(self.role, name):
-            return True
-        self.fed.faults.restarting.discard((self.role, name))  # out of restarts: not waited for
-        return False
 
     def call(self, step, *args, phase: str, deadline_s: float | None = None, **kwargs) -> Any:
         """Run a step on one member (the group's only one, or ``members=[name]``) and return its
@@ -346,20 +336,16 @@ class Federation:
         self._carried: dict[int, list] = {}
         self._shares: dict[int, list] = {}
         self._actor_options = actor_options or {}
-        self.faults = Faults(faults, cohort_restarts=cohort_restarts)
+        self.faults = Faults(faults)
+        self.lifecycle = Lifecycle({"cohort": cohort_restarts})
         self.transcript = Transcript()
         self.timings: list[dict[str, Any]] = []
         self.per_round: list[dict[str, Any]] = []
-        #: every member that died: round, phase, role, member, its users, and its fate (see
-        #: :meth:`losses`)
-        self._losses: list[dict[str, Any]] = []
-        self._deaths_of: dict[str, int] = {}
         self.round_no = 0
         #: the phase last started (``role:phase``), for a run that is interrupted in it
         self.phase: str | None = None
         self.progress = progress
         self._started = False
-        self._deaths = 0
         self.coordinator = Group(self, "coordinator")
         self.parties = Group(self, "parties")
         self.cohorts = Group(self, "cohorts")
@@ -387,6 +373,7 @@ class Federation:
         try:
             for group in self.groups:
                 for name in self._specs[group.role]:
+                    self.lifecycle.add(group.role, name, MEMBER_ROLE.get(group.role, group.role))
                     group.handles[name] = self._make(group.role, name)
             self.backend.made()
             # Starting an actor is a process spawn (about a second each here, longer under load), so
@@ -394,6 +381,8 @@ class Federation:
             for group in self.groups:
                 if len(group):
                     group.invoke("ping", deadline_s=max(self.deadline_s, STARTUP_DEADLINE_S))
+                for name in group.names:
+                    self.lifecycle.started(name)
             self._ledger(
                 "open_ledger",
                 self._privacy.budget,
@@ -417,95 +406,62 @@ class Federation:
             name,
             table,
             meta,
-            restarts=self.faults.restarts.get(role, 0),
+            restarts=self.lifecycle.allowance(role),
             options=self._actor_options.get(role, {}),
         )
 
     def _died(self, group: Group, name: str, phase: str = "") -> None:
-        """A member died during a phase. A backend that restarts its members itself (Ray) has the
-        next round wait for it; otherwise it is rebuilt from its partition while its restarts last,
-        else it stays dead for every later call. A restarted member with a checkpoint is waited
-        for and restored at once. Each death is logged (:meth:`losses`)."""
-        self._deaths += 1
+        """A member died during a phase: the lifecycle logs it (:meth:`losses`) and says whether
+        it is restarting or dead for good. A restarting one is brought back before the next round
+        (:meth:`_await_restarts`) — at once where the backend rebuilds it in-process, or where it
+        has a checkpoint: that is restored at once, as later phases of this round may call it. A
+        dead one stays dead for every later call."""
         resumes = group.restore is not None and name in group.checkpoints
-        self._log_death(group, name, phase, resumes)
-        if self.backend.restarts_itself:
-            if not (resumes and self.faults.restarts.get(MEMBER_ROLE[group.role], 0) > 0):
-                self.faults.restarting.add((group.role, name))
-                return
-            self.backend.wait_restarted(
-                group.handles[name], STARTUP_DEADLINE_S, self._member(group.role, name)
-            )
-        elif self.faults.may_restart(group.role, name):
-            group.handles[name] = self._make(group.role, name)
-        else:
-            group.handles[name] = Dead(name)
+        users = lambda: self._users(group.role, name)  # noqa: E731
+        state = self.lifecycle.died(name, self.round_no, phase, resumes=resumes, users=users)
+        if state is MemberState.DEAD:
+            group.handles[name] = self.backend.given_up(group.handles[name], name)
             return
-        if resumes:  # its state is needed at once: later phases of this round may call it
+        if self.backend.restarts_itself and not resumes:
+            return  # Ray restarts it meanwhile; awaited before the next round or a retry
+        if self._bring_back(group, name) and resumes:
             checkpoint = Single(group.checkpoints[name])
             group.run(group.restore, checkpoint, members=[name], phase="restore")
 
-    def _log_death(self, group: Group, name: str, phase: str, resumes: bool) -> None:
-        """One line of the loss log; a member already dead for good (a later call to a dead
-        actor fails again) is not logged twice."""
-        role = MEMBER_ROLE.get(group.role, group.role)
-        if any(x["member"] == name and x["fate"] == "dropped for good" for x in self._losses):
-            return
-        for earlier in self._losses:  # restarted, but dead again before it answered
-            if earlier["member"] == name and earlier["fate"] == "pending":
-                earlier["fate"] = "died again"
-        deaths = self._deaths_of[name] = self._deaths_of.get(name, 0) + 1
-        comes_back = deaths <= self.faults.restarts.get(role, 0)
-        table = self._specs.get(group.role, {}).get(name, (None, {}))[0]
-        users = None
-        if table is not None and "user_id" in table.column_names:
-            users = len(np.unique(table.column("user_id").to_numpy()))
-        self._losses.append(
-            {
-                "round": self.round_no,
-                "phase": phase,
-                "role": role,
-                "member": name,
-                "users": users,
-                # pending: restarted, not yet answered again (settled by _answered / losses)
-                "fate": "pending" if comes_back else "dropped for good",
-                "restored": "checkpoint" if comes_back and resumes else None,
-                "back_round": None,
-                "back_phase": None,
-            }
+    def _bring_back(self, group: Group, name: str) -> bool:
+        """The backend's mechanics for a restarting member (rebuild it, or await Ray's restart
+        and reload it); the lifecycle records whether it is back."""
+        handle = self.backend.revive(
+            group.handles[name],
+            lambda: self._make(group.role, name),
+            self._member(group.role, name),
+            STARTUP_DEADLINE_S,
         )
+        if handle is None:
+            self.lifecycle.gave_up(name)
+            group.handles[name] = self.backend.given_up(group.handles[name], name)
+            return False
+        group.handles[name] = handle
+        self.lifecycle.restarted(name)
+        return True
 
-    def _answered(self, group_name: str, names: list[str], phase: str) -> None:
-        """Members that answered a phase: a restarted one that had died is back (resumed); its
-        restore is not a phase of the protocol."""
-        if phase == "restore":
-            return
-        for loss in self._losses:
-            if loss["fate"] == "pending" and loss["member"] in names:
-                loss.update(fate="resumed", back_round=self.round_no, back_phase=phase)
+    def _users(self, group_name: str, name: str) -> int | None:
+        """How many users a member holds (a table with ``user_id``), else None."""
+        table = self._specs.get(group_name, {}).get(name, (None, {}))[0]
+        if table is not None and "user_id" in table.column_names:
+            return len(np.unique(table.column("user_id").to_numpy()))
+        return None
 
     def losses(self) -> list[dict[str, Any]]:
-        """Every member that died, in order: round and phase of its death, role, name, its users
-        (cohorts), and its fate: ``resumed`` (restarted — from its checkpoint where ``restored``
-        says so — and answered again at ``back_round``/``back_phase``; a phase re-run at once is
-        the same phase), ``dropped for good`` (dead for the rest of the run: its users are
-        dropouts from then on), ``died again`` (restarted, and dead again before it answered: the
-        next line says what then), or ``not reported`` (restarted, but the run ended before it
-        was asked anything again: whatever came after its death lacks its users)."""
-        return [
-            {**x, "fate": "not reported" if x["fate"] == "pending" else x["fate"]}
-            for x in self._losses
-        ]
+        """Every member that died, in order, and its fate: see :meth:`Lifecycle.losses
+        <rayfed.lifecycle.Lifecycle.losses>`."""
+        return self.lifecycle.losses()
 
     def _await_restarts(self) -> None:
-        """Before a new round, wait for members the backend is restarting."""
-        pending, self.faults.restarting = self.faults.restarting, set()
-        for group_name, name in sorted(pending):
-            if self.faults.restarts.get(MEMBER_ROLE[group_name], 0) > 0:
-                group = getattr(self, group_name)
-                self.backend.wait_restarted(
-                    group.handles[name], STARTUP_DEADLINE_S, self._member(group_name, name)
-                )
+        """Before a new round (or a retry), bring back every member still restarting."""
+        groups = {g.role: g for g in self.groups}
+        for group_name, name in self.lifecycle.waiting():
+            self._bring_back(groups[group_name], name)
 
     def shutdown(self) -> None:
         """Stop every member of this run (idempotent). Ray itself keeps running for the next run."""
@@ -513,8 +469,8 @@ class Federation:
             return
         self._started = False
         handles = [h for group in self.groups for h in group.handles.values()]
-        # members of a run nothing killed can serve the next run (see backends.ActorPool)
-        self.backend.close(handles, reuse=not (self._deaths or self.faults.injected))
+        # members of a run nothing killed can serve the next run (see backends.WarmActors)
+        self.backend.close(handles, reuse=not (self.lifecycle.deaths or self.faults.injected))
         self.backend.release()
 
     def __enter__(self) -> Federation:

@@ -4,6 +4,10 @@ By default rayfed starts an embedded local Ray, quiet and sized to the machine. 
 (``--address``, the ``address`` option, or the RAY_ADDRESS environment variable) it connects to an
 existing cluster instead. A Ray that is already initialised in this process is reused, so several
 runs in one process share it.
+
+What rayfed keeps for the life of one Ray session — the warm actors that finished runs leave for
+the next one — belongs to that :class:`Session` (:func:`session`), and is drained when it ends
+(:func:`shutdown`); a new Ray session (after a ``ray.shutdown`` elsewhere) starts a new one.
 """
 
 from __future__ import annotations
@@ -20,6 +24,38 @@ from urllib.parse import urlparse
 from rayfed.errors import ConfigError
 
 CONNECT_TIMEOUT_S = 15.0
+
+
+class Session:
+    """What rayfed keeps while this process is connected to one Ray session (its job id): the
+    :class:`~rayfed.backends.WarmActors` finished runs leave for the next run of the same
+    shape."""
+
+    def __init__(self, job: str):
+        from rayfed.backends import WarmActors
+
+        self.job = job
+        self.warm = WarmActors()
+
+    def close(self) -> None:
+        """The session ends: stop its warm actors (on a cluster they would outlive it)."""
+        self.warm.drain()
+
+
+_SESSION: Session | None = None
+
+
+def session() -> Session:
+    """The session of the Ray this process is connected to (which must be initialised): opened
+    on first use, also for a Ray that the caller initialised; a Ray session that replaced the
+    last one gets a new Session (the old one's actors went with the old Ray)."""
+    import ray
+
+    global _SESSION
+    job = ray.get_runtime_context().get_job_id()
+    if _SESSION is None or _SESSION.job != job:
+        _SESSION = Session(job)
+    return _SESSION
 
 
 def _check_reachable(address: str, timeout_s: float) -> None:
@@ -146,11 +182,11 @@ def shutdown() -> None:
     running). Call it when done with rayfed in a long-lived process."""
     import ray
 
-    from rayfed.backends import POOL
-
+    global _SESSION
     if ray.is_initialized():
-        POOL.drain()  # on a cluster, the idle actors kept for the next run would outlive us
+        session().close()  # on a cluster, the idle actors kept for the next run would outlive us
         ray.shutdown()
+    _SESSION = None
 
 
 def connect(address: str | None, who: str = "rayfed") -> tuple[str | None, dict[str, Any]]:

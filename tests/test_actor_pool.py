@@ -1,4 +1,4 @@
-"""Actors of a finished run serve the next run of the same shape (backends.ActorPool): the same
+"""Actors of a finished run serve the next run of the same shape (backends.WarmActors): the same
 processes, and results equal to fresh actors'; a run with a death or a fault leaves none behind."""
 
 import os
@@ -11,9 +11,9 @@ import ray.cloudpickle
 
 import rayfed
 from rayfed.actors import Message
-from rayfed.backends import POOL
 from rayfed.federation import Federation
 from rayfed.privacy import PrivacyDeclaration
+from rayfed.runtime import session
 
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -43,7 +43,7 @@ def _run(seed: int, offset: int = 0, fail=None) -> dict:
 
 
 def test_a_second_run_reuses_the_processes_and_starts_clean(ray_cluster):
-    POOL.drain()
+    session().warm.drain()
     first = _run(seed=1)
     second = _run(seed=2, offset=100)
     again = _run(seed=1)
@@ -57,7 +57,7 @@ def test_a_second_run_reuses_the_processes_and_starts_clean(ray_cluster):
 def test_a_run_with_a_fault_leaves_no_actor_behind(ray_cluster):
     from rayfed.faults import parse
 
-    POOL.drain()
+    session().warm.drain()
     first = _run(seed=1)
     with pytest.raises(rayfed.PartyFailed):
         _run(seed=1, fail=[parse("cohort=c0@phase=p")])
@@ -68,7 +68,7 @@ def test_a_run_with_a_fault_leaves_no_actor_behind(ray_cluster):
 
 def test_runs_on_reused_actors_equal_runs_on_fresh_ones(ray_cluster):
     options = dict(users=60, dim=4, out_dir=None)
-    POOL.drain()
+    session().warm.drain()
     fresh = rayfed.run("secure-sum", seed=3, **options)
     rayfed.run("secure-sum", seed=4, **options)  # leaves its actors in the pool
     reused = rayfed.run("secure-sum", seed=3, **options)
@@ -80,11 +80,22 @@ def test_idle_actors_are_stopped_after_a_while(ray_cluster, monkeypatch):
     """They hold CPUs another process's run (a job joining this Ray) may need."""
     import time
 
-    from rayfed.backends import ActorPool
+    from rayfed.backends import WarmActors
 
-    monkeypatch.setattr(ActorPool, "IDLE_S", 0.3)
-    POOL.drain()
+    monkeypatch.setattr(WarmActors, "IDLE_S", 0.3)
+    session().warm.drain()
     first = _run(seed=1)
     time.sleep(1.5)
+    later = _run(seed=1)
+    assert not ({v[0] for v in later.values()} & {v[0] for v in first.values()})
+
+
+def test_the_warm_actors_belong_to_the_ray_session_and_end_with_it(ray_cluster):
+    warm = session().warm
+    warm.drain()
+    first = _run(seed=1)
+    assert session().warm is warm and len(warm) == 3  # the coordinator and both cohorts
+    session().close()  # what rayfed.shutdown does before Ray stops
+    assert len(warm) == 0
     later = _run(seed=1)
     assert not ({v[0] for v in later.values()} & {v[0] for v in first.values()})
