@@ -28,6 +28,7 @@ from rayfed.actors.base import MessageMeta
 from rayfed.actors.cohort import UserCohortActor
 from rayfed.actors.coordinator import CoordinatorActor
 from rayfed.actors.party import PartyActor
+from rayfed.actors.shard import ServerShardActor
 from rayfed.backends import (
     Backend,
     Dead,
@@ -50,7 +51,12 @@ __all__ = ["Federation", "Group", "PerMember", "Replies", "Single", "Transcript"
 BACKENDS = ("ray", "local")
 RESERVED = ("coordinator", "parties", "cohorts")
 STARTUP_DEADLINE_S = 60.0
-ACTORS = {"coordinator": CoordinatorActor, "parties": PartyActor, "cohorts": UserCohortActor}
+ACTORS = {
+    "coordinator": CoordinatorActor,
+    "parties": PartyActor,
+    "cohorts": UserCohortActor,
+    "shards": ServerShardActor,
+}
 
 
 @dataclass
@@ -111,6 +117,17 @@ def check_member_names(names: list[str]) -> None:
                 f"member name {name!r} is reserved or used twice",
                 f"unique names other than {', '.join(RESERVED)}",
             )
+
+
+def shard_specs(server_shards: int) -> dict[str, tuple[None, dict]]:
+    """The server shards' members: none for one shard (the coordinator is the whole server)."""
+    if isinstance(server_shards, bool) or not isinstance(server_shards, int) or server_shards < 1:
+        raise ConfigError("server_shards", f"must be an integer >= 1, got {server_shards!r}")
+    if server_shards == 1:
+        return {}
+    return {
+        f"shard-{i}": (None, {"index": i, "shards": server_shards}) for i in range(server_shards)
+    }
 
 
 class Group:
@@ -302,6 +319,9 @@ class Federation:
         Extra ``ray.remote`` options per role (e.g. resources for placement).
     faults, cohort_restarts:
         Injected faults (:mod:`rayfed.faults`) and how often a dead cohort is restarted.
+    server_shards:
+        With S >= 2, S server-shard actors (``shard-0`` …) that split the server's per-round
+        work by user range (:mod:`rayfed.secagg.server`); 1: the coordinator does it all.
     """
 
     def __init__(
@@ -319,6 +339,7 @@ class Federation:
         progress=None,
         faults: list | None = None,
         cohort_restarts: int = 0,
+        server_shards: int = 1,
     ):
         if backend not in BACKENDS:
             raise ConfigError("backend", f"unknown backend {backend!r}", BACKENDS)
@@ -332,8 +353,9 @@ class Federation:
             "coordinator": {"coordinator": (None, {})},
             "parties": dict(parties or {}),
             "cohorts": dict(cohorts or {}),
+            "shards": shard_specs(server_shards),
         }
-        check_member_names(list(self._specs["parties"]) + list(self._specs["cohorts"]))
+        check_member_names([n for g in ("parties", "cohorts", "shards") for n in self._specs[g]])
         actors = sum(len(v) for v in self._specs.values())
         self.backend: Backend = (
             LocalBackend(seed=seed, randomness=randomness)
@@ -363,10 +385,12 @@ class Federation:
         self.coordinator = Group(self, "coordinator")
         self.parties = Group(self, "parties")
         self.cohorts = Group(self, "cohorts")
+        #: the server's shards (empty unless server_shards >= 2)
+        self.shards = Group(self, "shards")
 
     @property
-    def groups(self) -> tuple[Group, Group, Group]:
-        return self.coordinator, self.parties, self.cohorts
+    def groups(self) -> tuple[Group, ...]:
+        return self.coordinator, self.parties, self.cohorts, self.shards
 
     @property
     def injected_faults(self) -> tuple:

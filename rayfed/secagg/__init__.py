@@ -151,6 +151,7 @@ def secure_sum(
     server: Server,
     ids: Mapping[str, Any] | None = None,
     after_phase: Callable[[str], None] | None = None,
+    shards: Members | None = None,
 ) -> AggregationResult:
     """Run one aggregation round over ``group``'s members (:class:`~rayfed.secagg.group.Members`:
     the user cohorts, or the parties), aggregated by ``server`` (the coordinator).
@@ -165,6 +166,10 @@ def secure_sum(
     A member that dies (or misses a deadline) turns its users into dropouts at that phase;
     the round completes if enough users survive, else raises BelowThreshold. ``after_phase(name)``,
     if given, is called after each client phase (benchmarks use it to sample memory).
+
+    ``shards`` (the federation's server shards, when it has two or more) split the server's
+    reconstruction and mask removal by user range; the sum is bit-identical to the coordinator's
+    alone. A shard that fails is a server failure: the round ends with its name.
     """
     failed: list[str] = []
 
@@ -200,7 +205,14 @@ def secure_sum(
             server_steps.collect_signatures, spec, signed, phase="collect_signatures"
         )
     answers = client_phase(client.unmask, request.single(), phase="unmask")
-    out = server.call(server_steps.finish, spec, answers, phase="reconstruct")
+    if shards is not None and len(shards.names) >= 2:
+        view = server.run(server_steps.finish_context, spec, phase="finish_context")
+        partials = shards.run(
+            server_steps.shard_finish, spec, view.single(), answers, phase="reconstruct"
+        )
+        out = server.call(server_steps.finish_sharded, spec, partials, phase="finish")
+    else:
+        out = server.call(server_steps.finish, spec, answers, phase="reconstruct")
     return AggregationResult(failed_cohorts=sorted(failed), mode=spec.mode, **out)
 
 
