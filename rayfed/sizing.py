@@ -34,6 +34,15 @@ def default_cohorts(users: int, requested: int | None) -> int:
     return max(1, min(requested or cluster_cpus(), users))
 
 
+def default_server_shards(requested: int | str) -> int:
+    """``requested``, or for "auto" one shard per 4 cluster CPUs (at most 16); below 8 CPUs 1:
+    the coordinator alone is the whole server (CI, laptops, the golden runs)."""
+    if requested != "auto":
+        return int(requested)
+    cpus = cluster_cpus()
+    return 1 if cpus < 8 else min(16, cpus // 4)
+
+
 def cohorts_adjusted(users: int, requested: int | None, used: int) -> list[dict]:
     """The ``cohorts`` option's entry for :attr:`Plan.adjusted` when the run deals its users to
     fewer cohorts than asked (a cohort holds at least one user); none otherwise."""

@@ -9,6 +9,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+import rayfed
+from rayfed import sizing
 from rayfed.data import per_user
 from rayfed.errors import ConfigError, PartyFailed
 from rayfed.faults import parse
@@ -78,8 +80,8 @@ def _reference(spec, params, graph_seed):
     return survivors, exact_sum(x, spec.encoding.clip, spec.encoding.frac_bits)
 
 
-def _check(mode, backend, graph):
-    runs = {s: _round(mode, s, backend, graph) for s in (1, 2, 3)}
+def _check(mode, runs):
+    """``runs``: shards -> (result, spec, params) of one mode."""
     lost_after_sharing = np.sort(IDS[[0, 7, 29, 30, 59]])
     for s, (result, spec, params) in runs.items():
         survivors, total = _reference(spec, params, result.graph_seed)
@@ -97,13 +99,16 @@ def _check(mode, backend, graph):
 @pytest.mark.parametrize("mode", ["secure", "simulation", "dealer"])
 @pytest.mark.parametrize("graph", ["auto", "complete"])
 def test_sharded_and_unsharded_servers_give_bit_identical_rounds(mode, graph):
-    _check(mode, "local", graph)
+    _check(mode, {s: _round(mode, s, "local", graph) for s in (1, 2, 3)})
 
 
 @pytest.mark.ray
-def test_sharded_server_on_ray(ray_cluster):  # one test: the runs reuse each other's actors
-    for mode in ("secure", "simulation", "dealer"):
-        _check(mode, "ray", "auto")
+def test_sharded_server_on_ray(ray_cluster):
+    # one test, the most shards first: later runs reuse the earlier runs' actors
+    modes = ("secure", "simulation", "dealer")
+    runs = {(mode, s): _round(mode, s, "ray") for s in (3, 2, 1) for mode in modes}
+    for mode in modes:
+        _check(mode, {s: runs[mode, s] for s in (1, 2, 3)})
 
 
 def test_shards_own_contiguous_ranges_that_cover_every_position():
@@ -128,17 +133,33 @@ def test_a_bad_shard_count_is_a_config_error(bad):
 
 def test_a_shard_that_fails_fails_the_round_with_its_name(monkeypatch):
     original = server.shard_finish
-    monkeypatch.setattr(
-        server,
-        "shard_finish",
-        lambda ctx, spec, view, replies: (
-            (_ for _ in ()).throw(RuntimeError("disk full"))
-            if ctx.name == "shard-1"
-            else original(ctx, spec, view, replies)
-        ),
-    )
-    with pytest.raises(PartyFailed, match="shard-1"):
+
+    def failing(ctx, *args):
+        if ctx.name == "shard-1":
+            raise RuntimeError("disk full")
+        return original(ctx, *args)
+
+    monkeypatch.setattr(server, "shard_finish", failing)
+    with pytest.raises(PartyFailed, match="shard-1.*disk full"):
         _round("simulation", 2)
+
+
+def test_each_shard_is_sent_only_the_shares_of_the_users_it_owns(monkeypatch):
+    original, seen = server.shard_finish, {}
+
+    def recording(ctx, spec, view, replies, owned):
+        seen[ctx.name] = (owned, np.concatenate([r["owner"] for r in replies.values()]))
+        return original(ctx, spec, view, replies, owned)
+
+    monkeypatch.setattr(server, "shard_finish", recording)
+    _round("simulation", 3)
+    assert [seen[f"shard-{i}"][0] for i in range(3)] == [(0, 20), (20, 40), (40, 60)]
+    owners = set()
+    for (lo, hi), owner in seen.values():
+        assert owner.size and ((owner >= lo) & (owner < hi)).all()
+        owners |= set(owner.tolist())
+    # U2 is every position (nobody was lost before sharing): each owner's shares reached a shard
+    assert owners == set(range(N))
 
 
 def test_a_cohort_that_dies_is_still_a_dropout_with_shards():
@@ -150,3 +171,20 @@ def test_a_cohort_that_dies_is_still_a_dropout_with_shards():
     assert np.array_equal(result.survivors, unsharded.survivors)
     # the dead cohort's users (positions 10..19, dealt in blocks) were lost after sharing
     assert np.isin(IDS[10:20], result.dropped_after_sharing).all()
+
+
+def test_secure_sum_server_shards_option_gives_the_same_tables():
+    kw = dict(users=60, dim=4, seed=5, out_dir=None, backend="local", dropout=0.1, cohorts=3)
+    one = rayfed.run("secure-sum", server_shards=1, **kw)
+    three = rayfed.run("secure-sum", server_shards=3, **kw)
+    assert one.metrics["server_shards"] == 1 and three.metrics["server_shards"] == 3
+    assert one.metrics["exact"] and three.metrics["exact"]
+    assert three.tables["sum"].equals(one.tables["sum"])
+    assert "reconstruct" in three.metrics["phase_seconds"]
+
+
+def test_auto_shards_follow_the_cluster_cpus(monkeypatch):
+    for cpus, shards in [(1, 1), (2, 1), (7, 1), (8, 2), (16, 4), (64, 16), (256, 16)]:
+        monkeypatch.setattr(sizing, "cluster_cpus", lambda c=cpus: c)
+        assert sizing.default_server_shards("auto") == shards, cpus
+    assert sizing.default_server_shards(5) == 5

@@ -1,8 +1,8 @@
 """ServerShardActor: one shard of the aggregating server, for runs that split the server's work.
 
-The coordinator keeps the control flow and the small final sums; a shard holds the server's
-per-round work for one contiguous range of user positions (its ``meta``: ``index`` of ``shards``)
-and runs the steps the server gives it. It holds no data partition and no ledger.
+The coordinator keeps the control flow and the small final sums; a shard does the server's
+per-round work for the contiguous range of user positions each step names (see
+:mod:`rayfed.secagg.server`). It holds no data partition and no ledger.
 """
 
 from __future__ import annotations
@@ -11,6 +11,6 @@ from rayfed.actors.base import RoleActor
 
 
 class ServerShardActor(RoleActor):
-    """A server shard: no partition; ``ctx.meta`` says which range of users it owns."""
+    """A server shard: no partition, no ledger; it runs the server steps it is given."""
 
     role = "shard"

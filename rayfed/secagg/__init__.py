@@ -176,9 +176,11 @@ def secure_sum(
     def alive() -> list[str]:
         return [n for n in group.names if n not in failed]
 
-    def client_phase(step, *args, phase: str):
+    def client_phase(step, *args, phase: str, **split):
         """``step`` on the members still alive; a member that fails becomes a dropout."""
-        replies = group.run(step, spec, *args, phase=phase, members=alive(), on_failure="drop")
+        replies = group.run(
+            step, spec, *args, phase=phase, members=alive(), on_failure="drop", **split
+        )
         failed.extend(replies.failed)
         if after_phase is not None:
             after_phase(phase)
@@ -204,16 +206,37 @@ def secure_sum(
         request = server.run(
             server_steps.collect_signatures, spec, signed, phase="collect_signatures"
         )
-    answers = client_phase(client.unmask, request.single(), phase="unmask")
     if shards is not None and len(shards.names) >= 2:
-        view = server.run(server_steps.finish_context, spec, phase="finish_context")
-        partials = shards.run(
-            server_steps.shard_finish, spec, view.single(), answers, phase="reconstruct"
+        # shard i (in name order) owns the user positions server.bounds(n, S, i): every cohort
+        # sends each shard only the shares whose owner it owns
+        ranges = server_steps.shard_ranges(spec.n, shards.names)
+        answers = client_phase(
+            client.unmask_split, request.single(), ranges, phase="unmask", split=list(ranges)
         )
-        out = server.call(server_steps.finish_sharded, spec, partials, phase="finish")
+        out = _finish_sharded(spec, answers, ranges, server, shards)
     else:
+        answers = client_phase(client.unmask, request.single(), phase="unmask")
         out = server.call(server_steps.finish, spec, answers, phase="reconstruct")
     return AggregationResult(failed_cohorts=sorted(failed), mode=spec.mode, **out)
+
+
+def _finish_sharded(spec: RoundSpec, answers, ranges: dict, server: Server, shards: Members):
+    """The sharded server's finish: each shard gets every cohort's shares of its owners only and
+    answers one partial mask correction; the coordinator subtracts them from y_sum."""
+    view = server.run(server_steps.finish_context, spec, phase="finish_context")
+    parts = {
+        name: {cohort: answers.payloads[cohort][name] for cohort in answers.names()}
+        for name in ranges
+    }
+    partials = shards.run(
+        server_steps.shard_finish,
+        spec,
+        view.single(),
+        PerMember(parts),
+        PerMember(ranges),
+        phase="reconstruct",
+    )
+    return server.call(server_steps.finish_sharded, spec, partials, phase="finish")
 
 
 def _ids_arg(ids: Mapping[str, Any] | None) -> tuple:

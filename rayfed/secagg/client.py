@@ -689,6 +689,22 @@ def unmask(ctx: StepContext, spec: RoundSpec, request: dict) -> Message:
     return Message("unmask_shares", payload, to="coordinator")
 
 
+def unmask_split(
+    ctx: StepContext, spec: RoundSpec, request: dict, ranges: dict[str, tuple[int, int]]
+) -> dict[str, Message]:
+    """:func:`unmask` for a sharded server: the revealed shares split by their owner's range, one
+    message per server shard (``ranges``: shard -> [lo, hi) of owner positions); each carries the
+    responders' positions, so every shard counts the same responders."""
+    payload = unmask(ctx, spec, request).payload
+    owner = payload["owner"]
+    out = {}
+    for name, (lo, hi) in ranges.items():
+        rows = (owner >= lo) & (owner < hi)
+        part = {k: (v if k == "pos" else v[rows]) for k, v in payload.items()}
+        out[name] = Message("unmask_shares", part, to="shards")
+    return out
+
+
 def _decrypt_shares(
     st: ClientRound, spec: RoundSpec, ct: np.ndarray, key_at: np.ndarray, kind, *, pairs
 ) -> np.ndarray:

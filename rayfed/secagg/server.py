@@ -276,6 +276,11 @@ def bounds(n: int, shards: int, index: int) -> tuple[int, int]:
     return index * n // shards, (index + 1) * n // shards
 
 
+def shard_ranges(n: int, names: list[str]) -> dict[str, tuple[int, int]]:
+    """Each shard (in the order given) and the contiguous positions [lo, hi) it owns."""
+    return {name: bounds(n, len(names), i) for i, name in enumerate(names)}
+
+
 def finish_context(ctx: StepContext, spec: RoundSpec) -> dict:
     """What every shard needs of the coordinator's round state (O(n), never O(n·k)): the key
     table, U2, U3, the graph's seed and, in dealer mode, the dealer's key."""
@@ -285,12 +290,15 @@ def finish_context(ctx: StepContext, spec: RoundSpec) -> dict:
     return view
 
 
-def shard_finish(ctx: StepContext, spec: RoundSpec, view: dict, replies: dict) -> dict:
-    """One shard's part of :func:`finish`: the correction for the owners in its range."""
+def shard_finish(
+    ctx: StepContext, spec: RoundSpec, view: dict, replies: dict, owned: tuple[int, int]
+) -> dict:
+    """One shard's part of :func:`finish`: the correction for the owners in ``owned`` = [lo, hi),
+    from each cohort's shares of those owners (and all its responders' positions)."""
     responders = np.sort(_concat(replies, "pos", np.int64))
     if responders.size < spec.min_survivors:  # the same abort as the coordinator's quorum check
         raise BelowThreshold("unmask", int(responders.size), spec.min_survivors, spec.round)
-    lo, hi = bounds(spec.n, int(ctx.meta["shards"]), int(ctx.meta["index"]))
+    lo, hi = owned
     return {
         "correction": _correction(spec, view, replies, responders, lo, hi),
         "responders": int(responders.size),
