@@ -164,7 +164,7 @@ class Group:
         members: list[str] | None = None,
         deadline_s: float | None = None,
         on_failure: str = "raise",
-        split: list[str] | None = None,
+        scatter_to: list[str] | None = None,
         **kwargs,
     ) -> Replies:
         """Run ``step(ctx, *args, **kwargs)`` on every member (or ``members``) and gather replies.
@@ -175,13 +175,13 @@ class Group:
         into a dropout (listed in ``Replies.failed``) instead of raising PartyFailed / RoundTimeout;
         ``"retry"`` asks a member that died once more, in the same phase, when the run restarts it
         (for steps whose lost attempt released nothing), else it is a dropout too. An exception
-        raised by a step is always a PartyFailed. With ``split`` (receiver names) the step answers
+        raised by a step is always a PartyFailed. With ``scatter_to`` (receiver names) the step answers
         one Message per receiver and each member's payload is ``{receiver: payload}``, every one a
         separate object, so a receiver is sent only its own parts.
         """
         if on_failure == "retry":
-            if split is not None:
-                raise ValueError("on_failure='retry' does not take split")
+            if scatter_to is not None:
+                raise ValueError("on_failure='retry' does not take scatter_to")
             return self._run_retrying(step, args, kwargs, phase, members, deadline_s)
         names = members if members is not None else self.names
         started = time.perf_counter()
@@ -199,7 +199,7 @@ class Group:
             deadline_s=self.fed.deadline_s if deadline_s is None else deadline_s,
             on_failure=on_failure,
             where=self._where(phase),
-            **({} if split is None else {"split": split}),
+            **({} if scatter_to is None else {"scatter_to": scatter_to}),
         )
         for name in replies.died:
             self.fed._died(self, name, phase)

@@ -188,3 +188,14 @@ def test_auto_shards_follow_the_cluster_cpus(monkeypatch):
         monkeypatch.setattr(sizing, "cluster_cpus", lambda c=cpus: c)
         assert sizing.default_server_shards("auto") == shards, cpus
     assert sizing.default_server_shards(5) == 5
+
+
+def test_lfl_round_one_on_a_sharded_server_is_bit_identical():
+    kw = dict(users=120, items=20, iterations=2, backend="local", out_dir=None, dropout=0.1)
+    kw["secagg_mode"] = "simulation"
+    one = rayfed.run("federated-mf", server_shards=1, **kw)
+    two = rayfed.run("federated-mf", server_shards=2, **kw)
+    assert one.tables
+    for name in one.tables:
+        assert two.tables[name].equals(one.tables[name]), name
+    assert two.metrics["test_mse"] == one.metrics["test_mse"]

@@ -176,10 +176,10 @@ def secure_sum(
     def alive() -> list[str]:
         return [n for n in group.names if n not in failed]
 
-    def client_phase(step, *args, phase: str, **split):
+    def client_phase(step, *args, phase: str, **scatter):
         """``step`` on the members still alive; a member that fails becomes a dropout."""
         replies = group.run(
-            step, spec, *args, phase=phase, members=alive(), on_failure="drop", **split
+            step, spec, *args, phase=phase, members=alive(), on_failure="drop", **scatter
         )
         failed.extend(replies.failed)
         if after_phase is not None:
@@ -211,7 +211,7 @@ def secure_sum(
         # sends each shard only the shares whose owner it owns
         ranges = server_steps.shard_ranges(spec.n, shards.names)
         answers = client_phase(
-            client.unmask_split, request.single(), ranges, phase="unmask", split=list(ranges)
+            client.unmask_split, request.single(), ranges, phase="unmask", scatter_to=list(ranges)
         )
         out = _finish_sharded(spec, answers, ranges, server, shards)
     else:
