@@ -199,3 +199,9 @@ def test_lfl_round_one_on_a_sharded_server_is_bit_identical():
     for name in one.tables:
         assert two.tables[name].equals(one.tables[name]), name
     assert two.metrics["test_mse"] == one.metrics["test_mse"]
+
+
+@pytest.mark.parametrize("bad", [0, "many", 1.5])
+def test_a_bad_server_shards_option_names_it(bad):
+    with pytest.raises(ConfigError, match="server_shards"):
+        rayfed.run("secure-sum", users=20, dim=2, backend="local", out_dir=None, server_shards=bad)
