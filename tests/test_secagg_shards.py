@@ -32,10 +32,12 @@ SCHEDULE = DropoutSchedule(
 )
 
 
-def _round(mode, shards, backend="local", graph="auto", faults=None, n_cohorts=3):
+def _round(
+    mode, shards, backend="local", graph="auto", faults=None, n_cohorts=3, threat="semi-honest"
+):
     dealt = per_user(pa.table({"uid": IDS}), "uid", n_cohorts)
     cohorts = {k: (t, {}) for k, t in dealt.items()}
-    params = find_params(N, dropout=0.3, corrupt=0.05, graph=graph)
+    params = find_params(N, dropout=0.3, corrupt=0.05, graph=graph, threat_model=threat)
     spec = make_spec(
         round=0,
         mode=mode,
@@ -160,6 +162,27 @@ def test_each_shard_is_sent_only_the_shares_of_the_users_it_owns(monkeypatch):
         owners |= set(owner.tolist())
     # U2 is every position (nobody was lost before sharing): each owner's shares reached a shard
     assert owners == set(range(N))
+
+
+def test_each_shard_routes_only_the_shares_its_users_receive(monkeypatch):
+    original, seen = server.shard_route, {}
+
+    def recording(ctx, spec, cohort_of, replies, owned):
+        seen[ctx.name] = (owned, np.concatenate([r["receiver"] for r in replies.values()]))
+        return original(ctx, spec, cohort_of, replies, owned)
+
+    monkeypatch.setattr(server, "shard_route", recording)
+    _round("simulation", 2)
+    assert [seen[f"shard-{i}"][0] for i in range(2)] == [(0, 30), (30, 60)]
+    for (lo, hi), receiver in seen.values():
+        assert receiver.size and ((receiver >= lo) & (receiver < hi)).all()
+
+
+def test_the_consistency_round_on_a_sharded_server_is_bit_identical():
+    one = _round("simulation", 1, threat="malicious")[0]
+    two = _round("simulation", 2, threat="malicious")[0]
+    assert np.array_equal(two.words, one.words) and np.array_equal(two.survivors, one.survivors)
+    assert two.counts == one.counts and "consistency" in two.counts
 
 
 def test_a_cohort_that_dies_is_still_a_dropout_with_shards():

@@ -193,23 +193,47 @@ def secure_sum(
     # beacon) themselves (the driver stands for a trusted directory of signing keys and a public
     # randomness beacon), not through the coordinator
     pki = (keys, beacon) if spec.consistency else ()
-    shares = client_phase(client.share_keys, table.single(), *pki, phase="share_keys")
-    routed = server.scatter(
-        server_steps.route_shares, spec, shares, to=alive(), phase="route_shares"
-    )
-    masked = client_phase(
-        client.masked_input, PerMember(routed), input_fn, tuple(input_args), phase="masked_input"
-    )
+    sharded = shards is not None and len(shards.names) >= 2
+    # shard i (in name order) owns the user positions server.bounds(n, S, i): it routes the
+    # shares they receive and reconstructs their secrets
+    ranges = server_steps.shard_ranges(spec.n, shards.names) if sharded else {}
+    if sharded:
+        shares = client_phase(
+            client.share_keys_split,
+            table.single(),
+            *pki,
+            ranges=ranges,
+            phase="share_keys",
+            scatter_to=list(ranges),
+        )
+        u2, parts = _route_sharded(spec, shares, ranges, alive(), server, shards)
+        masked = client_phase(
+            client.masked_input_parts,
+            u2.single(),
+            PerMember(parts),
+            input_fn,
+            tuple(input_args),
+            phase="masked_input",
+        )
+    else:
+        shares = client_phase(client.share_keys, table.single(), *pki, phase="share_keys")
+        routed = server.scatter(
+            server_steps.route_shares, spec, shares, to=alive(), phase="route_shares"
+        )
+        masked = client_phase(
+            client.masked_input,
+            PerMember(routed),
+            input_fn,
+            tuple(input_args),
+            phase="masked_input",
+        )
     request = server.run(server_steps.collect_masked, spec, masked, phase="collect_masked")
     if spec.consistency:
         signed = client_phase(client.consistency, request.single(), phase="consistency")
         request = server.run(
             server_steps.collect_signatures, spec, signed, phase="collect_signatures"
         )
-    if shards is not None and len(shards.names) >= 2:
-        # shard i (in name order) owns the user positions server.bounds(n, S, i): every cohort
-        # sends each shard only the shares whose owner it owns
-        ranges = server_steps.shard_ranges(spec.n, shards.names)
+    if sharded:  # every cohort sends each shard only the shares whose owner it owns
         answers = client_phase(
             client.unmask_split, request.single(), ranges, phase="unmask", scatter_to=list(ranges)
         )
@@ -218,6 +242,31 @@ def secure_sum(
         answers = client_phase(client.unmask, request.single(), phase="unmask")
         out = server.call(server_steps.finish, spec, answers, phase="reconstruct")
     return AggregationResult(failed_cohorts=sorted(failed), mode=spec.mode, **out)
+
+
+def _route_sharded(spec: RoundSpec, shares, ranges: dict, alive: list, server, shards):
+    """Route shares on a sharded server: each shard forwards the shares its users receive to the
+    receivers' cohorts and counts U2, which the coordinator checks and broadcasts. Returns (U2's
+    broadcast, each cohort's parts by shard)."""
+    cohort_of = server.run(server_steps.route_context, spec, phase="route_context")
+    parts = {name: {c: shares.payloads[c][name] for c in shares.names()} for name in ranges}
+    routed = shards.run(
+        server_steps.shard_route,
+        spec,
+        cohort_of.single(),
+        PerMember(parts),
+        PerMember(ranges),
+        phase="route_shares",
+        scatter_to=[*alive, "coordinator"],
+    )
+    u2 = server.run(
+        server_steps.collect_u2,
+        spec,
+        {name: routed.payloads[name]["coordinator"] for name in ranges},
+        phase="collect_u2",
+    )
+    to_cohorts = {c: {name: routed.payloads[name][c] for name in ranges} for c in alive}
+    return u2, to_cohorts
 
 
 def _finish_sharded(spec: RoundSpec, answers, ranges: dict, server: Server, shards: Members):

@@ -148,6 +148,57 @@ def route_shares(ctx: StepContext, spec: RoundSpec, replies: dict) -> dict[str, 
     return out
 
 
+def route_context(ctx: StepContext, spec: RoundSpec) -> dict[str, np.ndarray]:
+    """What the shards need to route shares: each cohort's user positions (from advertise)."""
+    st = _state(ctx, spec, Phase.SHARE_KEYS)
+    return dict(st.cohort_of)
+
+
+def shard_route(
+    ctx: StepContext, spec: RoundSpec, cohort_of: dict, replies: dict, owned: tuple[int, int]
+) -> dict[str, Message]:
+    """One shard's part of :func:`route_shares`: the shares whose receiver it owns (every cohort
+    sent it only those), forwarded to the receiver's cohort, and U2 for the coordinator."""
+    u2 = np.sort(_concat(replies, "pos", np.int64))
+    if u2.size < spec.min_survivors:  # the coordinator's quorum check, before routing anything
+        raise BelowThreshold("share_keys", int(u2.size), spec.min_survivors, spec.round)
+    lo, hi = owned
+    receiver = _concat(replies, "receiver", np.int64)
+    sender = _concat(replies, "sender", np.int64)
+    ct = _concat(replies, "ct", np.uint8, PLAINTEXT_BYTES + _crypto.TAG_BYTES)
+    in_u2 = np.zeros(spec.n, dtype=bool)
+    in_u2[u2] = True
+    keep = in_u2[sender] & (receiver >= lo) & (receiver < hi)
+    receiver, sender, ct = receiver[keep], sender[keep], ct[keep]
+    cohort_index = np.full(spec.n, -1, dtype=np.int64)
+    names = sorted(cohort_of)
+    for i, name in enumerate(names):
+        cohort_index[np.asarray(cohort_of[name])] = i
+    dest = cohort_index[receiver]
+    out = {"coordinator": Message("u2", {"u2": u2}, to="coordinator")}
+    for i, name in enumerate(names):
+        if name not in replies:
+            continue
+        mine = dest == i
+        payload = {}
+        if spec.mode in ("secure", "simulation"):
+            payload.update(sender=sender[mine], receiver=receiver[mine], ct=ct[mine])
+        out[name] = Message("routed_shares", payload, to=name)
+    return out
+
+
+def collect_u2(ctx: StepContext, spec: RoundSpec, parts: dict) -> Message:
+    """The coordinator's end of a sharded route_shares: U2 (every shard counted the same)."""
+    st = _state(ctx, spec, Phase.SHARE_KEYS)
+    seen = [np.asarray(parts[name]["u2"]) for name in sorted(parts)]
+    if any(not np.array_equal(u2, seen[0]) for u2 in seen[1:]):
+        raise ProtocolViolation("the server shards counted different U2s")
+    st.u2 = seen[0]
+    _quorum(st, "share_keys", st.u2.size)
+    st.phase = Phase.MASKED_INPUT
+    return Message("u2", {"u2": st.u2}, to="cohorts")
+
+
 def collect_masked(ctx: StepContext, spec: RoundSpec, replies: dict) -> Message:
     """U3 and the running sum of masked inputs; asks the survivors to unmask."""
     st = _state(ctx, spec, Phase.MASKED_INPUT)
