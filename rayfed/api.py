@@ -191,6 +191,7 @@ def _federation(run_id, plan: Plan, run_opts, faults, placement, bar) -> Federat
         faults=faults,
         actor_options=placement,
         cohort_restarts=plan.cohort_restarts,
+        server_shards=plan.server_shards,
     )
 
 

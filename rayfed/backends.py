@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import threading
 import time
 from abc import ABC, abstractmethod
@@ -117,8 +118,12 @@ class Backend(ABC):
     def make(self, cls, name: str, table, meta: dict, *, restarts: int, options: dict): ...
 
     @abstractmethod
-    def run(self, handles, steps, args, kwargs, *, deadline_s, on_failure, where: Where) -> Replies:
-        """Run ``steps[name](ctx, *args, **kwargs)`` on every member and gather the replies."""
+    def run(
+        self, handles, steps, args, kwargs, *, deadline_s, on_failure, where: Where, scatter_to=None
+    ) -> Replies:
+        """Run ``steps[name](ctx, *args, **kwargs)`` on every member and gather the replies.
+        With ``scatter_to`` (receiver names) each member's step answers one Message per receiver, and
+        its payload is ``{receiver: payload}``, each a separate object (see :func:`merged_meta`)."""
 
     @abstractmethod
     def scatter(self, handle, name, step, to, args, kwargs, *, deadline_s, where: Where):
@@ -174,6 +179,13 @@ class Backend(ABC):
         return None
 
 
+def merged_meta(metas: dict[str, MessageMeta], receivers: list[str]) -> MessageMeta:
+    """The transcript's one row for a member's split reply: its messages (all addressed alike,
+    e.g. ``to="shards"``) with their bytes summed."""
+    first = metas[receivers[0]]
+    return dataclasses.replace(first, nbytes=sum(metas[n].nbytes for n in receivers))
+
+
 class Dead:
     """An in-process member that died and is not restarted: every call is a death."""
 
@@ -221,14 +233,19 @@ class LocalBackend(Backend):
     def make(self, cls, name, table, meta, *, restarts, options):
         return cls(name, self.seed, table, meta, randomness=self.randomness)
 
-    def run(self, handles, steps, args, kwargs, *, deadline_s, on_failure, where):
+    def run(self, handles, steps, args, kwargs, *, deadline_s, on_failure, where, scatter_to=None):
         payloads, metas, failed = {}, {}, []
         for name, handle in handles.items():
             spec = _readonly_copy(
                 (_plain(for_member(args, name)), _plain(for_member(kwargs, name)))
             )
             try:
-                metas[name], payloads[name] = handle.run(steps[name], spec)
+                if scatter_to is None:
+                    metas[name], payloads[name] = handle.run(steps[name], spec)
+                else:
+                    by, *parts = handle.run_scatter(steps[name], list(scatter_to), spec)
+                    metas[name] = merged_meta(by, scatter_to)
+                    payloads[name] = dict(zip(scatter_to, parts, strict=True))
             except RayfedError:
                 raise
             except Crash as err:  # a simulated death: what a dead Ray actor would be
@@ -310,7 +327,7 @@ class RayBackend(Backend):
             self._step_refs[step] = ray.put(step)
         return self._step_refs[step]
 
-    def run(self, handles, steps, args, kwargs, *, deadline_s, on_failure, where):
+    def run(self, handles, steps, args, kwargs, *, deadline_s, on_failure, where, scatter_to=None):
         import ray
 
         per_member = has_per_member((args, kwargs))
@@ -321,8 +338,13 @@ class RayBackend(Backend):
                 (for_member(args, name), for_member(kwargs, name)) if per_member else (args, kwargs)
             )
             spec = (_flatten(a, flat), _flatten(k, flat))
-            run = handle.run.options(num_returns=2)
-            refs[name] = run.remote(self._put_step(steps[name]), spec, *flat)
+            if scatter_to is None:
+                run = handle.run.options(num_returns=2)
+                refs[name] = run.remote(self._put_step(steps[name]), spec, *flat)
+            else:
+                run = handle.run_scatter.options(num_returns=len(scatter_to) + 1)
+                out = run.remote(self._put_step(steps[name]), list(scatter_to), spec, *flat)
+                refs[name] = (out[0], dict(zip(scatter_to, out[1:], strict=True)))
         meta_refs = {refs[name][0]: name for name in handles}
         ready, not_ready = ray.wait(list(meta_refs), num_returns=len(meta_refs), timeout=deadline_s)
         late = sorted(meta_refs[r] for r in not_ready)
@@ -335,6 +357,8 @@ class RayBackend(Backend):
             meta_ref, payload_ref = refs[name]
             try:
                 metas[name] = ray.get(meta_ref, timeout=deadline_s)
+                if scatter_to is not None:
+                    metas[name] = merged_meta(metas[name], scatter_to)
             except ray.exceptions.RayError as err:
                 if isinstance(_cause(err), RayfedError):
                     raise _cause(err) from err

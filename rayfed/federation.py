@@ -30,6 +30,7 @@ from rayfed.actors.base import MessageMeta
 from rayfed.actors.cohort import UserCohortActor
 from rayfed.actors.coordinator import CoordinatorActor
 from rayfed.actors.party import PartyActor
+from rayfed.actors.shard import ServerShardActor
 from rayfed.backends import (
     Backend,
     LocalBackend,
@@ -52,7 +53,12 @@ __all__ = ["Federation", "Group", "PerMember", "Replies", "Single", "Transcript"
 BACKENDS = ("ray", "local")
 RESERVED = ("coordinator", "parties", "cohorts")
 STARTUP_DEADLINE_S = 60.0
-ACTORS = {"coordinator": CoordinatorActor, "parties": PartyActor, "cohorts": UserCohortActor}
+ACTORS = {
+    "coordinator": CoordinatorActor,
+    "parties": PartyActor,
+    "cohorts": UserCohortActor,
+    "shards": ServerShardActor,
+}
 
 
 @dataclass
@@ -115,6 +121,15 @@ def check_member_names(names: list[str]) -> None:
             )
 
 
+def shard_specs(server_shards: int) -> dict[str, tuple[None, dict]]:
+    """The server shards' members: none for one shard (the coordinator is the whole server)."""
+    if isinstance(server_shards, bool) or not isinstance(server_shards, int) or server_shards < 1:
+        raise ConfigError("server_shards", f"must be an integer >= 1, got {server_shards!r}")
+    if server_shards == 1:
+        return {}
+    return {f"shard-{i}": (None, {}) for i in range(server_shards)}
+
+
 class Group:
     """The members of one role; steps run on all (or some) of them in parallel."""
 
@@ -151,6 +166,7 @@ class Group:
         members: list[str] | None = None,
         deadline_s: float | None = None,
         on_failure: str = "raise",
+        scatter_to: list[str] | None = None,
         **kwargs,
     ) -> Replies:
         """Run ``step(ctx, *args, **kwargs)`` on every member (or ``members``) and gather replies.
@@ -161,9 +177,13 @@ class Group:
         into a dropout (listed in ``Replies.failed``) instead of raising PartyFailed / RoundTimeout;
         ``"retry"`` asks a member that died once more, in the same phase, when the run restarts it
         (for steps whose lost attempt released nothing), else it is a dropout too. An exception
-        raised by a step is always a PartyFailed.
+        raised by a step is always a PartyFailed. With ``scatter_to`` (receiver names) the step answers
+        one Message per receiver and each member's payload is ``{receiver: payload}``, every one a
+        separate object, so a receiver is sent only its own parts.
         """
         if on_failure == "retry":
+            if scatter_to is not None:
+                raise ValueError("on_failure='retry' does not take scatter_to")
             return self._run_retrying(step, args, kwargs, phase, members, deadline_s)
         names = members if members is not None else self.names
         started = time.perf_counter()
@@ -181,6 +201,7 @@ class Group:
             deadline_s=self.fed.deadline_s if deadline_s is None else deadline_s,
             on_failure=on_failure,
             where=self._where(phase),
+            **({} if scatter_to is None else {"scatter_to": scatter_to}),
         )
         for name in replies.died:
             self.fed._died(self, name, phase)
@@ -292,6 +313,9 @@ class Federation:
         Extra ``ray.remote`` options per role (e.g. resources for placement).
     faults, cohort_restarts:
         Injected faults (:mod:`rayfed.faults`) and how often a dead cohort is restarted.
+    server_shards:
+        With S >= 2, S server-shard actors (``shard-0`` …) that split the server's per-round
+        work by user range (:mod:`rayfed.secagg.server`); 1: the coordinator does it all.
     """
 
     def __init__(
@@ -309,6 +333,7 @@ class Federation:
         progress=None,
         faults: list | None = None,
         cohort_restarts: int = 0,
+        server_shards: int = 1,
     ):
         if backend not in BACKENDS:
             raise ConfigError("backend", f"unknown backend {backend!r}", BACKENDS)
@@ -322,8 +347,9 @@ class Federation:
             "coordinator": {"coordinator": (None, {})},
             "parties": dict(parties or {}),
             "cohorts": dict(cohorts or {}),
+            "shards": shard_specs(server_shards),
         }
-        check_member_names(list(self._specs["parties"]) + list(self._specs["cohorts"]))
+        check_member_names([n for g in ("parties", "cohorts", "shards") for n in self._specs[g]])
         actors = sum(len(v) for v in self._specs.values())
         self.backend: Backend = (
             LocalBackend(seed=seed, randomness=randomness)
@@ -349,10 +375,12 @@ class Federation:
         self.coordinator = Group(self, "coordinator")
         self.parties = Group(self, "parties")
         self.cohorts = Group(self, "cohorts")
+        #: the server's shards (empty unless server_shards >= 2)
+        self.shards = Group(self, "shards")
 
     @property
-    def groups(self) -> tuple[Group, Group, Group]:
-        return self.coordinator, self.parties, self.cohorts
+    def groups(self) -> tuple[Group, ...]:
+        return self.coordinator, self.parties, self.cohorts, self.shards
 
     @property
     def injected_faults(self) -> tuple:

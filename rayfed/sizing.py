@@ -34,6 +34,15 @@ def default_cohorts(users: int, requested: int | None) -> int:
     return max(1, min(requested or cluster_cpus(), users))
 
 
+def default_server_shards(requested: int | str) -> int:
+    """``requested``, or for "auto" one shard per 4 cluster CPUs (at most 16); below 8 CPUs 1:
+    the coordinator alone is the whole server (CI, laptops, the golden runs)."""
+    if requested != "auto":
+        return int(requested)
+    cpus = cluster_cpus()
+    return 1 if cpus < 8 else min(16, cpus // 4)
+
+
 def cohorts_adjusted(users: int, requested: int | None, used: int) -> list[dict]:
     """The ``cohorts`` option's entry for :attr:`Plan.adjusted` when the run deals its users to
     fewer cohorts than asked (a cohort holds at least one user); none otherwise."""
@@ -46,7 +55,8 @@ def cohorts_adjusted(users: int, requested: int | None, used: int) -> list[dict]
 
 def estimate_bytes(plan, cohort_memory_mb: int | None = None) -> int:
     """Memory the run's actors need: overhead + partition x factor each (coordinator included)."""
-    total = ACTOR_OVERHEAD_BYTES  # the coordinator
+    shards = getattr(plan, "server_shards", 1)
+    total = ACTOR_OVERHEAD_BYTES * (1 + (shards if shards > 1 else 0))  # coordinator, shards
     for table, _ in plan.parties.values():
         total += ACTOR_OVERHEAD_BYTES + PARTITION_FACTOR * table.nbytes
     for table, _ in plan.cohorts.values():
@@ -63,7 +73,8 @@ def check_fit(plan, resources: dict[str, float], cohort_memory_mb: int | None = 
     need = estimate_bytes(plan, cohort_memory_mb)
     have = float(resources.get("memory", 0.0))
     if have and need > have:
-        actors = 1 + len(plan.parties) + len(plan.cohorts)
+        shards = getattr(plan, "server_shards", 1)
+        actors = 1 + len(plan.parties) + len(plan.cohorts) + (shards if shards > 1 else 0)
         raise ConfigError(
             "cohorts" if plan.cohorts else "data",
             f"{actors} actors need about {need / 2**30:.1f} GiB (≈{ACTOR_OVERHEAD_BYTES >> 20} MiB "

@@ -44,6 +44,8 @@ class Plan:
     #: times a dead cohort actor is restarted (its constructor re-run on its partition, so its
     #: state is rebuilt from the seed): only where cohorts keep no state across rounds
     cohort_restarts: int = 0
+    #: server-shard actors splitting the server's per-round work (1: the coordinator alone)
+    server_shards: int = 1
     evaluation: Any = None
     #: everything resolved at planning time, as the protocol's frozen, typed Params
     params: Any = None

@@ -151,6 +151,7 @@ def secure_sum(
     server: Server,
     ids: Mapping[str, Any] | None = None,
     after_phase: Callable[[str], None] | None = None,
+    shards: Members | None = None,
 ) -> AggregationResult:
     """Run one aggregation round over ``group``'s members (:class:`~rayfed.secagg.group.Members`:
     the user cohorts, or the parties), aggregated by ``server`` (the coordinator).
@@ -165,15 +166,21 @@ def secure_sum(
     A member that dies (or misses a deadline) turns its users into dropouts at that phase;
     the round completes if enough users survive, else raises BelowThreshold. ``after_phase(name)``,
     if given, is called after each client phase (benchmarks use it to sample memory).
+
+    ``shards`` (the federation's server shards, when it has two or more) split the server's
+    reconstruction and mask removal by user range; the sum is bit-identical to the coordinator's
+    alone. A shard that fails is a server failure: the round ends with its name.
     """
     failed: list[str] = []
 
     def alive() -> list[str]:
         return [n for n in group.names if n not in failed]
 
-    def client_phase(step, *args, phase: str):
+    def client_phase(step, *args, phase: str, **scatter):
         """``step`` on the members still alive; a member that fails becomes a dropout."""
-        replies = group.run(step, spec, *args, phase=phase, members=alive(), on_failure="drop")
+        replies = group.run(
+            step, spec, *args, phase=phase, members=alive(), on_failure="drop", **scatter
+        )
         failed.extend(replies.failed)
         if after_phase is not None:
             after_phase(phase)
@@ -186,22 +193,99 @@ def secure_sum(
     # beacon) themselves (the driver stands for a trusted directory of signing keys and a public
     # randomness beacon), not through the coordinator
     pki = (keys, beacon) if spec.consistency else ()
-    shares = client_phase(client.share_keys, table.single(), *pki, phase="share_keys")
-    routed = server.scatter(
-        server_steps.route_shares, spec, shares, to=alive(), phase="route_shares"
-    )
-    masked = client_phase(
-        client.masked_input, PerMember(routed), input_fn, tuple(input_args), phase="masked_input"
-    )
+    sharded = shards is not None and len(shards.names) >= 2
+    # shard i (in name order) owns the user positions server.bounds(n, S, i): it routes the
+    # shares they receive and reconstructs their secrets
+    ranges = server_steps.shard_ranges(spec.n, shards.names) if sharded else {}
+    if sharded:
+        shares = client_phase(
+            client.share_keys_split,
+            table.single(),
+            *pki,
+            ranges=ranges,
+            phase="share_keys",
+            scatter_to=list(ranges),
+        )
+        u2, parts = _route_sharded(spec, shares, ranges, alive(), server, shards)
+        masked = client_phase(
+            client.masked_input_parts,
+            u2.single(),
+            PerMember(parts),
+            input_fn,
+            tuple(input_args),
+            phase="masked_input",
+        )
+    else:
+        shares = client_phase(client.share_keys, table.single(), *pki, phase="share_keys")
+        routed = server.scatter(
+            server_steps.route_shares, spec, shares, to=alive(), phase="route_shares"
+        )
+        masked = client_phase(
+            client.masked_input,
+            PerMember(routed),
+            input_fn,
+            tuple(input_args),
+            phase="masked_input",
+        )
     request = server.run(server_steps.collect_masked, spec, masked, phase="collect_masked")
     if spec.consistency:
         signed = client_phase(client.consistency, request.single(), phase="consistency")
         request = server.run(
             server_steps.collect_signatures, spec, signed, phase="collect_signatures"
         )
-    answers = client_phase(client.unmask, request.single(), phase="unmask")
-    out = server.call(server_steps.finish, spec, answers, phase="reconstruct")
+    if sharded:  # every cohort sends each shard only the shares whose owner it owns
+        answers = client_phase(
+            client.unmask_split, request.single(), ranges, phase="unmask", scatter_to=list(ranges)
+        )
+        out = _finish_sharded(spec, answers, ranges, server, shards)
+    else:
+        answers = client_phase(client.unmask, request.single(), phase="unmask")
+        out = server.call(server_steps.finish, spec, answers, phase="reconstruct")
     return AggregationResult(failed_cohorts=sorted(failed), mode=spec.mode, **out)
+
+
+def _route_sharded(spec: RoundSpec, shares, ranges: dict, alive: list, server, shards):
+    """Route shares on a sharded server: each shard forwards the shares its users receive to the
+    receivers' cohorts and counts U2, which the coordinator checks and broadcasts. Returns (U2's
+    broadcast, each cohort's parts by shard)."""
+    cohort_of = server.run(server_steps.route_context, spec, phase="route_context")
+    parts = {name: {c: shares.payloads[c][name] for c in shares.names()} for name in ranges}
+    routed = shards.run(
+        server_steps.shard_route,
+        spec,
+        cohort_of.single(),
+        PerMember(parts),
+        PerMember(ranges),
+        phase="route_shares",
+        scatter_to=[*alive, "coordinator"],
+    )
+    u2 = server.run(
+        server_steps.collect_u2,
+        spec,
+        {name: routed.payloads[name]["coordinator"] for name in ranges},
+        phase="collect_u2",
+    )
+    to_cohorts = {c: {name: routed.payloads[name][c] for name in ranges} for c in alive}
+    return u2, to_cohorts
+
+
+def _finish_sharded(spec: RoundSpec, answers, ranges: dict, server: Server, shards: Members):
+    """The sharded server's finish: each shard gets every cohort's shares of its owners only and
+    answers one partial mask correction; the coordinator subtracts them from y_sum."""
+    view = server.run(server_steps.finish_context, spec, phase="finish_context")
+    parts = {
+        name: {cohort: answers.payloads[cohort][name] for cohort in answers.names()}
+        for name in ranges
+    }
+    partials = shards.run(
+        server_steps.shard_finish,
+        spec,
+        view.single(),
+        PerMember(parts),
+        PerMember(ranges),
+        phase="reconstruct",
+    )
+    return server.call(server_steps.finish_sharded, spec, partials, phase="finish")
 
 
 def _ids_arg(ids: Mapping[str, Any] | None) -> tuple:

@@ -359,6 +359,24 @@ def share_keys(
     )
 
 
+def share_keys_split(
+    ctx: StepContext, spec: RoundSpec, table: dict, *pki, ranges: dict[str, tuple[int, int]]
+) -> dict[str, Message]:
+    """:func:`share_keys` for a sharded server: the encrypted shares split by their receiver's
+    range, one message per server shard, each with the senders' positions (U2's part)."""
+    payload = share_keys(ctx, spec, table, *pki).payload
+    receiver = payload.get("receiver")
+    out = {}
+    for name, (lo, hi) in ranges.items():
+        if receiver is None:  # dealer and plain modes share nothing: U2's part only
+            out[name] = Message("shares", payload, to="shards")
+            continue
+        rows = (receiver >= lo) & (receiver < hi)
+        part = {k: (v if k == "pos" else v[rows]) for k, v in payload.items()}
+        out[name] = Message("shares", part, to="shards")
+    return out
+
+
 # --- phase 3: masked input -----------------------------------------------------------------------
 def _encrypt_shares(
     st: ClientRound, spec: RoundSpec, plain: np.ndarray, *, own, peer, pairs
@@ -449,6 +467,19 @@ def add_dealer_masks(
             if side.any():
                 masks = prf(c[side]).view(dtype)[:, : spec.dim]
                 add(into[0], masks.sum(axis=0, dtype=dtype), out=into[0])
+
+
+def masked_input_parts(
+    ctx: StepContext, spec: RoundSpec, u2: dict, parts: dict, input_fn, input_args: tuple
+) -> Message:
+    """:func:`masked_input` on a sharded server: U2 from the coordinator, this cohort's incoming
+    ciphertexts from every shard (``parts``, by shard)."""
+    routed = {"u2": u2["u2"]}
+    names = sorted(parts)
+    for key in ("sender", "receiver", "ct"):
+        if names and key in parts[names[0]]:
+            routed[key] = np.concatenate([np.asarray(parts[n][key]) for n in names])
+    return masked_input(ctx, spec, routed, input_fn, input_args)
 
 
 def masked_input(
@@ -687,6 +718,22 @@ def unmask(ctx: StepContext, spec: RoundSpec, request: dict) -> Message:
         "share": shares,
     }
     return Message("unmask_shares", payload, to=spec.server)
+
+
+def unmask_split(
+    ctx: StepContext, spec: RoundSpec, request: dict, ranges: dict[str, tuple[int, int]]
+) -> dict[str, Message]:
+    """:func:`unmask` for a sharded server: the revealed shares split by their owner's range, one
+    message per server shard (``ranges``: shard -> [lo, hi) of owner positions); each carries the
+    responders' positions, so every shard counts the same responders."""
+    payload = unmask(ctx, spec, request).payload
+    owner = payload["owner"]
+    out = {}
+    for name, (lo, hi) in ranges.items():
+        rows = (owner >= lo) & (owner < hi)
+        part = {k: (v if k == "pos" else v[rows]) for k, v in payload.items()}
+        out[name] = Message("unmask_shares", part, to="shards")
+    return out
 
 
 def _decrypt_shares(

@@ -32,11 +32,14 @@ class Members(Protocol):
         phase: str,
         members: list[str] | None = None,
         on_failure: str = "raise",
+        scatter_to: list[str] | None = None,
         **kwargs,
     ) -> Replies:
         """``step(ctx, *args, **kwargs)`` on ``members``; with ``on_failure="drop"`` a member
         that dies or misses its deadline is listed in ``Replies.failed`` instead of raising.
-        A :class:`PerMember` argument sends each member its own value."""
+        A :class:`PerMember` argument sends each member its own value. With ``scatter_to`` (receiver
+        names) the step answers one message per receiver, each member's payload is
+        ``{receiver: payload}`` and each part a separate object."""
         ...
 
 

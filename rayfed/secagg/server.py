@@ -148,6 +148,57 @@ def route_shares(ctx: StepContext, spec: RoundSpec, replies: dict) -> dict[str, 
     return out
 
 
+def route_context(ctx: StepContext, spec: RoundSpec) -> dict[str, np.ndarray]:
+    """What the shards need to route shares: each cohort's user positions (from advertise)."""
+    st = _state(ctx, spec, Phase.SHARE_KEYS)
+    return dict(st.cohort_of)
+
+
+def shard_route(
+    ctx: StepContext, spec: RoundSpec, cohort_of: dict, replies: dict, owned: tuple[int, int]
+) -> dict[str, Message]:
+    """One shard's part of :func:`route_shares`: the shares whose receiver it owns (every cohort
+    sent it only those), forwarded to the receiver's cohort, and U2 for the coordinator."""
+    u2 = np.sort(_concat(replies, "pos", np.int64))
+    if u2.size < spec.min_survivors:  # the coordinator's quorum check, before routing anything
+        raise BelowThreshold("share_keys", int(u2.size), spec.min_survivors, spec.round)
+    lo, hi = owned
+    receiver = _concat(replies, "receiver", np.int64)
+    sender = _concat(replies, "sender", np.int64)
+    ct = _concat(replies, "ct", np.uint8, PLAINTEXT_BYTES + _crypto.TAG_BYTES)
+    in_u2 = np.zeros(spec.n, dtype=bool)
+    in_u2[u2] = True
+    keep = in_u2[sender] & (receiver >= lo) & (receiver < hi)
+    receiver, sender, ct = receiver[keep], sender[keep], ct[keep]
+    cohort_index = np.full(spec.n, -1, dtype=np.int64)
+    names = sorted(cohort_of)
+    for i, name in enumerate(names):
+        cohort_index[np.asarray(cohort_of[name])] = i
+    dest = cohort_index[receiver]
+    out = {"coordinator": Message("u2", {"u2": u2}, to="coordinator")}
+    for i, name in enumerate(names):
+        if name not in replies:
+            continue
+        mine = dest == i
+        payload = {}
+        if spec.mode in ("secure", "simulation"):
+            payload.update(sender=sender[mine], receiver=receiver[mine], ct=ct[mine])
+        out[name] = Message("routed_shares", payload, to=name)
+    return out
+
+
+def collect_u2(ctx: StepContext, spec: RoundSpec, parts: dict) -> Message:
+    """The coordinator's end of a sharded route_shares: U2 (every shard counted the same)."""
+    st = _state(ctx, spec, Phase.SHARE_KEYS)
+    seen = [np.asarray(parts[name]["u2"]) for name in sorted(parts)]
+    if any(not np.array_equal(u2, seen[0]) for u2 in seen[1:]):
+        raise ProtocolViolation("the server shards counted different U2s")
+    st.u2 = seen[0]
+    _quorum(st, "share_keys", st.u2.size)
+    st.phase = Phase.MASKED_INPUT
+    return Message("u2", {"u2": st.u2}, to="cohorts")
+
+
 def collect_masked(ctx: StepContext, spec: RoundSpec, replies: dict) -> Message:
     """U3 and the running sum of masked inputs; asks the survivors to unmask."""
     st = _state(ctx, spec, Phase.MASKED_INPUT)
@@ -260,31 +311,71 @@ def finish(ctx: StepContext, spec: RoundSpec, replies: dict) -> dict:
     st = _state(ctx, spec, Phase.UNMASK)
     responders = np.sort(_concat(replies, "pos", np.int64))
     _quorum(st, "unmask", responders.size)
-    dropped = np.setdiff1d(st.u2, st.u3)
+    view = _view(ctx, spec, st)
+    correction = _correction(spec, view, replies, responders, 0, spec.n)
+    return _done(spec, st, st.y_sum - correction)
+
+
+# --- the sharded server ----------------------------------------------------------------------------
+# With S >= 2 server shards (ServerShardActor), shard i owns the user positions
+# [bounds(n, S, i)): it reconstructs its owners' self-mask seeds and dropped keys, expands the masks
+# to remove and answers one partial correction (dim words, a wrap-around uint64 sum); the
+# coordinator subtracts the partials from y_sum. Sums mod 2^64 are order-free, so the result is
+# bit-identical to :func:`finish`.
+def bounds(n: int, shards: int, index: int) -> tuple[int, int]:
+    """The contiguous position range [lo, hi) that shard ``index`` of ``shards`` owns."""
+    return index * n // shards, (index + 1) * n // shards
+
+
+def shard_ranges(n: int, names: list[str]) -> dict[str, tuple[int, int]]:
+    """Each shard (in the order given) and the contiguous positions [lo, hi) it owns."""
+    return {name: bounds(n, len(names), i) for i, name in enumerate(names)}
+
+
+def finish_context(ctx: StepContext, spec: RoundSpec) -> dict:
+    """What every shard needs of the coordinator's round state (O(n), never O(n·k)): the key
+    table, U2, U3, the graph's seed and, in dealer mode, the dealer's key."""
+    st = _state(ctx, spec, Phase.UNMASK)
+    view = _view(ctx, spec, st)
+    view["counts"] = dict(st.counts)
+    return view
+
+
+def shard_finish(
+    ctx: StepContext, spec: RoundSpec, view: dict, replies: dict, owned: tuple[int, int]
+) -> dict:
+    """One shard's part of :func:`finish`: the correction for the owners in ``owned`` = [lo, hi),
+    from each cohort's shares of those owners (and all its responders' positions)."""
+    responders = np.sort(_concat(replies, "pos", np.int64))
+    if responders.size < spec.min_survivors:  # the same abort as the coordinator's quorum check
+        raise BelowThreshold("unmask", int(responders.size), spec.min_survivors, spec.round)
+    lo, hi = owned
+    return {
+        "correction": _correction(spec, view, replies, responders, lo, hi),
+        "responders": int(responders.size),
+    }
+
+
+def finish_sharded(ctx: StepContext, spec: RoundSpec, partials: dict) -> dict:
+    """The coordinator's end of a sharded finish: y_sum minus every shard's correction."""
+    st = _state(ctx, spec, Phase.UNMASK)
+    (responders,) = {int(p["responders"]) for p in partials.values()}
+    _quorum(st, "unmask", responders)
     total = st.y_sum.copy()
-    dtype = spec.word_dtype
-    if spec.mode in ("dealer", "plain"):
-        # no shares to collect, but the same abort rule as the real protocol: every secret the
-        # server would need must be held by at least t responding neighbours
-        _check_recoverable(spec, st.graph_seed, np.union1d(st.u3, dropped), responders)
+    for name in sorted(partials):
+        total -= np.asarray(partials[name]["correction"], dtype=np.uint64)
+    return _done(spec, st, total)
+
+
+def _view(ctx: StepContext, spec: RoundSpec, st: ServerRound) -> dict:
+    view = {"u1": st.u1, "s_pk": st.s_pk, "u2": st.u2, "u3": st.u3, "graph_seed": st.graph_seed}
     if spec.mode == "dealer":
-        key = dealer_key(ctx.seed, spec.round)
-        _remove_dealer_masks(key, spec, st, dropped, total, st.graph_seed)
-    elif spec.mode != "plain":
-        owner = _concat(replies, "owner", np.int64)
-        holder = _concat(replies, "holder", np.int64)
-        kind = _concat(replies, "kind", np.uint8)
-        share = _concat(replies, "share", np.int64, shamir.CHUNKS)
-        self_rows, key_rows = kind == KIND_SELF, kind == KIND_KEY
-        b = _reconstruct(
-            owner[self_rows], holder[self_rows], share[self_rows], st.u3, spec, "unmask", responders
-        )
-        for seed in b:
-            total -= _crypto.expand(seed.tobytes(), spec.dim, dtype).astype(np.uint64)
-        keys = _reconstruct(
-            owner[key_rows], holder[key_rows], share[key_rows], dropped, spec, "unmask", responders
-        )
-        _remove_dropped_pair_masks(ctx, spec, st, dropped, keys, total)
+        view["dealer_key"] = dealer_key(ctx.seed, spec.round)
+    return view
+
+
+def _done(spec: RoundSpec, st: ServerRound, total: np.ndarray) -> dict:
+    dropped = np.setdiff1d(st.u2, st.u3)
     words = spec.encoding.reduce(total)
     st.phase = Phase.DONE
     st.y_sum = None
@@ -296,6 +387,57 @@ def finish(ctx: StepContext, spec: RoundSpec, replies: dict) -> dict:
         "counts": dict(st.counts),
         "graph_seed": st.graph_seed,
     }
+
+
+def _correction(
+    spec: RoundSpec, view: dict, replies: dict, responders: np.ndarray, lo: int, hi: int
+) -> np.ndarray:
+    """The masks to subtract from y_sum for the owners at positions [lo, hi): their self masks if
+    in U3, the pairwise masks their survivor neighbours added if dropped (U2 minus U3)."""
+    u3 = view["u3"]
+    dropped = np.setdiff1d(view["u2"], u3)
+    own_u3 = u3[(u3 >= lo) & (u3 < hi)]
+    own_dropped = dropped[(dropped >= lo) & (dropped < hi)]
+    total = np.zeros(spec.dim, dtype=np.uint64)
+    seed = view["graph_seed"]
+    if spec.mode in ("dealer", "plain"):
+        # no shares to collect, but the same abort rule as the real protocol: every secret the
+        # server would need must be held by at least t responding neighbours
+        _check_recoverable(spec, seed, np.union1d(own_u3, own_dropped), responders)
+    if spec.mode == "dealer":
+        _remove_dealer_masks(view["dealer_key"], spec, u3, own_u3, own_dropped, total, seed)
+    elif spec.mode != "plain":
+        owner = _concat(replies, "owner", np.int64)
+        rows = (owner >= lo) & (owner < hi)
+        owner = owner[rows]
+        holder = _concat(replies, "holder", np.int64)[rows]
+        kind = _concat(replies, "kind", np.uint8)[rows]
+        share = _concat(replies, "share", np.int64, shamir.CHUNKS)[rows]
+        self_rows, key_rows = kind == KIND_SELF, kind == KIND_KEY
+        b = _reconstruct(
+            owner[self_rows],
+            holder[self_rows],
+            share[self_rows],
+            own_u3,
+            spec,
+            "unmask",
+            responders,
+        )
+        for seed_bytes in b:
+            total += _crypto.expand(seed_bytes.tobytes(), spec.dim, spec.word_dtype).astype(
+                np.uint64
+            )
+        keys = _reconstruct(
+            owner[key_rows],
+            holder[key_rows],
+            share[key_rows],
+            own_dropped,
+            spec,
+            "unmask",
+            responders,
+        )
+        _add_dropped_pair_masks(spec, view, own_dropped, keys, total)
+    return total
 
 
 def _check_recoverable(
@@ -323,43 +465,47 @@ def _check_recoverable(
         )
 
 
-def _remove_dropped_pair_masks(ctx, spec: RoundSpec, st: ServerRound, dropped, keys, total) -> None:
+def _add_dropped_pair_masks(spec: RoundSpec, view: dict, dropped, keys, total) -> None:
     """For each dropped u and each survivor neighbour v, v's input carried sign(v, u)·PRG(s_vu):
-    the server recomputes s_vu = X25519(s_u, s_v) from u's reconstructed key and removes it."""
-    graph = spec.graph(st.graph_seed)
+    the server recomputes s_vu = X25519(s_u, s_v) from u's reconstructed key and adds it to the
+    correction it will subtract."""
+    u1, s_pk_table = view["u1"], view["s_pk"]
+    graph = spec.graph(view["graph_seed"])
     in_u3 = np.zeros(spec.n, dtype=bool)
-    in_u3[st.u3] = True
+    in_u3[view["u3"]] = True
     nb = graph.neighbours(dropped) if dropped.size else np.zeros((0, 0), np.int64)
-    s_pk = _crypto.public_keys(st.s_pk) if dropped.size else []
+    s_pk = _crypto.public_keys(s_pk_table) if dropped.size else []
     for i, u in enumerate(dropped.tolist()):
         sk, pk = _crypto.keypair(keys[i].tobytes())
-        row = np.searchsorted(st.u1, u)
-        if pk != st.s_pk[row].tobytes():
+        row = np.searchsorted(u1, u)
+        if pk != s_pk_table[row].tobytes():
             raise ProtocolViolation(
                 f"the key reconstructed for position {u} does not match its public key"
             )
         for v in nb[i][in_u3[nb[i]]].tolist():
-            secret = _crypto.shared_secret(sk, s_pk[np.searchsorted(st.u1, v)])
+            secret = _crypto.shared_secret(sk, s_pk[np.searchsorted(u1, v)])
             mask = _crypto.expand(
                 _crypto.hkdf(secret, _crypto.INFO_MASK, spec.salt), spec.dim, spec.word_dtype
             )
             if v > u:
-                total -= mask.astype(np.uint64)
-            else:
                 total += mask.astype(np.uint64)
+            else:
+                total -= mask.astype(np.uint64)
 
 
 def _remove_dealer_masks(
-    key: bytes, spec: RoundSpec, st: ServerRound, dropped, total, seed: int
+    key: bytes, spec: RoundSpec, u3, own_u3, dropped, total, seed: int
 ) -> None:
-    """The dealer knows every seed: remove U3's self masks and, for each dropped u, the masks its
-    survivor neighbours v added (sign(v, u))."""
+    """The dealer knows every seed: the correction holds ``own_u3``'s self masks and, for each
+    dropped u, the masks its survivor neighbours v (in ``u3``) added (sign(v, u))."""
     acc = np.zeros((1, spec.dim), dtype=spec.word_dtype)
-    add_dealer_masks(key, spec, self_codes(st.u3)[:, None], np.ones((st.u3.size, 1), np.int8), acc)
+    add_dealer_masks(
+        key, spec, self_codes(own_u3)[:, None], np.ones((own_u3.size, 1), np.int8), acc
+    )
     if dropped.size:
         nb = spec.graph(seed).neighbours(dropped)
         in_u3 = np.zeros(spec.n, dtype=bool)
-        in_u3[st.u3] = True
+        in_u3[u3] = True
         signs = np.where(in_u3[nb], sign(nb, dropped[:, None]), 0).astype(np.int8)
         add_dealer_masks(key, spec, pair_codes(nb, dropped[:, None], spec.n), signs, acc)
-    total -= acc[0].astype(np.uint64)
+    total += acc[0].astype(np.uint64)

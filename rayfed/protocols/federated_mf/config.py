@@ -207,6 +207,13 @@ class FederatedMFConfig:
     cohorts: int | None = option(
         None, "LFL: user-cohort actors (default: this machine's CPUs)", at_least=1, when=LFL
     )
+    server_shards: int | Literal["auto"] = option(
+        "auto",
+        "LFL: server-shard actors splitting Round 1's reconstruction and mask removal by user "
+        "range (bit-identical sums); auto: 1 below 8 cluster CPUs, else CPUs // 4, at most 16",
+        at_least=1,
+        when=LFL,
+    )
     parties: int = option(
         2,
         "VFL/HFL: parties s (items, resp. users, dealt at random)",

@@ -83,6 +83,13 @@ class SecureSumConfig:
     cohorts: int | None = option(
         None, "user-cohort actors (default: this machine's CPUs)", at_least=1
     )
+    server_shards: int | Literal["auto"] = option(
+        "auto",
+        "server-shard actors that split the server's reconstruction and mask removal by user "
+        "range (bit-identical sums); auto: 1 below 8 cluster CPUs (the coordinator alone), "
+        "else CPUs // 4, at most 16",
+        at_least=1,
+    )
     rounds: int = option(1, "aggregation rounds (fresh keys each round)", at_least=1)
     allow_weak_params: bool = option(
         False, "accept a degree/threshold override that misses the sigma/eta bounds"

@@ -29,7 +29,12 @@ def drive(fed, cfg: SecureSumConfig, plan: Plan) -> Outcome:
             spec = _spec(fed, cfg, params, r, params.dim)
             if params.columns:
                 result = secure_sum(
-                    fed.cohorts, spec, table_inputs, (params.columns,), server=fed.coordinator
+                    fed.cohorts,
+                    spec,
+                    table_inputs,
+                    (params.columns,),
+                    server=fed.coordinator,
+                    shards=fed.shards,
                 )
             else:
                 result = secure_sum(
@@ -38,6 +43,7 @@ def drive(fed, cfg: SecureSumConfig, plan: Plan) -> Outcome:
                     synthetic_inputs,
                     (params.dim, cfg.clip),
                     server=fed.coordinator,
+                    shards=fed.shards,
                 )
             _record(fed, params, result)
         survivors, reference, raw = report.reference(
@@ -51,7 +57,7 @@ def drive(fed, cfg: SecureSumConfig, plan: Plan) -> Outcome:
         rows.append(report.round_row(r, result, params, survivors, reference))
         sums.append(report.round_sums(r, result, cfg, reference, raw))
         clock.append(params.schedule.simulated_seconds(fed.seed, r, params.registry))
-    return report.outcome(
+    outcome = report.outcome(
         cfg,
         params,
         rows,
@@ -63,6 +69,8 @@ def drive(fed, cfg: SecureSumConfig, plan: Plan) -> Outcome:
         simulated_seconds=clock,
         sums=sums,
     )
+    outcome.metrics["server_shards"] = max(1, len(fed.shards))
+    return outcome
 
 
 def _spec(fed, cfg: SecureSumConfig, params, r: int, dim: int):
@@ -99,7 +107,12 @@ def _private(fed, cfg: SecureSumConfig, plan: Plan) -> Outcome:
             fed.charge([dp.measurement.charge("run")])
             spec = _spec(fed, cfg, params, r, dp.width)
             result = secure_sum(
-                fed.cohorts, spec, private.private_inputs, (dp,), server=fed.coordinator
+                fed.cohorts,
+                spec,
+                private.private_inputs,
+                (dp,),
+                server=fed.coordinator,
+                shards=fed.shards,
             )
             removed = None
             if dp.excess is not None:

@@ -23,7 +23,7 @@ from rayfed.protocols.secure_sum.params import (
 from rayfed.protocols.secure_sum.report import private_statement, statement
 from rayfed.protocols.secure_sum.steps import synthetic_inputs
 from rayfed.secagg import FixedPoint, SecAggParams
-from rayfed.sizing import cohorts_adjusted, default_cohorts
+from rayfed.sizing import cohorts_adjusted, default_cohorts, default_server_shards
 
 MAX_COMPLETE_BYTES = 4 << 30
 
@@ -69,7 +69,10 @@ def plan(cfg: SecureSumConfig, seed: int) -> Plan:
         rounds=cfg.rounds,
         inputs=schedule.notes,
         adjusted=cohorts_adjusted(n, cfg.cohorts, n_cohorts),
-        cohort_restarts=cfg.rounds,  # a cohort's state lives for one round: restart it
+        cohort_restarts=cfg.rounds,
+        server_shards=default_server_shards(
+            cfg.server_shards
+        ),  # a cohort's state lives for one round: restart it
         evaluation=Evaluation(table=table if columns else None),  # the raw values: both references
         params=Params(
             registry=registry,
@@ -115,6 +118,7 @@ def _private_plan(cfg: SecureSumConfig, seed: int) -> Plan:
         inputs=schedule.notes,
         adjusted=cohorts_adjusted(n, cfg.cohorts, n_cohorts),
         cohort_restarts=cfg.rounds,
+        server_shards=default_server_shards(cfg.server_shards),
         evaluation=Evaluation(table=table),
         params=Params(
             registry=ids,

@@ -203,6 +203,7 @@ def _iteration(fed, cfg: FederatedMFConfig, params: LflParams, t: int, v_msg):
             lfl_round1_inputs,
             (v, params.releases.round1) + ((pipeline,) if pipeline is not None else ()),
             server=fed.coordinator,
+            shards=fed.shards,
         )
     except BelowThreshold as err:
         row.update(skipped=True, reason=str(err))

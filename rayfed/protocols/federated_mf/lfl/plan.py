@@ -42,7 +42,7 @@ from rayfed.protocols.federated_mf.lfl.params import GddrParams, LflParams, LflR
 from rayfed.secagg import FixedPoint, find_params
 from rayfed.secagg.ddp import DdpPlan
 from rayfed.secagg.phases import PHASES
-from rayfed.sizing import cohorts_adjusted, default_cohorts
+from rayfed.sizing import cohorts_adjusted, default_cohorts, default_server_shards
 
 #: the share of users the secure aggregation's parameters assume corrupt (γ)
 CORRUPT_FRACTION = 0.05
@@ -135,6 +135,7 @@ def plan(cfg: FederatedMFConfig, seed: int) -> Plan:
         adjusted=cohorts_adjusted(n, cfg.cohorts, n_cohorts),
         # a restarted cohort resumes from its users' checkpoint: restart it once per iteration
         cohort_restarts=cfg.iterations if cfg.lost_users == "resume" else 0,
+        server_shards=default_server_shards(cfg.server_shards),
         evaluation={"train": train, "test": test},
         params=LflParams(
             method=method,

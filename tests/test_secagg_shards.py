@@ -1,0 +1,230 @@
+"""The sharded server: S >= 2 server-shard actors split reconstruction and mask removal by user
+range, and the round's sum, survivors and dropped lists are bit-identical to the coordinator's
+alone (S = 1) — in secure, simulation and dealer modes, with users lost after sharing (so their
+keys are reconstructed), on both backends."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+import rayfed
+from rayfed import sizing
+from rayfed.data import per_user
+from rayfed.errors import ConfigError, PartyFailed
+from rayfed.faults import parse
+from rayfed.federation import Federation
+from rayfed.privacy import PrivacyDeclaration
+from rayfed.protocols.secure_sum.steps import synthetic_inputs
+from rayfed.secagg import FixedPoint, find_params, make_spec, secure_sum, server
+from rayfed.secagg.graph import NeighbourGraph
+from rayfed.secagg.phases import drop_codes
+from rayfed.secagg.phases import schedule as DropoutSchedule
+from rayfed.secagg.reference import exact_sum, expected_survivors
+
+N, DIM, SEED = 60, 5, 11
+IDS = np.arange(N, dtype=np.int64) * 3 + 2
+#: lost after sharing (in U2, not U3: their pairwise keys are reconstructed) and at unmask
+#: (in U3, silent while unmasking: their self masks are reconstructed from others' shares)
+SCHEDULE = DropoutSchedule(
+    explicit={"masked_input": IDS[[0, 7, 29, 30, 59]].tolist(), "unmask": IDS[[3, 44]].tolist()}
+)
+
+
+def _round(
+    mode, shards, backend="local", graph="auto", faults=None, n_cohorts=3, threat="semi-honest"
+):
+    dealt = per_user(pa.table({"uid": IDS}), "uid", n_cohorts)
+    cohorts = {k: (t, {}) for k, t in dealt.items()}
+    params = find_params(N, dropout=0.3, corrupt=0.05, graph=graph, threat_model=threat)
+    spec = make_spec(
+        round=0,
+        mode=mode,
+        registry=IDS,
+        params=params,
+        encoding=FixedPoint.choose(N, 1.0, 12),
+        dim=DIM,
+        dropout=SCHEDULE,
+    )
+    with Federation(
+        run_id="shards",
+        seed=SEED,
+        cohorts=cohorts,
+        privacy=PrivacyDeclaration.none("test"),
+        backend=backend,
+        randomness="secure" if mode == "secure" else "seeded",
+        server_shards=shards,
+        faults=faults,
+    ) as fed:
+        assert len(fed.shards) == (shards if shards > 1 else 0)
+        result = secure_sum(
+            fed.cohorts,
+            spec,
+            synthetic_inputs,
+            (DIM, 1.0),
+            server=fed.coordinator,
+            shards=fed.shards,
+        )
+    return result, spec, params
+
+
+def _reference(spec, params, graph_seed):
+    """Survivors from the schedule and the round's graph, their inputs summed in exact integers
+    (rayfed.secagg.reference): independent of the server, sharded or not."""
+    survivors = expected_survivors(
+        IDS,
+        drop_codes(spec.dropout, SEED, spec.round, IDS),
+        NeighbourGraph.build(N, params.degree, params.complete, graph_seed, spec.round),
+        params.threshold,
+    )
+    x = synthetic_inputs(type("Ctx", (), {"seed": SEED})(), spec.round, survivors, DIM, 1.0)
+    return survivors, exact_sum(x, spec.encoding.clip, spec.encoding.frac_bits)
+
+
+def _check(mode, runs):
+    """``runs``: shards -> (result, spec, params) of one mode."""
+    lost_after_sharing = np.sort(IDS[[0, 7, 29, 30, 59]])
+    for s, (result, spec, params) in runs.items():
+        survivors, total = _reference(spec, params, result.graph_seed)
+        assert np.array_equal(result.survivors, survivors), (mode, s)
+        assert np.array_equal(spec.encoding.signed(result.words), total), (mode, s)
+        assert np.array_equal(result.dropped_after_sharing, lost_after_sharing), (mode, s)
+    if mode != "secure":  # secure mode's keys and graph come from the OS: new in every run
+        base = runs[1][0]
+        for s in (2, 3):
+            assert np.array_equal(runs[s][0].words, base.words)
+            assert np.array_equal(runs[s][0].sum, base.sum)
+            assert runs[s][0].counts == base.counts
+
+
+@pytest.mark.parametrize("mode", ["secure", "simulation", "dealer"])
+@pytest.mark.parametrize("graph", ["auto", "complete"])
+def test_sharded_and_unsharded_servers_give_bit_identical_rounds(mode, graph):
+    _check(mode, {s: _round(mode, s, "local", graph) for s in (1, 2, 3)})
+
+
+@pytest.mark.ray
+def test_sharded_server_on_ray(ray_cluster):
+    # one test, the most shards first: later runs reuse the earlier runs' actors
+    modes = ("secure", "simulation", "dealer")
+    runs = {(mode, s): _round(mode, s, "ray") for s in (3, 2, 1) for mode in modes}
+    for mode in modes:
+        _check(mode, {s: runs[mode, s] for s in (1, 2, 3)})
+
+
+def test_shards_own_contiguous_ranges_that_cover_every_position():
+    for n in (1, 2, 7, 60, 1001):
+        for s in (1, 2, 3, 8):
+            ranges = [server.bounds(n, s, i) for i in range(s)]
+            assert ranges[0][0] == 0 and ranges[-1][1] == n
+            assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:], strict=False))
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True, "2"])
+def test_a_bad_shard_count_is_a_config_error(bad):
+    with pytest.raises(ConfigError, match="server_shards"):
+        Federation(
+            run_id="x",
+            seed=0,
+            privacy=PrivacyDeclaration.none("test"),
+            backend="local",
+            server_shards=bad,
+        )
+
+
+def test_a_shard_that_fails_fails_the_round_with_its_name(monkeypatch):
+    original = server.shard_finish
+
+    def failing(ctx, *args):
+        if ctx.name == "shard-1":
+            raise RuntimeError("disk full")
+        return original(ctx, *args)
+
+    monkeypatch.setattr(server, "shard_finish", failing)
+    with pytest.raises(PartyFailed, match="shard-1.*disk full"):
+        _round("simulation", 2)
+
+
+def test_each_shard_is_sent_only_the_shares_of_the_users_it_owns(monkeypatch):
+    original, seen = server.shard_finish, {}
+
+    def recording(ctx, spec, view, replies, owned):
+        seen[ctx.name] = (owned, np.concatenate([r["owner"] for r in replies.values()]))
+        return original(ctx, spec, view, replies, owned)
+
+    monkeypatch.setattr(server, "shard_finish", recording)
+    _round("simulation", 3)
+    assert [seen[f"shard-{i}"][0] for i in range(3)] == [(0, 20), (20, 40), (40, 60)]
+    owners = set()
+    for (lo, hi), owner in seen.values():
+        assert owner.size and ((owner >= lo) & (owner < hi)).all()
+        owners |= set(owner.tolist())
+    # U2 is every position (nobody was lost before sharing): each owner's shares reached a shard
+    assert owners == set(range(N))
+
+
+def test_each_shard_routes_only_the_shares_its_users_receive(monkeypatch):
+    original, seen = server.shard_route, {}
+
+    def recording(ctx, spec, cohort_of, replies, owned):
+        seen[ctx.name] = (owned, np.concatenate([r["receiver"] for r in replies.values()]))
+        return original(ctx, spec, cohort_of, replies, owned)
+
+    monkeypatch.setattr(server, "shard_route", recording)
+    _round("simulation", 2)
+    assert [seen[f"shard-{i}"][0] for i in range(2)] == [(0, 30), (30, 60)]
+    for (lo, hi), receiver in seen.values():
+        assert receiver.size and ((receiver >= lo) & (receiver < hi)).all()
+
+
+def test_the_consistency_round_on_a_sharded_server_is_bit_identical():
+    one = _round("simulation", 1, threat="malicious")[0]
+    two = _round("simulation", 2, threat="malicious")[0]
+    assert np.array_equal(two.words, one.words) and np.array_equal(two.survivors, one.survivors)
+    assert two.counts == one.counts and "consistency" in two.counts
+
+
+def test_a_cohort_that_dies_is_still_a_dropout_with_shards():
+    fault = [parse("cohort=c1@phase=masked_input")]
+    result, spec, params = _round("simulation", 2, faults=fault, n_cohorts=6)
+    assert result.failed_cohorts == ["c1"]
+    unsharded, _, _ = _round("simulation", 1, faults=fault, n_cohorts=6)
+    assert np.array_equal(result.words, unsharded.words)
+    assert np.array_equal(result.survivors, unsharded.survivors)
+    # the dead cohort's users (positions 10..19, dealt in blocks) were lost after sharing
+    assert np.isin(IDS[10:20], result.dropped_after_sharing).all()
+
+
+def test_secure_sum_server_shards_option_gives_the_same_tables():
+    kw = dict(users=60, dim=4, seed=5, out_dir=None, backend="local", dropout=0.1, cohorts=3)
+    one = rayfed.run("secure-sum", server_shards=1, **kw)
+    three = rayfed.run("secure-sum", server_shards=3, **kw)
+    assert one.metrics["server_shards"] == 1 and three.metrics["server_shards"] == 3
+    assert one.metrics["exact"] and three.metrics["exact"]
+    assert three.tables["sum"].equals(one.tables["sum"])
+    assert "reconstruct" in three.metrics["phase_seconds"]
+
+
+def test_auto_shards_follow_the_cluster_cpus(monkeypatch):
+    for cpus, shards in [(1, 1), (2, 1), (7, 1), (8, 2), (16, 4), (64, 16), (256, 16)]:
+        monkeypatch.setattr(sizing, "cluster_cpus", lambda c=cpus: c)
+        assert sizing.default_server_shards("auto") == shards, cpus
+    assert sizing.default_server_shards(5) == 5
+
+
+def test_lfl_round_one_on_a_sharded_server_is_bit_identical():
+    kw = dict(users=120, items=20, iterations=2, backend="local", out_dir=None, dropout=0.1)
+    kw["secagg_mode"] = "simulation"
+    one = rayfed.run("federated-mf", server_shards=1, **kw)
+    two = rayfed.run("federated-mf", server_shards=2, **kw)
+    assert one.tables
+    for name in one.tables:
+        assert two.tables[name].equals(one.tables[name]), name
+    assert two.metrics["test_mse"] == one.metrics["test_mse"]
+
+
+@pytest.mark.parametrize("bad", [0, "many", 1.5])
+def test_a_bad_server_shards_option_names_it(bad):
+    with pytest.raises(ConfigError, match="server_shards"):
+        rayfed.run("secure-sum", users=20, dim=2, backend="local", out_dir=None, server_shards=bad)
