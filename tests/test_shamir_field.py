@@ -152,3 +152,10 @@ def test_exact_product_at_its_worst_case_crosses_blocks():
         for c in range(2):
             want = sum(int(x) * int(y) for x, y in zip(a[s, 0], b[s, :, c], strict=True)) % P
             assert got[s, 0, c] == want
+
+
+def test_inverses_match_pow():
+    a = np.array([[1, 2, 3, P - 1, P - 2, 2**30, 12345678]])
+    want = [pow(int(x), -1, P) for x in a[0]]
+    assert shamir._pow_p_minus_2(a[0]).tolist() == want
+    assert shamir._inverse(a)[0].tolist() == want
