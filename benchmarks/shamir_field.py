@@ -186,13 +186,16 @@ exec(compile(OLD_SOURCE, "shamir_2p20", "exec"), old.__dict__)
 old.COEF_WORDS = old.CHUNKS  # one word per coefficient
 
 
-def _best(repeat: int, fn, *args) -> float:
-    times = []
+def _best(repeat: int, fn, *args) -> tuple[float, float]:
+    """The fastest of ``repeat`` calls: (wall seconds, this process's CPU seconds — all its
+    threads — which a load from other processes on the shared cores barely moves)."""
+    wall, cpu = [], []
     for _ in range(repeat):
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
         fn(*args)
-        times.append(time.perf_counter() - start)
-    return min(times)
+        wall.append(time.perf_counter() - start)
+        cpu.append(time.process_time() - start_cpu)
+    return min(wall), min(cpu)
 
 
 def shapes(n: int, complete: bool, repeat: int) -> dict:
@@ -219,12 +222,14 @@ def shapes(n: int, complete: bool, repeat: int) -> dict:
         shares = field.split(secrets, points, t, words)
         ys = np.take_along_axis(shares, pick[:, :, None], axis=1)
         assert np.array_equal(field.reconstruct(xs, ys), secrets)
-        row[f"split_s_{name}"] = round(_best(repeat, field.split, secrets, points, t, words), 4)
-        row[f"reconstruct_s_{name}"] = round(_best(repeat, field.reconstruct, xs, ys), 4)
+        for op, args in (("split", (secrets, points, t, words)), ("reconstruct", (xs, ys))):
+            wall, cpu = _best(repeat, getattr(field, op), *args)
+            row[f"{op}_s_{name}"], row[f"{op}_cpu_s_{name}"] = round(wall, 4), round(cpu, 4)
     for op in ("split", "reconstruct"):
         row[f"{op}_new_over_old"] = round(row[f"{op}_s_new"] / row[f"{op}_s_old"], 3)
-    row["target"] = "new_over_old <= 1.0 (n <= 10^5 does not slow down)"
-    row["met"] = all(row[f"{op}_new_over_old"] <= 1.0 for op in ("split", "reconstruct"))
+        row[f"{op}_cpu_new_over_old"] = round(row[f"{op}_cpu_s_new"] / row[f"{op}_cpu_s_old"], 3)
+    row["target"] = "cpu_new_over_old <= 1.0 (n <= 10^5 does not slow down)"
+    row["met"] = all(row[f"{op}_cpu_new_over_old"] <= 1.0 for op in ("split", "reconstruct"))
     return row
 
 
@@ -252,37 +257,39 @@ def secure_round(n: int, dim: int) -> dict:
     for name in ("old", "new"):
         ctx = old_field() if name == "old" else contextlib.nullcontext()
         with ctx:
-            start = time.perf_counter()
+            start, start_cpu = time.perf_counter(), time.process_time()
             result = rayfed.run(
                 "secure-sum", backend="local", out_dir=None, users=n, dim=dim, mode="secure",
                 cohorts=2, seed=1,
             )  # fmt: skip
-            seconds = time.perf_counter() - start
+            seconds, cpu = time.perf_counter() - start, time.process_time() - start_cpu
         assert result.metrics["exact"], name
-        row[f"seconds_{name}"] = round(seconds, 2)
+        row[f"seconds_{name}"], row[f"cpu_seconds_{name}"] = round(seconds, 2), round(cpu, 2)
         row[f"phase_seconds_{name}"] = {
             k: round(v, 3) for k, v in result.metrics["phase_seconds"].items()
         }
         row["k"], row["t"] = result.metrics["degree"], result.metrics["threshold"]
     row["new_over_old"] = round(row["seconds_new"] / row["seconds_old"], 3)
-    row["target"] = "new_over_old <= 1.0"
-    row["met"] = row["new_over_old"] <= 1.0
+    row["cpu_new_over_old"] = round(row["cpu_seconds_new"] / row["cpu_seconds_old"], 3)
+    row["target"] = "cpu_new_over_old <= 1.0 (in process: the CPU time is the whole round's)"
+    row["met"] = row["cpu_new_over_old"] <= 1.0
     return row
 
 
 def dealer_row(n: int, dim: int) -> dict:
     """One dealer-mode secure-sum round beyond the former field's 1,048,581 users: exact against
     the protocol's independent reference (rayfed.secagg.reference)."""
-    start = time.perf_counter()
+    start, start_cpu = time.perf_counter(), time.process_time()
     result = rayfed.run(
         "secure-sum", backend="local", out_dir=None, users=n, dim=dim, mode="dealer", cohorts=2,
         seed=1,
     )  # fmt: skip
-    seconds = time.perf_counter() - start
+    seconds, cpu = time.perf_counter() - start, time.process_time() - start_cpu
     m = result.metrics
     return {
         "n": n, "dim": dim, "mode": "dealer", "backend": "local", "cohorts": 2,
         "k": m["degree"], "t": m["threshold"], "exact": m["exact"], "seconds": round(seconds, 1),
+        "cpu_seconds": round(cpu, 1),
         "beyond_old_field": n > old.MAX_USERS,
         "target": "exact, n = 2*10^6 > 1,048,581 (a test needs > 30 s on 2 cores: kept here)",
         "met": bool(m["exact"] and n > old.MAX_USERS),
