@@ -131,8 +131,9 @@ def predict(coef: dict, n: int, k: int, d: int, cohorts: int, cores: int) -> dic
 
 
 def extrapolated_degree(n: int) -> int:
-    """The finder's k grows with log n; it refuses n beyond the Shamir field (MAX_USERS), so k at
-    larger n is extrapolated from a least-squares line in log10 n over 10^3..10^6."""
+    """The finder's k grows with log n; k at larger n is extrapolated from a least-squares line in
+    log10 n over 10^3..10^6 (the finder accepts up to MAX_USERS = 2^31 - 3 since issue 29, but
+    the recorded model was fitted on this line; searching at 10^7 also takes longer)."""
     sizes = np.array([10**3, 10**4, 10**5, 10**6])
     degrees = [find_params(int(m), dropout=0.3, corrupt=0.05).degree for m in sizes]
     slope, intercept = np.polyfit(np.log10(sizes), degrees, 1)

@@ -110,7 +110,7 @@ def test_shamir_any_t_subset_reconstructs(t, extra, seed, shared_points):
             [gen.choice(np.arange(1, 10_000), n_holders, replace=False) for _ in range(5)]
         )
         points = all_points
-    words = gen.integers(0, 2**63, (5, max(t - 1, 0), shamir.CHUNKS), dtype=np.uint64)
+    words = gen.integers(0, 2**63, (5, max(t - 1, 0), shamir.COEF_WORDS), dtype=np.uint64)
     shares = shamir.split(secrets, points, t, words)
     pick = np.stack([gen.choice(n_holders, t, replace=False) for _ in range(5)])
     xs = np.take_along_axis(all_points, pick, axis=1)

@@ -327,9 +327,9 @@ def share_keys(
     st.b_seed[rows] = ctx.noise.user_bytes("secagg-masks", spec.round, st.ids[rows], 32)
     t = spec.threshold
     coef = ctx.noise.user_words(
-        "secagg-shares", spec.round, st.ids[rows], 2 * (t - 1) * shamir.CHUNKS
+        "secagg-shares", spec.round, st.ids[rows], 2 * (t - 1) * shamir.COEF_WORDS
     )
-    coef = coef.reshape(len(rows), 2, t - 1, shamir.CHUNKS)
+    coef = coef.reshape(len(rows), 2, t - 1, shamir.COEF_WORDS)
     points = (np.arange(spec.n) + 1) if graph.complete else nb + 1
     key_shares = shamir.split(st.s_sk_bytes[key_rows], points, t, coef[:, 0])
     self_shares = shamir.split(st.b_seed[rows], points, t, coef[:, 1])

@@ -122,9 +122,18 @@ def _log2_windows_removed(n: int, removed: int, k: int) -> float:
     return 2 * math.log2(n) + sum(math.log2((removed - i) / (n - i)) for i in range(k))
 
 
-def _check(n: int, dropout: float, corrupt: float, sigma: float, eta: float) -> None:
+def _check_users(n: int) -> None:
     if not 2 <= n <= MAX_USERS:
-        raise ConfigError("users", f"must be in [2, {MAX_USERS}] for secure aggregation, got {n}")
+        raise ConfigError(
+            "users",
+            f"must be in [2, {MAX_USERS:,}] for secure aggregation (share points are user "
+            f"ids + 1 in the Shamir field GF(2^31 - 1)), got {n:,}",
+            f"users <= {MAX_USERS:,}, or split the population into groups",
+        )
+
+
+def _check(n: int, dropout: float, corrupt: float, sigma: float, eta: float) -> None:
+    _check_users(n)
     if not 0 <= dropout < 1:
         raise ConfigError("tolerated_dropout", f"must be in [0, 1), got {dropout}")
     if not 0 <= corrupt < 0.5:
@@ -229,6 +238,7 @@ def check_params(
     failure bounds computed as in :func:`find_params` for the report. Under ``malicious`` a
     threshold the isolation attack defeats outright (2t <= k + c on the complete graph, 2t <= k on
     a sparse one) is refused here; the plan refuses any whose bound misses sigma."""
+    _check_users(n)
     check_model(threat_model)
     n_corrupt, n_drop = math.ceil(corrupt * n), math.ceil(dropout * n)
     complete = degree >= n - 1
