@@ -70,7 +70,7 @@ def _row(record: dict, *, seconds: float, peak_gib: float) -> dict:
     }
 
 
-STREAM_RUN = dict(mode="dealer", dim=100, dropout=0.3, rounds=1, cohorts=2)
+STREAM_RUN = dict(mode="dealer", dim=100, dropout=0.3, rounds=1, cohorts=2, deadline_s=3600.0)
 
 
 def stream(users: int) -> dict:

@@ -79,3 +79,13 @@ def test_chunks_of_seven_users_give_the_one_chunk_sum(monkeypatch, mode):
     assert np.array_equal(chunked.words, whole.words)
     assert np.array_equal(chunked.survivors, whole.survivors)
     assert 0.6 * 150 < whole.survivors.size < 150  # users dropped at every phase
+
+
+@pytest.mark.parametrize("complete", [False, True])
+def test_neighbour_counts_equal_the_neighbour_table(complete):
+    """``count_in`` (unsorted rows, no table for the complete graph) counts what the sorted
+    neighbour table holds."""
+    graph = NeighbourGraph.build(97, 12, complete, seed=5, round=1)
+    member = np.random.default_rng(0).random(97) < 0.6
+    pos = np.array([0, 3, 50, 96, 3])
+    assert np.array_equal(graph.count_in(pos, member), member[graph.neighbours(pos)].sum(axis=1))

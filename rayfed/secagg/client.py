@@ -133,7 +133,7 @@ def _count_in(graph, pos: np.ndarray, member: np.ndarray) -> np.ndarray:
     out = np.zeros(len(pos), dtype=np.int64)
     step = chunk_rows(graph.degree)
     for a in range(0, len(pos), step):
-        out[a : a + step] = member[graph.neighbours(pos[a : a + step])].sum(axis=1)
+        out[a : a + step] = graph.count_in(pos[a : a + step], member)
     return out
 
 
@@ -746,9 +746,7 @@ def unmask(ctx: StepContext, spec: RoundSpec, request: dict) -> Message:
     st.active &= in_u3[st.pos] & (st.drop == NEVER)
     # a user with fewer than t surviving neighbours reveals nothing
     rows = np.flatnonzero(st.active)
-    st.active[
-        rows[in_u3[_graph(ctx, spec).neighbours(st.pos[rows])].sum(axis=1) < spec.threshold]
-    ] = False
+    st.active[rows[_count_in(_graph(ctx, spec), st.pos[rows], in_u3) < spec.threshold]] = False
     empty = {
         "holder": np.zeros(0, np.int64),
         "owner": np.zeros(0, np.int64),

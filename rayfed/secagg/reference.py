@@ -27,7 +27,7 @@ def _enough_neighbours(member: np.ndarray, graph, threshold: int) -> np.ndarray:
     step = max(1, _CHUNK_NEIGHBOURS // max(graph.degree, 1))  # never the (n x k) table at once
     for a in range(0, member.size, step):
         nb = graph.neighbours(np.arange(a, min(a + step, member.size)))
-        out[a : a + step] = member[nb].sum(axis=1) >= threshold
+        out[a : a + step] = member[nb].sum(axis=1) >= threshold  # not count_in: independent
     return out
 
 

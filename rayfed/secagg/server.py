@@ -318,10 +318,7 @@ def _check_recoverable(
     else:  # in chunks of owners: never the (n x k) neighbour table at once
         step = chunk_rows(graph.degree)
         have = np.concatenate(
-            [
-                responding[graph.neighbours(owners[a : a + step])].sum(axis=1)
-                for a in range(0, owners.size, step)
-            ]
+            [graph.count_in(owners[a : a + step], responding) for a in range(0, owners.size, step)]
         )
     if have.min() < spec.threshold:
         worst = int(owners[np.argmin(have)])
