@@ -89,3 +89,19 @@ def test_neighbour_counts_equal_the_neighbour_table(complete):
     member = np.random.default_rng(0).random(97) < 0.6
     pos = np.array([0, 3, 50, 96, 3])
     assert np.array_equal(graph.count_in(pos, member), member[graph.neighbours(pos)].sum(axis=1))
+
+
+@pytest.mark.parametrize("mode", ["dealer", "simulation"])
+def test_secure_sum_streams_its_reference_and_stays_exact(monkeypatch, mode):
+    """secure-sum end to end with chunks of 7 users (cohorts, server and the driver's reference):
+    exact, and the same sums table as one chunk."""
+    import rayfed
+
+    options = dict(backend="local", out_dir=None, users=60, dim=3, mode=mode, dropout=0.1)
+    monkeypatch.setattr(client, "_CHUNK_ROWS", 10**9)
+    whole = rayfed.run("secure-sum", **options)
+    monkeypatch.setattr(client, "_CHUNK_ROWS", 7)
+    chunked = rayfed.run("secure-sum", **options)
+    assert whole.metrics["exact"] and chunked.metrics["exact"]
+    assert chunked.tables["sum"].equals(whole.tables["sum"])
+    assert chunked.metrics["rounds"] == whole.metrics["rounds"]
