@@ -31,6 +31,7 @@ from rayfed.dropout import DropoutSchedule
 from rayfed.errors import ConfigError
 from rayfed.secagg import client, phases
 from rayfed.secagg import server as server_steps
+from rayfed.secagg.client import by_user
 from rayfed.secagg.encoding import FixedPoint, RingWords
 from rayfed.secagg.group import Members, PerMember, Server, member_ids, party_ids
 from rayfed.secagg.params import (
@@ -53,6 +54,7 @@ __all__ = [
     "SecAggParams",
     "THREAT_MODELS",
     "UnauthenticatedKeys",
+    "by_user",
     "check_params",
     "find_params",
     "make_spec",

@@ -67,6 +67,7 @@ class ClientRound:
     u2: np.ndarray | None = None
     graph_seed: int | None = None  # the server's, with the key table
     signed: bytes | None = None  # the survivors list its users signed (consistency round)
+    masking_index: dict | None = None  # position -> index among the users who mask
     stage: str = "advertise"
 
 
@@ -101,6 +102,38 @@ def _graph(ctx: StepContext, spec: RoundSpec):
 def _member(n: int, positions: np.ndarray) -> np.ndarray:
     out = np.zeros(n, dtype=bool)
     out[positions] = True
+    return out
+
+
+#: a chunk of users holds about this many bytes per (users x width) float64 or int64 array
+_CHUNK_BYTES = 64 << 20
+#: rows per chunk when set (tests set a small one), else sized from the width by _CHUNK_BYTES
+_CHUNK_ROWS: int | None = None
+
+
+def chunk_rows(width: int) -> int:
+    """Users per chunk for (users x ``width``) arrays: peak memory stays flat as n grows."""
+    if _CHUNK_ROWS is not None:
+        return _CHUNK_ROWS
+    return max(1, _CHUNK_BYTES // (8 * max(width, 1)))
+
+
+def by_user(fn):
+    """Mark an ``input_fn`` whose rows depend on their own user id only (no state, no draw
+    shared between users): :func:`masked_input` may then call it on chunks of users, so a
+    cohort never holds all its users' vectors at once. Unmarked functions get every user in
+    one call (their noise or state may span users)."""
+    fn.by_user = True
+    return fn
+
+
+def _count_in(graph, pos: np.ndarray, member: np.ndarray) -> np.ndarray:
+    """Per user at ``pos``: how many of its neighbours ``member`` marks, computed in chunks of
+    users (the (users x k) neighbour table never exists for all of them at once)."""
+    out = np.zeros(len(pos), dtype=np.int64)
+    step = chunk_rows(graph.degree)
+    for a in range(0, len(pos), step):
+        out[a : a + step] = graph.count_in(pos[a : a + step], member)
     return out
 
 
@@ -304,11 +337,11 @@ def share_keys(
     rows = np.flatnonzero(active)  # rows of st.ids; index into key lists via key_rows
     # every mode follows the same participation rule, so dealer and plain runs drop the same users
     graph = _graph(ctx, spec)
-    nb = graph.neighbours(st.pos[rows])  # (U, k) positions
-    alive_nb = in_u1[nb]
     # a user lost at share_keys advertised its keys (it counts in its neighbours' U1) and sends no
     # shares
-    enough = (alive_nb.sum(axis=1) >= spec.threshold) & (st.drop[rows] > SHARE_KEYS)
+    enough = (_count_in(graph, st.pos[rows], in_u1) >= spec.threshold) & (
+        st.drop[rows] > SHARE_KEYS
+    )
     active[:] = False
     active[rows[enough]] = True
     st.active = active
@@ -318,7 +351,9 @@ def share_keys(
     st.table_pos = u1
     st.table_c_pk = _crypto.public_keys(np.asarray(table["c_pk"]))
     st.table_s_pk = _crypto.public_keys(np.asarray(table["s_pk"]))
-    rows, key_rows, nb, alive_nb = rows[enough], key_rows[enough], nb[enough], alive_nb[enough]
+    rows, key_rows = rows[enough], key_rows[enough]
+    nb = graph.neighbours(st.pos[rows])  # (U, k) positions: the users' shares need them all
+    alive_nb = in_u1[nb]
     if spec.consistency:
         _pki_directory(spec, st, pki)
         _verify_rows(ctx, spec, st, table, np.unique(nb[alive_nb]))
@@ -412,18 +447,29 @@ def _encrypt_shares(
 
 
 def _pair_masks_real(
-    spec: RoundSpec, st: ClientRound, rows: np.ndarray, u2_member: np.ndarray, graph, y: np.ndarray
+    spec: RoundSpec,
+    st: ClientRound,
+    rows: np.ndarray,
+    u2_member: np.ndarray,
+    graph,
+    y: np.ndarray,
+    masking: np.ndarray,
+    spill: np.ndarray,
 ) -> None:
     """Add Σ_v sign(u, v)·PRG(HKDF(X25519(s_u, s_v))) to each user's row of y (per pair: the cost).
 
-    A pair whose two users both mask in this cohort has one seed (the same from either side:
+    ``rows`` are a chunk of the cohort's masking users ``masking`` (y holds the chunk's rows). A
+    pair whose two users both mask in this cohort has one seed (the same from either side:
     Diffie-Hellman), so it is agreed and expanded once, with the smaller position, and added to
-    both rows with opposite signs; the words wrap, so the order of the additions does not matter.
+    both rows with opposite signs — to ``spill`` (one uint64 row, added to the cohort's sum) when
+    the other row lies in a later chunk; the words wrap, so the order of the additions does not
+    matter.
     """
     key_index = np.searchsorted(np.flatnonzero(st.drop > ADVERTISE), rows)
     nb = graph.neighbours(st.pos[rows])
     dtype = spec.word_dtype
-    here = {int(p): i for i, p in enumerate(st.pos[rows])}  # every peer of theirs in U2 is a peer
+    here = _masking_index(st, masking)  # every peer of theirs in U2 is a peer
+    base = int(np.searchsorted(masking, rows[0])) if len(rows) else 0
     for i, row in enumerate(rows):
         peers = nb[i][u2_member[nb[i]]]
         sk = st.s_sk[key_index[i]]
@@ -441,8 +487,19 @@ def _pair_masks_real(
                 y[i] += mask
             else:
                 y[i] -= mask
-            if j is not None:  # v > u: v's side adds the mask u's side subtracted
-                y[j] += mask
+            if j is None:
+                continue
+            if j - base < len(y):  # v > u: v's side adds the mask u's side subtracted
+                y[j - base] += mask
+            else:
+                spill += mask.astype(np.uint64)
+
+
+def _masking_index(st: ClientRound, masking: np.ndarray) -> dict[int, int]:
+    """Position -> index among the cohort's masking users ``masking`` (built once per round)."""
+    if st.masking_index is None:
+        st.masking_index = {int(p): i for i, p in enumerate(st.pos[masking])}
+    return st.masking_index
 
 
 _DEALER_CHUNK_BYTES = 1 << 24
@@ -502,19 +559,13 @@ def masked_input(
     # a user left with fewer than t neighbours in U2 aborts (Flower's check): its mask would be
     # spread over too few peers
     rows = np.flatnonzero(st.active)
-    st.active[
-        rows[u2_member[_graph(ctx, spec).neighbours(st.pos[rows])].sum(axis=1) < spec.threshold]
-    ] = False
+    st.active[rows[_count_in(_graph(ctx, spec), st.pos[rows], u2_member) < spec.threshold]] = False
     st.received = {k: routed[k] for k in ("sender", "receiver", "ct") if k in routed}
     rows = np.flatnonzero(st.active)
-    x, event, scope = input_fn(ctx, spec.round, st.ids[rows], *input_args), None, "run"
-    if isinstance(x, tuple) and len(x) in (2, 3) and isinstance(x[1], DpEvent):
-        x, event, scope = x if len(x) == 3 else (*x, scope)
-    x = _as_inputs(spec, x)
-    if x.shape != (len(rows), spec.dim):
-        raise ValueError(
-            f"input function returned shape {x.shape}, expected {(len(rows), spec.dim)}"
-        )
+    if getattr(input_fn, "by_user", False):
+        y = _streamed_sum(ctx, spec, st, rows, u2_member, input_fn, input_args)
+        return Message("masked_input", {"pos": st.pos[rows], "y": y[None, :]}, to="coordinator")
+    x, event, scope = _inputs(ctx, spec, st.ids[rows], input_fn, input_args)
     return Message(
         "masked_input",
         {"pos": st.pos[rows], "y": _masked_sum(ctx, spec, st, rows, u2_member, x)[None, :]},
@@ -522,6 +573,39 @@ def masked_input(
         dp_event=event,
         scope=scope if event is not None else None,
     )
+
+
+def _inputs(ctx: StepContext, spec: RoundSpec, ids: np.ndarray, input_fn, input_args: tuple):
+    """(inputs, event, scope) of the users ``ids``, checked to be (len(ids) x dim)."""
+    x, event, scope = input_fn(ctx, spec.round, ids, *input_args), None, "run"
+    if isinstance(x, tuple) and len(x) in (2, 3) and isinstance(x[1], DpEvent):
+        x, event, scope = x if len(x) == 3 else (*x, scope)
+    x = _as_inputs(spec, x)
+    if x.shape != (len(ids), spec.dim):
+        raise ValueError(
+            f"input function returned shape {x.shape}, expected {(len(ids), spec.dim)}"
+        )
+    return x, event, scope
+
+
+def _streamed_sum(
+    ctx: StepContext, spec: RoundSpec, st: ClientRound, rows, u2_member, input_fn, input_args
+) -> np.ndarray:
+    """:func:`_masked_sum` with the inputs generated, encoded and masked chunk by chunk
+    (``input_fn`` marked :func:`by_user`): in dealer and plain rounds a cohort's memory does not
+    grow with its users (secure and simulation rounds hold their users' keys anyway). The words
+    wrap, so the sum is the one-chunk sum word for word."""
+    total = np.zeros(spec.dim, np.uint64)
+    # pairs of two users who both mask in this cohort cancel in its sum, across chunks too
+    peers = u2_member & ~_member(spec.n, st.pos[rows]) if spec.mode == "dealer" else None
+    step = chunk_rows(spec.dim)
+    for a in range(0, len(rows), step):
+        part = rows[a : a + step]
+        x, event, _ = _inputs(ctx, spec, st.ids[part], input_fn, input_args)
+        if event is not None:
+            raise ValueError("an input function marked by_user must not draw DP noise")
+        total += _masked_sum(ctx, spec, st, part, u2_member, x, peers=peers, masking=rows)
+    return spec.encoding.reduce(total)
 
 
 def _as_inputs(spec: RoundSpec, x) -> np.ndarray:
@@ -542,7 +626,14 @@ def _encode(spec: RoundSpec, x: np.ndarray) -> np.ndarray:
 
 
 def _masked_sum(
-    ctx: StepContext, spec: RoundSpec, st: ClientRound, rows: np.ndarray, u2_member, x: np.ndarray
+    ctx: StepContext,
+    spec: RoundSpec,
+    st: ClientRound,
+    rows: np.ndarray,
+    u2_member,
+    x: np.ndarray,
+    peers: np.ndarray | None = None,
+    masking: np.ndarray | None = None,
 ) -> np.ndarray:
     """Σ_u y_u mod 2^b over this cohort's masking users.
 
@@ -553,12 +644,15 @@ def _masked_sum(
 
     In a dealer round the pair masks of two users who both mask here are left out: one adds
     what the other subtracts, so the sum is the same word for word (the words wrap) and the
-    server sees exactly what it would. A dealer round simulates what the server sees, not the
-    users' work; secure and simulation rounds still expand every pair's mask (once per pair).
+    server sees exactly what it would (``peers``: the neighbours whose pairs are masked, by
+    position; default, every U2 member outside ``rows``). A dealer round simulates what the
+    server sees, not the users' work; secure and simulation rounds still expand every pair's
+    mask (once per pair). ``rows`` may be a chunk of the cohort's masking users ``masking``
+    (default: ``rows`` are all of them).
     """
     dtype = spec.word_dtype
     if spec.mode in ("dealer", "plain"):
-        if spec.mode == "dealer":  # pairs inside this sum cancel: leave them out
+        if spec.mode == "dealer" and peers is None:  # pairs inside this sum cancel: leave them out
             peers = u2_member & ~_member(spec.n, st.pos[rows])
         total = np.zeros(spec.dim, np.uint64)
         masks = np.zeros((1, spec.dim), dtype)
@@ -569,11 +663,13 @@ def _masked_sum(
                 _add_dealer_round_masks(ctx, spec, st.pos[part], peers, masks)
         return spec.encoding.reduce(total + masks[0].astype(np.uint64))
     y = _encode(spec, x)
+    spill = np.zeros(spec.dim, np.uint64)
     if len(rows):
         for i, row in enumerate(rows):
             y[i] += _crypto.expand(st.b_seed[row].tobytes(), spec.dim, dtype)
-        _pair_masks_real(spec, st, rows, u2_member, _graph(ctx, spec), y)
-    return spec.encoding.reduce(y.sum(axis=0, dtype=np.uint64))
+        masking = rows if masking is None else masking
+        _pair_masks_real(spec, st, rows, u2_member, _graph(ctx, spec), y, masking, spill)
+    return spec.encoding.reduce(y.sum(axis=0, dtype=np.uint64) + spill)
 
 
 def _add_dealer_round_masks(
@@ -681,9 +777,7 @@ def unmask(ctx: StepContext, spec: RoundSpec, request: dict) -> Message:
     st.active &= in_u3[st.pos] & (st.drop == NEVER)
     # a user with fewer than t surviving neighbours reveals nothing
     rows = np.flatnonzero(st.active)
-    st.active[
-        rows[in_u3[_graph(ctx, spec).neighbours(st.pos[rows])].sum(axis=1) < spec.threshold]
-    ] = False
+    st.active[rows[_count_in(_graph(ctx, spec), st.pos[rows], in_u3) < spec.threshold]] = False
     empty = {
         "holder": np.zeros(0, np.int64),
         "owner": np.zeros(0, np.int64),

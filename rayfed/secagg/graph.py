@@ -47,6 +47,17 @@ class NeighbourGraph:
         slots = (self.slot[positions][:, None] + offsets[None, :]) % self.n
         return np.sort(self.at_slot[slots], axis=1)
 
+    def count_in(self, positions: np.ndarray, member: np.ndarray) -> np.ndarray:
+        """Per position, how many of its neighbours the boolean array ``member`` marks: the
+        neighbours' rows unsorted (a count needs no order), the complete graph's without a table."""
+        positions = np.asarray(positions, dtype=np.int64)
+        if self.complete:
+            return np.count_nonzero(member) - member[positions].astype(np.int64)
+        half = self.degree // 2
+        offsets = np.concatenate([np.arange(-half, 0), np.arange(1, half + 1)])
+        slots = (self.slot[positions][:, None] + offsets[None, :]) % self.n
+        return member[self.at_slot[slots]].sum(axis=1)
+
     def are_neighbours(self, u: np.ndarray, v: np.ndarray) -> np.ndarray:
         u, v = np.asarray(u, dtype=np.int64), np.asarray(v, dtype=np.int64)
         if self.complete:

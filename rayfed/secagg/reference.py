@@ -23,8 +23,15 @@ def _enough_neighbours(member: np.ndarray, graph, threshold: int) -> np.ndarray:
     """Per position: at least ``threshold`` of its neighbours are in ``member``."""
     if graph.complete:  # everyone else is a neighbour: no n x n table
         return member.sum() - member >= threshold
-    nb = graph.neighbours(np.arange(member.size))
-    return member[nb].sum(axis=1) >= threshold
+    out = np.empty(member.size, dtype=bool)
+    step = max(1, _CHUNK_NEIGHBOURS // max(graph.degree, 1))  # never the (n x k) table at once
+    for a in range(0, member.size, step):
+        nb = graph.neighbours(np.arange(a, min(a + step, member.size)))
+        out[a : a + step] = member[nb].sum(axis=1) >= threshold  # not count_in: independent
+    return out
+
+
+_CHUNK_NEIGHBOURS = 1 << 22  # neighbour entries (int64) per chunk of users
 
 
 def expected_survivors(

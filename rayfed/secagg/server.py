@@ -24,7 +24,13 @@ import numpy as np
 from rayfed.actors.base import Message, StepContext
 from rayfed.errors import BelowThreshold
 from rayfed.secagg import _crypto, shamir
-from rayfed.secagg.client import KIND_KEY, KIND_SELF, PLAINTEXT_BYTES, add_dealer_masks
+from rayfed.secagg.client import (
+    KIND_KEY,
+    KIND_SELF,
+    PLAINTEXT_BYTES,
+    add_dealer_masks,
+    chunk_rows,
+)
 from rayfed.secagg.spec import (
     ProtocolViolation,
     RoundSpec,
@@ -451,8 +457,11 @@ def _check_recoverable(
     graph = spec.graph(seed)
     if graph.complete:
         have = responders.size - responding[owners]
-    else:
-        have = responding[graph.neighbours(owners)].sum(axis=1)
+    else:  # in chunks of owners: never the (n x k) neighbour table at once
+        step = chunk_rows(graph.degree)
+        have = np.concatenate(
+            [graph.count_in(owners[a : a + step], responding) for a in range(0, owners.size, step)]
+        )
     if have.min() < spec.threshold:
         worst = int(owners[np.argmin(have)])
         raise BelowThreshold(
@@ -503,9 +512,13 @@ def _remove_dealer_masks(
         key, spec, self_codes(own_u3)[:, None], np.ones((own_u3.size, 1), np.int8), acc
     )
     if dropped.size:
-        nb = spec.graph(seed).neighbours(dropped)
+        graph = spec.graph(seed)
         in_u3 = np.zeros(spec.n, dtype=bool)
         in_u3[u3] = True
-        signs = np.where(in_u3[nb], sign(nb, dropped[:, None]), 0).astype(np.int8)
-        add_dealer_masks(key, spec, pair_codes(nb, dropped[:, None], spec.n), signs, acc)
+        step = chunk_rows(graph.degree)  # in chunks of dropped users: O(k) each
+        for a in range(0, dropped.size, step):
+            part = dropped[a : a + step, None]
+            nb = graph.neighbours(part[:, 0])
+            signs = np.where(in_u3[nb], sign(nb, part), 0).astype(np.int8)
+            add_dealer_masks(key, spec, pair_codes(nb, part, spec.n), signs, acc)
     total += acc[0].astype(np.uint64)

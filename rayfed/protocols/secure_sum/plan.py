@@ -23,17 +23,23 @@ from rayfed.protocols.secure_sum.params import (
 from rayfed.protocols.secure_sum.report import private_statement, statement
 from rayfed.protocols.secure_sum.steps import synthetic_inputs
 from rayfed.secagg import FixedPoint, SecAggParams
+from rayfed.secagg.client import chunk_rows
 from rayfed.sizing import cohorts_adjusted, default_cohorts, default_server_shards
 
 MAX_COMPLETE_BYTES = 4 << 30
 
 
 def data_bytes(cfg: SecureSumConfig) -> int:
-    """Every user's input, encoded and masked words (float64 and two word arrays), and its
-    keys and shares; the complete graph's share tables are checked in plan."""
+    """Every user's ids, positions, drop codes, keys and shares; synthetic inputs stream (the
+    cohorts and the reference generate, encode and mask a chunk of users at a time: a chunk's
+    floats, words and temporaries, a few copies), except in private mean estimation, whose rows
+    live in the cohorts' tables (float64 and two word arrays per user). The complete graph's
+    share tables are checked in plan."""
     if cfg.data.path is not None:
         return 0
-    return cfg.users * (cfg.dim * 8 * 3 + 512)
+    per_user = 512 + (cfg.dim * 8 * 3 if cfg.dp_mechanism != "none" else 0)
+    chunk = min(cfg.users, chunk_rows(cfg.dim)) * cfg.dim * 8
+    return cfg.users * per_user + 8 * chunk
 
 
 def plan(cfg: SecureSumConfig, seed: int) -> Plan:

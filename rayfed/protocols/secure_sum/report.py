@@ -20,6 +20,7 @@ from rayfed.protocols.secure_sum.config import SecureSumConfig
 from rayfed.protocols.secure_sum.params import Params
 from rayfed.protocols.secure_sum.steps import synthetic_inputs
 from rayfed.secagg import AggregationResult, RoundSpec
+from rayfed.secagg.client import chunk_rows
 from rayfed.secagg.graph import NeighbourGraph
 from rayfed.secagg.hierarchy import HierarchyResult, server_learns
 from rayfed.secagg.phases import INDEX, NEVER, drop_codes
@@ -108,9 +109,31 @@ def _sums_of(cfg: SecureSumConfig, plan: Plan, survivors: np.ndarray, round: int
         raw = np.concatenate([raw_sum(col[:, None], cfg.frac_bits) for col in cols])
     else:
         ctx = StepContext(name="evaluation", role="driver", seed=seed)
-        x = synthetic_inputs(ctx, round, survivors, params.dim, cfg.clip)
-        raw = raw_sum(x, cfg.frac_bits)
+        return _synthetic_sums(ctx, round, survivors, params.dim, cfg)
     return exact_sum(x, cfg.clip, cfg.frac_bits), raw
+
+
+def _synthetic_sums(
+    ctx: StepContext, r: int, survivors: np.ndarray, dim: int, cfg: SecureSumConfig
+) -> tuple[np.ndarray, np.ndarray]:
+    """(clipped, raw) exact sums of the survivors' synthetic inputs, generated a chunk of users
+    at a time (a user's row depends on its id only), so the reference's memory does not grow
+    with n. The chunks' exact integer sums are added exactly, and each total has the dtype the
+    one-chunk sum would have (int64 while its bound fits, Python integers beyond)."""
+    clipped = raw = np.zeros(dim, dtype=object)
+    largest = 0
+    step = chunk_rows(dim)
+    for a in range(0, survivors.size, step):
+        x = synthetic_inputs(ctx, r, survivors[a : a + step], dim, cfg.clip)
+        clipped = clipped + exact_sum(x, cfg.clip, cfg.frac_bits).astype(object)
+        raw = raw + raw_sum(x, cfg.frac_bits).astype(object)
+        # round(max|x|·2^f) = max round(|x|·2^f): the scale is a power of two
+        largest = max(largest, int(np.rint(np.max(np.abs(x), initial=0.0) * 2.0**cfg.frac_bits)))
+    n, grid = survivors.size, int(round(cfg.clip * 2**cfg.frac_bits))
+    return (
+        clipped.astype(np.int64) if n * grid < 2**62 else clipped,
+        raw.astype(np.int64) if n * largest < 2**62 else raw,
+    )
 
 
 def _lost_at(plan: Plan, spec: RoundSpec, faults: tuple) -> np.ndarray:

@@ -7,9 +7,11 @@ import numpy as np
 
 from rayfed import rng
 from rayfed.actors.base import StepContext
+from rayfed.secagg.client import by_user
 
 
 # --- cohorts (users) -------------------------------------------------------------------------------
+@by_user
 def synthetic_inputs(
     ctx: StepContext, round: int, ids: np.ndarray, dim: int, clip: float
 ) -> np.ndarray:
@@ -21,6 +23,7 @@ def synthetic_inputs(
     return x
 
 
+@by_user
 def table_inputs(ctx: StepContext, round: int, ids: np.ndarray, columns: list[str]) -> np.ndarray:
     """The users' rows of the value columns (one row per user), inside [-clip, clip]: plan
     refused the file or clipped them (counted), so the encoding's clip changes nothing here."""

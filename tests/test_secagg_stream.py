@@ -1,0 +1,107 @@
+"""Populations that stream: a cohort generates, masks and sums its users in chunks (issue 29),
+and the sum is the one-chunk sum word for word, in every mode, with users dropping at every
+phase."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from rayfed import rng
+from rayfed.data import per_user
+from rayfed.federation import Federation
+from rayfed.privacy import PrivacyDeclaration
+from rayfed.secagg import FixedPoint, by_user, client, find_params, make_spec, secure_sum
+from rayfed.secagg.graph import NeighbourGraph
+from rayfed.secagg.phases import drop_codes
+from rayfed.secagg.phases import schedule as DropoutSchedule
+from rayfed.secagg.reference import exact_sum, expected_survivors
+
+CALLS: list[int] = []  # the sizes of the chunks the input function was called with
+
+
+@by_user
+def _inputs(ctx, round, ids, dim):
+    CALLS.append(len(ids))
+    return rng.keyed_uniform(ctx.seed, "synthetic", round, ids, dim) * 2 - 1
+
+
+def _run(mode: str, n: int = 150, dim: int = 5, seed: int = 4):
+    ids = np.arange(n, dtype=np.int64) * 3 + 2
+    cohorts = {k: (t, {}) for k, t in per_user(pa.table({"uid": ids}), "uid", 2).items()}
+    params = find_params(n, dropout=0.4, corrupt=0.05)
+    schedule = DropoutSchedule(
+        rates={"advertise": 0.05, "share_keys": 0.05, "masked_input": 0.08, "unmask": 0.1}
+    )
+    spec = make_spec(
+        round=0,
+        mode=mode,
+        registry=ids,
+        params=params,
+        encoding=FixedPoint.choose(n, 1.0, 12),
+        dim=dim,
+        dropout=schedule,
+    )
+    with Federation(
+        run_id="stream",
+        seed=seed,
+        cohorts=cohorts,
+        privacy=PrivacyDeclaration.none("test"),
+        backend="local",
+        randomness="seeded",
+    ) as fed:
+        result = secure_sum(fed.cohorts, spec, _inputs, (dim,), server=fed.coordinator)
+    survivors = expected_survivors(
+        ids,
+        drop_codes(schedule, seed, 0, ids),
+        NeighbourGraph.build(n, params.degree, params.complete, result.graph_seed, 0),
+        params.threshold,
+    )
+    x = rng.keyed_uniform(seed, "synthetic", 0, survivors, dim) * 2 - 1
+    assert np.array_equal(result.survivors, survivors)
+    assert np.array_equal(spec.encoding.signed(result.words), exact_sum(x, 1.0, 12))
+    return result
+
+
+@pytest.mark.parametrize("mode", ["dealer", "plain", "simulation"])
+def test_chunks_of_seven_users_give_the_one_chunk_sum(monkeypatch, mode):
+    monkeypatch.setattr(client, "_CHUNK_ROWS", 10**9)
+    CALLS.clear()
+    whole = _run(mode)
+    assert len(CALLS) == 2  # one call per cohort
+    monkeypatch.setattr(client, "_CHUNK_ROWS", 7)
+    CALLS.clear()
+    chunked = _run(mode)
+    # every user who masks (the survivors) once, in chunks of 7 (a cohort's last one shorter)
+    assert max(CALLS) == 7 and sum(CALLS) == whole.survivors.size
+    assert len(CALLS) > 2 and CALLS.count(7) >= len(CALLS) - 2
+    assert np.array_equal(chunked.words, whole.words)
+    assert np.array_equal(chunked.survivors, whole.survivors)
+    assert 0.6 * 150 < whole.survivors.size < 150  # users dropped at every phase
+
+
+@pytest.mark.parametrize("complete", [False, True])
+def test_neighbour_counts_equal_the_neighbour_table(complete):
+    """``count_in`` (unsorted rows, no table for the complete graph) counts what the sorted
+    neighbour table holds."""
+    graph = NeighbourGraph.build(97, 12, complete, seed=5, round=1)
+    member = np.random.default_rng(0).random(97) < 0.6
+    pos = np.array([0, 3, 50, 96, 3])
+    assert np.array_equal(graph.count_in(pos, member), member[graph.neighbours(pos)].sum(axis=1))
+
+
+@pytest.mark.parametrize("mode", ["dealer", "simulation"])
+def test_secure_sum_streams_its_reference_and_stays_exact(monkeypatch, mode):
+    """secure-sum end to end with chunks of 7 users (cohorts, server and the driver's reference):
+    exact, and the same sums table as one chunk."""
+    import rayfed
+
+    options = dict(backend="local", out_dir=None, users=60, dim=3, mode=mode, dropout=0.1)
+    monkeypatch.setattr(client, "_CHUNK_ROWS", 10**9)
+    whole = rayfed.run("secure-sum", **options)
+    monkeypatch.setattr(client, "_CHUNK_ROWS", 7)
+    chunked = rayfed.run("secure-sum", **options)
+    assert whole.metrics["exact"] and chunked.metrics["exact"]
+    assert chunked.tables["sum"].equals(whole.tables["sum"])
+    assert chunked.metrics["rounds"] == whole.metrics["rounds"]
