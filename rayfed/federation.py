@@ -439,7 +439,7 @@ class Federation:
             group.handles[name],
             lambda: self._make(group.role, name),
             self._member(group.role, name),
-            STARTUP_DEADLINE_S,
+            max(self.deadline_s, STARTUP_DEADLINE_S),  # a restart is a startup: as long a wait
         )
         if handle is None:
             self.lifecycle.gave_up(name)
