@@ -190,7 +190,7 @@ def test_a_member_the_backend_cannot_bring_back_is_dropped_for_good():
 def test_a_sessions_warm_actors_are_drained_when_it_closes():
     from rayfed.runtime import Session
 
-    session = Session("job-a")
+    session = Session(("session_a", "01000000"))
     session.warm.give(("Cls", "opts"), object())
     session.warm.give(("Cls", "opts"), object())
     assert len(session.warm) == 2

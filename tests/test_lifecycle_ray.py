@@ -65,3 +65,19 @@ def test_a_member_called_again_while_ray_restarts_it_is_brought_back_first(ray_c
         (0, "p", "c0", "resumed")
     ]
     assert (fed.losses()[0]["back_round"], fed.losses()[0]["back_phase"]) == (0, "q")
+
+
+def test_a_new_ray_session_gets_a_new_rayfed_session(ray_cluster):
+    """ray.shutdown(); ray.init() again: the job id is the same ('01000000'), the session is not,
+    and neither are its warm actors (the old ones went with the old Ray)."""
+    import rayfed
+    from rayfed.runtime import session
+
+    first = session()
+    assert session() is first  # one Ray session, one rayfed session
+    job = ray.get_runtime_context().get_job_id()
+    ray.shutdown()  # elsewhere, not rayfed.shutdown: rayfed is not told
+    rayfed.ensure_ray(num_cpus=2)  # the suite's Ray again, for the tests after this one
+    assert ray.get_runtime_context().get_job_id() == job
+    second = session()
+    assert second is not first and second.key != first.key and len(second.warm) == 0
