@@ -95,7 +95,11 @@ def test_the_warm_actors_belong_to_the_ray_session_and_end_with_it(ray_cluster):
     warm.drain()
     first = _run(seed=1)
     assert session().warm is warm and len(warm) == 3  # the coordinator and both cohorts
+    idle = [h for handles in warm._idle.values() for h in handles]
     session().close()  # what rayfed.shutdown does before Ray stops
     assert len(warm) == 0
+    for handle in idle:  # gone, not merely forgotten
+        with pytest.raises(ray.exceptions.RayActorError):
+            ray.get(handle.ping.remote(), timeout=30)
     later = _run(seed=1)
     assert not ({v[0] for v in later.values()} & {v[0] for v in first.values()})

@@ -187,14 +187,25 @@ def test_a_member_the_backend_cannot_bring_back_is_dropped_for_good():
     assert (loss["fate"], loss["restored"]) == ("dropped for good", None)
 
 
-def test_a_sessions_warm_actors_are_drained_when_it_closes():
+def test_a_sessions_warm_actors_are_drained_when_it_closes(monkeypatch):
+    """Closing the session kills each idle actor without restart (Ray's kill recorded here; the
+    Ray test in test_actor_pool sees the actors gone) and forgets them."""
+    import ray
+
     from rayfed.runtime import Session
 
+    killed = []
+    monkeypatch.setattr(ray, "is_initialized", lambda: True)
+    monkeypatch.setattr(ray, "kill", lambda handle, no_restart: killed.append((handle, no_restart)))
     session = Session(("session_a", "01000000"))
-    session.warm.give(("Cls", "opts"), object())
-    session.warm.give(("Cls", "opts"), object())
-    assert len(session.warm) == 2
+    a, b, c = object(), object(), object()
+    session.warm.give(("Cls", "opts"), a)
+    session.warm.give(("Cls", "opts"), b)
+    session.warm.give(("Other", "opts"), c)
+    assert len(session.warm) == 3
     session.close()
+    assert sorted(map(id, (h for h, _ in killed))) == sorted(map(id, (a, b, c)))
+    assert all(no_restart is True for _, no_restart in killed)
     assert len(session.warm) == 0 and session.warm.take(("Cls", "opts")) is None
 
 
