@@ -67,6 +67,35 @@ def test_a_member_called_again_while_ray_restarts_it_is_brought_back_first(ray_c
     assert (fed.losses()[0]["back_round"], fed.losses()[0]["back_phase"]) == (0, "q")
 
 
+def test_a_member_ray_does_not_bring_back_is_killed_and_dropped_for_good(ray_cluster):
+    """The restart is not back within the wait (revive says None): the actor is killed, so it
+    cannot come back unloaded later; every later call fails without a new loss row."""
+    fed = Federation(
+        run_id="life-ray",
+        seed=1,
+        cohorts=_cohorts(),
+        privacy=PrivacyDeclaration.none("test"),
+        faults=[Fault("cohorts", "c0", round=0)],
+        cohort_restarts=1,
+        deadline_s=30,
+    )
+    fed.backend.revive = lambda handle, rebuild, member, wait_s: None
+    failed = []
+    with fed:
+        for r in range(2):
+            with fed.round(r):
+                replies = fed.cohorts.run(_seen, r, phase="p", on_failure="drop")
+                failed.append(sorted(replies.failed))
+        c0 = fed.lifecycle.member("c0")
+        assert (c0.state, c0.deaths, c0.restarts) == (MemberState.DEAD, 1, 0)
+        with pytest.raises(ray.exceptions.RayActorError):  # killed, not restarting
+            ray.get(fed.cohorts.handles["c0"].ping.remote(), timeout=30)
+    assert failed == [["c0"], ["c0"]]
+    assert [(x["round"], x["member"], x["fate"]) for x in fed.losses()] == [
+        (0, "c0", "dropped for good")
+    ]
+
+
 def test_a_new_ray_session_gets_a_new_rayfed_session(ray_cluster):
     """ray.shutdown(); ray.init() again: the job id is the same ('01000000'), the session is not,
     and neither are its warm actors (the old ones went with the old Ray)."""
