@@ -188,6 +188,9 @@ class Group:
         names = members if members is not None else self.names
         started = time.perf_counter()
         self.fed.phase = f"{self.role}:{phase}"
+        for n in names:  # one Ray is still restarting: await it (its death is spent already)
+            if self.fed.lifecycle.state(n) is MemberState.RESTARTING:
+                self.fed._bring_back(self, n)
         faults, round_no = self.fed.faults, self.fed.round_no
         steps = {n: faults.step_for(self.role, n, round_no, phase, step) for n in names}
         for n in names:
@@ -441,7 +444,8 @@ class Federation:
     def _died(self, group: Group, name: str, phase: str = "") -> None:
         """A member died during a phase: the lifecycle logs it (:meth:`losses`) and says whether
         it is restarting or dead for good. A restarting one is brought back before the next round
-        (:meth:`_await_restarts`) — at once where the backend rebuilds it in-process, or where it
+        (:meth:`_await_restarts`) or before a step is next sent to it (:meth:`Group.run`: a Ray
+        restart still running is awaited, not counted as a second death) — at once where the backend rebuilds it in-process, or where it
         has a checkpoint: that is restored at once, as later phases of this round may call it. A
         dead one stays dead for every later call."""
         resumes = group.restore is not None and name in group.checkpoints
@@ -451,7 +455,7 @@ class Federation:
             group.handles[name] = self.backend.given_up(group.handles[name], name)
             return
         if self.backend.restarts_itself and not resumes:
-            return  # Ray restarts it meanwhile; awaited before the next round or a retry
+            return  # Ray restarts it meanwhile; awaited before it is next called
         if self._bring_back(group, name) and resumes:
             checkpoint = Single(group.checkpoints[name])
             group.run(group.restore, checkpoint, members=[name], phase="restore")
@@ -463,7 +467,7 @@ class Federation:
             group.handles[name],
             lambda: self._make(group.role, name),
             self._member(group.role, name),
-            STARTUP_DEADLINE_S,
+            max(self.deadline_s, STARTUP_DEADLINE_S),  # a restart is a startup: as long a wait
         )
         if handle is None:
             self.lifecycle.gave_up(name)

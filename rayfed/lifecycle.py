@@ -12,8 +12,8 @@ Every member (the coordinator, each party, each cohort, and any other role group
 
 A death spends one of the member's restarts (its role's allowance, the same count Ray's
 ``max_restarts`` is given): while some are left the member is ``restarting`` until the backend has
-it back (rebuilt in-process at once; on Ray, the restart the backend awaits before the next round,
-see :meth:`Lifecycle.waiting`), else it is given up and ``dead`` for the rest of the run. A dead
+it back (rebuilt in-process at once; on Ray, the restart the backend awaits before the next round
+or before the member is next called, see :meth:`Lifecycle.waiting`), else it is given up and ``dead`` for the rest of the run. A dead
 member that is called again fails again; that is no new death (:meth:`Lifecycle.died` says
 ``dead`` and logs nothing). Any other move — a dead or restarting member answering, a restart of a
 running member — is a programming error (:class:`LifecycleError`).

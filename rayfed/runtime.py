@@ -27,14 +27,15 @@ CONNECT_TIMEOUT_S = 15.0
 
 
 class Session:
-    """What rayfed keeps while this process is connected to one Ray session (its job id): the
-    :class:`~rayfed.backends.WarmActors` finished runs leave for the next run of the same
-    shape."""
+    """What rayfed keeps while this process is connected to one Ray session — its ``key``, (Ray's
+    session name, the job id): a job id alone is the same ('01000000') after ``ray.shutdown();
+    ray.init()`` — the :class:`~rayfed.backends.WarmActors` finished runs leave for the next run
+    of the same shape."""
 
-    def __init__(self, job: str):
+    def __init__(self, key: tuple[str, str]):
         from rayfed.backends import WarmActors
 
-        self.job = job
+        self.key = key
         self.warm = WarmActors()
 
     def close(self) -> None:
@@ -43,6 +44,7 @@ class Session:
 
 
 _SESSION: Session | None = None
+_SESSION_LOCK = threading.RLock()  # runs in threads of one process share one session
 
 
 def session() -> Session:
@@ -52,10 +54,12 @@ def session() -> Session:
     import ray
 
     global _SESSION
-    job = ray.get_runtime_context().get_job_id()
-    if _SESSION is None or _SESSION.job != job:
-        _SESSION = Session(job)
-    return _SESSION
+    context = ray.get_runtime_context()
+    key = (context.get_session_name(), context.get_job_id())
+    with _SESSION_LOCK:
+        if _SESSION is None or _SESSION.key != key:
+            _SESSION = Session(key)
+        return _SESSION
 
 
 def _check_reachable(address: str, timeout_s: float) -> None:
@@ -183,10 +187,11 @@ def shutdown() -> None:
     import ray
 
     global _SESSION
-    if ray.is_initialized():
-        session().close()  # on a cluster, the idle actors kept for the next run would outlive us
-        ray.shutdown()
-    _SESSION = None
+    with _SESSION_LOCK:
+        if ray.is_initialized():
+            session().close()  # on a cluster, the idle actors kept for the next run would outlive us
+            ray.shutdown()
+        _SESSION = None
 
 
 def connect(address: str | None, who: str = "rayfed") -> tuple[str | None, dict[str, Any]]:

@@ -42,6 +42,21 @@ def _run(seed: int, offset: int = 0, fail=None) -> dict:
         return fed.get(fed.cohorts.run(where_and_what, 0, phase="p"))
 
 
+def _gone(handle, within_s: float = 20.0) -> bool:
+    """Whether the actor answers RayActorError within ``within_s`` (ray.kill is asynchronous: a
+    call right after it may still be served)."""
+    import time
+
+    until = time.monotonic() + within_s
+    while time.monotonic() < until:
+        try:
+            ray.get(handle.ping.remote(), timeout=within_s)
+        except ray.exceptions.RayActorError:
+            return True
+        time.sleep(0.1)
+    return False
+
+
 def test_a_second_run_reuses_the_processes_and_starts_clean(ray_cluster):
     session().warm.drain()
     first = _run(seed=1)
@@ -95,7 +110,9 @@ def test_the_warm_actors_belong_to_the_ray_session_and_end_with_it(ray_cluster):
     warm.drain()
     first = _run(seed=1)
     assert session().warm is warm and len(warm) == 3  # the coordinator and both cohorts
+    idle = [h for handles in warm._idle.values() for h in handles]
     session().close()  # what rayfed.shutdown does before Ray stops
     assert len(warm) == 0
+    assert all(_gone(handle) for handle in idle)  # killed, not merely forgotten
     later = _run(seed=1)
     assert not ({v[0] for v in later.values()} & {v[0] for v in first.values()})

@@ -187,14 +187,25 @@ def test_a_member_the_backend_cannot_bring_back_is_dropped_for_good():
     assert (loss["fate"], loss["restored"]) == ("dropped for good", None)
 
 
-def test_a_sessions_warm_actors_are_drained_when_it_closes():
+def test_a_sessions_warm_actors_are_drained_when_it_closes(monkeypatch):
+    """Closing the session kills each idle actor without restart (Ray's kill recorded here; the
+    Ray test in test_actor_pool sees the actors gone) and forgets them."""
+    import ray
+
     from rayfed.runtime import Session
 
-    session = Session("job-a")
-    session.warm.give(("Cls", "opts"), object())
-    session.warm.give(("Cls", "opts"), object())
-    assert len(session.warm) == 2
+    killed = []
+    monkeypatch.setattr(ray, "is_initialized", lambda: True)
+    monkeypatch.setattr(ray, "kill", lambda handle, no_restart: killed.append((handle, no_restart)))
+    session = Session(("session_a", "01000000"))
+    a, b, c = object(), object(), object()
+    session.warm.give(("Cls", "opts"), a)
+    session.warm.give(("Cls", "opts"), b)
+    session.warm.give(("Other", "opts"), c)
+    assert len(session.warm) == 3
     session.close()
+    assert sorted(map(id, (h for h, _ in killed))) == sorted(map(id, (a, b, c)))
+    assert all(no_restart is True for _, no_restart in killed)
     assert len(session.warm) == 0 and session.warm.take(("Cls", "opts")) is None
 
 
@@ -246,4 +257,61 @@ def test_a_federation_asks_the_lifecycle_whom_to_restart():
     assert [(x["round"], x["member"], x["fate"], x["back_round"]) for x in fed.losses()] == [
         (0, "c0", "resumed", 1),
         (2, "c0", "dropped for good", None),
+    ]
+
+
+def _local_fed(deadline_s: float = 30.0):
+    import numpy as np
+    import pyarrow as pa
+
+    from rayfed.faults import Fault
+    from rayfed.federation import Federation
+    from rayfed.privacy import PrivacyDeclaration
+
+    cohorts = {f"c{i}": (pa.table({"x": np.arange(4) + 10 * i}), {}) for i in range(2)}
+    return Federation(
+        run_id="life",
+        seed=1,
+        cohorts=cohorts,
+        privacy=PrivacyDeclaration.none("test"),
+        backend="local",
+        faults=[Fault("cohorts", "c0", round=0)],
+        cohort_restarts=1,
+        deadline_s=deadline_s,
+    )
+
+
+@pytest.mark.parametrize("deadline_s", [5.0, 120.0])
+def test_a_member_the_backend_does_not_bring_back_is_given_up_for_good(deadline_s):
+    """The backend's revive returns None (on Ray: no restart within the wait): the member is
+    given up, its handle is the backend's dead one, its loss row says dropped for good, and later
+    calls fail without a new row. The wait is a startup's: max(deadline_s, 60 s)."""
+    from rayfed.backends import Dead
+
+    fed = _local_fed(deadline_s)
+    waits = []
+
+    def revive(handle, rebuild, member, wait_s):
+        waits.append((member[0], wait_s))
+        return None
+
+    fed.backend.revive = revive
+    failed = []
+    with fed:
+        for r in range(3):
+            with fed.round(r):
+                replies = fed.cohorts.run(_seen, r, phase="p", on_failure="drop")
+                failed.append((sorted(replies.failed), fed.get(replies)))
+        c0 = fed.lifecycle.member("c0")
+        assert (c0.state, c0.deaths, c0.restarts) == (D, 1, 0)
+        assert isinstance(fed.cohorts.handles["c0"], Dead)
+        assert fed.lifecycle.waiting() == []
+    assert waits == [("c0", max(deadline_s, 60.0))]
+    assert failed == [
+        (["c0"], {"c1": (46, 0)}),
+        (["c0"], {"c1": (46, 1)}),
+        (["c0"], {"c1": (46, 2)}),
+    ]
+    assert [(x["round"], x["member"], x["fate"], x["restored"]) for x in fed.losses()] == [
+        (0, "c0", "dropped for good", None)
     ]
