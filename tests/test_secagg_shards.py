@@ -228,3 +228,13 @@ def test_lfl_round_one_on_a_sharded_server_is_bit_identical():
 def test_a_bad_server_shards_option_names_it(bad):
     with pytest.raises(ConfigError, match="server_shards"):
         rayfed.run("secure-sum", users=20, dim=2, backend="local", out_dir=None, server_shards=bad)
+
+
+def test_shard_ranges_follow_the_numeric_index_at_twelve_shards():
+    """At S >= 11 a text sort puts shard-10 before shard-2: shard-i must own range i, whatever the
+    order the names come in (the federation's group lists them text-sorted)."""
+    n, s = 120, 12
+    names = sorted(f"shard-{i}" for i in range(s))  # the group's order: shard-0, shard-1, shard-10…
+    ranges = server.shard_ranges(n, names)
+    assert ranges == {f"shard-{i}": (10 * i, 10 * (i + 1)) for i in range(s)}
+    assert list(ranges) == [f"shard-{i}" for i in range(s)]

@@ -328,8 +328,10 @@ def bounds(n: int, shards: int, index: int) -> tuple[int, int]:
 
 
 def shard_ranges(n: int, names: list[str]) -> dict[str, tuple[int, int]]:
-    """Each shard (in the order given) and the contiguous positions [lo, hi) it owns."""
-    return {name: bounds(n, len(names), i) for i, name in enumerate(names)}
+    """Each shard ``shard-<i>`` and the contiguous positions [lo, hi) it owns: shard i owns
+    range i, by its numeric index (a text sort puts ``shard-10`` before ``shard-2``)."""
+    ordered = sorted(names, key=lambda name: int(name.rsplit("-", 1)[1]))
+    return {name: bounds(n, len(ordered), i) for i, name in enumerate(ordered)}
 
 
 def finish_context(ctx: StepContext, spec: RoundSpec) -> dict:
