@@ -206,11 +206,20 @@ def test_secure_sum_server_shards_option_gives_the_same_tables():
     assert "reconstruct" in three.metrics["phase_seconds"]
 
 
+@pytest.mark.auto_server_shards
 def test_auto_shards_follow_the_cluster_cpus(monkeypatch):
     for cpus, shards in [(1, 1), (2, 1), (7, 1), (8, 2), (16, 4), (64, 16), (256, 16)]:
         monkeypatch.setattr(sizing, "cluster_cpus", lambda c=cpus: c)
         assert sizing.default_server_shards("auto") == shards, cpus
     assert sizing.default_server_shards(5) == 5
+
+
+def test_auto_is_one_shard_in_the_test_suite_unless_a_test_opts_in(monkeypatch):
+    """tests/conftest.py: outside a test marked auto_server_shards, "auto" is the coordinator
+    alone even on a 16-CPU machine (the threat and golden tests patch its server steps)."""
+    monkeypatch.setattr(sizing, "cluster_cpus", lambda: 16)
+    assert sizing.default_server_shards("auto") == 1
+    assert sizing.default_server_shards(3) == 3
 
 
 def test_lfl_round_one_on_a_sharded_server_is_bit_identical():
