@@ -247,3 +247,124 @@ def test_shard_ranges_follow_the_numeric_index_at_twelve_shards():
     ranges = server.shard_ranges(n, names)
     assert ranges == {f"shard-{i}": (10 * i, 10 * (i + 1)) for i in range(s)}
     assert list(ranges) == [f"shard-{i}" for i in range(s)]
+
+
+def _transcript(monkeypatch, shards):
+    """One simulation round's transcript rows, and what each cohort's share_keys and unmask
+    answered in full (before any split by shard), and the coordinator's finish context."""
+    from rayfed.secagg import client
+
+    full = {"share_keys": {}, "unmask": {}, "finish_context": []}
+    share_keys, unmask, context = client.share_keys, client.unmask, server.finish_context
+
+    def sharing(ctx, *args):
+        out = share_keys(ctx, *args)
+        full["share_keys"][ctx.name] = out.payload
+        return out
+
+    def unmasking(ctx, *args):
+        out = unmask(ctx, *args)
+        full["unmask"][ctx.name] = out.payload
+        return out
+
+    def viewing(ctx, *args):
+        out = context(ctx, *args)
+        full["finish_context"].append(getattr(out, "payload", out))
+        return out
+
+    monkeypatch.setattr(client, "share_keys", sharing)
+    monkeypatch.setattr(client, "unmask", unmasking)
+    monkeypatch.setattr(server, "finish_context", viewing)
+    dealt = per_user(pa.table({"uid": IDS}), "uid", 3)
+    params = find_params(N, dropout=0.3, corrupt=0.05)
+    spec = make_spec(
+        round=0,
+        mode="simulation",
+        registry=IDS,
+        params=params,
+        encoding=FixedPoint.choose(N, 1.0, 12),
+        dim=DIM,
+        dropout=SCHEDULE,
+    )
+    with Federation(
+        run_id="shards",
+        seed=SEED,
+        cohorts={k: (t, {}) for k, t in dealt.items()},
+        privacy=PrivacyDeclaration.none("test"),
+        backend="local",
+        server_shards=shards,
+    ) as fed:
+        result = secure_sum(
+            fed.cohorts,
+            spec,
+            synthetic_inputs,
+            (DIM, 1.0),
+            server=fed.coordinator,
+            shards=fed.shards,
+        )
+        rows = list(fed.transcript.rows)
+    return rows, full, result
+
+
+def _split_bytes(payload, lo, hi, by):
+    """Bytes of a payload's part for the range [lo, hi) of ``by`` (pos kept whole), computed
+    here from the sizes alone: 8 per int64 key, the arrays' buffers."""
+    rows = (payload[by] >= lo) & (payload[by] < hi)
+    return sum(
+        len(k) + (np.asarray(v).nbytes if k == "pos" else np.asarray(v)[rows].nbytes)
+        for k, v in payload.items()
+    )
+
+
+def test_the_sharded_transcript_has_one_row_per_receiver_with_its_bytes(monkeypatch):
+    """S = 2: every message is one row per (sender, receiver) with that part's own bytes (not the
+    member's total on every row), the shards' routed shares reach every cohort, and the context
+    broadcasts (coordinator -> each shard) and partial corrections (each shard -> coordinator) are
+    in it. The total is S = 1's plus exactly the sharded server's extra messages, computed here."""
+    s, base_rows, _, base = 2, *_transcript(monkeypatch, 1)
+    monkeypatch.undo()
+    rows, full, result = _transcript(monkeypatch, s)
+    assert np.array_equal(result.words, base.words)
+    keys = [(r["phase"], r["sender"], r["receiver"]) for r in rows]
+    assert len(keys) == len(set(keys)), "one row per (phase, sender, receiver)"
+    shard_names = [f"shard-{i}" for i in range(s)]
+    ranges = {name: server.bounds(N, s, i) for i, name in enumerate(shard_names)}
+    by_key = {(r["phase"], r["sender"], r["receiver"]): r["bytes"] for r in rows}
+    cohorts = sorted(full["share_keys"])
+    for phase, by in (("share_keys", "receiver"), ("unmask", "owner")):
+        for c in cohorts:
+            for name, (lo, hi) in ranges.items():
+                want = _split_bytes(full[phase][c], lo, hi, by)
+                assert by_key[(phase, c, name)] == want, (phase, c, name)
+    for name in shard_names:
+        for c in cohorts:
+            assert (("route_shares", name, c)) in by_key
+        assert ("route_shares", name, "coordinator") in by_key
+        assert ("route_context", "coordinator", name) in by_key
+        assert ("finish_context", "coordinator", name) in by_key
+        assert (
+            by_key[("reconstruct", name, "coordinator")]
+            == len("correction") + 8 * DIM + len("responders") + 8
+        )
+    total = sum(r["bytes"] for r in rows)
+    base_total = sum(r["bytes"] for r in base_rows)
+    u2 = 8 * base.counts["share_keys"]
+    extra = 0
+    for phase in ("share_keys", "unmask"):  # each shard's part repeats the keys and pos
+        for c in cohorts:
+            payload = full[phase][c]
+            extra += (s - 1) * sum(len(k) for k in payload) + (s - 1) * payload["pos"].nbytes
+    # routed shares: each shard's message to a cohort repeats sender/receiver/ct's keys; U2 leaves
+    # the routes (S = 1: in every cohort's message) for the coordinator's broadcast (as many), and
+    # every shard sends it to the coordinator
+    extra += len(cohorts) * (s - 1) * len("senderreceiverct") + s * (len("u2") + u2)
+    cohort_of = sum(
+        len(c) + 8 * len(t) for c, t in per_user(pa.table({"uid": IDS}), "uid", 3).items()
+    )
+    extra += s * cohort_of  # route_context: every cohort's user positions, to each shard
+    (view,) = full["finish_context"]
+    u1 = view["u1"].size
+    assert view["s_pk"].nbytes == 32 * u1  # the n·32 B key table goes to every shard
+    extra += s * rayfed.actors.base.nbytes_of(view)
+    extra += s * (len("correction") + 8 * DIM + len("responders") + 8)  # the partials
+    assert total == base_total + extra

@@ -148,10 +148,10 @@ def route_shares(ctx: StepContext, spec: RoundSpec, replies: dict) -> dict[str, 
     return out
 
 
-def route_context(ctx: StepContext, spec: RoundSpec) -> dict[str, np.ndarray]:
+def route_context(ctx: StepContext, spec: RoundSpec) -> Message:
     """What the shards need to route shares: each cohort's user positions (from advertise)."""
     st = _state(ctx, spec, Phase.SHARE_KEYS)
-    return dict(st.cohort_of)
+    return Message("route_context", dict(st.cohort_of), to="shards")
 
 
 def shard_route(
@@ -334,28 +334,29 @@ def shard_ranges(n: int, names: list[str]) -> dict[str, tuple[int, int]]:
     return {name: bounds(n, len(ordered), i) for i, name in enumerate(ordered)}
 
 
-def finish_context(ctx: StepContext, spec: RoundSpec) -> dict:
+def finish_context(ctx: StepContext, spec: RoundSpec) -> Message:
     """What every shard needs of the coordinator's round state (O(n), never O(n·k)): the key
     table, U2, U3, the graph's seed and, in dealer mode, the dealer's key."""
     st = _state(ctx, spec, Phase.UNMASK)
     view = _view(ctx, spec, st)
     view["counts"] = dict(st.counts)
-    return view
+    return Message("finish_context", view, to="shards")
 
 
 def shard_finish(
     ctx: StepContext, spec: RoundSpec, view: dict, replies: dict, owned: tuple[int, int]
-) -> dict:
+) -> Message:
     """One shard's part of :func:`finish`: the correction for the owners in ``owned`` = [lo, hi),
     from each cohort's shares of those owners (and all its responders' positions)."""
     responders = np.sort(_concat(replies, "pos", np.int64))
     if responders.size < spec.min_survivors:  # the same abort as the coordinator's quorum check
         raise BelowThreshold("unmask", int(responders.size), spec.min_survivors, spec.round)
     lo, hi = owned
-    return {
+    partial = {
         "correction": _correction(spec, view, replies, responders, lo, hi),
         "responders": int(responders.size),
     }
+    return Message("partial_correction", partial, to="coordinator")
 
 
 def finish_sharded(ctx: StepContext, spec: RoundSpec, partials: dict) -> dict:
