@@ -5,6 +5,8 @@ keys are reconstructed), on both backends."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -12,7 +14,7 @@ import pytest
 import rayfed
 from rayfed import sizing
 from rayfed.data import per_user
-from rayfed.errors import ConfigError, PartyFailed
+from rayfed.errors import BelowThreshold, ConfigError, PartyFailed
 from rayfed.faults import parse
 from rayfed.federation import Federation
 from rayfed.privacy import PrivacyDeclaration
@@ -368,3 +370,49 @@ def test_the_sharded_transcript_has_one_row_per_receiver_with_its_bytes(monkeypa
     extra += s * rayfed.actors.base.nbytes_of(view)
     extra += s * (len("correction") + 8 * DIM + len("responders") + 8)  # the partials
     assert total == base_total + extra
+
+
+@pytest.mark.parametrize("mode", ["simulation", "dealer"])
+def test_too_few_shares_abort_is_the_same_for_any_number_of_shards(mode):
+    """Weak parameters (k = 8, t = 6, as allow_weak_params would let through) and 12 users silent
+    at unmask: some owners keep fewer than t shares. The abort names the fewest shares of all
+    owners (at the lowest such position), as the coordinator alone does: a shard reports its
+    shortfall and the coordinator picks the global one (was: the first failing shard's own)."""
+    dealt = per_user(pa.table({"uid": IDS}), "uid", 3)
+    params = dataclasses.replace(find_params(N, dropout=0.3, corrupt=0.05), degree=8, threshold=6)
+    unmask = [2, 4, 11, 13, 17, 22, 23, 26, 33, 49, 51, 57]
+    spec = make_spec(
+        round=0,
+        mode=mode,
+        registry=IDS,
+        params=params,
+        encoding=FixedPoint.choose(N, 1.0, 12),
+        dim=DIM,
+        dropout=DropoutSchedule(
+            explicit={"masked_input": IDS[[1, 7, 46]].tolist(), "unmask": IDS[unmask].tolist()}
+        ),
+    )
+    errors = {}
+    for s in (1, 2, 3):
+        with Federation(
+            run_id="shards",
+            seed=SEED,
+            cohorts={k: (t, {}) for k, t in dealt.items()},
+            privacy=PrivacyDeclaration.none("test"),
+            backend="local",
+            server_shards=s,
+        ) as fed:
+            with pytest.raises(BelowThreshold) as err:
+                secure_sum(
+                    fed.cohorts,
+                    spec,
+                    synthetic_inputs,
+                    (DIM, 1.0),
+                    server=fed.coordinator,
+                    shards=fed.shards,
+                )
+        e = err.value
+        errors[s] = (e.phase, e.alive, e.threshold, e.needed, e.what)
+    # the coordinator alone: 4 shares of position 25, the fewest (graph and drops are seeded)
+    assert errors[1] == ("unmask", 4, 6, "Shamir threshold t", "shares of the user at position 25")
+    assert errors[2] == errors[1] and errors[3] == errors[1]

@@ -256,15 +256,7 @@ def _pick_shares(
     ends = np.searchsorted(owner, owners_needed, side="right")
     have = ends - starts
     if have.min() < t:
-        worst = int(owners_needed[np.argmin(have)])
-        raise BelowThreshold(
-            phase,
-            int(have.min()),
-            t,
-            spec.round,
-            what=f"shares of the user at position {worst}",
-            needed="Shamir threshold t",
-        )
+        raise _short_of_shares(phase, have, owners_needed, t, spec)
     idx = starts[:, None] + np.arange(t)[None, :]
     return holder[idx] + 1, share[idx]
 
@@ -349,13 +341,21 @@ def shard_finish(
     """One shard's part of :func:`finish`: the correction for the owners in ``owned`` = [lo, hi),
     from each cohort's shares of those owners (and all its responders' positions)."""
     responders = np.sort(_concat(replies, "pos", np.int64))
-    if responders.size < spec.min_survivors:  # the same abort as the coordinator's quorum check
-        raise BelowThreshold("unmask", int(responders.size), spec.min_survivors, spec.round)
+    partial = {"correction": np.zeros(spec.dim, np.uint64), "responders": int(responders.size)}
+    if responders.size < spec.min_survivors:  # the coordinator's quorum check aborts the round
+        return Message("partial_correction", partial, to="coordinator")
     lo, hi = owned
-    partial = {
-        "correction": _correction(spec, view, replies, responders, lo, hi),
-        "responders": int(responders.size),
-    }
+    try:
+        partial["correction"] = _correction(spec, view, replies, responders, lo, hi)
+    except BelowThreshold as err:  # the coordinator raises the fewest of all shards'
+        partial["deficit"] = {
+            "stage": getattr(err, "stage", 0),
+            "alive": err.alive,
+            "position": err.position,
+            "threshold": err.threshold,
+            "what": err.what,
+            "needed": err.needed,
+        }
     return Message("partial_correction", partial, to="coordinator")
 
 
@@ -364,6 +364,12 @@ def finish_sharded(ctx: StepContext, spec: RoundSpec, partials: dict) -> dict:
     st = _state(ctx, spec, Phase.UNMASK)
     (responders,) = {int(p["responders"]) for p in partials.values()}
     _quorum(st, "unmask", responders)
+    deficits = [p["deficit"] for p in partials.values() if "deficit" in p]
+    if deficits:  # as finish: self masks before dropped keys, then the fewest shares, lowest position
+        d = min(deficits, key=lambda d: (d["stage"], d["alive"], d["position"]))
+        raise BelowThreshold(
+            "unmask", d["alive"], d["threshold"], spec.round, what=d["what"], needed=d["needed"]
+        )
     total = st.y_sum.copy()
     for name in sorted(partials):
         total -= np.asarray(partials[name]["correction"], dtype=np.uint64)
@@ -430,15 +436,19 @@ def _correction(
             total += _crypto.expand(seed_bytes.tobytes(), spec.dim, spec.word_dtype).astype(
                 np.uint64
             )
-        keys = _reconstruct(
-            owner[key_rows],
-            holder[key_rows],
-            share[key_rows],
-            own_dropped,
-            spec,
-            "unmask",
-            responders,
-        )
+        try:
+            keys = _reconstruct(
+                owner[key_rows],
+                holder[key_rows],
+                share[key_rows],
+                own_dropped,
+                spec,
+                "unmask",
+                responders,
+            )
+        except BelowThreshold as err:  # checked after every owner's self mask (see finish_sharded)
+            err.stage = 1
+            raise
         _add_dropped_pair_masks(spec, view, own_dropped, keys, total)
     return total
 
@@ -457,15 +467,23 @@ def _check_recoverable(
     else:
         have = responding[graph.neighbours(owners)].sum(axis=1)
     if have.min() < spec.threshold:
-        worst = int(owners[np.argmin(have)])
-        raise BelowThreshold(
-            "unmask",
-            int(have.min()),
-            spec.threshold,
-            spec.round,
-            what=f"shares of the user at position {worst}",
-            needed="Shamir threshold t",
-        )
+        raise _short_of_shares("unmask", have, owners, spec.threshold, spec)
+
+
+def _short_of_shares(phase: str, have, owners, t: int, spec: RoundSpec) -> BelowThreshold:
+    """The abort for owners with fewer than t shares: the fewest, at its lowest position (kept
+    as ``position`` for a sharded server, whose coordinator picks the same one of all shards)."""
+    worst = int(owners[np.argmin(have)])
+    err = BelowThreshold(
+        phase,
+        int(have.min()),
+        t,
+        spec.round,
+        what=f"shares of the user at position {worst}",
+        needed="Shamir threshold t",
+    )
+    err.position = worst
+    return err
 
 
 def _add_dropped_pair_masks(spec: RoundSpec, view: dict, dropped, keys, total) -> None:
