@@ -49,7 +49,7 @@ from rayfed.privacy.source import RANDOMNESS
 __all__ = ["Federation", "Group", "PerMember", "Replies", "Single", "Transcript"]
 
 BACKENDS = ("ray", "local")
-RESERVED = ("coordinator", "parties", "cohorts")
+RESERVED = ("coordinator", "parties", "cohorts", "shards")
 STARTUP_DEADLINE_S = 60.0
 ACTORS = {
     "coordinator": CoordinatorActor,

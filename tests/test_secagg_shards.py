@@ -19,7 +19,14 @@ from rayfed.faults import parse
 from rayfed.federation import Federation
 from rayfed.privacy import PrivacyDeclaration
 from rayfed.protocols.secure_sum.steps import synthetic_inputs
-from rayfed.secagg import FixedPoint, find_params, make_spec, secure_sum, server
+from rayfed.secagg import (
+    FixedPoint,
+    ProtocolViolation,
+    find_params,
+    make_spec,
+    secure_sum,
+    server,
+)
 from rayfed.secagg.graph import NeighbourGraph
 from rayfed.secagg.phases import drop_codes
 from rayfed.secagg.phases import schedule as DropoutSchedule
@@ -233,6 +240,7 @@ def test_lfl_round_one_on_a_sharded_server_is_bit_identical():
     for name in one.tables:
         assert two.tables[name].equals(one.tables[name]), name
     assert two.metrics["test_mse"] == one.metrics["test_mse"]
+    assert one.metrics["server_shards"] == 1 and two.metrics["server_shards"] == 2
 
 
 @pytest.mark.parametrize("bad", [0, "many", 1.5])
@@ -416,3 +424,39 @@ def test_too_few_shares_abort_is_the_same_for_any_number_of_shards(mode):
     # the coordinator alone: 4 shares of position 25, the fewest (graph and drops are seeded)
     assert errors[1] == ("unmask", 4, 6, "Shamir threshold t", "shares of the user at position 25")
     assert errors[2] == errors[1] and errors[3] == errors[1]
+
+
+def test_the_private_mean_reports_its_server_shards():
+    """The DP path (private mean estimation) reports server_shards as the exact sum does."""
+    kw = dict(users=40, dim=4, seed=5, out_dir=None, backend="local", cohorts=2)
+    kw.update(dp_mechanism="gaussian", epsilon=1.0, mode="simulation")
+    for s in (1, 2):
+        assert rayfed.run("secure-sum", server_shards=s, **kw).metrics["server_shards"] == s
+
+
+def test_shards_that_count_different_responders_are_a_protocol_violation(monkeypatch):
+    """A shard that answers another responder count than the rest: the coordinator refuses the
+    round as a ProtocolViolation naming both counts (was: a ValueError unpacking them)."""
+    finish = server.shard_finish
+
+    def lying(ctx, *args):
+        out = finish(ctx, *args)
+        if ctx.name == "shard-1":
+            out.payload["responders"] += 1
+        return out
+
+    monkeypatch.setattr(server, "shard_finish", lying)
+    with pytest.raises(ProtocolViolation, match="counted different responders"):
+        _round("simulation", 2)
+
+
+def test_shards_is_a_reserved_member_name():
+    """'shards' addresses the server shards' group (to="shards"): no party or cohort takes it."""
+    with pytest.raises(ConfigError, match="reserved"):
+        Federation(
+            run_id="t",
+            seed=0,
+            cohorts={"shards": (pa.table({"uid": [1]}), {})},
+            privacy=PrivacyDeclaration.none("test"),
+            backend="local",
+        )

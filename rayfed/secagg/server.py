@@ -362,10 +362,17 @@ def shard_finish(
 def finish_sharded(ctx: StepContext, spec: RoundSpec, partials: dict) -> dict:
     """The coordinator's end of a sharded finish: y_sum minus every shard's correction."""
     st = _state(ctx, spec, Phase.UNMASK)
-    (responders,) = {int(p["responders"]) for p in partials.values()}
+    counted = {int(p["responders"]) for p in partials.values()}
+    if len(counted) != 1:
+        raise ProtocolViolation(
+            f"the server shards counted different responders: {sorted(counted)}"
+        )
+    (responders,) = counted
     _quorum(st, "unmask", responders)
     deficits = [p["deficit"] for p in partials.values() if "deficit" in p]
-    if deficits:  # as finish: self masks before dropped keys, then the fewest shares, lowest position
+    if (
+        deficits
+    ):  # as finish: self masks before dropped keys, then the fewest shares, lowest position
         d = min(deficits, key=lambda d: (d["stage"], d["alive"], d["position"]))
         raise BelowThreshold(
             "unmask", d["alive"], d["threshold"], spec.round, what=d["what"], needed=d["needed"]
