@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import dataclasses
 import threading
 import time
 from abc import ABC, abstractmethod
@@ -32,7 +31,8 @@ class Replies:
     ``failed`` members are dropouts (``died``: the ones whose actor is gone)."""
 
     payloads: dict[str, Any]
-    metas: dict[str, MessageMeta | None]
+    #: a member's meta, or (``scatter_to``) a tuple of them, one per receiver
+    metas: dict[str, MessageMeta | tuple[MessageMeta, ...] | None]
     failed: list[str] = field(default_factory=list)
     died: list[str] = field(default_factory=list)
 
@@ -123,7 +123,7 @@ class Backend(ABC):
     ) -> Replies:
         """Run ``steps[name](ctx, *args, **kwargs)`` on every member and gather the replies.
         With ``scatter_to`` (receiver names) each member's step answers one Message per receiver, and
-        its payload is ``{receiver: payload}``, each a separate object (see :func:`merged_meta`)."""
+        its payload is ``{receiver: payload}``, each a separate object (see :func:`scatter_metas`)."""
 
     @abstractmethod
     def scatter(self, handle, name, step, to, args, kwargs, *, deadline_s, where: Where):
@@ -179,11 +179,10 @@ class Backend(ABC):
         return None
 
 
-def merged_meta(metas: dict[str, MessageMeta], receivers: list[str]) -> MessageMeta:
-    """The transcript's one row for a member's split reply: its messages (all addressed alike,
-    e.g. ``to="shards"``) with their bytes summed."""
-    first = metas[receivers[0]]
-    return dataclasses.replace(first, nbytes=sum(metas[n].nbytes for n in receivers))
+def scatter_metas(metas: dict[str, MessageMeta], receivers: list[str]) -> tuple[MessageMeta, ...]:
+    """A member's split reply in the transcript: one meta per receiver (each message addressed to
+    its receiver, with its own bytes), recorded separately."""
+    return tuple(metas[n] for n in receivers)
 
 
 class Dead:
@@ -244,7 +243,7 @@ class LocalBackend(Backend):
                     metas[name], payloads[name] = handle.run(steps[name], spec)
                 else:
                     by, *parts = handle.run_scatter(steps[name], list(scatter_to), spec)
-                    metas[name] = merged_meta(by, scatter_to)
+                    metas[name] = scatter_metas(by, scatter_to)
                     payloads[name] = dict(zip(scatter_to, parts, strict=True))
             except RayfedError:
                 raise
@@ -358,7 +357,7 @@ class RayBackend(Backend):
             try:
                 metas[name] = ray.get(meta_ref, timeout=deadline_s)
                 if scatter_to is not None:
-                    metas[name] = merged_meta(metas[name], scatter_to)
+                    metas[name] = scatter_metas(metas[name], scatter_to)
             except ray.exceptions.RayError as err:
                 if isinstance(_cause(err), RayfedError):
                     raise _cause(err) from err

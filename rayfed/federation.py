@@ -51,7 +51,7 @@ from rayfed.privacy.source import RANDOMNESS
 __all__ = ["Federation", "Group", "PerMember", "Replies", "Single", "Transcript"]
 
 BACKENDS = ("ray", "local")
-RESERVED = ("coordinator", "parties", "cohorts")
+RESERVED = ("coordinator", "parties", "cohorts", "shards")
 STARTUP_DEADLINE_S = 60.0
 ACTORS = {
     "coordinator": CoordinatorActor,
@@ -621,7 +621,10 @@ class Federation:
             {"round": self.round_no, "phase": phase, "role": role, "seconds": seconds}
         )
         dp_items, shared_items = [], []
-        metas = [replies.metas[name] for name in sorted(replies.metas)]
+        metas = []
+        for name in sorted(replies.metas):  # a split reply (scatter_to): one meta per receiver
+            meta = replies.metas[name]
+            metas.extend(meta if isinstance(meta, tuple) else [meta])
         metas = [meta for meta in metas if meta is not None]
         carried = self._carried.setdefault(self.round_no, [])
         for meta in metas:

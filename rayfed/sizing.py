@@ -34,11 +34,18 @@ def default_cohorts(users: int, requested: int | None) -> int:
     return max(1, min(requested or cluster_cpus(), users))
 
 
+#: whether server_shards="auto" follows the cluster's CPUs; the test suite sets it False
+#: (tests/conftest.py) so that a test's server does not depend on the machine it runs on
+AUTO_SERVER_SHARDS = True
+
+
 def default_server_shards(requested: int | str) -> int:
     """``requested``, or for "auto" one shard per 4 cluster CPUs (at most 16); below 8 CPUs 1:
     the coordinator alone is the whole server (CI, laptops, the golden runs)."""
     if requested != "auto":
         return int(requested)
+    if not AUTO_SERVER_SHARDS:
+        return 1
     cpus = cluster_cpus()
     return 1 if cpus < 8 else min(16, cpus // 4)
 

@@ -12,6 +12,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parent / "golden"))
 import record  # noqa: E402, F401
 
 
+@pytest.fixture(autouse=True)
+def _unsharded_auto(request, monkeypatch):
+    """server_shards="auto" is 1 in every test, whatever the machine's CPUs (the rule would shard
+    the server from 8 CPUs on, and tests that patch the coordinator's server steps or compare
+    transcripts and goldens would test the unsharded server no more); a test marked
+    ``auto_server_shards`` gets the CPU rule (:func:`rayfed.sizing.default_server_shards`)."""
+    if request.node.get_closest_marker("auto_server_shards") is None:
+        from rayfed import sizing
+
+        monkeypatch.setattr(sizing, "AUTO_SERVER_SHARDS", False)
+
+
 @pytest.fixture(scope="session")
 def ray_cluster():
     """A local Ray shared by every test that needs one; shut down at the end of the session."""

@@ -297,7 +297,11 @@ _NO_SHARES = {
     "share": np.zeros((0, shamir.CHUNKS), np.int64),
 }
 
-SECURE_SUM = dict(users=100, dim=4, cohorts=3, seed=7, backend="local", out_dir=None)
+#: server_shards=1: the attacks patch the coordinator's server steps (route_shares, finish), which
+#: a sharded server does not run
+SECURE_SUM = dict(
+    users=100, dim=4, cohorts=3, seed=7, backend="local", out_dir=None, server_shards=1
+)
 
 
 def _secure_sum_attack(monkeypatch, threat_model, mutant=None, quorum=None, attack=None):
@@ -396,7 +400,16 @@ def test_the_consistency_round_alone_does_not_stop_the_isolation_attack(monkeypa
 
 
 # --- LFL federated-mf: the isolated user's Round-1 message ---------------------------------------
-LFL = dict(users=100, items=12, iterations=1, cohorts=3, seed=3, backend="local", out_dir=None)
+LFL = dict(
+    users=100,
+    items=12,
+    iterations=1,
+    cohorts=3,
+    seed=3,
+    backend="local",
+    out_dir=None,
+    server_shards=1,
+)
 
 
 def _lfl_attack(monkeypatch, threat_model, mutant=None, quorum=None):
@@ -532,6 +545,22 @@ def test_the_clients_refuse_a_survivors_list_below_the_quorum_in_secure_sum(
     with pytest.raises(ProtocolViolation, match="holds 67 users, fewer than the quorum of 70"):
         rayfed.run("secure-sum", **options)
     assert not decoded
+
+
+def test_the_clients_refuse_a_survivors_list_below_the_quorum_with_a_sharded_server(monkeypatch):
+    """The same malicious coordinator in front of two server shards (it still collects the masked
+    inputs and signatures; the shards only route and reconstruct): the clients refuse to sign the
+    67 users it declares, so no shard is asked to unmask anything and nothing is decoded."""
+    decoded = _skip_quorum_and_drop_a_cohort(monkeypatch)
+    routed, unmasked = [], []
+    route, split = server.shard_route, client.unmask_split
+    monkeypatch.setattr(server, "shard_route", lambda *a: routed.append(1) or route(*a))
+    monkeypatch.setattr(client, "unmask_split", lambda *a: unmasked.append(1) or split(*a))
+    options = dict(SECURE_SUM, mode="simulation", threat_model="malicious", server_shards=2)
+    with pytest.raises(ProtocolViolation, match="holds 67 users, fewer than the quorum of 70"):
+        rayfed.run("secure-sum", **options)
+    assert len(routed) == 2  # the round ran on the two shards
+    assert not decoded and not unmasked
 
 
 def test_the_clients_refuse_a_round1_sum_below_lfl_threshold(monkeypatch):

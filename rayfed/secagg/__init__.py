@@ -196,7 +196,7 @@ def secure_sum(
     # randomness beacon), not through the coordinator
     pki = (keys, beacon) if spec.consistency else ()
     sharded = shards is not None and len(shards.names) >= 2
-    # shard i (in name order) owns the user positions server.bounds(n, S, i): it routes the
+    # shard-<i> (by its index i) owns the user positions server.bounds(n, S, i): it routes the
     # shares they receive and reconstructs their secrets
     ranges = server_steps.shard_ranges(spec.n, shards.names) if sharded else {}
     if sharded:

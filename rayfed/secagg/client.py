@@ -404,11 +404,11 @@ def share_keys_split(
     out = {}
     for name, (lo, hi) in ranges.items():
         if receiver is None:  # dealer and plain modes share nothing: U2's part only
-            out[name] = Message("shares", payload, to="shards")
+            out[name] = Message("shares", payload, to=name)
             continue
         rows = (receiver >= lo) & (receiver < hi)
         part = {k: (v if k == "pos" else v[rows]) for k, v in payload.items()}
-        out[name] = Message("shares", part, to="shards")
+        out[name] = Message("shares", part, to=name)
     return out
 
 
@@ -826,7 +826,7 @@ def unmask_split(
     for name, (lo, hi) in ranges.items():
         rows = (owner >= lo) & (owner < hi)
         part = {k: (v if k == "pos" else v[rows]) for k, v in payload.items()}
-        out[name] = Message("unmask_shares", part, to="shards")
+        out[name] = Message("unmask_shares", part, to=name)
     return out
 
 

@@ -154,10 +154,10 @@ def route_shares(ctx: StepContext, spec: RoundSpec, replies: dict) -> dict[str, 
     return out
 
 
-def route_context(ctx: StepContext, spec: RoundSpec) -> dict[str, np.ndarray]:
+def route_context(ctx: StepContext, spec: RoundSpec) -> Message:
     """What the shards need to route shares: each cohort's user positions (from advertise)."""
     st = _state(ctx, spec, Phase.SHARE_KEYS)
-    return dict(st.cohort_of)
+    return Message("route_context", dict(st.cohort_of), to="shards")
 
 
 def shard_route(
@@ -262,15 +262,7 @@ def _pick_shares(
     ends = np.searchsorted(owner, owners_needed, side="right")
     have = ends - starts
     if have.min() < t:
-        worst = int(owners_needed[np.argmin(have)])
-        raise BelowThreshold(
-            phase,
-            int(have.min()),
-            t,
-            spec.round,
-            what=f"shares of the user at position {worst}",
-            needed="Shamir threshold t",
-        )
+        raise _short_of_shares(phase, have, owners_needed, t, spec)
     idx = starts[:, None] + np.arange(t)[None, :]
     return holder[idx] + 1, share[idx]
 
@@ -334,39 +326,63 @@ def bounds(n: int, shards: int, index: int) -> tuple[int, int]:
 
 
 def shard_ranges(n: int, names: list[str]) -> dict[str, tuple[int, int]]:
-    """Each shard (in the order given) and the contiguous positions [lo, hi) it owns."""
-    return {name: bounds(n, len(names), i) for i, name in enumerate(names)}
+    """Each shard ``shard-<i>`` and the contiguous positions [lo, hi) it owns: shard i owns
+    range i, by its numeric index (a text sort puts ``shard-10`` before ``shard-2``)."""
+    ordered = sorted(names, key=lambda name: int(name.rsplit("-", 1)[1]))
+    return {name: bounds(n, len(ordered), i) for i, name in enumerate(ordered)}
 
 
-def finish_context(ctx: StepContext, spec: RoundSpec) -> dict:
+def finish_context(ctx: StepContext, spec: RoundSpec) -> Message:
     """What every shard needs of the coordinator's round state (O(n), never O(n·k)): the key
     table, U2, U3, the graph's seed and, in dealer mode, the dealer's key."""
     st = _state(ctx, spec, Phase.UNMASK)
     view = _view(ctx, spec, st)
     view["counts"] = dict(st.counts)
-    return view
+    return Message("finish_context", view, to="shards")
 
 
 def shard_finish(
     ctx: StepContext, spec: RoundSpec, view: dict, replies: dict, owned: tuple[int, int]
-) -> dict:
+) -> Message:
     """One shard's part of :func:`finish`: the correction for the owners in ``owned`` = [lo, hi),
     from each cohort's shares of those owners (and all its responders' positions)."""
     responders = np.sort(_concat(replies, "pos", np.int64))
-    if responders.size < spec.min_survivors:  # the same abort as the coordinator's quorum check
-        raise BelowThreshold("unmask", int(responders.size), spec.min_survivors, spec.round)
+    partial = {"correction": np.zeros(spec.dim, np.uint64), "responders": int(responders.size)}
+    if responders.size < spec.min_survivors:  # the coordinator's quorum check aborts the round
+        return Message("partial_correction", partial, to="coordinator")
     lo, hi = owned
-    return {
-        "correction": _correction(spec, view, replies, responders, lo, hi),
-        "responders": int(responders.size),
-    }
+    try:
+        partial["correction"] = _correction(spec, view, replies, responders, lo, hi)
+    except BelowThreshold as err:  # the coordinator raises the fewest of all shards'
+        partial["deficit"] = {
+            "stage": getattr(err, "stage", 0),
+            "alive": err.alive,
+            "position": err.position,
+            "threshold": err.threshold,
+            "what": err.what,
+            "needed": err.needed,
+        }
+    return Message("partial_correction", partial, to="coordinator")
 
 
 def finish_sharded(ctx: StepContext, spec: RoundSpec, partials: dict) -> dict:
     """The coordinator's end of a sharded finish: y_sum minus every shard's correction."""
     st = _state(ctx, spec, Phase.UNMASK)
-    (responders,) = {int(p["responders"]) for p in partials.values()}
+    counted = {int(p["responders"]) for p in partials.values()}
+    if len(counted) != 1:
+        raise ProtocolViolation(
+            f"the server shards counted different responders: {sorted(counted)}"
+        )
+    (responders,) = counted
     _quorum(st, "unmask", responders)
+    deficits = [p["deficit"] for p in partials.values() if "deficit" in p]
+    if (
+        deficits
+    ):  # as finish: self masks before dropped keys, then the fewest shares, lowest position
+        d = min(deficits, key=lambda d: (d["stage"], d["alive"], d["position"]))
+        raise BelowThreshold(
+            "unmask", d["alive"], d["threshold"], spec.round, what=d["what"], needed=d["needed"]
+        )
     total = st.y_sum.copy()
     for name in sorted(partials):
         total -= np.asarray(partials[name]["correction"], dtype=np.uint64)
@@ -433,15 +449,19 @@ def _correction(
             total += _crypto.expand(seed_bytes.tobytes(), spec.dim, spec.word_dtype).astype(
                 np.uint64
             )
-        keys = _reconstruct(
-            owner[key_rows],
-            holder[key_rows],
-            share[key_rows],
-            own_dropped,
-            spec,
-            "unmask",
-            responders,
-        )
+        try:
+            keys = _reconstruct(
+                owner[key_rows],
+                holder[key_rows],
+                share[key_rows],
+                own_dropped,
+                spec,
+                "unmask",
+                responders,
+            )
+        except BelowThreshold as err:  # checked after every owner's self mask (see finish_sharded)
+            err.stage = 1
+            raise
         _add_dropped_pair_masks(spec, view, own_dropped, keys, total)
     return total
 
@@ -463,15 +483,23 @@ def _check_recoverable(
             [graph.count_in(owners[a : a + step], responding) for a in range(0, owners.size, step)]
         )
     if have.min() < spec.threshold:
-        worst = int(owners[np.argmin(have)])
-        raise BelowThreshold(
-            "unmask",
-            int(have.min()),
-            spec.threshold,
-            spec.round,
-            what=f"shares of the user at position {worst}",
-            needed="Shamir threshold t",
-        )
+        raise _short_of_shares("unmask", have, owners, spec.threshold, spec)
+
+
+def _short_of_shares(phase: str, have, owners, t: int, spec: RoundSpec) -> BelowThreshold:
+    """The abort for owners with fewer than t shares: the fewest, at its lowest position (kept
+    as ``position`` for a sharded server, whose coordinator picks the same one of all shards)."""
+    worst = int(owners[np.argmin(have)])
+    err = BelowThreshold(
+        phase,
+        int(have.min()),
+        t,
+        spec.round,
+        what=f"shares of the user at position {worst}",
+        needed="Shamir threshold t",
+    )
+    err.position = worst
+    return err
 
 
 def _add_dropped_pair_masks(spec: RoundSpec, view: dict, dropped, keys, total) -> None:

@@ -31,7 +31,15 @@ HERE = Path(__file__).resolve().parent
 
 
 def golden_run(name: str, example: dict) -> rayfed.Result:
-    return rayfed.run(name, backend="local", out_dir=None, seed=0, **example)
+    """The example's run; server_shards="auto" is the coordinator alone (the goldens were
+    recorded unsharded; a sharded run adds transcript rows), whatever this machine's CPUs."""
+    import rayfed.sizing
+
+    auto, rayfed.sizing.AUTO_SERVER_SHARDS = rayfed.sizing.AUTO_SERVER_SHARDS, False
+    try:
+        return rayfed.run(name, backend="local", out_dir=None, seed=0, **example)
+    finally:
+        rayfed.sizing.AUTO_SERVER_SHARDS = auto
 
 
 def ledger(result: rayfed.Result) -> list[dict]:

@@ -132,7 +132,7 @@ def _private(fed, cfg: SecureSumConfig, plan: Plan) -> Outcome:
         clock.append(params.schedule.simulated_seconds(fed.seed, r, params.registry))
     released = private.release(dp, result, int(result.survivors.size))
     truth = report.true_mean(plan, result.survivors)
-    return report.private_outcome(
+    outcome = report.private_outcome(
         cfg,
         plan,
         rows,
@@ -143,6 +143,8 @@ def _private(fed, cfg: SecureSumConfig, plan: Plan) -> Outcome:
         phase_seconds=fed.phase_seconds(),
         simulated_seconds=clock,
     )
+    outcome.metrics["server_shards"] = max(1, len(fed.shards))
+    return outcome
 
 
 def _remove(fed, dp, r: int, result, schedule):

@@ -75,10 +75,8 @@ def plan(cfg: SecureSumConfig, seed: int) -> Plan:
         rounds=cfg.rounds,
         inputs=schedule.notes,
         adjusted=cohorts_adjusted(n, cfg.cohorts, n_cohorts),
-        cohort_restarts=cfg.rounds,
-        server_shards=default_server_shards(
-            cfg.server_shards
-        ),  # a cohort's state lives for one round: restart it
+        cohort_restarts=cfg.rounds,  # a cohort's state lives for one round: restart it
+        server_shards=default_server_shards(cfg.server_shards),
         evaluation=Evaluation(table=table if columns else None),  # the raw values: both references
         params=Params(
             registry=registry,

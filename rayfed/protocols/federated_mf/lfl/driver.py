@@ -89,6 +89,7 @@ def drive(fed, cfg: FederatedMFConfig, plan: Plan) -> Outcome:
         cfg, params, plan.privacy.budget.epsilon, _mean(fed.get(evaluated)), history, baselines
     )
     outcome.metrics["lost_cohorts"] = sorted(evaluated.failed)
+    outcome.metrics["server_shards"] = max(1, len(fed.shards))
     restored = report.restored_statement(fed.losses(), evaluated.failed)
     if restored:
         outcome.headline += f"; {restored}"
