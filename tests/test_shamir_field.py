@@ -154,6 +154,63 @@ def test_exact_product_at_its_worst_case_crosses_blocks():
             assert got[s, 0, c] == want
 
 
+def test_exact_product_of_odd_terms_in_one_block_of_4096():
+    """(4, 4096) of p - 2 (one p - 3 per row) times (4096, 4) of coefficients whose limbs are odd
+    (2^24 - 1: 11-bit limbs 2047, 2047, 3; 12-bit limbs 4095, 4095): the terms are near 2^42 and
+    all odd but one, so each limb's sum over a block of 4096 (or, with 12-bit limbs, over a block
+    of 2^11) is an odd integer above 2^53, which no float64 holds whatever order BLAS adds in; blocks
+    of 2^11 with 11-bit limbs stay below 2^53 and exact."""
+    a = np.full((4, 4096), P - 2, dtype=np.int64)
+    a[np.arange(4), np.arange(4)] = P - 3
+    b = np.empty((4096, 4), dtype=np.int64)
+    b[:, 0] = 2**24 - 1
+    b[:, 1] = P - 2  # 11-bit limbs 2045, 2047, 511
+    b[:, 2] = 2**22 - 1
+    b[:, 3] = 2**11 - 1
+    got = shamir._matmul_mod(a, b)
+    for c in range(4):
+        want = sum(int(x) * int(b[0, c]) for x in a[0]) % P
+        assert got[:, c].tolist() == [want] * 4, f"column {c}"
+
+
+@pytest.mark.parametrize("dtype", [np.int64, np.uint64])
+def test_reduction_at_its_edges_matches_python(dtype):
+    """_red on p, 2p - 1 (one fold leaves exactly p: the final subtraction), 2^62, 2^63 - 1,
+    (p - 1)^2 and, for uint64, 2^64 - 1."""
+    values = [0, 1, P - 1, P, P + 1, 2 * P - 1, 2 * P, 2**62, 2**63 - 1, (P - 1) ** 2]
+    if dtype is np.uint64:
+        values += [2**63, 2**64 - 1, 2**64 - 2]
+    got = shamir._red(np.array(values, dtype=dtype))
+    assert got.dtype == dtype
+    assert got.tolist() == [v % P for v in values]
+
+
+def test_a_perturbed_share_is_detected_by_the_top_bits():
+    """A 32-byte secret fills 256 of the 270 bits of 9 chunks: the first chunk's top 14 bits are 0.
+    Perturbing chunk 0 of one share moves chunk 0 of the result to λ·δ away, a near-uniform
+    element: below 2^30 but with a top bit set (caught only by the 256-bit check) about half the
+    time, at or above 2^30 (the range check) the other half. Every perturbed set is refused and,
+    with this seed, both checks are met."""
+    gen = np.random.default_rng(11)
+    s_count, t = 24, 5
+    secrets = gen.integers(0, 256, (s_count, 32), dtype=np.uint8)
+    words = gen.integers(0, 2**64, (s_count, t - 1, shamir.COEF_WORDS), dtype=np.uint64)
+    points = np.arange(1, t + 3)
+    shares = shamir.split(secrets, points, t, words)
+    xs = np.broadcast_to(points[:t], (s_count, t))
+    assert np.array_equal(shamir.reconstruct(xs, shares[:, :t]), secrets)
+    messages = []
+    for s in range(s_count):
+        ys = shares[s : s + 1, :t].copy()
+        j = int(gen.integers(0, t))
+        ys[0, j, 0] = (int(ys[0, j, 0]) + int(gen.integers(1, P))) % P
+        with pytest.raises(ValueError, match="inconsistent") as err:
+            shamir.reconstruct(xs[s : s + 1], ys)
+        messages.append(str(err.value))
+    assert any("exceeds 256 bits" in m for m in messages)
+    assert any("out of range" in m for m in messages)
+
+
 def test_inverses_match_pow():
     a = np.array([[1, 2, 3, P - 1, P - 2, 2**30, 12345678]])
     want = [pow(int(x), -1, P) for x in a[0]]
