@@ -185,6 +185,30 @@ def test_reduction_at_its_edges_matches_python(dtype):
     assert got.tolist() == [v % P for v in values]
 
 
+def test_duplicate_or_zero_points_are_refused_not_reconstructed_to_zero():
+    """Duplicate points make a Lagrange denominator 0 (and every inverse of its row 0, a silent
+    all-zero secret); a point ≡ 0 mod p would share the secret itself."""
+    with pytest.raises(ValueError, match="distinct"):
+        shamir.lagrange_at_zero(np.array([[1, 2, 3], [4, 5, 4]]))
+    with pytest.raises(ValueError, match="distinct"):
+        shamir.lagrange_at_zero(np.array([[1, P + 2, 2]]))  # P + 2 ≡ 2
+    with pytest.raises(ValueError, match="non-zero"):
+        shamir.lagrange_at_zero(np.array([[1, P, 2]]))
+    with pytest.raises(ValueError, match="distinct"):
+        shamir.lagrange_leave_one_out(np.array([3, 9, 3, 4]))
+    gen = np.random.default_rng(8)
+    secrets = gen.integers(0, 256, (2, 32), dtype=np.uint8)
+    words = gen.integers(0, 2**64, (2, 2, shamir.COEF_WORDS), dtype=np.uint64)
+    shares = shamir.split(secrets, np.array([1, 2, 3]), 3, words)
+    with pytest.raises(ValueError, match="distinct"):
+        shamir.reconstruct(np.array([[1, 2, 3], [1, 1, 2]]), shares[:, [0, 1, 2]])
+    for bad in ([0, 1, 2], [1, P, 2], [1, -P, 2], [2 * P, 1, 2]):
+        with pytest.raises(ValueError, match="non-zero"):
+            shamir.split(secrets, np.array(bad), 3, words)
+        with pytest.raises(ValueError, match="non-zero"):
+            shamir.split(secrets, np.array([bad, [1, 2, 3]]), 3, words)
+
+
 def test_a_perturbed_share_is_detected_by_the_top_bits():
     """A 32-byte secret fills 256 of the 270 bits of 9 chunks: the first chunk's top 14 bits are 0.
     Perturbing chunk 0 of one share moves chunk 0 of the result to λ·δ away, a near-uniform

@@ -132,7 +132,8 @@ def split(secrets: np.ndarray, points: np.ndarray, t: int, coef_words: np.ndarra
     secrets:
         (S, 32) uint8.
     points:
-        (K,) int — the same x-coordinates for every secret — or (S, K); each in [1, p).
+        (K,) int — the same x-coordinates for every secret — or (S, K); each in [1, p)
+        (ValueError for a point ≡ 0 mod p).
     t:
         Threshold: any t shares reconstruct, fewer reveal nothing.
     coef_words:
@@ -149,6 +150,8 @@ def split(secrets: np.ndarray, points: np.ndarray, t: int, coef_words: np.ndarra
     if t > 1:
         coefs[:, 1:] = _coefficients(coef_words)
     points = np.mod(np.asarray(points, dtype=np.int64), P)
+    if not points.all():
+        raise ValueError("share points must be non-zero mod p: a share at 0 is the secret itself")
     if points.ndim == 1:  # one Vandermonde matrix for all secrets: a single large product
         vander = _powers(points, t, np.float64)  # (K, t)
         flat = coefs.transpose(1, 0, 2).reshape(t, -1)  # (t, S*9)
@@ -204,8 +207,11 @@ def _inverse(a: np.ndarray) -> np.ndarray:
 
 def lagrange_at_zero(xs: np.ndarray) -> np.ndarray:
     """(S, t) distinct non-zero points → (S, t) Lagrange coefficients λ_j = Π_{m≠j} x_m / (x_m - x_j),
-    computed as (Π_m x_m) / (x_j · Π_{m≠j} (x_m - x_j))."""
+    computed as (Π_m x_m) / (x_j · Π_{m≠j} (x_m - x_j)). ValueError for a point ≡ 0 or two equal
+    points mod p (a denominator 0, whose inverse would silently be 0)."""
     xs = np.mod(np.asarray(xs, dtype=np.int64), P)
+    if not xs.all():
+        raise ValueError("Lagrange points must be non-zero mod p")
     total = np.ones(xs.shape[0], dtype=np.int64)
     den = xs.copy()
     for m in range(xs.shape[1]):
@@ -216,6 +222,8 @@ def lagrange_at_zero(xs: np.ndarray) -> np.ndarray:
         diff[:, m] = 1
         diff *= den
         den = _red(diff)
+    if not den.all():
+        raise ValueError("a Lagrange denominator is 0: a secret's points are not distinct mod p")
     return _red(total[:, None] * _inverse(den))
 
 
