@@ -126,8 +126,9 @@ def test_lagrange_coefficients_match_reference():
 
 
 def test_field_boundary_is_the_users_limit():
-    """The largest n is p - 2 (x = id + 1 must stay non-zero and below p); one more is refused
-    with a ConfigError naming users, before any search."""
+    """The largest n is p - 2; one more is refused with a ConfigError naming users, before any
+    search. x = id + 1 lies in [1, n], non-zero and below p, so p - 1 users would still fit:
+    keeping p - 2 is conservative by one user."""
     assert shamir.P == P and shamir.MAX_USERS == P - 2
     check_params(shamir.MAX_USERS, 100, 40, dropout=0.3)
     with pytest.raises(ConfigError, match="users") as err:
@@ -158,8 +159,8 @@ def test_exact_product_of_odd_terms_in_one_block_of_4096():
     """(4, 4096) of p - 2 (one p - 3 per row) times (4096, 4) of coefficients whose limbs are odd
     (2^24 - 1: 11-bit limbs 2047, 2047, 3; 12-bit limbs 4095, 4095): the terms are near 2^42 and
     all odd but one, so each limb's sum over a block of 4096 (or, with 12-bit limbs, over a block
-    of 2^11) is an odd integer above 2^53, which no float64 holds whatever order BLAS adds in; blocks
-    of 2^11 with 11-bit limbs stay below 2^53 and exact."""
+    of 2^11) is an odd integer above 2^53, which no float64 holds whatever order BLAS adds in;
+    blocks of 2^11 with 11-bit limbs stay below 2^53 and exact."""
     a = np.full((4, 4096), P - 2, dtype=np.int64)
     a[np.arange(4), np.arange(4)] = P - 3
     b = np.empty((4096, 4), dtype=np.int64)
