@@ -99,7 +99,7 @@ def test_points_near_p_match_reference():
 
 
 def test_large_threshold_across_a_block_boundary_matches_reference():
-    """t = 2100 > 2^11 = the float64 block: two blocks of the exact product, reduced apart."""
+    """t = 2100 > 2^8 = the float64 block: nine blocks of the exact product, summed in int64."""
     gen = np.random.default_rng(4)
     t = 2100
     points = gen.choice(np.arange(P - 10**6, P), t + 2, replace=False)
@@ -140,9 +140,8 @@ def test_field_boundary_is_the_users_limit():
 
 
 def test_exact_product_at_its_worst_case_crosses_blocks():
-    """Every term at its largest ((p - 1) times a coefficient whose 11-bit limbs are all ones
-    where they can be): 4200 terms sum past 2^53 per limb, so one float64 block would round; the
-    blocked product must equal the big-int sum."""
+    """The largest residues (p - 1, p - 2: balanced -1, -2) times 2^31 - 2 and 2^22 - 1 over 4200
+    terms, 17 blocks: the blocked product must equal the big-int sum."""
     k = 4200
     a = np.full((2, 1, k), P - 1, dtype=np.int64)
     a[1, 0, ::3] = P - 2
@@ -155,23 +154,52 @@ def test_exact_product_at_its_worst_case_crosses_blocks():
             assert got[s, 0, c] == want
 
 
-def test_exact_product_of_odd_terms_in_one_block_of_4096():
-    """(4, 4096) of p - 2 (one p - 3 per row) times (4096, 4) of coefficients whose limbs are odd
-    (2^24 - 1: 11-bit limbs 2047, 2047, 3; 12-bit limbs 4095, 4095): the terms are near 2^42 and
-    all odd but one, so each limb's sum over a block of 4096 (or, with 12-bit limbs, over a block
-    of 2^11) is an odd integer above 2^53, which no float64 holds whatever order BLAS adds in;
-    blocks of 2^11 with 11-bit limbs stay below 2^53 and exact."""
-    a = np.full((4, 4096), P - 2, dtype=np.int64)
-    a[np.arange(4), np.arange(4)] = P - 3
-    b = np.empty((4096, 4), dtype=np.int64)
-    b[:, 0] = 2**24 - 1
-    b[:, 1] = P - 2  # 11-bit limbs 2045, 2047, 511
-    b[:, 2] = 2**22 - 1
-    b[:, 3] = 2**11 - 1
-    got = shamir._matmul_mod(a, b)
-    for c in range(4):
-        want = sum(int(x) * int(b[0, c]) for x in a[0]) % P
-        assert got[:, c].tolist() == [want] * 4, f"column {c}"
+HALF = (P - 1) // 2
+
+
+def _balanced_with_low_limb(lo: int, hi: int) -> int:
+    """The residue in [0, p) whose balanced value (in [-HALF, HALF]) is lo + hi · 2^16."""
+    value = lo + hi * 2**16
+    assert -HALF <= value <= HALF
+    return value % P
+
+
+def _worst_case(k: int) -> tuple[np.ndarray, np.ndarray]:
+    """(2, k) @ (k, 4) at the product's largest terms: a = ±HALF (balanced 2^30 - 1, odd; one even
+    term per row, so every sum is odd), b with an odd low 16-bit limb of ±(2^15 - 1) (or -2^15 + 1)
+    and an odd high limb of the largest magnitude: every term is odd, near 2^45 and of one sign."""
+    a = np.full((2, k), HALF, dtype=np.int64)
+    a[1] = HALF + 1  # balanced -HALF
+    a[0, 0], a[1, 0] = HALF - 1, HALF + 2
+    cols = [
+        _balanced_with_low_limb(2**15 - 1, 2**14 - 1),
+        _balanced_with_low_limb(-(2**15) + 1, -(2**14) + 1),
+        _balanced_with_low_limb(2**15 - 1, -(2**14) + 1),
+        2**31 - 3,  # p - 2: balanced -1
+    ]
+    return a, np.tile(np.array(cols, dtype=np.int64), (k, 1))
+
+
+def _big_int_product(a: np.ndarray, b: np.ndarray) -> list[list[int]]:
+    rows = [[int(x) for x in row] for row in a]
+    cols = [[int(x) for x in col] for col in b.T]
+    return [[sum(x * y for x, y in zip(r, c, strict=True)) % P for c in cols] for r in rows]
+
+
+def test_exact_product_of_odd_terms_in_one_block_of_512():
+    """512 odd terms near 2^45 of one sign (one even per row): a float64 block of 512 sums to an
+    odd integer above 2^53 in magnitude, which no float64 holds whatever order BLAS adds in; blocks
+    of 2^8 stay below 2^53 and exact."""
+    a, b = _worst_case(512)
+    assert shamir._matmul_mod(a, b).tolist() == _big_int_product(a, b)
+
+
+def test_exact_product_past_the_int64_reduction_interval():
+    """2^18 + 10^4 worst-case terms: 1,064 blocks whose sums near 2^53 of one sign would pass 2^63
+    in int64 without the reduction every 128 blocks."""
+    a, b = _worst_case(2**18 + 10**4)
+    b = b[:, :2]
+    assert shamir._matmul_mod(a, b).tolist() == _big_int_product(a, b)
 
 
 @pytest.mark.parametrize("dtype", [np.int64, np.uint64])
