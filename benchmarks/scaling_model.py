@@ -17,6 +17,10 @@ The model (one round, 30 % dropout after the masked input):
 * memory: the coordinator holds every routed share, Mc = mc0 + mc1·n·k bytes; a cohort of n/C
   users Mh = mh0 + mh1·(n/C)·k + mh2·(n/C)·d.
 
+The coefficients in ``results/scaling_model.json`` (mc1 ≈ 723 B per pair among them) were fitted
+when a share ciphertext was 120 bytes (Shamir over GF(2^20 + 7), 13 chunks); since GF(2^31 − 1) it
+is 88 bytes, so the per-pair memory terms overstate by up to 32 B until the grid is measured again.
+
 Coefficients are non-negative least squares over the grid; the held-out point is the n = 10^5,
 d = 1,000 round of ``benchmarks/scale.py`` (``results/scale.json``), never used in the fit.
 """

@@ -377,6 +377,23 @@ def test_a_request_for_both_shares_of_a_user_is_refused(monkeypatch):
         _run()
 
 
+@pytest.mark.parametrize("value", [shamir.P, 2**62, -1])
+def test_a_share_outside_the_field_is_refused_before_combining(monkeypatch, value):
+    """A share of p or more (or negative) from a cohort would wrap the int64 products of the
+    combination into a wrong secret, or a wrong sum: refused with ProtocolViolation."""
+    original = server.finish
+
+    def out_of_field(ctx, spec, replies):
+        first = sorted(replies)[0]
+        share = np.array(replies[first]["share"], dtype=np.int64)
+        share[:, 3] = value  # every share this cohort holds, so some are combined
+        return original(ctx, spec, {**replies, first: {**replies[first], "share": share}})
+
+    monkeypatch.setattr(server, "finish", out_of_field)
+    with pytest.raises(ProtocolViolation, match=r"share outside \[0, p\)"):
+        _run(schedule=DropoutSchedule(explicit={"unmask": [1]}))
+
+
 @pytest.mark.parametrize("mode", ["simulation", "secure"])
 def test_the_consistency_round_keeps_the_exact_sum(mode):
     """threat_model=malicious adds a round (users sign U3, the unmask request carries the signatures)

@@ -99,7 +99,7 @@ def test_points_near_p_match_reference():
 
 
 def test_large_threshold_across_a_block_boundary_matches_reference():
-    """t = 2100 > 2^11 = the float64 block: two blocks of the exact product, reduced apart."""
+    """t = 2100 > 2^8 = the float64 block: nine blocks of the exact product, summed in int64."""
     gen = np.random.default_rng(4)
     t = 2100
     points = gen.choice(np.arange(P - 10**6, P), t + 2, replace=False)
@@ -126,8 +126,9 @@ def test_lagrange_coefficients_match_reference():
 
 
 def test_field_boundary_is_the_users_limit():
-    """The largest n is p - 2 (x = id + 1 must stay non-zero and below p); one more is refused
-    with a ConfigError naming users, before any search."""
+    """The largest n is p - 2; one more is refused with a ConfigError naming users, before any
+    search. x = id + 1 lies in [1, n], non-zero and below p, so p - 1 users would still fit:
+    keeping p - 2 is conservative by one user."""
     assert shamir.P == P and shamir.MAX_USERS == P - 2
     check_params(shamir.MAX_USERS, 100, 40, dropout=0.3)
     with pytest.raises(ConfigError, match="users") as err:
@@ -139,9 +140,8 @@ def test_field_boundary_is_the_users_limit():
 
 
 def test_exact_product_at_its_worst_case_crosses_blocks():
-    """Every term at its largest ((p - 1) times a coefficient whose 11-bit limbs are all ones
-    where they can be): 4200 terms sum past 2^53 per limb, so one float64 block would round; the
-    blocked product must equal the big-int sum."""
+    """The largest residues (p - 1, p - 2: balanced -1, -2) times 2^31 - 2 and 2^22 - 1 over 4200
+    terms, 17 blocks: the blocked product must equal the big-int sum."""
     k = 4200
     a = np.full((2, 1, k), P - 1, dtype=np.int64)
     a[1, 0, ::3] = P - 2
@@ -152,6 +152,116 @@ def test_exact_product_at_its_worst_case_crosses_blocks():
         for c in range(2):
             want = sum(int(x) * int(y) for x, y in zip(a[s, 0], b[s, :, c], strict=True)) % P
             assert got[s, 0, c] == want
+
+
+HALF = (P - 1) // 2
+
+
+def _balanced_with_low_limb(lo: int, hi: int) -> int:
+    """The residue in [0, p) whose balanced value (in [-HALF, HALF]) is lo + hi · 2^16."""
+    value = lo + hi * 2**16
+    assert -HALF <= value <= HALF
+    return value % P
+
+
+def _worst_case(k: int) -> tuple[np.ndarray, np.ndarray]:
+    """(2, k) @ (k, 4) at the product's largest terms: a = ±HALF (balanced 2^30 - 1, odd; one even
+    term per row, so every sum is odd), b with an odd low 16-bit limb of ±(2^15 - 1) (or -2^15 + 1)
+    and an odd high limb of the largest magnitude: every term is odd, near 2^45 and of one sign."""
+    a = np.full((2, k), HALF, dtype=np.int64)
+    a[1] = HALF + 1  # balanced -HALF
+    a[0, 0], a[1, 0] = HALF - 1, HALF + 2
+    cols = [
+        _balanced_with_low_limb(2**15 - 1, 2**14 - 1),
+        _balanced_with_low_limb(-(2**15) + 1, -(2**14) + 1),
+        _balanced_with_low_limb(2**15 - 1, -(2**14) + 1),
+        2**31 - 3,  # p - 2: balanced -1
+    ]
+    return a, np.tile(np.array(cols, dtype=np.int64), (k, 1))
+
+
+def _big_int_product(a: np.ndarray, b: np.ndarray) -> list[list[int]]:
+    rows = [[int(x) for x in row] for row in a]
+    cols = [[int(x) for x in col] for col in b.T]
+    return [[sum(x * y for x, y in zip(r, c, strict=True)) % P for c in cols] for r in rows]
+
+
+def test_exact_product_of_odd_terms_in_one_block_of_512():
+    """512 odd terms near 2^45 of one sign (one even per row): a float64 block of 512 sums to an
+    odd integer above 2^53 in magnitude, which no float64 holds whatever order BLAS adds in; blocks
+    of 2^8 stay below 2^53 and exact."""
+    a, b = _worst_case(512)
+    assert shamir._matmul_mod(a, b).tolist() == _big_int_product(a, b)
+
+
+def test_exact_product_past_the_int64_reduction_interval():
+    """2^18 + 10^4 worst-case terms: 1,064 blocks whose sums near 2^53 of one sign would pass 2^63
+    in int64 without the reduction every 128 blocks."""
+    a, b = _worst_case(2**18 + 10**4)
+    b = b[:, :2]
+    assert shamir._matmul_mod(a, b).tolist() == _big_int_product(a, b)
+
+
+@pytest.mark.parametrize("dtype", [np.int64, np.uint64])
+def test_reduction_at_its_edges_matches_python(dtype):
+    """_red on p, 2p - 1 (one fold leaves exactly p: the final subtraction), 2^62, 2^63 - 1,
+    (p - 1)^2 and, for uint64, 2^64 - 1."""
+    values = [0, 1, P - 1, P, P + 1, 2 * P - 1, 2 * P, 2**62, 2**63 - 1, (P - 1) ** 2]
+    if dtype is np.uint64:
+        values += [2**63, 2**64 - 1, 2**64 - 2]
+    got = shamir._red(np.array(values, dtype=dtype))
+    assert got.dtype == dtype
+    assert got.tolist() == [v % P for v in values]
+
+
+def test_duplicate_or_zero_points_are_refused_not_reconstructed_to_zero():
+    """Duplicate points make a Lagrange denominator 0 (and every inverse of its row 0, a silent
+    all-zero secret); a point ≡ 0 mod p would share the secret itself."""
+    with pytest.raises(ValueError, match="distinct"):
+        shamir.lagrange_at_zero(np.array([[1, 2, 3], [4, 5, 4]]))
+    with pytest.raises(ValueError, match="distinct"):
+        shamir.lagrange_at_zero(np.array([[1, P + 2, 2]]))  # P + 2 ≡ 2
+    with pytest.raises(ValueError, match="non-zero"):
+        shamir.lagrange_at_zero(np.array([[1, P, 2]]))
+    with pytest.raises(ValueError, match="distinct"):
+        shamir.lagrange_leave_one_out(np.array([3, 9, 3, 4]))
+    gen = np.random.default_rng(8)
+    secrets = gen.integers(0, 256, (2, 32), dtype=np.uint8)
+    words = gen.integers(0, 2**64, (2, 2, shamir.COEF_WORDS), dtype=np.uint64)
+    shares = shamir.split(secrets, np.array([1, 2, 3]), 3, words)
+    with pytest.raises(ValueError, match="distinct"):
+        shamir.reconstruct(np.array([[1, 2, 3], [1, 1, 2]]), shares[:, [0, 1, 2]])
+    for bad in ([0, 1, 2], [1, P, 2], [1, -P, 2], [2 * P, 1, 2]):
+        with pytest.raises(ValueError, match="non-zero"):
+            shamir.split(secrets, np.array(bad), 3, words)
+        with pytest.raises(ValueError, match="non-zero"):
+            shamir.split(secrets, np.array([bad, [1, 2, 3]]), 3, words)
+
+
+def test_a_perturbed_share_is_detected_by_the_top_bits():
+    """A 32-byte secret fills 256 of the 270 bits of 9 chunks: the first chunk's top 14 bits are 0.
+    Perturbing chunk 0 of one share moves chunk 0 of the result to λ·δ away, a near-uniform
+    element: below 2^30 but with a top bit set (caught only by the 256-bit check) about half the
+    time, at or above 2^30 (the range check) the other half. Every perturbed set is refused and,
+    with this seed, both checks are met."""
+    gen = np.random.default_rng(11)
+    s_count, t = 24, 5
+    secrets = gen.integers(0, 256, (s_count, 32), dtype=np.uint8)
+    words = gen.integers(0, 2**64, (s_count, t - 1, shamir.COEF_WORDS), dtype=np.uint64)
+    points = np.arange(1, t + 3)
+    shares = shamir.split(secrets, points, t, words)
+    xs = np.broadcast_to(points[:t], (s_count, t))
+    assert np.array_equal(shamir.reconstruct(xs, shares[:, :t]), secrets)
+    messages = []
+    for s in range(s_count):
+        ys = shares[s : s + 1, :t].copy()
+        j = int(gen.integers(0, t))
+        ys[0, j, 0] = (int(ys[0, j, 0]) + int(gen.integers(1, P))) % P
+        with pytest.raises(ValueError, match="inconsistent") as err:
+            shamir.reconstruct(xs[s : s + 1], ys)
+        messages.append(str(err.value))
+    assert any("exceeds 256 bits" in m for m in messages)
+    assert any("out of range" in m for m in messages)
 
 
 def test_inverses_match_pow():

@@ -253,7 +253,7 @@ def collect_signatures(ctx: StepContext, spec: RoundSpec, replies: dict) -> Mess
 def _pick_shares(
     owner, holder, share, owners_needed: np.ndarray, t: int, phase: str, spec: RoundSpec
 ):
-    """The first t shares (by holder position) of each needed owner: xs (S, t), ys (S, t, 13)."""
+    """The first t shares (by holder position) of each needed owner: xs (S, t), ys (S, t, CHUNKS)."""
     if owners_needed.size == 0:
         return np.zeros((0, t), np.int64), np.zeros((0, t, shamir.CHUNKS), np.int64)
     order = np.lexsort((holder, owner))
@@ -435,6 +435,8 @@ def _correction(
         holder = _concat(replies, "holder", np.int64)[rows]
         kind = _concat(replies, "kind", np.uint8)[rows]
         share = _concat(replies, "share", np.int64, shamir.CHUNKS)[rows]
+        if share.size and (share.min() < 0 or share.max() >= shamir.P):  # would wrap in combine
+            raise ProtocolViolation("a cohort sent a Shamir share outside [0, p) to unmask")
         self_rows, key_rows = kind == KIND_SELF, kind == KIND_KEY
         b = _reconstruct(
             owner[self_rows],

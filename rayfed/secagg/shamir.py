@@ -12,18 +12,21 @@ stopped at 1,048,581 users, in ``benchmarks/results/shamir_field.json``):
 - Products of two elements are below 2^62, so every scalar product is exact in int64 and is
   reduced with shifts (x mod p = (x & p) + (x >> 31), twice, then one conditional subtraction)
   instead of a division.
-- Polynomial evaluation stays a float64 BLAS product. It is kept exact by splitting the
-  coefficient operand into 3 limbs of 11 bits (11 + 11 + 9 = 31): a product is below 2^42 and a
-  block of 2^11 terms sums below 2^53. The limbs are three more columns of the same product (9 · 3
-  = 27 columns where the old field had 13), and the three partial results are recombined with
-  shifts. Each block's sum is converted to int64 (exact) and reduced with shifts, where the old
-  field used ``np.fmod`` on floats, which costs ~70-100 ns per element against ~5 ns.
+- Polynomial evaluation stays a float64 BLAS product. It is kept exact with both operands as
+  balanced residues in [-(p - 1)/2, (p - 1)/2] and the coefficient operand split into 2 signed
+  limbs of 16 bits (lo in [-2^15, 2^15), hi = (b - lo) / 2^16): a product is below 2^45 in
+  magnitude and a block of 2^8 terms sums below 2^53. The limbs are two columns of the same product
+  (9 · 2 = 18 columns where the old field had 13; 3 unsigned limbs of 11 bits took 27 and were
+  10-25 % slower), the blocks are summed in int64 and the two partial results recombined with a
+  shift and reduced with shifts, where the old field used ``np.fmod`` on floats, which costs
+  ~70-100 ns per element against ~5 ns.
 - The powers x^0 .. x^(t-1) are computed once per distinct point (the neighbour sets of a cohort's
   users overlap heavily) and gathered, rather than once per (user, neighbour).
 - Measured on 2 cores (CPU seconds): split and reconstruct at SecAgg+'s shapes for n = 10^3 ..
-  10^5 take 0.4-0.6x the old field's time; the complete graph's split at n = 10^3 (t = 699),
-  where the tripled BLAS flops dominate, takes 1.1x.
-- 2^61 - 1 would need 4+ limbs per product and 8-byte shares for no gain below 2^31 users; a field
+  10^5 take 0.4-0.6x the old field's time (measured with 3 limbs; 2 are 10-20 % faster again);
+  the complete graph's split at n = 10^3 (t = 699), where the BLAS flops dominate, takes 0.8x
+  (1.1x with 3 limbs).
+- 2^61 - 1 would need more limbs per product and 8-byte shares for no gain below 2^31 users; a field
   chosen from n would carry two code paths for a speed the single field already matches.
 
 Random coefficients are drawn from two 64-bit words each, (w1 · 2^64 + w2) mod p, so their
@@ -41,9 +44,11 @@ CHUNKS = 9  # ceil(256 / 30)
 SECRET_BYTES = 32
 #: uint64 words of randomness per coefficient row (two words per chunk: see the module docstring)
 COEF_WORDS = 2 * CHUNKS
-LIMB_BITS = 11
-LIMBS = 3  # 3 · 11 >= 31
-_BLOCK = 1 << (53 - LIMB_BITS - MERSENNE_BITS)  # 2^11 terms: a block's sum stays below 2^53
+HALF = P >> 1  # balanced residues lie in [-HALF, HALF]
+LIMB_BITS = 16  # b = lo + hi · 2^16 with lo in [-2^15, 2^15), |hi| <= 2^14 + 1
+#: terms per float64 block: |a| <= 2^30 - 1 times |limb| <= 2^15 is below 2^45, 2^8 terms below 2^53
+_BLOCK = 1 << (53 - (MERSENNE_BITS - 1) - (LIMB_BITS - 1))
+_REDUCE_EVERY = 128  # blocks summed in int64 between reductions: |sum| <= 2^7 · 2^53 = 2^60
 MAX_USERS = P - 2
 
 
@@ -100,28 +105,39 @@ def _coefficients(words: np.ndarray) -> np.ndarray:
     return _red(_red(words[..., 0::2]) * np.uint64(4) + _red(words[..., 1::2])).astype(np.int64)
 
 
+def _signed_red(v: np.ndarray) -> np.ndarray:
+    """v mod p for int64 v with |v| < 2^62 - 2^31 (shifted by P · 2^31 ≡ 0 to non-negative)."""
+    v += P << MERSENNE_BITS
+    return _red(v)
+
+
 def _matmul_mod(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """(…, M, K) @ (…, K, C) mod p for elements in [0, p), exact: ``b`` split into 3 limbs of 11
-    bits side by side (…, K, 3C), float64 BLAS in blocks of at most 2^11 terms (each sum < 2^53),
-    each block's sum reduced in int64, the limbs recombined with shifts."""
+    """(…, M, K) @ (…, K, C) mod p for elements in [0, p), exact: both operands as balanced residues
+    in [-HALF, HALF], ``b`` split into 2 signed limbs of 16 bits side by side (…, K, 2C), float64
+    BLAS in blocks of 2^8 terms (each sum below 2^53 in magnitude), the blocks summed in int64, the
+    limbs recombined with a shift."""
     b = np.asarray(b, dtype=np.int64)
     c = b.shape[-1]
-    mask = (1 << LIMB_BITS) - 1
-    limbs = np.concatenate([(b >> (LIMB_BITS * i)) & mask for i in range(LIMBS)], axis=-1).astype(
-        np.float64
-    )
+    b = b - P * (b > HALF)
+    half_limb = 1 << (LIMB_BITS - 1)
+    lo = ((b + half_limb) & ((1 << LIMB_BITS) - 1)) - half_limb
+    limbs = np.concatenate([lo, (b - lo) >> LIMB_BITS], axis=-1).astype(np.float64)
     a = np.asarray(a, dtype=np.float64)
+    a = a - P * (a > HALF)
     k = a.shape[-1]
-    out = None
-    for s in range(0, k, _BLOCK):
-        part = _red(
-            np.matmul(a[..., s : s + _BLOCK], limbs[..., s : s + _BLOCK, :]).astype(np.int64)
-        )
-        out = part if out is None else _red(out + part)
-    acc = out[..., :c].copy()
-    for i in range(1, LIMBS):
-        acc += out[..., i * c : (i + 1) * c] << (LIMB_BITS * i)  # < 2^31 + 2^42 + 2^53
-    return _red(acc)
+    acc = None
+    for n, s in enumerate(range(0, k, _BLOCK)):
+        part = np.matmul(a[..., s : s + _BLOCK], limbs[..., s : s + _BLOCK, :]).astype(np.int64)
+        if acc is None:
+            acc = part
+            continue
+        acc += part
+        if n % _REDUCE_EVERY == _REDUCE_EVERY - 1:
+            acc = _signed_red(acc)  # [0, p): below 2^31 + 2^60 until the next
+    out = _signed_red(acc[..., c:])  # hi in [0, p)
+    out <<= LIMB_BITS  # < 2^47
+    out += acc[..., :c]  # |lo| < 2^60 + 2^47
+    return _signed_red(out)
 
 
 def split(secrets: np.ndarray, points: np.ndarray, t: int, coef_words: np.ndarray) -> np.ndarray:
@@ -132,7 +148,8 @@ def split(secrets: np.ndarray, points: np.ndarray, t: int, coef_words: np.ndarra
     secrets:
         (S, 32) uint8.
     points:
-        (K,) int — the same x-coordinates for every secret — or (S, K); each in [1, p).
+        (K,) int — the same x-coordinates for every secret — or (S, K); each in [1, p)
+        (ValueError for a point ≡ 0 mod p).
     t:
         Threshold: any t shares reconstruct, fewer reveal nothing.
     coef_words:
@@ -149,6 +166,8 @@ def split(secrets: np.ndarray, points: np.ndarray, t: int, coef_words: np.ndarra
     if t > 1:
         coefs[:, 1:] = _coefficients(coef_words)
     points = np.mod(np.asarray(points, dtype=np.int64), P)
+    if not points.all():
+        raise ValueError("share points must be non-zero mod p: a share at 0 is the secret itself")
     if points.ndim == 1:  # one Vandermonde matrix for all secrets: a single large product
         vander = _powers(points, t, np.float64)  # (K, t)
         flat = coefs.transpose(1, 0, 2).reshape(t, -1)  # (t, S*9)
@@ -204,8 +223,11 @@ def _inverse(a: np.ndarray) -> np.ndarray:
 
 def lagrange_at_zero(xs: np.ndarray) -> np.ndarray:
     """(S, t) distinct non-zero points → (S, t) Lagrange coefficients λ_j = Π_{m≠j} x_m / (x_m - x_j),
-    computed as (Π_m x_m) / (x_j · Π_{m≠j} (x_m - x_j))."""
+    computed as (Π_m x_m) / (x_j · Π_{m≠j} (x_m - x_j)). ValueError for a point ≡ 0 or two equal
+    points mod p (a denominator 0, whose inverse would silently be 0)."""
     xs = np.mod(np.asarray(xs, dtype=np.int64), P)
+    if not xs.all():
+        raise ValueError("Lagrange points must be non-zero mod p")
     total = np.ones(xs.shape[0], dtype=np.int64)
     den = xs.copy()
     for m in range(xs.shape[1]):
@@ -216,6 +238,8 @@ def lagrange_at_zero(xs: np.ndarray) -> np.ndarray:
         diff[:, m] = 1
         diff *= den
         den = _red(diff)
+    if not den.all():
+        raise ValueError("a Lagrange denominator is 0: a secret's points are not distinct mod p")
     return _red(total[:, None] * _inverse(den))
 
 
