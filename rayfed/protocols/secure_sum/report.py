@@ -211,6 +211,18 @@ def outcome(
     """The last round's sum next to the raw plaintext sum and the clipped one it must equal (the
     ``sum`` table; every round's in ``sums``), every round's check, and the metrics (what the
     domain check clipped among them)."""
+    metrics, tables, plaintext = _summary(
+        cfg, params, rows, last.sum, reference, raw, cohorts, phase_seconds, simulated_seconds, sums
+    )
+    text = headline(cfg, params, last, metrics, plaintext)
+    return Outcome(tables=tables, metrics=metrics, headline=text)
+
+
+def _summary(
+    cfg, params, rows, total, reference, raw, cohorts, phase_seconds, simulated_seconds, sums
+) -> tuple[dict[str, Any], dict[str, pa.Table], np.ndarray]:
+    """What every secure-sum outcome holds: the metrics, the ``sum``/``rounds``/``sums`` tables,
+    and the raw plaintext sum as floats."""
     plaintext = to_float(raw, cfg.frac_bits)  # ±inf where the raw sum is beyond float64
     clipped = to_float(reference, cfg.frac_bits)
     metrics = {
@@ -232,7 +244,7 @@ def outcome(
         "sum": pa.table(
             {
                 "coordinate": np.arange(params.dim),
-                "secure_sum": last.sum,
+                "secure_sum": total,
                 "plaintext_sum": plaintext,  # the raw inputs (no clip)
                 "clipped_sum": clipped,  # what secure aggregation computes: the exactness check
             }
@@ -240,8 +252,7 @@ def outcome(
         "rounds": pa.Table.from_pylist(rows),
         "sums": pa.concat_tables(sums),
     }
-    text = headline(cfg, params, last, metrics, plaintext)
-    return Outcome(tables=tables, metrics=metrics, headline=text)
+    return metrics, tables, plaintext
 
 
 def headline(
@@ -458,42 +469,29 @@ def hierarchy_outcome(
 ) -> Outcome:
     """The last round's total beside its references, every round's check, what the master
     learned (the variant's statement, and in ``revealed`` the group sums table)."""
-    plaintext = to_float(check["raw"], cfg.frac_bits)
-    clipped = to_float(check["reference"], cfg.frac_bits)
+    metrics, tables, _ = _summary(
+        cfg,
+        params,
+        rows,
+        last.sum,
+        check["reference"],
+        check["raw"],
+        cohorts,
+        phase_seconds,
+        simulated_seconds,
+        sums,
+    )
     learned = last.server_learned
-    metrics = {
-        "exact": all(row["exact"] for row in rows),
-        **_run_metrics(cfg, params, cohorts),
-        "hierarchy": {
-            "variant": last.variant,
-            "groups": len(last.group_users),
-            "group_sizes": [int(g.size) for g in last.group_users],
-            "group_survivors": last.group_counts,
-            "groups_dropped": last.dropped,
-            "group_degree": [p.degree for p in params.group_secagg],
-            "group_threshold": [p.threshold for p in params.group_secagg],
-            "server_learned": learned,
-            "aggregator_hosts": last.hosts,
-        },
-        "phase_seconds": phase_seconds,
-        "simulated_seconds": simulated_seconds,
-        "simulated_round_seconds": [sum(r.values()) for r in simulated_seconds],
-        "rounds": rows,
-        "clipped": params.clipped.to_dict() if params.clipped else None,
-        "clipping_gap": float(np.max(np.abs(plaintext - clipped), initial=0.0)),
-        "raw_sum_beyond_float64": int(np.count_nonzero(np.isinf(plaintext))),
-    }
-    tables = {
-        "sum": pa.table(
-            {
-                "coordinate": np.arange(params.dim),
-                "secure_sum": last.sum,
-                "plaintext_sum": plaintext,
-                "clipped_sum": clipped,
-            }
-        ),
-        "rounds": pa.Table.from_pylist(rows),
-        "sums": pa.concat_tables(sums),
+    metrics["hierarchy"] = {
+        "variant": last.variant,
+        "groups": len(last.group_users),
+        "group_sizes": [int(g.size) for g in last.group_users],
+        "group_survivors": last.group_counts,
+        "groups_dropped": last.dropped,
+        "group_degree": [p.degree for p in params.group_secagg],
+        "group_threshold": [p.threshold for p in params.group_secagg],
+        "server_learned": learned,
+        "aggregator_hosts": last.hosts,
     }
     group_sums = last.group_sums
     if group_sums is not None:  # revealed: what the master saw of each group
