@@ -27,9 +27,17 @@ def _inputs(ctx, round, ids, dim):
     return rng.keyed_uniform(ctx.seed, "synthetic", round, ids, dim) * 2 - 1
 
 
-def _run(mode: str, n: int = 150, dim: int = 5, seed: int = 4):
+def _run(mode: str, n: int = 150, dim: int = 5, seed: int = 4, permute: bool = False):
+    """One round over two cohorts; ``permute``: each cohort's users (``meta["users"]``) in a
+    shuffled order, so that positions do not grow with the rows."""
     ids = np.arange(n, dtype=np.int64) * 3 + 2
     cohorts = {k: (t, {}) for k, t in per_user(pa.table({"uid": ids}), "uid", 2).items()}
+    if permute:
+        shuffle = np.random.default_rng(seed).permutation
+        cohorts = {
+            k: (t, {"users": shuffle(t.column("user_id").to_numpy())})
+            for k, (t, _) in cohorts.items()
+        }
     params = find_params(n, dropout=0.4, corrupt=0.05)
     schedule = DropoutSchedule(
         rates={"advertise": 0.05, "share_keys": 0.05, "masked_input": 0.08, "unmask": 0.1}
@@ -49,7 +57,7 @@ def _run(mode: str, n: int = 150, dim: int = 5, seed: int = 4):
         cohorts=cohorts,
         privacy=PrivacyDeclaration.none("test"),
         backend="local",
-        randomness="seeded",
+        randomness="secure" if mode == "secure" else "seeded",
     ) as fed:
         result = secure_sum(fed.cohorts, spec, _inputs, (dim,), server=fed.coordinator)
     survivors = expected_survivors(
@@ -79,6 +87,18 @@ def test_chunks_of_seven_users_give_the_one_chunk_sum(monkeypatch, mode):
     assert np.array_equal(chunked.words, whole.words)
     assert np.array_equal(chunked.survivors, whole.survivors)
     assert 0.6 * 150 < whole.survivors.size < 150  # users dropped at every phase
+
+
+@pytest.mark.parametrize("mode", ["simulation", "dealer", "secure"])
+def test_users_in_any_order_stream_exactly(monkeypatch, mode):
+    """A cohort's users given unsorted (``meta["users"]`` shuffled): a pair's partner may sit in
+    an earlier chunk than the one that expands the pair's mask (its row is summed already), and
+    the chunked sum is still the reference's, exactly."""
+    monkeypatch.setattr(client, "_CHUNK_ROWS", 7)
+    CALLS.clear()
+    result = _run(mode, permute=True)
+    assert max(CALLS) == 7 and sum(CALLS) == result.survivors.size
+    assert 0.6 * 150 < result.survivors.size < 150
 
 
 @pytest.mark.parametrize("complete", [False, True])

@@ -444,8 +444,8 @@ def _pair_masks_real(
     pair whose two users both mask in this cohort has one seed (the same from either side:
     Diffie-Hellman), so it is agreed and expanded once, with the smaller position, and added to
     both rows with opposite signs — to ``spill`` (one uint64 row, added to the cohort's sum) when
-    the other row lies in a later chunk; the words wrap, so the order of the additions does not
-    matter.
+    the other row lies in another chunk (earlier or later: a cohort's users need not be sorted by
+    position); the words wrap, so the order of the additions does not matter.
     """
     key_index = np.searchsorted(np.flatnonzero(st.drop > ADVERTISE), rows)
     nb = graph.neighbours(st.pos[rows])
@@ -471,7 +471,9 @@ def _pair_masks_real(
                 y[i] -= mask
             if j is None:
                 continue
-            if j - base < len(y):  # v > u: v's side adds the mask u's side subtracted
+            # v > u: v's side adds the mask u's side subtracted, in this chunk's row of v, else
+            # in spill (v's row lies in another chunk, earlier or later: rows need not be sorted)
+            if 0 <= j - base < len(y):
                 y[j - base] += mask
             else:
                 spill += mask.astype(np.uint64)
