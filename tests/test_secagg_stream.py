@@ -114,10 +114,13 @@ def test_neighbour_counts_equal_the_neighbour_table(complete):
 @pytest.mark.parametrize("mode", ["dealer", "simulation"])
 def test_secure_sum_streams_its_reference_and_stays_exact(monkeypatch, mode):
     """secure-sum end to end with chunks of 7 users (cohorts, server and the driver's reference):
-    exact, and the same sums table as one chunk."""
+    exact, and the same sums table as one chunk. Users drop at masked_input too (in U2, not in
+    U3), more than a chunk of them: the server removes their pair masks (the dealer's in chunks
+    of dropped users) from the streamed sums."""
     import rayfed
 
     options = dict(backend="local", out_dir=None, users=60, dim=3, mode=mode, dropout=0.1)
+    options["population"] = {"rates": {"masked_input": 0.25}}
     monkeypatch.setattr(client, "_CHUNK_ROWS", 10**9)
     whole = rayfed.run("secure-sum", **options)
     monkeypatch.setattr(client, "_CHUNK_ROWS", 7)
@@ -125,3 +128,6 @@ def test_secure_sum_streams_its_reference_and_stays_exact(monkeypatch, mode):
     assert whole.metrics["exact"] and chunked.metrics["exact"]
     assert chunked.tables["sum"].equals(whole.tables["sum"])
     assert chunked.metrics["rounds"] == whole.metrics["rounds"]
+    (row,) = chunked.metrics["rounds"]
+    assert row["alive_share_keys"] - row["alive_masked_input"] > 7  # lost at masked_input
+    assert row["survivors"] == row["alive_masked_input"] < 60
