@@ -7,9 +7,11 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 import pytest
+from dp_accounting.dp_event import GaussianDpEvent
 
 from rayfed import rng
 from rayfed.data import per_user
+from rayfed.errors import PartyFailed
 from rayfed.federation import Federation
 from rayfed.privacy import PrivacyDeclaration
 from rayfed.secagg import FixedPoint, by_user, client, find_params, make_spec, secure_sum
@@ -27,7 +29,7 @@ def _inputs(ctx, round, ids, dim):
     return rng.keyed_uniform(ctx.seed, "synthetic", round, ids, dim) * 2 - 1
 
 
-def _run(mode: str, n: int = 150, dim: int = 5, seed: int = 4, permute: bool = False):
+def _run(mode: str, n: int = 150, dim: int = 5, seed: int = 4, permute: bool = False, fn=_inputs):
     """One round over two cohorts; ``permute``: each cohort's users (``meta["users"]``) in a
     shuffled order, so that positions do not grow with the rows."""
     ids = np.arange(n, dtype=np.int64) * 3 + 2
@@ -59,7 +61,7 @@ def _run(mode: str, n: int = 150, dim: int = 5, seed: int = 4, permute: bool = F
         backend="local",
         randomness="secure" if mode == "secure" else "seeded",
     ) as fed:
-        result = secure_sum(fed.cohorts, spec, _inputs, (dim,), server=fed.coordinator)
+        result = secure_sum(fed.cohorts, spec, fn, (dim,), server=fed.coordinator)
     survivors = expected_survivors(
         ids,
         drop_codes(schedule, seed, 0, ids),
@@ -99,6 +101,19 @@ def test_users_in_any_order_stream_exactly(monkeypatch, mode):
     result = _run(mode, permute=True)
     assert max(CALLS) == 7 and sum(CALLS) == result.survivors.size
     assert 0.6 * 150 < result.survivors.size < 150
+
+
+@by_user
+def _noisy_inputs(ctx, round, ids, dim):
+    """Marked by_user, yet it declares DP noise: a release's noise spans its users, so a chunk's
+    share of it is not the function's per-user output."""
+    return _inputs(ctx, round, ids, dim), GaussianDpEvent(1.0)
+
+
+@pytest.mark.parametrize("mode", ["dealer", "simulation"])
+def test_a_by_user_function_that_draws_dp_noise_is_refused(mode):
+    with pytest.raises(PartyFailed, match="marked by_user must not draw DP noise"):
+        _run(mode, n=40, fn=_noisy_inputs)
 
 
 @pytest.mark.parametrize("complete", [False, True])

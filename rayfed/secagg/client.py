@@ -122,7 +122,12 @@ def by_user(fn):
     """Mark an ``input_fn`` whose rows depend on their own user id only (no state, no draw
     shared between users): :func:`masked_input` may then call it on chunks of users, so a
     cohort never holds all its users' vectors at once. Unmarked functions get every user in
-    one call (their noise or state may span users)."""
+    one call (their noise or state may span users).
+
+    A marked function that returns a DP event is refused (its noise would span the chunk, not
+    the release); nothing else is checked: it must depend only on the user ids it is given —
+    no draws from an ordered stream shared by the users (keyed draws per user id are fine), no
+    writes to ``ctx.state`` — or the streamed sum silently differs from the one-call sum."""
     fn.by_user = True
     return fn
 
