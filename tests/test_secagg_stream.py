@@ -146,3 +146,30 @@ def test_secure_sum_streams_its_reference_and_stays_exact(monkeypatch, mode):
     (row,) = chunked.metrics["rounds"]
     assert row["alive_share_keys"] - row["alive_masked_input"] > 7  # lost at masked_input
     assert row["survivors"] == row["alive_masked_input"] < 60
+
+
+@pytest.mark.parametrize("frac_bits", [12, 58, 62])
+def test_the_chunked_reference_sums_like_python_integers(monkeypatch, frac_bits):
+    """secure-sum's streamed reference (chunks of 7 users) against Python integers summed one by
+    one: exact, beyond int64 too (frac_bits=62: the sums pass 2^63), and with the dtype the
+    one-chunk sum has (int64 while n·clip·2^f < 2^62, Python integers from there: 58 is over)."""
+    from types import SimpleNamespace
+
+    from rayfed.actors.base import StepContext
+    from rayfed.protocols.secure_sum.report import _synthetic_sums
+    from rayfed.protocols.secure_sum.steps import synthetic_inputs
+
+    monkeypatch.setattr(client, "_CHUNK_ROWS", 7)
+    ctx = StepContext(name="evaluation", role="driver", seed=9)
+    survivors, dim = np.arange(300, dtype=np.int64) * 5 + 1, 3
+    cfg = SimpleNamespace(clip=1.0, frac_bits=frac_bits)
+    clipped, raw = _synthetic_sums(ctx, 2, survivors, dim, cfg)
+    x = synthetic_inputs(ctx, 2, survivors, dim, cfg.clip)
+    scaled = np.rint(x * 2.0**frac_bits)  # |x| <= clip: nothing to clip; exact (power of two)
+    expected = [sum(int(v) for v in scaled[:, c]) for c in range(dim)]
+    one_chunk = exact_sum(x, cfg.clip, frac_bits)
+    for total in (clipped, raw):
+        assert [int(v) for v in total] == expected
+        assert total.dtype == one_chunk.dtype == (np.int64 if frac_bits == 12 else object)
+    if frac_bits == 62:
+        assert max(abs(v) for v in expected) >= 2**63  # beyond int64
