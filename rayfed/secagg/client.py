@@ -122,7 +122,12 @@ def by_user(fn):
     """Mark an ``input_fn`` whose rows depend on their own user id only (no state, no draw
     shared between users): :func:`masked_input` may then call it on chunks of users, so a
     cohort never holds all its users' vectors at once. Unmarked functions get every user in
-    one call (their noise or state may span users)."""
+    one call (their noise or state may span users).
+
+    A marked function that returns a DP event is refused (its noise would span the chunk, not
+    the release); nothing else is checked: it must depend only on the user ids it is given —
+    no draws from an ordered stream shared by the users (keyed draws per user id are fine), no
+    writes to ``ctx.state`` — or the streamed sum silently differs from the one-call sum."""
     fn.by_user = True
     return fn
 
@@ -462,8 +467,8 @@ def _pair_masks_real(
     pair whose two users both mask in this cohort has one seed (the same from either side:
     Diffie-Hellman), so it is agreed and expanded once, with the smaller position, and added to
     both rows with opposite signs — to ``spill`` (one uint64 row, added to the cohort's sum) when
-    the other row lies in a later chunk; the words wrap, so the order of the additions does not
-    matter.
+    the other row lies in another chunk (earlier or later: a cohort's users need not be sorted by
+    position); the words wrap, so the order of the additions does not matter.
     """
     key_index = np.searchsorted(np.flatnonzero(st.drop > ADVERTISE), rows)
     nb = graph.neighbours(st.pos[rows])
@@ -489,7 +494,9 @@ def _pair_masks_real(
                 y[i] -= mask
             if j is None:
                 continue
-            if j - base < len(y):  # v > u: v's side adds the mask u's side subtracted
+            # v > u: v's side adds the mask u's side subtracted, in this chunk's row of v, else
+            # in spill (v's row lies in another chunk, earlier or later: rows need not be sorted)
+            if 0 <= j - base < len(y):
                 y[j - base] += mask
             else:
                 spill += mask.astype(np.uint64)
