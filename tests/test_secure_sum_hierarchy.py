@@ -236,6 +236,17 @@ def test_secure_variant_refuses_mode_plain():
     assert err.value.field == "hierarchy"
 
 
+def test_server_shards_with_a_hierarchy_is_refused():
+    """The group rounds are served by the coordinator and the aggregators: shards would start and
+    never be asked anything."""
+    with pytest.raises(ConfigError) as err:
+        rayfed.run(
+            "secure-sum", backend="local", out_dir=None, users=90, cohorts=3,
+            hierarchy="revealed", groups=2, server_shards=2,
+        )  # fmt: skip
+    assert err.value.field == "server_shards"
+
+
 def test_the_transcript_addresses_group_rounds_to_their_aggregator(data, received):
     """Secure variant: a group's messages go to its aggregator, its aggregator's broadcasts only to
     the group's members, and no masked input of a group reaches the coordinator."""

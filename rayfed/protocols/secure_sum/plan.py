@@ -76,7 +76,7 @@ def plan(cfg: SecureSumConfig, seed: int) -> Plan:
         inputs=schedule.notes,
         adjusted=cohorts_adjusted(n, cfg.cohorts, n_cohorts),
         cohort_restarts=cfg.rounds,  # a cohort's state lives for one round: restart it
-        server_shards=default_server_shards(cfg.server_shards),
+        server_shards=_server_shards(cfg),
         evaluation=Evaluation(table=table if columns else None),  # the raw values: both references
         params=Params(
             registry=registry,
@@ -92,6 +92,21 @@ def plan(cfg: SecureSumConfig, seed: int) -> Plan:
             aggregator_hosts=tuple(hosts or ()),
         ),
     )
+
+
+def _server_shards(cfg: SecureSumConfig) -> int:
+    """The shards of a flat round; a hierarchy's group rounds are served by the coordinator and
+    the group aggregators, so shards would start and never be asked anything."""
+    if cfg.hierarchy == "none":
+        return default_server_shards(cfg.server_shards)
+    if cfg.server_shards not in ("auto", 1):
+        raise ConfigError(
+            "server_shards",
+            f"{cfg.server_shards} shards with hierarchy={cfg.hierarchy}: the group rounds do "
+            "not run on server shards",
+            "server_shards=1 (or auto), or hierarchy=none",
+        )
+    return 1
 
 
 def _private_plan(cfg: SecureSumConfig, seed: int) -> Plan:
