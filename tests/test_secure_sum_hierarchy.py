@@ -267,6 +267,28 @@ def test_the_transcript_addresses_group_rounds_to_their_aggregator(data, receive
     assert sorted(r["sender"] for r in to_master) == sorted(hosts)  # the second sum's only
 
 
+def test_group_rounds_stream_their_users_and_stay_addressed_to_their_aggregator(
+    data, received, monkeypatch
+):
+    """A group round streams a by_user input in chunks, as a flat round does (memory does not grow
+    with the group's n·d), and the streamed masked input still goes to the group's aggregator."""
+    from rayfed.protocols.secure_sum import driver
+    from rayfed.secagg import client
+
+    monkeypatch.setattr(client, "_CHUNK_ROWS", 7)
+    sizes = []
+    original = driver.table_inputs
+
+    @client.by_user
+    def counting(ctx, round, ids, *args):
+        sizes.append(len(ids))
+        return original(ctx, round, ids, *args)
+
+    monkeypatch.setattr(driver, "table_inputs", counting)
+    test_the_transcript_addresses_group_rounds_to_their_aggregator(data, received)
+    assert sizes and max(sizes) <= 7
+
+
 def test_each_aggregator_sits_on_a_cohort_of_its_own_holding_none_of_its_users(data, received):
     result = _run(data, "secure")
     hosts = _hosts(received)  # where each group's round was collected

@@ -571,7 +571,7 @@ def masked_input(
     rows = np.flatnonzero(st.active)
     if getattr(input_fn, "by_user", False):
         y = _streamed_sum(ctx, spec, st, rows, u2_member, input_fn, input_args)
-        return Message("masked_input", {"pos": st.pos[rows], "y": y[None, :]}, to="coordinator")
+        return Message("masked_input", {"pos": st.pos[rows], "y": y[None, :]}, to=spec.server)
     x, event, scope = _inputs(ctx, spec, st.ids[rows], input_fn, input_args)
     return Message(
         "masked_input",

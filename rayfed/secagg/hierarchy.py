@@ -44,6 +44,7 @@ from rayfed.dropout import DropoutSchedule
 from rayfed.errors import BelowThreshold
 from rayfed.secagg import AggregationResult, secure_sum
 from rayfed.secagg import server as server_steps
+from rayfed.secagg.client import by_user
 from rayfed.secagg.encoding import RingWords
 from rayfed.secagg.group import Members, Server
 from rayfed.secagg.spec import RoundSpec
@@ -297,7 +298,7 @@ def hierarchical_sum(
             result = secure_sum(
                 _Subset(members, sorted(ids)),
                 spec,
-                _at_round,
+                _at_round_by_user if getattr(input_fn, "by_user", False) else _at_round,
                 (input_fn, round, tuple(input_args)),
                 server=server,
                 ids=ids,
@@ -377,6 +378,13 @@ def _at_round(ctx, group_round: int, ids: np.ndarray, input_fn, round: int, args
     return input_fn(ctx, round, ids, *args)
 
 
+@by_user
+def _at_round_by_user(ctx, group_round: int, ids: np.ndarray, input_fn, round: int, args: tuple):
+    """:func:`_at_round` for an ``input_fn`` marked :func:`~rayfed.secagg.client.by_user`: a
+    group's users then stream in chunks, as in a flat round."""
+    return input_fn(ctx, round, ids, *args)
+
+
 # --- the aggregators (``secure``) ------------------------------------------------------------------
 def keep_sum(ctx, spec: RoundSpec, replies: dict) -> dict:
     """The aggregator's last step: the server's ``finish``, its decoded words kept in the
@@ -401,6 +409,11 @@ def group_words(ctx, round: int, ids: np.ndarray, rounds: Sequence[int], dropped
     rows = np.zeros((len(ids), dim), dtype=np.uint64)
     for i, g in enumerate(np.asarray(ids).tolist()):
         if g not in dropped:
+            if rounds[g] not in kept:  # its actor restarted after the group's round: state lost
+                raise RuntimeError(
+                    f"the aggregator of group {g} no longer holds its group's sum (its actor was "
+                    "restarted after the group's round): the second sum cannot include it"
+                )
             rows[i] = kept.pop(rounds[g])
     return RingWords(rows)
 
