@@ -453,6 +453,8 @@ def scaling_model_check(prim: dict, scale: Path) -> dict:
     rows = measured["results"]
     for row in rows:
         detail = row.get("detail", {})
+        if row.get("machine") and not _same_speeds(row["machine"], measured["machine"]):
+            continue  # measured on another machine (the 16-core one): the model is this one's
         if detail.get("mode") == "secure" and "phase_seconds" in detail:
             point = scaling_model._point(detail)
         elif "point" in detail and not detail.get("sets"):
