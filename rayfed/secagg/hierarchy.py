@@ -90,7 +90,6 @@ def server_learns(
     variant: str,
     groups: int,
     dropped: Sequence[int] = (),
-    total_users: int | None = None,
     *,
     mode: str = "secure",
     hosts: Sequence[str] | None = None,
@@ -373,13 +372,13 @@ def _group_ids(member_users: Mapping[str, np.ndarray], group: np.ndarray) -> dic
     return out
 
 
-def _at_round(ctx, group_round: int, ids: np.ndarray, input_fn, round: int, args: tuple):
+def _at_round(ctx, _group_round: int, ids: np.ndarray, input_fn, round: int, args: tuple):
     """The users' inputs of the protocol's ``round`` (not of their group's round number)."""
     return input_fn(ctx, round, ids, *args)
 
 
 @by_user
-def _at_round_by_user(ctx, group_round: int, ids: np.ndarray, input_fn, round: int, args: tuple):
+def _at_round_by_user(ctx, _group_round: int, ids: np.ndarray, input_fn, round: int, args: tuple):
     """:func:`_at_round` for an ``input_fn`` marked :func:`~rayfed.secagg.client.by_user`: a
     group's users then stream in chunks, as in a flat round."""
     return input_fn(ctx, round, ids, *args)
