@@ -271,18 +271,22 @@ class FederatedMFConfig:
         "without noise, the non-private federated reference (spec §6 C3); nothing is DP",
         when=PARTITIONED,
     )
-    vfl_lr: float = option(
-        0.05,
-        "VFL/HFL: learning rate of the local DP-SGD steps (constant; with vfl_lr_end, the start "
-        "of its decay). ML-100K wants more: see docs/protocols/federated-mf.md",
+    vfl_lr: float | None = option(
+        None,
+        "VFL/HFL: learning rate of the local DP-SGD steps (with vfl_lr_end, the start of its "
+        "decay; alone, a constant rate); default: the public rule of the noise (rayfed/mf/rates.py: "
+        "z, Δ, η, the batch sizes, T·T', R, p and the shape), decaying to a tenth",
         above=0,
+        at_most=1e4,
         when={**PARTITIONED, **NOT_SGLD_OR_OBJPERT},
     )
     vfl_lr_end: float | None = option(
         None,
-        "VFL/HFL: decay vfl_lr linearly to this over the first 80 % of the T·T' DP-SGD steps, "
-        "then hold it (spec §5.3; VFL's fine-tuning runs at it); default: constant vfl_lr",
+        "VFL/HFL: decay the rate linearly to this over the first 80 % of the T·T' DP-SGD steps, "
+        "then hold it (spec §5.3; VFL's fine-tuning runs at it); default: a tenth of the rule's "
+        "rate, or a constant vfl_lr when vfl_lr is given",
         above=0,
+        at_most=1e4,
         when={**PARTITIONED, **NOT_SGLD_OR_OBJPERT},
     )
     sgld_step: float = option(

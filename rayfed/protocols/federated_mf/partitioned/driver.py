@@ -34,10 +34,10 @@ def drive(fed, cfg: FederatedMFConfig, plan: Plan) -> Outcome:
     return _drive_hfl(fed, cfg, plan.params)
 
 
-def _rates(cfg: FederatedMFConfig, t: int):
-    """Round t's learning rates: ``vfl_lr``, or its decay to ``vfl_lr_end`` over all T·T' steps."""
+def _rates(cfg: FederatedMFConfig, params: PartitionedParams, t: int):
+    """Round t's learning rates: the resolved start, or its decay to the end over all T·T' steps."""
     total = cfg.iterations * cfg.local_steps
-    return step_rates(cfg.vfl_lr, cfg.vfl_lr_end, t * cfg.local_steps, cfg.local_steps, total)
+    return step_rates(params.lr, params.lr_end, t * cfg.local_steps, cfg.local_steps, total)
 
 
 def _note_sampling(fed, cfg: FederatedMFConfig, params: PartitionedParams) -> None:
@@ -81,6 +81,8 @@ def _drive_vfl(fed, cfg: FederatedMFConfig, params: PartitionedParams) -> Outcom
 def _evaluate_vfl(fed, cfg: FederatedMFConfig, params: PartitionedParams) -> Outcome:
     parts = fed.get(fed.parties.run(vfl_evaluate_step, phase="evaluate"))
     fed.note(report.vfl_noise_note(cfg, params))
+    if params.baseline is None:
+        fed.note(report.rate_note(params))
     _note_sampling(fed, cfg, params)
     fed.note(report.EVALUATION_NOTE)
     return report.outcome(cfg, params, parts)
@@ -99,7 +101,7 @@ def _vfl_rounds(fed, cfg: FederatedMFConfig, params: PartitionedParams, u_arg):
                 u_arg,
                 round=t,
                 steps=cfg.local_steps,
-                lr=_rates(cfg, t),
+                lr=_rates(cfg, params, t),
                 rate=cfg.sampling_rate,
                 release=params.releases.local,
                 bound=cfg.bound,
@@ -129,7 +131,7 @@ def _vfl_finetune(fed, cfg: FederatedMFConfig, params: PartitionedParams, u_arg)
         vfl_finetune_step,
         u_arg,
         steps=cfg.finetune_steps,
-        lr=cfg.vfl_lr if cfg.vfl_lr_end is None else cfg.vfl_lr_end,
+        lr=params.lr if params.lr_end is None else params.lr_end,
         rate=cfg.sampling_rate,
         release=params.releases.finetune,
         bound=cfg.bound,
@@ -218,6 +220,8 @@ def _drive_hfl(fed, cfg: FederatedMFConfig, params: PartitionedParams) -> Outcom
         phase="finetune",
     )
     parts = fed.get(fed.parties.run(hfl_evaluate_step, phase="evaluate"))
+    if params.method == "hfl":
+        fed.note(report.rate_note(params))
     if params.rating_gap:
         fed.note(report.RATING_GAP_NOTE)
     if params.privacy_unit == "rating":
@@ -240,7 +244,7 @@ def _hfl_rounds(fed, cfg: FederatedMFConfig, params: PartitionedParams, v_msg):
                 v_msg.single(),
                 round=t,
                 steps=cfg.local_steps,
-                lr=_rates(cfg, t),
+                lr=_rates(cfg, params, t),
                 rate=cfg.sampling_rate,
                 release=params.releases.local,
                 bound=cfg.bound,

@@ -51,6 +51,11 @@ class PartitionedParams:
     clipped: Clipped | None = None
     #: per-rating HFL with pre-training: the guarantee holds given the pre-trained U only
     rating_gap: bool = False
+    #: DP-SGD's learning rate: its start and its end (None: constant), resolved from the options or
+    #: the public rule (rayfed/mf/rates.py); ``lr_source`` says which
+    lr: float = 0.0
+    lr_end: float | None = None
+    lr_source: str = "given"
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from dp_accounting.privacy_accountant import NeighboringRelation
 from rayfed import mf, rng
 from rayfed.data import load_table, require_columns
 from rayfed.errors import ConfigError
-from rayfed.mf import baselines
+from rayfed.mf import baselines, rates
 from rayfed.privacy import (
     Ball,
     Budget,
@@ -90,6 +90,9 @@ def plan(cfg: FederatedMFConfig, seed: int) -> Plan:
     # VFL publishes V_Fk after κ more noisy steps; HFL's Stage 3 is local and never published
     steps = {"local": cfg.iterations * cfg.local_steps, "finetune": cfg.finetune_steps}
     true_eps = _faithful_epsilon(cfg, releases, steps, delta) if private else None
+    batches = _batches(cfg, train, owner, n_parties, vfl, theta if per_user else None)
+    sensitivity = delta_joint if vfl else delta_v
+    lr, lr_end, lr_source = learning_rates(cfg, z, sensitivity, batches, ratings.n, ratings.m)
     return Plan(
         privacy=PrivacyDeclaration(
             budget=Budget(true_eps or cfg.epsilon, delta) if private else Budget.none(),
@@ -121,8 +124,59 @@ def plan(cfg: FederatedMFConfig, seed: int) -> Plan:
             releases=releases,
             clipped=clipped,
             rating_gap=private and rating_gap(cfg),
+            lr=lr,
+            lr_end=lr_end,
+            lr_source=lr_source,
         ),
     )
+
+
+def learning_rates(
+    cfg: FederatedMFConfig,
+    z: float | None,
+    sensitivity: float,
+    batches: list[tuple[float, float]],
+    users: int,
+    items: int,
+) -> tuple[float, float | None, str]:
+    """(γ0, γ_end or None for a constant rate, where they come from): the options when
+    ``vfl_lr`` is given (a user's rate wins), else the public rule (:mod:`rayfed.mf.rates`) of
+    z, Δ, the parties' (weight, batch normaliser) and the shape."""
+    if cfg.vfl_lr is not None:
+        return cfg.vfl_lr, cfg.vfl_lr_end, "given"
+    noise = None if z is None else rates.average_noise(z, sensitivity, batches)
+    start = rates.dp_sgd_rate(
+        noise=noise,
+        steps=cfg.iterations * cfg.local_steps,
+        bound=cfg.bound,
+        rank=cfg.rank,
+        users=users,
+        items=items,
+    )
+    end = cfg.vfl_lr_end if cfg.vfl_lr_end is not None else start * rates.DECAY
+    return start, end, "rule"
+
+
+def _batches(
+    cfg: FederatedMFConfig,
+    train: mf.Ratings,
+    owner: np.ndarray,
+    n_parties: int,
+    vfl: bool,
+    theta: int | None,
+) -> list[tuple[float, float]]:
+    """Every party's (averaging weight, DP-SGD batch normaliser b_k = η·|Ω_k|), |Ω_k| its
+    training ratings after trimming each user to θ (the count its steps divide by, public)."""
+    party = owner[train.item if vfl else train.user]
+    axis = owner.size
+    out = []
+    for k in range(n_parties):
+        mine = party == k
+        kept = np.bincount(train.user[mine], minlength=train.n)
+        count = int(np.minimum(kept, theta).sum()) if theta else int(mine.sum())
+        weight = np.count_nonzero(owner == k) / axis
+        out.append((weight, max(cfg.sampling_rate * count, 1.0)))
+    return out
 
 
 def gradient_bounds(cfg: FederatedMFConfig, theta: int) -> tuple[float, float]:

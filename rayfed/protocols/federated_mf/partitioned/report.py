@@ -119,6 +119,17 @@ def vfl_noise_note(cfg: FederatedMFConfig, params: PartitionedParams) -> str:
     )
 
 
+def rate_note(params: PartitionedParams) -> str:
+    """Where DP-SGD's learning rate came from: the options, or the public rule of the noise."""
+    rate = f"{params.lr:.4g}" + ("" if params.lr_end is None else f" decaying to {params.lr_end:.4g}")
+    if params.lr_source == "given":
+        return f"learning rate {rate} (given)"
+    return (
+        f"learning rate {rate}: the public rule of the noise (rayfed/mf/rates.py; from z, Δ, η, "
+        "the batch sizes, T·T', R, p and the shape, no rating), not tuned on the data"
+    )
+
+
 def _per_user_bound(cfg: FederatedMFConfig, params: PartitionedParams) -> str:
     """Which per-user Δ the run took (``user_sensitivity``)."""
     if params.trim is None:
@@ -153,6 +164,12 @@ def outcome(
         "items": params.m,
     }
     private = params.z is not None or params.baseline is not None
+    if params.baseline is None:
+        metrics["learning_rate"] = {
+            "start": params.lr,
+            "end": params.lr if params.lr_end is None else params.lr_end,
+            "source": params.lr_source,
+        }
     if params.baseline is not None:
         metrics.update(
             delta=params.delta, trim=params.trim, baseline=dict(params.baseline.__dict__)
