@@ -221,8 +221,11 @@ def test_faithful_reports_the_true_epsilon_and_corrected_the_nominal_one(options
 @pytest.mark.parametrize("i", [2, 5])
 def test_faithful_mode_keeps_the_theses_results_bit_for_bit(i):
     """Examples 2 (VFL per rating) and 5 (DP-SGLD per rating) with mode=faithful give the tables
-    recorded before rating sampling existed (user sampling, as the thesis)."""
+    recorded before rating sampling existed (user sampling, as the thesis), at VFL's constant
+    rate 0.05 (the default before issue 30's public rule)."""
     example = {**get_protocol("federated-mf").examples[i], "mode": "faithful"}
+    if example.get("method") != "dp-sgld":
+        example["vfl_lr"] = 0.05
     result = rayfed.run("federated-mf", **RUN, **example)
     with pa.memory_map(str(GOLDEN_FAITHFUL / str(i) / "evaluation.arrow")) as source:
         assert result.tables["evaluation"].equals(pa.ipc.open_file(source).read_all())

@@ -148,7 +148,9 @@ def test_noise_is_calibrated_against_the_tightest_accountant(i, steps, rate):
     assert tight.privacy.epsilon == pytest.approx(1.0, abs=2e-3)
     assert tight.privacy.epsilon_by_accountant["rdp"] > 1.05
     thesis = {"user_sensitivity": "thesis"} if i in (3, 4) else {}  # the per-user examples
-    old = rayfed.run("federated-mf", **RUN, **EXAMPLES[i], accountant="rdp", **thesis)
+    # (recorded at the constant rate 0.05, the default before issue 30's public rule)
+    rate = {"vfl_lr": 0.05} if i in (2, 3, 4) else {}
+    old = rayfed.run("federated-mf", **RUN, **EXAMPLES[i], accountant="rdp", **thesis, **rate)
     assert old.metrics["noise_multiplier"] == z_rdp
     assert old.privacy.accountant == "rdp"
     for path in sorted((GOLDEN / str(i)).glob("*.arrow")):

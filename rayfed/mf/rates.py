@@ -31,10 +31,17 @@ SIGNAL_CAP = 0.1
 DECAY = 0.1
 
 
-def average_noise(z: float, sensitivity: float, batches: Iterable[tuple[float, float]]) -> float:
+def average_noise(
+    z: float, sensitivity: float, batches: Iterable[tuple[float, float]], *, averaged: bool = True
+) -> float:
     """σ: the per-coordinate standard deviation, per unit rate, that one step's noise leaves in
-    the server's weighted average, over parties' (weight w_k, batch normaliser b_k)."""
-    return z * sensitivity * math.sqrt(sum((w / b) ** 2 for w, b in batches))
+    the embedding each party continues from, over parties' (weight w_k, batch normaliser b_k):
+    the server's weighted average, zΔ·√(Σ_k (w_k/b_k)²); without an average (VFL's local-only
+    baseline) each party's own, zΔ/b_k, their root mean square over the parties."""
+    batches = list(batches)
+    if averaged:
+        return z * sensitivity * math.sqrt(sum((w / b) ** 2 for w, b in batches))
+    return z * sensitivity * math.sqrt(sum(1 / b**2 for _, b in batches) / len(batches))
 
 
 def dp_sgd_rate(

@@ -141,10 +141,11 @@ def learning_rates(
 ) -> tuple[float, float | None, str]:
     """(γ0, γ_end or None for a constant rate, where they come from): the options when
     ``vfl_lr`` is given (a user's rate wins), else the public rule (:mod:`rayfed.mf.rates`) of
-    z, Δ, the parties' (weight, batch normaliser) and the shape."""
+    z, Δ, the parties' (weight, batch normaliser), whether the server averages, and the shape."""
     if cfg.vfl_lr is not None:
         return cfg.vfl_lr, cfg.vfl_lr_end, "given"
-    noise = None if z is None else rates.average_noise(z, sensitivity, batches)
+    averaged = cfg.resolved_method() != "local"  # local-only: each party keeps its own embeddings
+    noise = None if z is None else rates.average_noise(z, sensitivity, batches, averaged=averaged)
     start = rates.dp_sgd_rate(
         noise=noise,
         steps=cfg.iterations * cfg.local_steps,
