@@ -38,7 +38,7 @@ FIT_EPSILONS = (0.5, 1.0, 2.0, 4.0, 8.0, 1000.0)
 #: the fit's grid: multiples of the rule's own rate (a geometric grid, ratio 1.6, around it)
 FIT_MULTIPLIERS = (1 / 4, 1 / 2.56, 1 / 1.6, 1.0, 1.6, 2.56, 4.0)
 MULTIPLIERS = (0.25, 0.5, 1.0, 2.0, 4.0)
-CHECK_EPSILONS = (1.0, 8.0)
+CHECK_EPSILONS = (1.0, 8.0, None)
 OLD_DEFAULT = 0.05
 BOUND = 5.0
 BASE = dict(iterations=100, local_steps=10, sampling_rate=0.01, seed=0)
@@ -134,7 +134,7 @@ def check(options: dict, label: str, kappa: float = rates.NOISE_WALK) -> list[di
             }
         )
         print(
-            f"{label:<52} ε={epsilon:g}: rule {rule['vfl_lr']:.3g} → {rule['test_mse']:.4f}, "
+            f"{label:<52} ε={epsilon}: rule {rule['vfl_lr']:.3g} → {rule['test_mse']:.4f}, "
             f"best ×{best['multiplier']:g} → {best['test_mse']:.4f}, old 0.05 → {old:.4f}",
             file=sys.stderr,
         )
@@ -181,10 +181,11 @@ def main(argv: list[str] | None = None) -> int:
         label = f"synthetic {shape['users']}x{shape['items']} density {shape['density']:g}"
         rows += check({"setting": "vfl", "parties": 5, **shape}, f"VFL 5 parties, {label}")
     rows += check({**ml, "parties": 2}, "VFL 2 parties, ML-100K")
+    rows += check({**ml, "privacy_unit": "user"}, "VFL 5 parties, ML-100K per user (θ = 5)")
     rows += check({"setting": "hfl", "parties": 5, "data": ml["data"]}, "HFL 5 parties, ML-100K")
     with tempfile.TemporaryDirectory() as tmp:
         even, odd = user_split(Path(tmp))
-        split = fit({**ml, "data": {"path": str(even)}}, "ml100k even users", CHECK_EPSILONS)
+        split = fit({**ml, "data": {"path": str(even)}}, "ml100k even users", (1.0, 8.0))
         odd_users = {**ml, "data": {"path": str(odd)}}
         rows += check(odd_users, "VFL 5 parties, ML-100K odd users (κ of the even)", split["kappa"])
     record = {
