@@ -3,10 +3,12 @@ laid out as the members' tables."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import pyarrow as pa
 
-from rayfed import mf
+from rayfed import mf, rng
 from rayfed.privacy import Clipped, DataDomain, Field, Interval, enforce
 from rayfed.protocols.federated_mf.config import FederatedMFConfig
 
@@ -60,6 +62,38 @@ def _read(cfg: FederatedMFConfig, gen: np.random.Generator) -> mf.Ratings:
     cols = (cfg.data.columns or {}).get("ratings", DEFAULT_COLUMNS)
     return mf.load_ratings(
         cfg.data.path, user=cols[0], item=cols[1], rating=cols[2], format=cfg.data.format
+    )
+
+
+@dataclass(frozen=True)
+class PublicShape:
+    """What a run already takes as public about its ratings (the plans' ``TAKEN_AS_PUBLIC``): the
+    number of users n, of items m and of ratings, and the rating scale [low, high]. The parties'
+    shares of the users or items follow from these and the seed (the plans deal them by the run's
+    seed), so a stand-in of the same shape gets the same split sizes. No rating value, no user's
+    count and no (user, item) pair is in it."""
+
+    users: int
+    items: int
+    ratings: int
+    low: float
+    high: float
+
+    @classmethod
+    def of(cls, ratings: mf.Ratings) -> PublicShape:
+        return cls(ratings.n, ratings.m, len(ratings), float(ratings.low), float(ratings.high))
+
+
+def stand_in(shape: PublicShape, seed: int) -> mf.Ratings:
+    """Synthetic ratings of the public ``shape`` from the project's generator, drawn from the
+    ``public-tuning`` stream of ``seed``: a knob tuned on them reads nothing private."""
+    return mf.synthetic_ratings(
+        shape.users,
+        shape.items,
+        count=shape.ratings,
+        low=shape.low,
+        high=shape.high,
+        rng=rng.stream(seed, "public-tuning", 0, "federated-mf"),
     )
 
 

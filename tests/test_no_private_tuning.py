@@ -1,0 +1,178 @@
+"""No run tunes on private data without a charge (issue 30, Deliver 2).
+
+(a) Every tuning path — the repro job's C3 ``--tune``, the E8 benchmark's GD-DR and LFL γ, the E3
+benchmark's per-method pick — picks the same knob when the private ratings' values are permuted
+or replaced (same public shape: users, items, number of ratings, rating scale): the pick is made
+on a synthetic stand-in of that shape. The old pick by the private training MSE changes on these
+perturbations (the paths' grids here are chosen so that it does).
+(b) A default run tunes nothing: the repro job without ``--tune`` never calls the tuner, and
+its C3 runs take the configuration's rate, whatever the data.
+(c) The stand-in has the public shape exactly, and none of the private values.
+"""
+
+from __future__ import annotations
+
+import importlib
+import runpy
+import sys
+import types
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pytest
+
+from rayfed import api, mf
+from rayfed.errors import ConfigError
+from rayfed.protocols.federated_mf import ratings as ratings_data
+from rayfed.protocols.federated_mf import tuning
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _perturbed(tmp: Path, n: int, m: int, density: float) -> dict[str, Path]:
+    """A low-rank ratings file (n users, m items, integer ratings 1..5) and two perturbations of
+    its values with the same public shape: permuted, and replaced (all 3 but one 1 and one 5, so
+    the scale stays [1, 5])."""
+    r = mf.synthetic_ratings(n, m, density=density, rng=np.random.default_rng(3))
+    values = np.rint(r.rating)
+    assert values.min() == 1 and values.max() == 5
+    replaced = np.full(len(values), 3.0)
+    replaced[:2] = (1.0, 5.0)
+    out = {}
+    for name, v in {
+        "private": values,
+        "permuted": np.random.default_rng(4).permutation(values),
+        "replaced": replaced,
+    }.items():
+        out[name] = tmp / f"{name}-{n}.csv"
+        pacsv.write_csv(pa.table({"user_id": r.user, "item_id": r.item, "rating": v}), out[name])
+    return out
+
+
+@pytest.fixture(scope="module")
+def datasets(tmp_path_factory) -> dict[str, Path]:
+    """40 users, 25 items, 30 % observed."""
+    return _perturbed(tmp_path_factory.mktemp("ratings"), 40, 25, 0.3)
+
+
+@pytest.fixture(scope="module")
+def many_users(tmp_path_factory) -> dict[str, Path]:
+    """200 users (GD-DR's shuffle bound needs more than 16·log(4T/δ)), 20 items, 10 %."""
+    return _perturbed(tmp_path_factory.mktemp("ratings"), 200, 20, 0.1)
+
+
+def _module(name: str):
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+
+
+def _repro():
+    return runpy.run_path(str(ROOT / "jobs" / "federated_mf_repro.py"))
+
+
+def _repro_args(path: Path, tune: bool) -> types.SimpleNamespace:
+    return types.SimpleNamespace(
+        data=str(path),
+        rounds=10,
+        parties=2,
+        accountant="rdp",
+        seed=0,
+        backend="local",
+        secagg="dealer",
+        tune=tune,
+        lrs="0.05,0.5",
+    )
+
+
+def _same_pick(picks: dict[str, object]) -> None:
+    assert len(set(map(repr, picks.values()))) == 1, picks
+
+
+def test_repro_c3_tune_picks_the_same_rate_whatever_the_private_values(datasets):
+    c3_point = _repro()["c3_point"]
+    picks, scores = {}, {}
+    for name, path in datasets.items():
+        grid: list = []
+        point = c3_point("vfl", 1e4, _repro_args(path, tune=True), grid)
+        assert point["tuning"] == tuning.TUNING
+        assert [g["vfl_lr"] for g in grid] == [0.05, 0.5]
+        best = min(grid, key=lambda g: g["stand_in_test_mse"])
+        assert point["vfl_lr"] == best["vfl_lr"]  # the run took the stand-in's pick
+        picks[name] = point["vfl_lr"]
+        scores[name] = [g["stand_in_test_mse"] for g in grid]
+    _same_pick(picks)
+    _same_pick(scores)  # the stand-in's scores too: it never saw a private value
+
+
+def test_e8_gddr_and_lfl_picks_do_not_move_with_the_private_values(many_users):
+    gddr = _module("federated_mf_gddr")
+    picks = {}
+    for name, path in many_users.items():
+        grid: list = []
+        row = gddr.tuned_gddr(1.0, 0, [0.003, 0.3], [None], grid, data=path)
+        lfl = gddr.tuned_lfl(1.0, 0, "0.5,8", grid, data=path)
+        assert row["tuning"] == lfl["tuning"] == tuning.TUNING
+        picks[name] = (row["lr"], lfl["lr"])
+    _same_pick(picks)
+
+
+def test_e3_baselines_pick_does_not_move_with_the_private_values(datasets, monkeypatch):
+    baselines = _module("federated_mf_baselines")
+    monkeypatch.setitem(baselines.GRIDS, "vfl", ("vfl_lr", (0.01, 0.05, 0.5)))
+    options = baselines.options  # the RDP ledger: the tight one's first calibration takes 50 s
+    monkeypatch.setattr(
+        baselines, "options", lambda *a, **k: {**options(*a, **k), "accountant": "rdp"}
+    )
+    picks = {}
+    for name, path in datasets.items():
+        value, scores = baselines.pick("vfl", "rating", 8.0, data=path)
+        assert [s["vfl_lr"] for s in scores] == [0.01, 0.05, 0.5]
+        assert value == min(scores, key=lambda s: s["stand_in_test_mse"])["vfl_lr"]
+        picks[name] = value
+    _same_pick(picks)
+
+
+def test_a_default_run_tunes_nothing(datasets, monkeypatch):
+    """The repro job's C3 without --tune: no call to the tuner, the rate is the configuration's
+    (the same resolved value on every perturbation of the data)."""
+    job = _repro()
+
+    def refuse(*a, **k):
+        raise AssertionError("a default run tuned")
+
+    monkeypatch.setattr(tuning, "tune", refuse)
+    for name, path in datasets.items():
+        args = _repro_args(path, tune=False)
+        point = job["c3_point"]("vfl", 1e4, args, grid := [])
+        assert point["tuning"] is None and point["vfl_lr"] == "default" and grid == []
+        options = job["c3_options"]("vfl", 1e4, args)
+        assert "vfl_lr" not in options and "vfl_lr_end" not in options
+        _, _, cfg = api.resolve("federated-mf", **options)
+        default = api.resolve("federated-mf", setting="vfl")[2]
+        assert (cfg.vfl_lr, cfg.vfl_lr_end) == (default.vfl_lr, default.vfl_lr_end), name
+
+
+def test_the_stand_in_has_the_public_shape_and_no_private_value(datasets):
+    private = mf.load_ratings(datasets["private"])
+    shape = ratings_data.PublicShape.of(private)
+    assert shape == ratings_data.PublicShape(40, 25, len(private), 1.0, 5.0)
+    opts = {"setting": "vfl", "data": {"path": str(datasets["permuted"])}, "seed": 7}
+    assert tuning.public_shape(opts) == shape
+    stand_in = ratings_data.stand_in(shape, 7)
+    assert (stand_in.n, stand_in.m, len(stand_in)) == (40, 25, len(private))
+    assert np.all(np.bincount(stand_in.user, minlength=40) >= 1)
+    assert np.all(np.bincount(stand_in.item, minlength=25) >= 1)
+    assert 1.0 <= stand_in.rating.min() and stand_in.rating.max() <= 5.0
+    cells = stand_in.user * 25 + stand_in.item
+    assert np.unique(cells).size == cells.size
+    assert not np.isin(stand_in.rating, [1.0, 2.0, 3.0, 4.0, 5.0]).all()  # its own values
+    again = ratings_data.stand_in(shape, 7)
+    assert np.array_equal(again.rating, stand_in.rating)  # seeded, reproducible
+    assert not np.array_equal(ratings_data.stand_in(shape, 8).rating, stand_in.rating)
+    with pytest.raises(ConfigError, match="count"):
+        mf.synthetic_ratings(4, 3, count=3, rng=np.random.default_rng(0))  # < max(n, m)
