@@ -16,7 +16,8 @@ non-private central reference is drawn as a line. LFL uses secure aggregation in
 Spec check C3 (issue 18): the same federated VFL and HFL rounds without noise (``noise=none``)
 are drawn as lines, and VFL per-rating (the protocol's default unit) as a curve over ε. Its gap to
 the non-private line must shrink as ε grows. By default every C3 run takes the configuration's
-learning rate (nothing is tuned). ``--tune`` picks ``vfl_lr`` per ε from ``--lrs`` (decaying to
+learning rate — the public rule of the noise (``rayfed/mf/rates.py``): nothing is tuned, and the
+record keeps each run's resolved rate. ``--tune`` picks ``vfl_lr`` per ε from ``--lrs`` (decaying to
 a tenth over the first 80 % of the steps, §7.9) by **public tuning**: the candidates run on a
 synthetic stand-in of the data's public shape (users, items, number of ratings, rating scale;
 ``rayfed.protocols.federated_mf.tuning``), and the private data is run once at the picked rate,
@@ -188,14 +189,19 @@ def c3_point(setting: str, epsilon: float | None, args, grid: list) -> dict:
         tuned = tuning.tune(base, [rate(lr) for lr in jobs.numbers(args.lrs)])
         grid.extend({**keys, **point} for point in tuned.grid)
         base.update(tuned.picked)
-        keys.update(vfl_lr=tuned.picked["vfl_lr"], tuning=tuning.TUNING)
+        keys["tuning"] = tuning.TUNING
     else:
-        keys.update(vfl_lr="default", tuning=None)
+        keys["tuning"] = None
     result = rayfed.run("federated-mf", **base)
     point = _record(result, **keys)
+    rate_used = result.metrics["learning_rate"]
+    point.update(
+        vfl_lr=rate_used["start"], vfl_lr_end=rate_used["end"], lr_source=rate_used["source"]
+    )
     label = "non-private" if epsilon is None else f"per-rating ε={epsilon:<4g}"
     print(
-        f"{setting} C3 {label} vfl_lr={point['vfl_lr']} test MSE {point['test_mse']:.4f}",
+        f"{setting} C3 {label} vfl_lr={point['vfl_lr']:.4g} ({point['lr_source']}) "
+        f"test MSE {point['test_mse']:.4f}",
         file=sys.stderr,
     )
     return point
@@ -330,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
         "--tune",
         action="store_true",
         help="C3: pick vfl_lr per ε from --lrs on a synthetic stand-in of the data's public "
-        "shape (public tuning); default: the configuration's rate, nothing tuned",
+        "shape (public tuning); default: the public rule's rate, nothing tuned",
     )
     p.add_argument(
         "--lrs", default="0.05,0.2,0.5,2,5,20", help="C3 with --tune: the vfl_lr candidates"

@@ -6,7 +6,7 @@ or replaced (same public shape: users, items, number of ratings, rating scale): 
 on a synthetic stand-in of that shape. The old pick by the private training MSE changes on these
 perturbations (the paths' grids here are chosen so that it does).
 (b) A default run tunes nothing: the repro job without ``--tune`` never calls the tuner, and
-its C3 runs take the configuration's rate, whatever the data.
+its C3 runs take the public rule's rate (rayfed/mf/rates.py), the same whatever the values.
 (c) The stand-in has the public shape exactly, and none of the private values.
 """
 
@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 import pytest
 
-from rayfed import api, mf
+from rayfed import mf
 from rayfed.errors import ConfigError
 from rayfed.protocols.federated_mf import ratings as ratings_data
 from rayfed.protocols.federated_mf import tuning
@@ -138,23 +138,25 @@ def test_e3_baselines_pick_does_not_move_with_the_private_values(datasets, monke
 
 
 def test_a_default_run_tunes_nothing(datasets, monkeypatch):
-    """The repro job's C3 without --tune: no call to the tuner, the rate is the configuration's
-    (the same resolved value on every perturbation of the data)."""
+    """The repro job's C3 without --tune: no call to the tuner, and the rate is the public rule's,
+    the same on every perturbation of the data's values."""
     job = _repro()
 
     def refuse(*a, **k):
         raise AssertionError("a default run tuned")
 
     monkeypatch.setattr(tuning, "tune", refuse)
+    rates = {}
     for name, path in datasets.items():
         args = _repro_args(path, tune=False)
-        point = job["c3_point"]("vfl", 1e4, args, grid := [])
-        assert point["tuning"] is None and point["vfl_lr"] == "default" and grid == []
         options = job["c3_options"]("vfl", 1e4, args)
         assert "vfl_lr" not in options and "vfl_lr_end" not in options
-        _, _, cfg = api.resolve("federated-mf", **options)
-        default = api.resolve("federated-mf", setting="vfl")[2]
-        assert (cfg.vfl_lr, cfg.vfl_lr_end) == (default.vfl_lr, default.vfl_lr_end), name
+        point = job["c3_point"]("vfl", 1e4, args, grid := [])
+        assert point["tuning"] is None and point["lr_source"] == "rule" and grid == []
+        rates[name] = (point["vfl_lr"], point["vfl_lr_end"])
+    _same_pick(rates)
+    start, end = rates["private"]
+    assert end == pytest.approx(start / 10)
 
 
 def test_the_stand_in_has_the_public_shape_and_no_private_value(datasets):
