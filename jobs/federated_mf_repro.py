@@ -19,7 +19,7 @@ the non-private line must shrink as ε grows. By default every C3 run takes the 
 learning rate — the public rule of the noise (``rayfed/mf/rates.py``): nothing is tuned, and the
 record keeps each run's resolved rate. ``--tune`` picks ``vfl_lr`` per ε from ``--lrs`` (decaying to
 a tenth over the first 80 % of the steps, §7.9) by **public tuning**: the candidates run on a
-synthetic stand-in of the data's public shape (users, items, number of ratings, rating scale;
+synthetic stand-in of the data's public shape (users, items, number of ratings; scale [1, R];
 ``rayfed.protocols.federated_mf.tuning``), and the private data is run once at the picked rate,
 so the pick reads no private rating (issue 30; the thesis tuned on the private training loss,
 uncharged, which this job no longer does).

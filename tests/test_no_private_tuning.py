@@ -2,13 +2,14 @@
 
 (a) Every tuning path — the repro job's C3 ``--tune``, the E8 benchmark's GD-DR and LFL γ, the E3
 benchmark's per-method pick — picks the same knob when the private ratings' values are permuted
-or replaced (same public shape: users, items, number of ratings, rating scale): the pick is made
-on a synthetic stand-in of that shape. The old pick by the private training MSE changes on these
+or replaced, their min or max moved included (same public shape: users, items, number of ratings;
+the scale is the configuration's [1, R]): the pick is made on a synthetic stand-in of that shape. The old pick by the private training MSE changes on these
 perturbations for E3's and E8's grids here; for C3's tiny grid it happens to pick the same rate, and
 the stand-in's scores, identical on every perturbation, are what catch a pick made on the data.
 (b) A default run tunes nothing: the repro job without ``--tune`` never calls the tuner, and
 its C3 runs take the public rule's rate (rayfed/mf/rates.py), the same whatever the values.
-(c) The stand-in has the public shape exactly, and none of the private values.
+(c) The stand-in has the public shape exactly, and is the same array whatever the private values
+(their min and max included: the scale is the configuration's, the rating column is never read).
 """
 
 from __future__ import annotations
@@ -34,19 +35,19 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _perturbed(tmp: Path, n: int, m: int, density: float) -> dict[str, Path]:
-    """A low-rank ratings file (n users, m items, integer ratings 1..5) and two perturbations of
-    its values with the same public shape: permuted, and replaced (all 3 but one 1 and one 5, so
-    the scale stays [1, 5])."""
+    """A low-rank ratings file (n users, m items, integer ratings 1..5) and perturbations of its
+    values with the same public shape (users, items, number of ratings): permuted, replaced (all
+    3: min and max move), every 5 replaced by 4 (the max moves) and floored at 2 (the min moves)."""
     r = mf.synthetic_ratings(n, m, density=density, rng=np.random.default_rng(3))
     values = np.rint(r.rating)
     assert values.min() == 1 and values.max() == 5
-    replaced = np.full(len(values), 3.0)
-    replaced[:2] = (1.0, 5.0)
     out = {}
     for name, v in {
         "private": values,
         "permuted": np.random.default_rng(4).permutation(values),
-        "replaced": replaced,
+        "replaced": np.full(len(values), 3.0),
+        "no_fives": np.where(values == 5, 4.0, values),
+        "floored": np.maximum(values, 2.0),
     }.items():
         out[name] = tmp / f"{name}-{n}.csv"
         pacsv.write_csv(pa.table({"user_id": r.user, "item_id": r.item, "rating": v}), out[name])
@@ -114,7 +115,7 @@ def test_repro_c3_tune_picks_the_same_rate_whatever_the_private_values(datasets)
 def test_e8_gddr_and_lfl_picks_do_not_move_with_the_private_values(many_users):
     gddr = _module("federated_mf_gddr")
     picks = {}
-    for name in ("private", "replaced"):  # (the slowest test: LFL at 200 users, so two of three)
+    for name in ("private", "floored"):  # (the slowest test: LFL at 200 users, so two of five)
         path = many_users[name]
         grid: list = []
         row = gddr.tuned_gddr(1.0, 0, [0.003, 0.3], [None], grid, data=path)
@@ -131,8 +132,8 @@ def test_e3_baselines_pick_does_not_move_with_the_private_values(datasets, monke
     short = {"accountant": "rdp", "iterations": 20}  # and 20 rounds, not 100
     monkeypatch.setattr(baselines, "options", lambda *a, **k: {**options(*a, **k), **short})
     picks = {}
-    for name, path in datasets.items():
-        value, scores = baselines.pick("vfl", "rating", 8.0, data=path)
+    for name in ("private", "replaced", "no_fives"):  # three of five: the file's time
+        value, scores = baselines.pick("vfl", "rating", 8.0, data=datasets[name])
         assert [s["vfl_lr"] for s in scores] == [0.01, 0.05, 0.5]
         assert value == min(scores, key=lambda s: s["stand_in_test_mse"])["vfl_lr"]
         picks[name] = value
@@ -161,12 +162,43 @@ def test_a_default_run_tunes_nothing(datasets, monkeypatch):
     assert end == pytest.approx(start / 10)
 
 
-def test_the_stand_in_has_the_public_shape_and_no_private_value(datasets):
+def test_the_stand_in_is_the_same_whatever_the_private_values(datasets, tmp_path):
+    """The stand-in made from every perturbation of the values is the same array: its scale is
+    [1, R] from the configuration (not the data's min and max), and its shape is read from the
+    user and item columns alone — a rating column out of [0, R] changes nothing (the run itself
+    would refuse it later)."""
     private = mf.load_ratings(datasets["private"])
-    shape = ratings_data.PublicShape.of(private)
-    assert shape == ratings_data.PublicShape(40, 25, len(private), 1.0, 5.0)
-    opts = {"setting": "vfl", "data": {"path": str(datasets["permuted"])}, "seed": 7}
-    assert tuning.public_shape(opts) == shape
+    files = dict(datasets)
+    beyond = tmp_path / "beyond.csv"  # ratings 7 (> R = 5): never read, never refused here
+    pacsv.write_csv(
+        pa.table(
+            {"user_id": private.user, "item_id": private.item, "rating": np.full(len(private), 7.0)}
+        ),
+        beyond,
+    )
+    files["beyond"] = beyond
+    expected = ratings_data.PublicShape(40, 25, len(private), 1.0, 5.0)
+    made = {}
+    for name, path in files.items():
+        opts = {"setting": "vfl", "data": {"path": str(path)}, "seed": 7}
+        shape = tuning.public_shape(opts)
+        assert shape == expected, name
+        made[name] = ratings_data.stand_in(shape, 7)
+    first = made["private"]
+    for name, other in made.items():
+        for col in ("user", "item", "rating"):
+            assert np.array_equal(getattr(other, col), getattr(first, col)), (name, col)
+        assert (other.n, other.m, other.low, other.high) == (40, 25, 1.0, 5.0), name
+    # R from the configuration, not from the data
+    opts = {"setting": "vfl", "data": {"path": str(files["no_fives"])}, "seed": 7, "bound": 4.5}
+    assert tuning.public_shape(opts) == ratings_data.PublicShape(40, 25, len(private), 1.0, 4.5)
+    opts["bound"] = 0.8  # R <= 1: the domain's low end
+    assert tuning.public_shape(opts) == ratings_data.PublicShape(40, 25, len(private), 0.0, 0.8)
+
+
+def test_the_stand_in_has_the_public_shape(datasets):
+    private = mf.load_ratings(datasets["private"])
+    shape = ratings_data.PublicShape(40, 25, len(private), 1.0, 5.0)
     stand_in = ratings_data.stand_in(shape, 7)
     assert (stand_in.n, stand_in.m, len(stand_in)) == (40, 25, len(private))
     assert np.all(np.bincount(stand_in.user, minlength=40) >= 1)
@@ -174,7 +206,6 @@ def test_the_stand_in_has_the_public_shape_and_no_private_value(datasets):
     assert 1.0 <= stand_in.rating.min() and stand_in.rating.max() <= 5.0
     cells = stand_in.user * 25 + stand_in.item
     assert np.unique(cells).size == cells.size
-    assert not np.isin(stand_in.rating, [1.0, 2.0, 3.0, 4.0, 5.0]).all()  # its own values
     again = ratings_data.stand_in(shape, 7)
     assert np.array_equal(again.rating, stand_in.rating)  # seeded, reproducible
     assert not np.array_equal(ratings_data.stand_in(shape, 8).rating, stand_in.rating)

@@ -4,8 +4,9 @@ on a synthetic stand-in of the private ratings' public shape, never on the priva
 A pick by the private data's training MSE is a release of the private data that no ledger charges
 (issue 30): the tuned run's true ε exceeds its stated one. Here the candidates run on
 :func:`~rayfed.protocols.federated_mf.ratings.stand_in` ratings — the project's generator at the
-same number of users, items and ratings and the same rating scale (what the plans already take as
-public), drawn from the run seed's ``public-tuning`` stream — and the pick is the candidate of
+same number of users, items and ratings (what the plans already take as public, counted from the
+user and item columns alone) on the configuration's scale [1, R] (never the data's min or max),
+drawn from the run seed's ``public-tuning`` stream — and the pick is the candidate of
 lowest test MSE there. The caller then runs once on the private data with the picked knob, and
 that run's guarantee is its own: the pick read nothing private. Records say
 ``tuning: "public (synthetic stand-in of the same public shape)"``.
@@ -43,8 +44,14 @@ class Tuned:
 
 
 def public_shape(options: dict) -> ratings_data.PublicShape:
-    """The public shape of the ratings the run of ``options`` would read (loaded or generated
-    exactly as its plan does; only n, m, the count and the scale are kept)."""
+    """The public shape of the ratings the run of ``options`` would read: n, m and the number of
+    ratings from the user and item columns alone (or the generated data set), the scale [1, R]
+    from the configuration."""
+    return _resolve(options)[0]
+
+
+def _resolve(options: dict) -> tuple[ratings_data.PublicShape, int]:
+    """The public shape of ``options``' ratings and the run's seed (the one its plan uses)."""
     _, run_opts, cfg = api.resolve("federated-mf", **options)
     if cfg.split_column is not None:
         raise ConfigError(
@@ -52,8 +59,8 @@ def public_shape(options: dict) -> ratings_data.PublicShape:
             "public tuning deals the stand-in's items by the seed; a column split has no stand-in",
             "drop split_column, or give the knob instead of tuning it",
         )
-    ratings, _ = ratings_data.load(cfg, rng.stream(run_opts.seed, "synthetic", 0, "federated-mf"))
-    return ratings_data.PublicShape.of(ratings)
+    gen = rng.stream(run_opts.seed, "synthetic", 0, "federated-mf")  # as the plan generates
+    return ratings_data.public_shape(cfg, gen), run_opts.seed
 
 
 def tune(options: dict, candidates: list[dict], *, score: str = "test_mse") -> Tuned:
@@ -62,8 +69,7 @@ def tune(options: dict, candidates: list[dict], *, score: str = "test_mse") -> T
     test and training MSE. Nothing here reads a private rating's value."""
     if not candidates:
         raise ConfigError("tuning", "no candidates to tune over", "give at least one value")
-    shape = public_shape(options)
-    seed = int(options.get("seed", 0))
+    shape, seed = _resolve(options)
     stand_in = ratings_data.stand_in(shape, seed)
     base = {k: v for k, v in options.items() if k not in _DATA_OPTIONS}
     grid = []

@@ -121,7 +121,9 @@ def vfl_noise_note(cfg: FederatedMFConfig, params: PartitionedParams) -> str:
 
 def rate_note(params: PartitionedParams) -> str:
     """Where DP-SGD's learning rate came from: the options, or the public rule of the noise."""
-    rate = f"{params.lr:.4g}" + ("" if params.lr_end is None else f" decaying to {params.lr_end:.4g}")
+    rate = f"{params.lr:.4g}" + (
+        "" if params.lr_end is None else f" decaying to {params.lr_end:.4g}"
+    )
     if params.lr_source == "given":
         return f"learning rate {rate} (given)"
     return (
