@@ -132,12 +132,27 @@ def synthetic_ratings(
 
 def _exact_cells(n: int, m: int, count: int, rng: np.random.Generator):
     """``count`` distinct (user, item) cells in row-major order, every user and item in one: a
-    cover of max(n, m) cells (user k mod n with item k mod m, both randomly permuted), then the
-    lowest uniform scores among the other cells."""
-    k = np.arange(max(n, m))
-    score = rng.random((n, m))
-    score[rng.permutation(n)[k % n], rng.permutation(m)[k % m]] = -1.0
-    cells = np.sort(np.argpartition(score.ravel(), count - 1)[:count])
+    cover of max(n, m) cells (user k mod n with item k mod m, both randomly permuted), then a
+    uniform sample without replacement of the other cells, in O(count) memory (never an n × m
+    array): where the cells outnumber 4·count, linear indices drawn uniformly and the repeats and
+    cover cells rejected (the first distinct draws are a uniform sample; three in four or more
+    are kept); else a permutation of the other cells' indices (fewer than 4·count of them)."""
+    k = np.arange(max(n, m), dtype=np.int64)
+    cover = np.sort(rng.permutation(n)[k % n].astype(np.int64) * m + rng.permutation(m)[k % m])
+    total, need = n * m, count - cover.size
+    if total <= 4 * count:
+        others = np.setdiff1d(np.arange(total, dtype=np.int64), cover, assume_unique=True)
+        rest = others[rng.permutation(others.size)[:need]]
+    else:
+        rest = np.empty(0, dtype=np.int64)
+        while rest.size < need:
+            draws = rng.integers(0, total, size=2 * (need - rest.size) + 16, dtype=np.int64)
+            draws = np.concatenate([rest, draws])
+            _, first = np.unique(draws, return_index=True)
+            first.sort()  # each distinct value at its first draw, in draw order
+            fresh = draws[first]
+            rest = fresh[~np.isin(fresh, cover, assume_unique=True)][:need]
+    cells = np.sort(np.concatenate([cover, rest]))
     return cells // m, cells % m
 
 
