@@ -3,9 +3,11 @@
 (a) Every tuning path — the repro job's C3 ``--tune``, the E8 benchmark's GD-DR and LFL γ, the E3
 benchmark's per-method pick — picks the same knob when the private ratings' values are permuted
 or replaced, their min or max moved included (same public shape: users, items, number of ratings;
-the scale is the configuration's [1, R]): the pick is made on a synthetic stand-in of that shape. The old pick by the private training MSE changes on these
-perturbations for E3's and E8's grids here; for C3's tiny grid it happens to pick the same rate, and
-the stand-in's scores, identical on every perturbation, are what catch a pick made on the data.
+the scale is the configuration's [1, R]): the pick is made on a synthetic stand-in of that shape,
+and the stand-in's scores are the same on every perturbation. A mutant that picks by the private
+training MSE moves only some picks here: E3's rate (0.05 on the data, 0.01 replaced or floored),
+E8's LFL γ (0.5 on the data, 8 permuted or replaced); never C3's rate nor E8's GD-DR γ. The
+stand-in's scores, identical on every perturbation, are what catch it on every path.
 (b) A default run tunes nothing: the repro job without ``--tune`` never calls the tuner, and
 its C3 runs take the public rule's rate (rayfed/mf/rates.py), the same whatever the values.
 (c) The stand-in has the public shape exactly, and is the same array whatever the private values
@@ -114,15 +116,23 @@ def test_repro_c3_tune_picks_the_same_rate_whatever_the_private_values(datasets)
 
 def test_e8_gddr_and_lfl_picks_do_not_move_with_the_private_values(many_users):
     gddr = _module("federated_mf_gddr")
-    picks = {}
-    for name in ("private", "floored"):  # (the slowest test: LFL at 200 users, so two of five)
+    picks, scores = {}, {}
+    for name in ("private", "replaced"):  # (the slowest test: LFL at 200 users, so two of five)
         path = many_users[name]
         grid: list = []
         row = gddr.tuned_gddr(1.0, 0, [0.003, 0.3], [None], grid, data=path)
         lfl = gddr.tuned_lfl(1.0, 0, "0.5,8", grid, data=path)
         assert row["tuning"] == lfl["tuning"] == tuning.TUNING
+        assert [(g["method"], g["lr"]) for g in grid] == [
+            ("gd-dr", 0.003),
+            ("gd-dr", 0.3),
+            ("lfl", 0.5),
+            ("lfl", 8.0),
+        ]
         picks[name] = (row["lr"], lfl["lr"])
+        scores[name] = [g["stand_in_test_mse"] for g in grid]
     _same_pick(picks)
+    _same_pick(scores)  # GD-DR's pick does not move under a pick on the data: its scores do
 
 
 def test_e3_baselines_pick_does_not_move_with_the_private_values(datasets, monkeypatch):
@@ -131,13 +141,15 @@ def test_e3_baselines_pick_does_not_move_with_the_private_values(datasets, monke
     options = baselines.options  # the RDP ledger (the tight one's first calibration takes 50 s)
     short = {"accountant": "rdp", "iterations": 20}  # and 20 rounds, not 100
     monkeypatch.setattr(baselines, "options", lambda *a, **k: {**options(*a, **k), **short})
-    picks = {}
+    picks, stand_in = {}, {}
     for name in ("private", "replaced", "no_fives"):  # three of five: the file's time
         value, scores = baselines.pick("vfl", "rating", 8.0, data=datasets[name])
         assert [s["vfl_lr"] for s in scores] == [0.01, 0.05, 0.5]
         assert value == min(scores, key=lambda s: s["stand_in_test_mse"])["vfl_lr"]
         picks[name] = value
+        stand_in[name] = [s["stand_in_test_mse"] for s in scores]
     _same_pick(picks)
+    _same_pick(stand_in)
 
 
 def test_a_default_run_tunes_nothing(datasets, monkeypatch):
