@@ -240,3 +240,22 @@ def test_the_stand_in_has_the_public_shape(datasets):
     assert shares[0] == shares[1]
     with pytest.raises(ConfigError, match="count"):
         mf.synthetic_ratings(4, 3, count=3, rng=np.random.default_rng(0))  # < max(n, m)
+
+
+def test_the_stand_in_is_drawn_from_the_runs_own_seed(datasets, monkeypatch):
+    """The tuner seeds the stand-in with the seed the run resolves (here given as ``sets``), as
+    the public shape does, not with a ``seed`` key it may not have."""
+    seeds = []
+
+    class Drawn(Exception):
+        pass
+
+    def record(shape, seed):
+        seeds.append(seed)
+        raise Drawn
+
+    monkeypatch.setattr(ratings_data, "stand_in", record)
+    opts = {"setting": "vfl", "data": {"path": str(datasets["private"])}, "sets": ["seed=5"]}
+    with pytest.raises(Drawn):
+        tuning.tune(opts, [{"vfl_lr": 0.1}])
+    assert seeds == [5]
