@@ -6,8 +6,10 @@ tightest accountant, PLD and RDP side by side: the default), at equal ε, same s
     python benchmarks/federated_mf_tight.py [--seeds 0,1] [--out benchmarks/results/federated_mf_tight.json]
 
 5 parties, (T, T') = (100, 10), η = 0.01, δ = 1/|ratings|, in-process. The learning rates are the
-docs' runs': per-rating VFL at its tuned rate (0.2 at ε <= 1, 0.5 at ε = 4, decaying to a tenth),
-the other rows at the default constant 0.05; θ = 5 (VFL) and 10 (HFL) ratings per user per party.
+docs' runs': per-rating VFL at an **oracle** rate (0.2 at ε <= 1, 0.5 at ε = 4, decaying to a
+tenth: picked on ML-100K's own training MSE by the C3 knob study, uncharged — a research value held
+fixed to compare the accountants at equal rates, not a rate a user's run gets), the other rows at
+the default rate; θ = 5 (VFL) and 10 (HFL) ratings per user per party.
 Per-rating HFL's guarantee holds given the pre-trained U only (spec §7.8; the headline says so).
 A quality record, not a speed one; each row also records its wall time.
 """
@@ -32,9 +34,10 @@ ROWS = {
     ("hfl", "rating"): {},
     ("hfl", "user"): {"trim": 10},
 }
-#: per-rating VFL's learning rate tuned on training MSE per ε (docs: the C3 curve), decaying to a
-#: tenth; every other row runs the default constant rate
-TUNED_VFL_RATE = {0.5: 0.2, 1.0: 0.2, 4.0: 0.5}
+#: per-rating VFL's ORACLE learning rate per ε, decaying to a tenth: picked on ML-100K's training
+#: MSE by the C3 knob study (uncharged; not a rate a user's run gets); every other row runs the
+#: default rate
+ORACLE_VFL_RATE = {0.5: 0.2, 1.0: 0.2, 4.0: 0.5}
 
 
 def options(setting: str, unit: str, epsilon: float, accountant: str, seed: int) -> dict:
@@ -52,7 +55,7 @@ def options(setting: str, unit: str, epsilon: float, accountant: str, seed: int)
         **ROWS[(setting, unit)],
     )
     if (setting, unit) == ("vfl", "rating"):
-        rate = TUNED_VFL_RATE[epsilon]
+        rate = ORACLE_VFL_RATE[epsilon]
         out.update(vfl_lr=rate, vfl_lr_end=rate / 10)
     return out
 
@@ -105,7 +108,10 @@ def main(argv: list[str] | None = None) -> int:
     record = {
         "data": "ML-100K (943 users, 1,682 items, 100,000 ratings), 5 parties",
         "settings": "(T, T') = (100, 10), η = 0.01, δ = 1/|ratings|, θ = 5 (VFL) / 10 (HFL); "
-        "per-rating VFL at its tuned rate (0.2, 0.2, 0.5 decaying to a tenth), else vfl_lr 0.05",
+        "per-rating VFL at the oracle rate (0.2, 0.2, 0.5 decaying to a tenth), else the default "
+        "rate",
+        "oracle": "per-rating VFL's rate was picked on ML-100K's own training MSE (the C3 knob "
+        "study, uncharged): a research comparison at equal rates, not a result a user gets",
         "before": "accountant=rdp: z calibrated with RDP, the ledger RDP",
         "after": "accountant=tightest (default): z calibrated against PLD and RDP side by side",
         "seeds": seeds,

@@ -71,6 +71,71 @@ def test_synthetic_ratings_and_splits():
     )  # rounding noise: <= 1/4 per user
 
 
+def _exact_count_checks(r, n: int, m: int, count: int) -> None:
+    cells = r.user * m + r.item
+    assert len(r) == count and (r.n, r.m) == (n, m)
+    assert np.all(np.diff(cells) > 0)  # distinct, row-major
+    assert np.unique(r.user).size == n and np.unique(r.item).size == m  # every user and item
+
+
+def test_synthetic_count_at_ten_billion_cells_is_sparse():
+    """``count=`` at n·m = 10^10 (ML-10M and LibimSeTi are of this order) with a small count: the
+    cells are sampled in O(count) memory (a dense n × m score array would be 80 GB)."""
+    import time
+    import tracemalloc
+
+    n, m, count = 100_000, 100_000, 150_000
+    tracemalloc.start()
+    try:
+        started = time.perf_counter()
+        r = synthetic_ratings(n, m, count=count, rng=np.random.default_rng(5))
+        took = time.perf_counter() - started
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    _exact_count_checks(r, n, m, count)
+    assert peak < 64 * 2**20 and took < 10, (peak, took)
+    again = synthetic_ratings(n, m, count=count, rng=np.random.default_rng(5))
+    assert np.array_equal(again.user, r.user) and np.array_equal(again.item, r.item)
+    assert np.array_equal(again.rating, r.rating)  # deterministic from its generator
+
+
+def test_synthetic_count_memory_is_of_the_count_not_the_cells():
+    """At 4,000 × 4,000 cells (the dense sampler's scores alone: 128 MB) a count of 8,000 peaks
+    far below the cells' size."""
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        r = synthetic_ratings(4000, 4000, count=8000, rng=np.random.default_rng(6))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    _exact_count_checks(r, 4000, 4000, 8000)
+    assert peak < 8 * 2**20, peak
+
+
+@pytest.mark.parametrize("n, m, count", [(100, 100, 200), (40, 25, 300), (30, 7, 30)])
+def test_synthetic_count_samples_the_cells_uniformly(n, m, count):
+    """Every cell is in the sample with probability count / (n·m), by symmetry of the cover and
+    of the uniform rest: over 300 seeds each row's and each column's frequency lies within 6 sd
+    of count/n and count/m (the sparse branch at 100 × 100, the permutation branch at 40 × 25 and
+    30 × 7 where 30 = max(n, m) is the cover alone)."""
+    rows = np.zeros(n)
+    cols = np.zeros(m)
+    seeds = 300
+    for seed in range(seeds):
+        r = synthetic_ratings(n, m, count=count, rng=np.random.default_rng(seed))
+        _exact_count_checks(r, n, m, count)
+        rows += np.bincount(r.user, minlength=n)
+        cols += np.bincount(r.item, minlength=m)
+    p = count / (n * m)
+    for got, size in ((rows, m), (cols, n)):  # a row holds m cells, a column n
+        mean = seeds * size * p
+        sd = np.sqrt(seeds * size * p * (1 - p))
+        assert np.all(np.abs(got - mean) < 6 * sd + 1e-9), (got.min(), got.max(), mean, sd)
+
+
 def test_learning_rate_schedule():
     assert learning_rate(0, 100, 1.0, 0.1) == 1.0
     assert learning_rate(40, 100, 1.0, 0.1) == pytest.approx(0.55)

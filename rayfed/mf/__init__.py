@@ -100,24 +100,60 @@ def synthetic_ratings(
     noise: float = 0.3,
     low: float = 1.0,
     high: float = 5.0,
+    count: int | None = None,
     rng: np.random.Generator,
 ) -> Ratings:
     """A low-rank rating matrix: X = clip(A Bᵀ + N(0, noise²)), A, B non-negative, observed
-    entries chosen with probability ``density`` (every user and item keeps at least one rating)."""
+    entries chosen with probability ``density`` (every user and item keeps at least one rating),
+    or, given ``count``, exactly ``count`` entries (``density`` unused): a random cover of every
+    user and item, the rest uniform over the other cells."""
     if not (n >= 1 and m >= 1 and rank >= 1 and 0 < density <= 1):
         raise ConfigError("synthetic", "users, items and rank must be >= 1 and density in (0, 1]")
+    if count is not None and not max(n, m) <= count <= n * m:
+        raise ConfigError(
+            "synthetic", f"count must lie in [max(users, items), users·items], got {count}"
+        )
     mid = (low + high) / 2
     a = rng.uniform(0, 1, (n, rank))
     b = rng.uniform(0, 1, (m, rank))
     scale = mid / (a.mean() * b.mean() * rank)
-    observed = rng.random((n, m)) < density
-    observed[np.arange(n), rng.integers(0, m, n)] = True
-    observed[rng.integers(0, n, m), np.arange(m)] = True
-    users, items = np.nonzero(observed)
+    if count is None:
+        observed = rng.random((n, m)) < density
+        observed[np.arange(n), rng.integers(0, m, n)] = True
+        observed[rng.integers(0, n, m), np.arange(m)] = True
+        users, items = np.nonzero(observed)
+    else:
+        users, items = _exact_cells(n, m, count, rng)
     values = np.einsum("ij,ij->i", a[users], b[items]) * scale + rng.normal(0, noise, users.size)
     return Ratings(
         users.astype(np.int64), items.astype(np.int64), np.clip(values, low, high), n, m, low, high
     )
+
+
+def _exact_cells(n: int, m: int, count: int, rng: np.random.Generator):
+    """``count`` distinct (user, item) cells in row-major order, every user and item in one: a
+    cover of max(n, m) cells (user k mod n with item k mod m, both randomly permuted), then a
+    uniform sample without replacement of the other cells, in O(count) memory (never an n × m
+    array): where the cells outnumber 4·count, linear indices drawn uniformly and the repeats and
+    cover cells rejected (the first distinct draws are a uniform sample; three in four or more
+    are kept); else a permutation of the other cells' indices (fewer than 4·count of them)."""
+    k = np.arange(max(n, m), dtype=np.int64)
+    cover = np.sort(rng.permutation(n)[k % n].astype(np.int64) * m + rng.permutation(m)[k % m])
+    total, need = n * m, count - cover.size
+    if total <= 4 * count:
+        others = np.setdiff1d(np.arange(total, dtype=np.int64), cover, assume_unique=True)
+        rest = others[rng.permutation(others.size)[:need]]
+    else:
+        rest = np.empty(0, dtype=np.int64)
+        while rest.size < need:
+            draws = rng.integers(0, total, size=2 * (need - rest.size) + 16, dtype=np.int64)
+            draws = np.concatenate([rest, draws])
+            _, first = np.unique(draws, return_index=True)
+            first.sort()  # each distinct value at its first draw, in draw order
+            fresh = draws[first]
+            rest = fresh[~np.isin(fresh, cover, assume_unique=True)][:need]
+    cells = np.sort(np.concatenate([cover, rest]))
+    return cells // m, cells % m
 
 
 def split(

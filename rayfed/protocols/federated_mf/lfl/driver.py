@@ -80,7 +80,9 @@ def drive(fed, cfg: FederatedMFConfig, plan: Plan) -> Outcome:
     evaluated = fed.cohorts.run(evaluate_step, v_msg.single(), phase="evaluate", on_failure=again)
     if evaluated.failed:
         fed.note(report.lost_note(evaluated.failed, cfg.lost_users))
-    if history:  # evaluation only: the server's step size γ is tuned on it (spec note 23)
+    # evaluation only, outside the guarantee: no default picks γ on it (spec note 23's tuning
+    # runs on a public stand-in: federated_mf.tuning)
+    if history:
         trained = fed.cohorts.run(
             evaluate_step, v_msg.single(), split="train", phase="evaluate", on_failure=again
         )
