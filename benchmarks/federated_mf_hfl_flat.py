@@ -19,13 +19,17 @@ its own users). F = 50 at 0.05 gives a full default run's test MSE bit for bit (
 * ``batch``: the sampling rate q and the trim θ (q = 0.1 with θ 10 and 30)
   at ε 1, 8, 100 and the rates 0.5, 2, 5.
 
-    python benchmarks/federated_mf_hfl_flat.py [--sections stage2,batch] [--seeds 0,1]
+* ``random``: each party alone, fine-tuned (50 joint steps at 0.05) from a V of pure noise
+  (N(0, 1) entries projected onto 𝒱, the same at every party, independent of the data).
+
+    python benchmarks/federated_mf_hfl_flat.py [--sections stage2,batch,random] [--seeds 0,1]
         [--out benchmarks/results/federated_mf_hfl_flat.json]
 
 What it shows (docs/protocols/federated-mf.md, "Why HFL's default cannot improve with ε"):
 Stage 2's V is at the mean predictor's MSE up to ε ≈ 100 whatever the rate, q or θ, and the
-published number is the joint fine-tuning's, which does better from a noisy V than from a
-learned one, so the default gets worse as ε grows (0.987 at ε = 1, 1.028 without noise).
+published number is the joint fine-tuning's, which does better from the DP V than from the
+non-private one (or the initial V, or a V of pure noise), so the default gets worse as ε grows
+(0.987 at ε = 1, 1.028 without noise).
 
 The MSEs are the evaluation outside the protocol. Rates are compared on test MSE here only to
 explain the defaults; a run's default never reads its data.
@@ -90,6 +94,10 @@ def _variants(ctx, v, *, steps, lr, bound):
             if done in FINETUNE:
                 _SINK[f"joint F={done} local_lr={local_lr:g}"] += _errors(ctx, u, w)
             u, w = descend_jointly(u, w, batch, steps=1, lr=local_lr, bound=bound)
+    if _RANDOM_V:  # the same data-independent V at every party: N(0, 1) entries, projected
+        w = mf.project(np.random.default_rng(ctx.seed).normal(size=v0.shape), bound)
+        u, w = descend_jointly(u0, w, batch, steps=50, lr=0.05, bound=bound)
+        _SINK["random_v F=50 local_lr=0.05"] += _errors(ctx, u, w)
     f, local_lr = U_ONLY
     rows = np.asarray(users)
     u = descend_users(u0, v0, rows, items, ratings, steps=f, lr=local_lr, bound=bound)
@@ -97,6 +105,8 @@ def _variants(ctx, v, *, steps, lr, bound):
     return _FINETUNE(ctx, v, steps=steps, lr=lr, bound=bound)
 
 
+#: the ``random`` section: also fine-tune from a data-independent V scattered over 𝒱
+_RANDOM_V = False
 _FINETUNE = driver.hfl_finetune_step
 driver.hfl_finetune_step = _variants
 
@@ -168,9 +178,20 @@ def batch(seeds: list[int]) -> list[dict]:
     ]
 
 
+def random_v(seeds: list[int]) -> list[dict]:
+    """Each party alone (Stage 1), then the default fine-tuning from the initial V and from a V of
+    pure noise: what a DP Stage 2 that learned nothing would hand over."""
+    global _RANDOM_V
+    _RANDOM_V = True
+    try:
+        return [row(seeds, "local")]
+    finally:
+        _RANDOM_V = False
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--sections", default="stage2,batch")
+    p.add_argument("--sections", default="stage2,batch,random")
     p.add_argument("--seeds", default="0,1")
     p.add_argument("--out", default="benchmarks/results/federated_mf_hfl_flat.json")
     args = p.parse_args(argv)
@@ -184,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
         "Stage-3 variants are evaluated from its V",
         seeds=seeds,
     )
-    sections = {"stage2": stage2, "batch": batch}
+    sections = {"stage2": stage2, "batch": batch, "random": random_v}
     for name in args.sections.split(","):
         started = time.perf_counter()
         record[name] = {"rows": sections[name](seeds)}
