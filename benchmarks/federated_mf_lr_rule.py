@@ -44,9 +44,26 @@ BOUND = 5.0
 BASE = dict(iterations=100, local_steps=10, sampling_rate=0.01, seed=0)
 
 
+#: runs already made (``--cache``: a JSONL file a rerun after a crash resumes from)
+CACHE: dict[str, dict] = {}
+CACHE_PATH: list[Path] = []
+
+
 def run(options: dict, epsilon: float | None, lr: float | None) -> dict:
     """One run: the rule's rate (``lr`` None) or ``lr`` decaying to a tenth."""
+    key = json.dumps([options, epsilon, lr], sort_keys=True)
+    if key not in CACHE:
+        CACHE[key] = _run(options, epsilon, lr)
+        for path in CACHE_PATH:
+            with path.open("a") as f:
+                f.write(json.dumps({"key": key, "result": CACHE[key]}) + "\n")
+    return CACHE[key]
+
+
+def _run(options: dict, epsilon: float | None, lr: float | None) -> dict:
     o = {**BASE, **options}
+    if epsilon is None:  # no noise: no privacy unit (the same rounds, sampling as per rating)
+        o.pop("privacy_unit", None)
     if lr is not None:
         o.update(vfl_lr=lr, vfl_lr_end=lr * rates.DECAY)
     if epsilon is None:
@@ -161,7 +178,14 @@ def user_split(tmp: Path) -> tuple[Path, Path]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default="benchmarks/results/federated_mf_lr_rule.json")
+    p.add_argument("--cache", help="a JSONL file of runs to resume from and append to")
     args = p.parse_args(argv)
+    if args.cache:
+        CACHE_PATH.append(Path(args.cache))
+        if CACHE_PATH[0].exists():
+            for line in CACHE_PATH[0].read_text().splitlines():
+                entry = json.loads(line)
+                CACHE[entry["key"]] = entry["result"]
     start = time.perf_counter()
     ml = {"setting": "vfl", "parties": 5, "data": {"path": str(ML100K)}}
     fitted = fit(ml, "ml100k")

@@ -15,7 +15,7 @@ from rayfed.protocols import get_protocol
 from rayfed.protocols.federated_mf.config import FederatedMFConfig
 
 #: the rule's constants, written out (not imported): κ, c and the decay
-KAPPA, C, DECAY = 1.3, 0.4, 0.1
+KAPPA, C, DECAY = 1.3, 0.32, 0.1
 
 
 def _ratings_file(path, values_seed: int):

@@ -25,9 +25,9 @@ from collections.abc import Iterable
 
 #: κ: the noise walk's target, in units of √(R/p) (fitted on ML-100K, 5 parties)
 NOISE_WALK = 1.3
-#: c: the signal bound's constant (fitted on ML-100K without noise: best rate about 75 at
+#: c: the signal bound's constant (fitted on ML-100K without noise: best rate about 61 at
 #: min(n, m) = 943, R = 5)
-SIGNAL_CAP = 0.4
+SIGNAL_CAP = 0.32
 #: the rule's decay: γ_end = γ0 · DECAY (spec §5.3's linear decay to a tenth)
 DECAY = 0.1
 
