@@ -156,8 +156,13 @@ class FederatedMFConfig:
             "when": LFL,
         },
     )
-    lr: float = option(
-        2.0, "LFL: γ, server learning rate of V (the update is divided by |U1|)", above=0, when=LFL
+    lr: float | None = option(
+        None,
+        "LFL: γ, server learning rate of V (the update is divided by |U1|); default: a rule of "
+        "public quantities only, γ = min(γ_max, κ_L·t·√(R/p)/(σ_S·√T)), σ_S the noise's sd on "
+        "a coordinate of the sum (from z, Δ, n, ω); gd-dr: 2",
+        above=0,
+        when=LFL,
     )
     dp_mechanism: Literal["gaussian", "ddg", "skellam"] = option(
         "gaussian",
