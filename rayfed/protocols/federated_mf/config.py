@@ -310,10 +310,19 @@ class FederatedMFConfig:
         above=0,
         when={"method": ("objpert",)},
     )
-    users: int = option(1500, "synthetic data: users", at_least=1, size=True)
+    users: int | None = option(
+        None,
+        "synthetic data: users (default: LFL 3,000, the main job's, sized so that its learning "
+        "curve falls within a minute; VFL/HFL 1,500)",
+        at_least=1,
+        size=True,
+    )
     items: int = option(100, "synthetic data: items", at_least=1, size=True)
-    density: float = option(
-        0.05, "synthetic data: fraction of observed ratings", above=0, at_most=1
+    density: float | None = option(
+        None,
+        "synthetic data: fraction of observed ratings (default: LFL 0.1, VFL/HFL 0.05)",
+        above=0,
+        at_most=1,
     )
     test_fraction: float = option(0.1, "held-out fraction of each user's ratings", above=0, below=1)
     data: DataConfig = field(
@@ -418,6 +427,14 @@ class FederatedMFConfig:
 
     def resolved_method(self) -> str:
         return self.method or self.setting
+
+    def resolved_users(self) -> int:
+        """The synthetic population: LFL's main job has 3,000 users (its learning curve falls on
+        seeds 0-4 at the public server step, benchmarks/federated_mf_lfl_rate.py), VFL/HFL 1,500."""
+        return self.users or (3000 if self.setting == "lfl" else 1500)
+
+    def resolved_density(self) -> float:
+        return self.density or (0.1 if self.setting == "lfl" else 0.05)
 
     def noisy_method(self) -> bool:
         """Whether the method adds DP noise when ``noise=gaussian`` (central and HFL's local
