@@ -80,7 +80,8 @@ def drive(fed, cfg: FederatedMFConfig, plan: Plan) -> Outcome:
     evaluated = fed.cohorts.run(evaluate_step, v_msg.single(), phase="evaluate", on_failure=again)
     if evaluated.failed:
         fed.note(report.lost_note(evaluated.failed, cfg.lost_users))
-    if history:  # evaluation only: the server's step size γ is tuned on it (spec note 23)
+    if history:  # evaluation only (the thesis tunes γ on it, spec note 23; the default γ is
+        # the public rule, lfl.plan.server_lr, which reads no rating)
         trained = fed.cohorts.run(
             evaluate_step, v_msg.single(), split="train", phase="evaluate", on_failure=again
         )
