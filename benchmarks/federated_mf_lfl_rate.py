@@ -114,7 +114,7 @@ def regret_table(rows: list[dict], key: str, grid: list[float]) -> dict[float, f
 
 
 def _main_job(seed: int) -> dict:
-    """The main job at its defaults (``rayfed run federated-mf``: 3,000 users, density 0.1, T = 5,
+    """The main job at its defaults (``rayfed run federated-mf``: 2,500 users, density 0.1, T = 5,
     ε = 1, γ from the rule) in dealer mode, whose sums and noise are simulation mode's."""
     m = rayfed.run("federated-mf", seed=seed, backend="local", secagg_mode="dealer", out_dir=None)
     curve = m.metrics["learning_curve"]

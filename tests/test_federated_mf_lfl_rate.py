@@ -98,18 +98,18 @@ def test_a_step_out_of_range_is_refused_naming_lr():
 
 
 def test_the_main_job_learns_at_its_defaults():
-    """The main job's population (LFL: 3,000 users, density 0.1; VFL/HFL keep 1,500 and 0.05) at
+    """The main job's population (LFL: 2,500 users, density 0.1; VFL/HFL keep 1,500 and 0.05) at
     the rule's γ: its test MSE falls at every iteration (seed 0 here; seeds 0-4 in
     benchmarks/README.md), ends below Stage 1 alone, and stays above the central optimum.
     dealer mode: the same sums and noise as the main job's simulation mode."""
     assert (FederatedMFConfig().resolved_users(), FederatedMFConfig().resolved_density()) == (
-        3000,
+        2500,
         0.1,
     )
     vfl = FederatedMFConfig(setting="vfl")
     assert (vfl.resolved_users(), vfl.resolved_density()) == (1500, 0.05)
     m = rayfed.run("federated-mf", backend="local", out_dir=None, secagg_mode="dealer").metrics
     curve = m["learning_curve"]
-    assert m["users"] == 3000 and len(curve) == 5
+    assert m["users"] == 2500 and len(curve) == 5
     assert all(b <= a for a, b in zip(curve, curve[1:], strict=False)), curve
     assert m["central_test_mse"] < curve[-1] < m["stage1_test_mse"] - 0.1

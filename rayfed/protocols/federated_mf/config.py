@@ -312,7 +312,7 @@ class FederatedMFConfig:
     )
     users: int | None = option(
         None,
-        "synthetic data: users (default: LFL 3,000, the main job's, sized so that its learning "
+        "synthetic data: users (default: LFL 2,500, the main job's, sized so that its learning "
         "curve falls within a minute; VFL/HFL 1,500)",
         at_least=1,
         size=True,
@@ -429,9 +429,9 @@ class FederatedMFConfig:
         return self.method or self.setting
 
     def resolved_users(self) -> int:
-        """The synthetic population: LFL's main job has 3,000 users (its learning curve falls on
+        """The synthetic population: LFL's main job has 2,500 users (its learning curve falls on
         seeds 0-4 at the public server step, benchmarks/federated_mf_lfl_rate.py), VFL/HFL 1,500."""
-        return self.users or (3000 if self.setting == "lfl" else 1500)
+        return self.users or (2500 if self.setting == "lfl" else 1500)
 
     def resolved_density(self) -> float:
         return self.density or (0.1 if self.setting == "lfl" else 0.05)
