@@ -403,6 +403,7 @@ def test_the_consistency_round_alone_does_not_stop_the_isolation_attack(monkeypa
 LFL = dict(
     users=100,
     items=12,
+    density=0.05,  # δ = 1/|ratings| (and so z) as measured, before LFL's default became 0.1
     iterations=1,
     cohorts=3,
     seed=3,
@@ -439,7 +440,7 @@ def test_lfl_round1_isolation_recovers_the_users_noisy_gradient_under_semi_hones
     attack, row = _lfl_attack(monkeypatch, "semi-honest")
     assert attack.s is not None and attack.self_shares >= attack.needed
     # what the server reads: one user's G_i + ξ_i, ξ_i ~ N(0, ζ1·σ²): noise multiplier z·√ζ1
-    # (ζ1 = 2/((1−ω)n − c) = 2/65: 0.356 here, about 0.32 at the defaults' 1500 users) where the
+    # (ζ1 = 2/((1−ω)n − c) = 2/65: 0.356 here, about 0.32 at 1500 users, density 0.05) where the
     # sum's is z (2.03; 7.06)
     from rayfed.api import resolve
 

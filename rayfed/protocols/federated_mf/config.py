@@ -156,8 +156,13 @@ class FederatedMFConfig:
             "when": LFL,
         },
     )
-    lr: float = option(
-        2.0, "LFL: γ, server learning rate of V (the update is divided by |U1|)", above=0, when=LFL
+    lr: float | None = option(
+        None,
+        "LFL: γ, server learning rate of V (the update is divided by |U1|); default: a rule of "
+        "public quantities only, γ = min(γ_max, κ_L·t·√(R/p)/(σ_S·√T)), σ_S the noise's sd on "
+        "a coordinate of the sum (from z, Δ, n, ω); gd-dr: 2",
+        above=0,
+        when=LFL,
     )
     dp_mechanism: Literal["gaussian", "ddg", "skellam"] = option(
         "gaussian",
@@ -309,10 +314,19 @@ class FederatedMFConfig:
         above=0,
         when={"method": ("objpert",)},
     )
-    users: int = option(1500, "synthetic data: users", at_least=1, size=True)
+    users: int | None = option(
+        None,
+        "synthetic data: users (default: LFL 2,500, the main job's, sized so that its learning "
+        "curve falls within a minute; VFL/HFL 1,500)",
+        at_least=1,
+        size=True,
+    )
     items: int = option(100, "synthetic data: items", at_least=1, size=True)
-    density: float = option(
-        0.05, "synthetic data: fraction of observed ratings", above=0, at_most=1
+    density: float | None = option(
+        None,
+        "synthetic data: fraction of observed ratings (default: LFL 0.1, VFL/HFL 0.05)",
+        above=0,
+        at_most=1,
     )
     test_fraction: float = option(0.1, "held-out fraction of each user's ratings", above=0, below=1)
     data: DataConfig = field(
@@ -417,6 +431,14 @@ class FederatedMFConfig:
 
     def resolved_method(self) -> str:
         return self.method or self.setting
+
+    def resolved_users(self) -> int:
+        """The synthetic population: LFL's main job has 2,500 users (its learning curve falls on
+        seeds 0-4 at the public server step, benchmarks/federated_mf_lfl_rate.py), VFL/HFL 1,500."""
+        return self.users or (2500 if self.setting == "lfl" else 1500)
+
+    def resolved_density(self) -> float:
+        return self.density or (0.1 if self.setting == "lfl" else 0.05)
 
     def noisy_method(self) -> bool:
         """Whether the method adds DP noise when ``noise=gaussian`` (central and HFL's local

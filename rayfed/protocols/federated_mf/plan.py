@@ -14,10 +14,11 @@ def data_bytes(cfg: FederatedMFConfig) -> int:
     Round-1 input, a dense m·p vector, with its masked words."""
     if cfg.data.path is not None:
         return 0
-    ratings = cfg.users * cfg.items * 9
+    users = cfg.resolved_users()
+    ratings = users * cfg.items * 9
     if cfg.setting == "lfl":
-        return ratings + cfg.users * cfg.items * cfg.rank * 8 * 3
-    return ratings + cfg.users * cfg.rank * 8 * (cfg.parties + 2)
+        return ratings + users * cfg.items * cfg.rank * 8 * 3
+    return ratings + users * cfg.rank * 8 * (cfg.parties + 2)
 
 
 def plan(cfg: FederatedMFConfig, seed: int) -> Plan:

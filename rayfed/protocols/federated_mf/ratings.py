@@ -59,7 +59,12 @@ def data_domain(cfg: FederatedMFConfig, members: str, per_user: bool) -> DataDom
 def _read(cfg: FederatedMFConfig, gen: np.random.Generator) -> mf.Ratings:
     if cfg.data.path is None:
         return mf.synthetic_ratings(
-            cfg.users, cfg.items, density=cfg.density, low=1.0, high=cfg.bound, rng=gen
+            cfg.resolved_users(),
+            cfg.items,
+            density=cfg.resolved_density(),
+            low=1.0,
+            high=cfg.bound,
+            rng=gen,
         )
     cols = (cfg.data.columns or {}).get("ratings", DEFAULT_COLUMNS)
     return mf.load_ratings(

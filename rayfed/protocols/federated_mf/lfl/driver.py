@@ -80,8 +80,9 @@ def drive(fed, cfg: FederatedMFConfig, plan: Plan) -> Outcome:
     evaluated = fed.cohorts.run(evaluate_step, v_msg.single(), phase="evaluate", on_failure=again)
     if evaluated.failed:
         fed.note(report.lost_note(evaluated.failed, cfg.lost_users))
-    # evaluation only, outside the guarantee: no default picks γ on it (spec note 23's tuning
-    # runs on a public stand-in: federated_mf.tuning)
+    # evaluation only, outside the guarantee: no default picks γ on it (the default γ is the
+    # public rule, lfl.plan.server_lr, which reads no rating; a tuning run picks on a public
+    # stand-in: federated_mf.tuning)
     if history:
         trained = fed.cohorts.run(
             evaluate_step, v_msg.single(), split="train", phase="evaluate", on_failure=again
@@ -167,7 +168,7 @@ def _gddr_iterations(fed, cfg: FederatedMFConfig, params: LflParams, v_msg):
                     gddr_update_step,
                     reports,
                     params=gd,
-                    lr=cfg.lr,
+                    lr=params.server_lr,
                     bound=cfg.bound,
                     phase="update_v",
                 )
@@ -230,7 +231,7 @@ def _iteration(fed, cfg: FederatedMFConfig, params: LflParams, t: int, v_msg):
         agg.sum,
         round2,
         u1=u1,
-        lr=cfg.lr,
+        lr=params.server_lr,
         beta=beta,
         bound=cfg.bound,
         phase="update_v",
@@ -297,7 +298,7 @@ def _integer_update(fed, cfg: FederatedMFConfig, params: LflParams, t: int, agg,
         round2,
         pipeline=pipeline,
         u1=u1,
-        lr=cfg.lr,
+        lr=params.server_lr,
         bound=cfg.bound,
         phase="update_v",
     )

@@ -56,6 +56,9 @@ class LflParams:
     encoding: FixedPoint
     mean: float
     threshold: int
+    #: γ, the server's step: ``lr`` if given, else the public rule
+    #: (:func:`rayfed.protocols.federated_mf.lfl.plan.server_lr`); None for stage1 and central
+    server_lr: float | None
     registry: np.ndarray
     #: who drops from Round 1 (secure aggregation): the dropout rate and the population models
     schedule: DropoutSchedule

@@ -13,7 +13,7 @@ from rayfed.data import per_user
 from rayfed.dropout import Phases
 from rayfed.errors import ConfigError
 from rayfed.mf import gddr as gddr_maths
-from rayfed.mf.lfl import noise_shares, round1_noise, threshold
+from rayfed.mf.lfl import applied_variance, noise_shares, round1_noise, threshold
 from rayfed.privacy import (
     Ball,
     Budget,
@@ -46,6 +46,17 @@ from rayfed.sizing import cohorts_adjusted, default_cohorts, default_server_shar
 
 #: the share of users the secure aggregation's parameters assume corrupt (γ)
 CORRUPT_FRACTION = 0.05
+
+#: LFL's server step when ``lr`` is not given (:func:`server_lr`): κ_L, the noise's random walk
+#: on one coordinate of V over the T iterations as a fraction of √(R/p), and γ_max, the
+#: noise-free best; fitted on synthetic populations by benchmarks/federated_mf_lfl_rate.py (κ_L:
+#: the largest κ whose learning curves fall in at least 2/3 of its cells; 0.5 ends lower on
+#: average, by about 5 %, but its curves rise again)
+SERVER_LR_KAPPA = 0.25
+SERVER_LR_MAX = 16.0
+#: GD-DR's server step when ``lr`` is not given: its update is not a sum over |U1| (no rule
+#: fitted), the constant it always had
+GDDR_LR = 2.0
 
 #: what the plan reads from the data and uses without noise, stated rather than hidden (as the
 #: VFL/HFL statements do): δ's default, n, m and the mean rating
@@ -127,6 +138,24 @@ def plan(cfg: FederatedMFConfig, seed: int) -> Plan:
         )
         releases = _releases(cfg, method, n, m, z, sensitivity, gddr, secagg.corrupt)
     budget = Budget(_charged_epsilon(cfg, method, releases, delta), delta)
+    t = threshold(n, cfg.omega)
+    if cfg.lr is not None or method not in ("lfl", "ldp", "gd-dr"):
+        lr = cfg.lr  # a user-given γ wins; stage1 and central take no server step
+    elif gddr is not None:
+        lr = GDDR_LR
+    else:
+        sigma = summed_noise_std(
+            cfg.mode,
+            method,
+            n,
+            cfg.omega,
+            z,
+            sensitivity,
+            secagg.corrupt,
+            pipeline,
+            releases.round1.mechanism.variance if pipeline is not None else 0.0,
+        )
+        lr = server_lr(sigma, t, cfg.bound, cfg.rank, cfg.iterations)
     return Plan(
         privacy=(_gddr_privacy if gddr else _privacy)(cfg, budget, releases),
         cohorts=cohorts,
@@ -151,7 +180,8 @@ def plan(cfg: FederatedMFConfig, seed: int) -> Plan:
                 else _encoding(n, _clip(cfg, method, n, z, sensitivity, secagg.corrupt))
             ),
             mean=float(train.rating.mean()),
-            threshold=threshold(n, cfg.omega),
+            threshold=t,
+            server_lr=lr,
             registry=np.arange(n, dtype=np.int64),
             schedule=schedule,
             releases=releases,
@@ -388,3 +418,55 @@ def _encoding(n: int, clip: float) -> FixedPoint:
             f"Round 1's messages cannot be encoded at 2^16: {err.problem}",
             "a bound that keeps the clipped updates above 2^-16 (e.g. the default)",
         ) from err
+
+
+def server_lr(
+    noise_std: float,
+    quorum: int,
+    bound: float,
+    rank: int,
+    iterations: int,
+    *,
+    kappa: float = SERVER_LR_KAPPA,
+    cap: float = SERVER_LR_MAX,
+) -> float:
+    """LFL's server step γ from public quantities only (``lr`` not given):
+    γ = min(γ_max, κ_L·t·√(R/p) / (σ_S·√T)).
+
+    The update V ← Π(V − γ/|U1|·(S1 + βN2)) adds to each coordinate of V noise of sd
+    γ·σ_S/|U1| per iteration, σ_S the sd of the noise on one coordinate of S1 + βN2
+    (:func:`summed_noise_std`); over T iterations its random walk has sd γ·σ_S·√T/|U1|. The rule
+    holds that walk at κ_L·√(R/p) (a coordinate's scale: ‖v_j‖² <= R over p coordinates) at the
+    smallest accepted |U1|, the threshold t = ``quorum``, and caps γ at γ_max, the noise-free
+    best. Nothing private enters: σ_S follows from z, Δ, n, ω and the mode; R, p, T are options."""
+    if noise_std <= 0:
+        return cap
+    walk = noise_std * math.sqrt(iterations) / quorum  # per unit γ
+    return min(cap, kappa * math.sqrt(bound / rank) / walk)
+
+
+def summed_noise_std(
+    mode: str,
+    method: str,
+    n: int,
+    omega: float,
+    z: float,
+    sensitivity: float,
+    corrupt: int,
+    pipeline: DdpPlan | None = None,
+    share_variance: float = 0.0,
+) -> float:
+    """σ_S: the sd of the noise on one coordinate of the server's S1 + βN2 when |U1| = |U2| =
+    t = ⌈(1−ω)n⌉ (the smallest accepted outcome), in the gradient's units.
+
+    Gaussian shares: each of the t users adds ζ1σ² (σ = zΔ), each replaces it with ζ2σ² and
+    the server weighs N2 by β, so the noise variance is (t(1−β)²ζ1 + tβ²ζ2)σ²
+    (:func:`rayfed.mf.lfl.applied_variance`; the LDP baseline: tσ²). The integer mechanism's
+    (``pipeline``): t Skellam shares of ``share_variance`` each in integer units, none removed at
+    |U1| − c below the first level, decoded by 1/γ_pipeline."""
+    t = threshold(n, omega)
+    if pipeline is not None:
+        return math.sqrt(t * share_variance) / pipeline.gamma
+    zeta1, zeta2, beta = noise_shares(mode, method, n, omega, t, corrupt)
+    f = applied_variance(zeta1, zeta2, beta, t, t)
+    return z * sensitivity * math.sqrt(f)

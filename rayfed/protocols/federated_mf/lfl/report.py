@@ -178,6 +178,15 @@ def _gddr_metrics(cfg: FederatedMFConfig, params: LflParams) -> dict[str, Any]:
     }
 
 
+def _lr_source(cfg: FederatedMFConfig) -> str:
+    """Where the server step γ came from: the user, GD-DR's constant or LFL's public rule."""
+    if cfg.lr is not None:
+        return "lr, given"
+    if cfg.resolved_method() == "gd-dr":
+        return "GD-DR's default"
+    return "public rule of z, Δ, n, ω, R, p, T"
+
+
 def outcome(
     cfg: FederatedMFConfig,
     params: LflParams,
@@ -217,6 +226,8 @@ def outcome(
             if f"{method}_test_mse" in baselines
         },
         "learning_curve": [row["test_mse"] for row in history],
+        "server_lr": params.server_lr,
+        "server_lr_source": None if params.server_lr is None else _lr_source(cfg),
     }
     if params.gddr is not None:  # it runs no secure aggregation and draws no Gaussian
         for unused in (
@@ -264,7 +275,9 @@ def outcome(
             "baselines (same run, evaluation only): Stage 1 only "
             f"{baselines['stage1_test_mse']:.4f}, central non-private SGD "
             f"{baselines['central_test_mse']:.4f}",
-            "test MSE by iteration: " + " ".join(f"{row['test_mse']:.3f}" for row in history),
+            "test MSE by iteration: "
+            + " ".join(f"{row['test_mse']:.3f}" for row in history)
+            + f" (server step γ = {params.server_lr:.4g}, {_lr_source(cfg)})",
         ]
     table = (
         pa.Table.from_pylist([{k: r.get(k) for k in ITERATION_COLUMNS} for r in history])
