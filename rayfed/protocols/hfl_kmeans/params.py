@@ -220,11 +220,7 @@ def derive_setup(cfg: HflKmeansConfig, n: int, d: int) -> Setup:
     fixed = None if cfg.iterations == "auto" else cfg.iterations
     if cfg.noise == "none":
         return Setup(**common, t_max=fixed or dplloyd.NON_PRIVATE_ITERATIONS)
-    constrained = cfg.assignment != "unconstrained"
-    if nma:
-        eps_m = dplloyd.nma_epsilon_m(n, k, d, e, cfg.rho)
-    else:
-        eps_m = dplloyd.amn_epsilon_m(bounds.c_min if constrained else 0, k, d, e)
+    eps_m = epsilon_m(cfg, n, d, e, bounds)
     t_max = fixed or dplloyd.iterations(cfg.epsilon, eps_m)
     plan = _nma_noise(cfg, d, e, t_max) if nma else _amn_noise(cfg, d, e, t_max, bounds)
     honest = _honest(cfg)
@@ -240,6 +236,30 @@ def derive_setup(cfg: HflKmeansConfig, n: int, d: int) -> Setup:
         claimed_epsilon=claimed,
         **plan,
     )
+
+
+def epsilon_m(cfg: HflKmeansConfig, n: int, d: int, e: int, bounds: dplloyd.SizeBounds) -> float:
+    """ε^(m) of the iteration rule t_max = clip(ε/ε^(m), 2, 7): the thesis's (§3.5.5, §3.6.4),
+    which keeps one iteration's centroid MSE under 1/500 with the thesis's noise. With
+    ``sensitivity=corrected`` the noise of the block that carries the positions — the sums
+    (NMA), the centroids (AMN) — is r = true Δ / thesis Δ times the thesis's (r = 2k - 1 for the
+    constrained sums at E = 1), so the same MSE needs r times the ε per iteration: ε^(m)·r. All
+    public (N, k, d, E, M, the sizes); r = 1 where the two Δ agree (unconstrained NMA)."""
+    k = cfg.k
+    constrained = cfg.assignment != "unconstrained"
+    if cfg.aggregation == "nma":
+        eps_m = dplloyd.nma_epsilon_m(n, k, d, e, cfg.rho)
+        ratio = dplloyd.sums_sensitivity(cfg.assignment, k, e) / e
+    else:
+        eps_m = dplloyd.amn_epsilon_m(bounds.c_min if constrained else 0, k, d, e)
+        scale = 1 << cfg.frac_bits
+        true = dplloyd.centroid_sensitivity_grid(
+            cfg.assignment, k, d, e, cfg.clients, bounds.client_min, scale
+        )
+        ratio = true / (
+            d * dplloyd.centroid_sensitivity_thesis(bounds.c_min, e, constrained) * scale
+        )
+    return eps_m if cfg.sensitivity == "thesis" else eps_m * max(ratio, 1.0)
 
 
 @dataclass(frozen=True)
