@@ -133,11 +133,15 @@ def test_table_3_7_sizes_epsilon_m_and_t_max(dataset):
 @pytest.mark.parametrize("assignment", ["constrained", "unconstrained", "non-exclusive"])
 def test_default_iteration_rule_budgets_for_the_corrected_noise(aggregation, assignment):
     """Issue 30: with sensitivity=corrected (the default) the position block's noise is r = true
-    Δ / thesis Δ times the thesis's, so t_max = clip(ε/(r·ε^(m)), 2, 7). r from the sensitivity
-    arguments in real units: NMA sums 2k - 1 (constrained, E = 1), 2k/E = 2 (non-exclusive,
-    E = k), 1 (unconstrained); AMN centroids ((k - 1)·2B/(M·C) + 2B/(M(C + 1))) / (B/c_min)
-    (constrained, C = ⌈c_min/M⌉), k·2B/(M·C) / (k·B/c_min) (non-exclusive, E = k), and
-    unconstrained AMN has no ε^(m) (t_max = 2). The synthetic default (10,000 x 2, k = 8) then
+    Δ / thesis Δ times the thesis's. r from the sensitivity arguments in real units: NMA sums
+    2k - 1 (constrained, E = 1), 2k/E = 2 (non-exclusive, E = k), 1 (unconstrained); AMN
+    centroids ((k - 1)·2B/(M·C) + 2B/(M(C + 1))) / (B/c_min) (constrained, C = ⌈c_min/M⌉),
+    k·2B/(M·C) / (k·B/c_min) (non-exclusive, E = k), and unconstrained AMN has no ε^(m)
+    (t_max = 2). AMN's MSE is all centroid noise: the same MSE needs r·ε. NMA's counts keep the
+    thesis's Δ, so under (6.1) with the split fixed (ε^Σ = ε^(t)/(d + c), ε^C = c·ε^(t)/(d + c),
+    c = ∛(4dρ²), 4ρ² = c³/d) the MSE is ∝ (d + c)²(r²d + c)/ε^(t)² against the thesis's
+    (d + c)³/ε^(t)²: the same MSE needs √((r²d + c)/(d + c))·ε (12.8 for r = 15, d = 2, not
+    15). t_max = clip(ε/(factor·ε^(m)), 2, 7). The synthetic default (10,000 x 2, k = 8) then
     runs 2 iterations at ε = 0.5 to 8 where the thesis's rule ran 2, 4, 7, 7 and its NICV rose
     from ε = 0.5 to 1. A given iterations still wins."""
     n, d, k, m = 10_000, 2, 8, 2
@@ -147,6 +151,8 @@ def test_default_iteration_rule_budgets_for_the_corrected_noise(aggregation, ass
     if aggregation == "nma":
         thesis = dplloyd.nma_epsilon_m(n, k, d, e)
         r = {"constrained": 2 * k - 1, "non-exclusive": 2, "unconstrained": 1}[assignment]
+        split = (4 * d * 0.225**2) ** (1 / 3)
+        r = math.sqrt((r**2 * d + split) / (d + split))
     else:
         constrained = assignment != "unconstrained"
         thesis = dplloyd.amn_epsilon_m(c_min if constrained else 0, k, d, e)
@@ -218,7 +224,8 @@ def test_run_reports_the_derived_parameters_on_s1():
     """Through a run (the server's derive_setup): S1 at ε = 4 has t_max = 3, the §3.7 bounds and
     split, 4·k(d+1)-byte uploads; AMN also t_max = 3, and ε = 1 gives t_max = 2 — with the
     thesis's noise (sensitivity=thesis), whose rule §3.7 tabulates. The default corrected noise
-    (r = 2k - 1 = 29 on the sums) gives ε^(m) = 29 · 1.1783 and t_max = 2."""
+    (r = 2k - 1 = 29 on the sums, not the counts) gives ε^(m) = √((29²·2 + c)/(2 + c)) · 1.1783,
+    c = ∛(4·2·0.225²) (24.8 · 1.1783), and t_max = 2."""
     m = run(**s1(epsilon=4.0, sensitivity="thesis")).metrics
     assert m["t_max"] == 3 and m["points"] == 5000 and m["dims"] == 2
     assert (m["c_min"], m["c_max"], m["client_min"], m["client_max"]) == SIZES_3_7["S1"]
@@ -233,7 +240,10 @@ def test_run_reports_the_derived_parameters_on_s1():
     assert run(**s1(epsilon=1.0, sensitivity="thesis")).metrics["t_max"] == 2
     corrected = run(**s1(epsilon=4.0)).metrics
     assert corrected["t_max"] == 2
-    assert corrected["epsilon_m"] == pytest.approx(29 * 1.1783, abs=29 * 5e-5)
+    split = (8 * 0.225**2) ** (1 / 3)
+    factor = math.sqrt((29**2 * 2 + split) / (2 + split))
+    assert factor == pytest.approx(24.78, abs=5e-3)
+    assert corrected["epsilon_m"] == pytest.approx(factor * 1.1783, abs=factor * 5e-5)
 
 
 # --- 2. ledger ----------------------------------------------------------------------------------

@@ -73,7 +73,8 @@ class HflKmeansConfig:
     iterations: int | Literal["auto"] = option(
         "auto",
         "t_max; auto: the thesis's rule clip(ε/ε^(m), 2, 7) from N (private; with "
-        "sensitivity=corrected ε^(m) is scaled by the true/thesis Δ of the sums or centroids) "
+        "sensitivity=corrected ε^(m) is scaled to the thesis's MSE under the true Δ of the sums or "
+        "centroids) "
         "or 7 (non-private)",
         at_least=1,
     )

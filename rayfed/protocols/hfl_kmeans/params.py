@@ -241,15 +241,22 @@ def derive_setup(cfg: HflKmeansConfig, n: int, d: int) -> Setup:
 def epsilon_m(cfg: HflKmeansConfig, n: int, d: int, e: int, bounds: dplloyd.SizeBounds) -> float:
     """ε^(m) of the iteration rule t_max = clip(ε/ε^(m), 2, 7): the thesis's (§3.5.5, §3.6.4),
     which keeps one iteration's centroid MSE under 1/500 with the thesis's noise. With
-    ``sensitivity=corrected`` the noise of the block that carries the positions — the sums
-    (NMA), the centroids (AMN) — is r = true Δ / thesis Δ times the thesis's (r = 2k - 1 for the
-    constrained sums at E = 1), so the same MSE needs r times the ε per iteration: ε^(m)·r. All
-    public (N, k, d, E, M, the sizes); r = 1 where the two Δ agree (unconstrained NMA)."""
+    ``sensitivity=corrected`` a block's noise is r = true Δ / thesis Δ times the thesis's, and
+    ε^(m) grows by the factor that restores the thesis's MSE. AMN: its MSE is the centroids'
+    noise alone, so the factor is r (≈ 2k constrained). NMA: the sums' r (2k - 1 constrained at
+    E = 1, 2k at E > 1, 2 non-exclusive, 1 unconstrained) and the counts' r_C (1: their Δ is the
+    thesis's) enter the model (6.1) with the split fixed (ε^Σ = ε^(t)/(d + c), ε^C =
+    c·ε^(t)/(d + c), c = ∛(4dρ²)) as MSE ∝ (d + c)²(r²d + r_C²c)/ε^(t)² against the thesis's
+    (d + c)³/ε^(t)², so the factor is √((r²d + r_C²c)/(d + c)) (12.8 for r = 15, d = 2). All
+    public (N, k, d, E, M, the sizes); the factor is 1 where the Δ agree (unconstrained NMA)."""
     k = cfg.k
     constrained = cfg.assignment != "unconstrained"
     if cfg.aggregation == "nma":
         eps_m = dplloyd.nma_epsilon_m(n, k, d, e, cfg.rho)
-        ratio = dplloyd.sums_sensitivity(cfg.assignment, k, e) / e
+        sums = dplloyd.sums_sensitivity(cfg.assignment, k, e) / e
+        counts = dplloyd.counts_sensitivity(cfg.assignment, k, e) / e
+        c = dplloyd.split_constant(d, cfg.rho)
+        ratio = math.sqrt((sums**2 * d + counts**2 * c) / (d + c))
     else:
         eps_m = dplloyd.amn_epsilon_m(bounds.c_min if constrained else 0, k, d, e)
         scale = 1 << cfg.frac_bits
