@@ -16,10 +16,11 @@ and on LFL at ε = 1, seed 0: the same MSE to the last bit).
 
 A cell is **flagged** when its metric should improve with ε and does not: no pair of ε (lower,
 higher) has the higher one's mean better by more than the two seed spreads (sd) together
-(``flat``), or one step up in ε makes it worse by more than the two spreads (``worsens``), unless
-both ends already sit at the non-private reference (within the spreads: nothing left to gain,
-``at-reference``). A step whose mean is worse within the spreads is listed as a dip, not flagged. federated-mf is report-only (issue 30's
-items 1–4 own its defaults). The budget is about 5 minutes on 2 shared cores.
+(``flat``), or one step up in ε makes it worse by more than the two spreads (``worsens``, even
+where both ends sit at the reference). A cell that does not worsen and whose both ends already
+sit at the non-private reference (within the spreads: nothing left to gain) is
+``at-reference``. A step whose mean is worse within the spreads is listed as a dip, not flagged.
+federated-mf is report-only (issue 30's items 1–4 own its defaults). The budget is about 5 minutes on 2 shared cores.
 """
 
 from __future__ import annotations
@@ -214,13 +215,13 @@ def verdict(
         (a, b) for a, b in steps if _gain(cell, by_eps[a], by_eps[b]) < -(spread[a] + spread[b])
     ]
     dips = [f"{a:g}->{b:g}" for a, b in steps if _gain(cell, by_eps[a], by_eps[b]) < 0]
+    if worse:  # before at-reference: ends at the reference may hide a worse step between them
+        return "worsens", dips
     if reference is not None and all(
         abs(by_eps[e]["mean"] - reference) <= spread[e] + 0.02 * abs(reference)
         for e in (ran[0], ran[-1])
     ):
         return "at-reference", dips
-    if worse:
-        return "worsens", dips
     better = any(
         _gain(cell, by_eps[a], by_eps[b]) > spread[a] + spread[b]
         for i, a in enumerate(ran)

@@ -25,7 +25,8 @@ def curve(*points, eps=(0.5, 1.0, 4.0, 8.0)):
     [
         # falls by more than the spreads: improves, no dip
         (LOWER, [(1.0, 0.1), (0.5, 0.1), (0.2, 0.05), (0.1, 0.01)], None, ("improves", [])),
-        # the end points are within their spreads (0.3 + 0.3 > 0.4 gain) but ε = 1 -> 8 is not
+        # the end points are within their spreads (0.3 + 0.3 > 0.4 gain); 0.5 -> 1 and 0.5 -> 4
+        # (0.5 and 0.6 > 0.3 + 0.05) decide
         (LOWER, [(1.0, 0.3), (0.5, 0.05), (0.4, 0.05), (0.6, 0.3)], None, ("improves", ["4->8"])),
         # never better by more than the two spreads: flat
         (LOWER, [(1.0, 0.2), (0.9, 0.2), (0.95, 0.2), (0.85, 0.2)], None, ("flat", ["1->4"])),
@@ -38,6 +39,9 @@ def curve(*points, eps=(0.5, 1.0, 4.0, 8.0)):
             0.736,
             ("at-reference", []),
         ),
+        # both ends at the reference, but a step between them worse by more than the spreads:
+        # worsens (at-reference must not hide it)
+        (LOWER, [(0.5, 0.01), (0.8, 0.01), (0.5, 0.01), (0.5, 0.01)], 0.5, ("worsens", ["0.5->1"])),
         # higher is better: a falling NMI worsens
         (
             HIGHER,
