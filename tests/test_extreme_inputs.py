@@ -152,11 +152,18 @@ def test_federated_mf_huge_epsilon_is_refused_not_an_overflow(out_dir):
 
 
 def test_hfl_kmeans_mpc_noise_refuses_an_epsilon_its_truncation_cannot_hold(out_dir):
+    """The block ε, not the run's, decides: at N = 400 the default runs t_max = 2 (issue 30's
+    rule for the corrected noise), so its largest ε is ~35.6; with iterations=7 (the thesis's
+    rule there) each block gets 2/7 of what t_max = 2 gives it and ε = 100 still holds (up to ~124.6)."""
     options = dict(users=400, topology="ring", ring_noise="mpc", clients=3, masking="pairwise")
-    for epsilon in (300.0, 1e6):
+    for epsilon in (40.0, 300.0, 1e6):
         err = refused("epsilon", out_dir, "hfl-kmeans", epsilon=epsilon, **options)
         assert "truncated sampler" in err.problem
-    assert runs("hfl-kmeans", epsilon=100.0, **options).privacy.epsilon <= 100.0 * (1 + 1e-9)
+    assert runs("hfl-kmeans", epsilon=30.0, **options).privacy.epsilon <= 30.0 * (1 + 1e-9)
+    seven = runs("hfl-kmeans", epsilon=100.0, iterations=7, **options)
+    assert seven.metrics["t_max"] == 7 and seven.privacy.epsilon <= 100.0 * (1 + 1e-9)
+    err = refused("epsilon", out_dir, "hfl-kmeans", epsilon=130.0, iterations=7, **options)
+    assert "truncated sampler" in err.problem
 
 
 def test_vfl_kmeans_large_epsilon_calibrates_or_is_refused(out_dir):

@@ -121,11 +121,60 @@ def test_table_3_7_sizes_epsilon_m_and_t_max(dataset):
     assert round(amn, 4) == pytest.approx(eps_amn, abs=1e-12)
     assert [dplloyd.iterations(e, nma) for e in EPSILONS] == t_nma
     assert [dplloyd.iterations(e, amn) for e in EPSILONS] == t_amn
-    # derive_setup applies the same rule (NMA and AMN) from N, d and the options
+    # derive_setup applies the same rule (NMA and AMN) from N, d and the options, with the
+    # thesis's noise (sensitivity=thesis); the corrected noise's rule is tested below
     for aggregation, expected in (("nma", t_nma), ("amn", t_amn)):
         for eps, t_max in zip(EPSILONS, expected, strict=True):
-            cfg = HflKmeansConfig(k=k, epsilon=eps, aggregation=aggregation)
+            cfg = HflKmeansConfig(k=k, epsilon=eps, aggregation=aggregation, sensitivity="thesis")
             assert derive_setup(cfg, n, d).t_max == t_max
+
+
+@pytest.mark.parametrize("aggregation", ["nma", "amn"])
+@pytest.mark.parametrize("assignment", ["constrained", "unconstrained", "non-exclusive"])
+def test_default_iteration_rule_budgets_for_the_corrected_noise(aggregation, assignment):
+    """Issue 30: with sensitivity=corrected (the default) the position block's noise is r = true
+    Δ / thesis Δ times the thesis's. r from the sensitivity arguments in real units: NMA sums
+    2k - 1 (constrained, E = 1), 2k/E = 2 (non-exclusive, E = k), 1 (unconstrained); AMN
+    centroids ((k - 1)·2B/(M·C) + 2B/(M(C + 1))) / (B/c_min) (constrained, C = ⌈c_min/M⌉),
+    k·2B/(M·C) / (k·B/c_min) (non-exclusive, E = k), and unconstrained AMN has no ε^(m)
+    (t_max = 2). AMN's MSE is all centroid noise: the same MSE needs r·ε. NMA's counts keep the
+    thesis's Δ, so under (6.1) with the split fixed (ε^Σ = ε^(t)/(d + c), ε^C = c·ε^(t)/(d + c),
+    c = ∛(4dρ²), 4ρ² = c³/d) the MSE is ∝ (d + c)²(r²d + c)/ε^(t)² against the thesis's
+    (d + c)³/ε^(t)²: the same MSE needs √((r²d + c)/(d + c))·ε (12.8 for r = 15, d = 2, not
+    15). t_max = clip(ε/(factor·ε^(m)), 2, 7). The synthetic default (10,000 x 2, k = 8) then
+    runs 2 iterations at ε = 0.5 to 8 where the thesis's rule ran 2, 4, 7, 7 and its NICV rose
+    from ε = 0.5 to 1. A given iterations still wins."""
+    n, d, k, m = 10_000, 2, 8, 2
+    c_min = math.ceil(n / (1.5 * k))
+    c = math.ceil(c_min / m)
+    e = k if assignment == "non-exclusive" else 1
+    if aggregation == "nma":
+        thesis = dplloyd.nma_epsilon_m(n, k, d, e)
+        r = {"constrained": 2 * k - 1, "non-exclusive": 2, "unconstrained": 1}[assignment]
+        split = (4 * d * 0.225**2) ** (1 / 3)
+        r = math.sqrt((r**2 * d + split) / (d + split))
+    else:
+        constrained = assignment != "unconstrained"
+        thesis = dplloyd.amn_epsilon_m(c_min if constrained else 0, k, d, e)
+        r = {
+            "constrained": ((k - 1) * 2 / (m * c) + 2 / (m * (c + 1))) * c_min,
+            "non-exclusive": (k * 2 / (m * c)) / (k / c_min),
+            "unconstrained": 1.0,
+        }[assignment]
+    for eps in (0.5, 1.0, 4.0, 8.0):
+        cfg = HflKmeansConfig(k=k, epsilon=eps, aggregation=aggregation, assignment=assignment)
+        setup = derive_setup(cfg, n, d)
+        if math.isinf(thesis):
+            assert setup.epsilon_m == math.inf and setup.t_max == 2
+            continue
+        assert setup.epsilon_m == pytest.approx(
+            r * thesis, rel=1e-2
+        )  # the grid rounds each move up by 2^-f
+        assert setup.t_max == int(min(max(eps / (r * thesis), 2), 7))
+        if assignment == "constrained":
+            assert setup.t_max == 2  # the default: the thesis's rule gave 7 at ε = 4 and 8
+        given = HflKmeansConfig(k=k, epsilon=eps, aggregation=aggregation, iterations=5)
+        assert derive_setup(given, n, d).t_max == 5
 
 
 def test_split_constant_and_s1_split():
@@ -173,8 +222,11 @@ def test_noise_scales_at_epsilon_4(n, d, k, aggregation, expected):
 
 def test_run_reports_the_derived_parameters_on_s1():
     """Through a run (the server's derive_setup): S1 at ε = 4 has t_max = 3, the §3.7 bounds and
-    split, 4·k(d+1)-byte uploads; AMN also t_max = 3, and ε = 1 gives t_max = 2."""
-    m = run(**s1(epsilon=4.0)).metrics
+    split, 4·k(d+1)-byte uploads; AMN also t_max = 3, and ε = 1 gives t_max = 2 — with the
+    thesis's noise (sensitivity=thesis), whose rule §3.7 tabulates. The default corrected noise
+    (r = 2k - 1 = 29 on the sums, not the counts) gives ε^(m) = √((29²·2 + c)/(2 + c)) · 1.1783,
+    c = ∛(4·2·0.225²) (24.8 · 1.1783), and t_max = 2."""
+    m = run(**s1(epsilon=4.0, sensitivity="thesis")).metrics
     assert m["t_max"] == 3 and m["points"] == 5000 and m["dims"] == 2
     assert (m["c_min"], m["c_max"], m["client_min"], m["client_max"]) == SIZES_3_7["S1"]
     assert m["epsilon_m"] == pytest.approx(1.1783, abs=5e-5)
@@ -183,9 +235,15 @@ def test_run_reports_the_derived_parameters_on_s1():
         pytest.approx(0.3600, abs=5e-5),
     )
     assert m["upload_bytes"] == 4 * 15 * 3
-    amn = run(**s1(aggregation="amn")).metrics
+    amn = run(**s1(aggregation="amn", sensitivity="thesis")).metrics
     assert amn["t_max"] == 3 and amn["eps_mu"] == pytest.approx(4.0 / (3 * 2), rel=1e-12)
-    assert run(**s1(epsilon=1.0)).metrics["t_max"] == 2
+    assert run(**s1(epsilon=1.0, sensitivity="thesis")).metrics["t_max"] == 2
+    corrected = run(**s1(epsilon=4.0)).metrics
+    assert corrected["t_max"] == 2
+    split = (8 * 0.225**2) ** (1 / 3)
+    factor = math.sqrt((29**2 * 2 + split) / (2 + split))
+    assert factor == pytest.approx(24.78, abs=5e-3)
+    assert corrected["epsilon_m"] == pytest.approx(factor * 1.1783, abs=factor * 5e-5)
 
 
 # --- 2. ledger ----------------------------------------------------------------------------------

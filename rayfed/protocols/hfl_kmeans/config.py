@@ -71,7 +71,12 @@ class HflKmeansConfig:
         "point, where the flow's costs tie",
     )
     iterations: int | Literal["auto"] = option(
-        "auto", "t_max; auto: the thesis's rule from N (private) or 7 (non-private)", at_least=1
+        "auto",
+        "t_max; auto: the thesis's rule clip(ε/ε^(m), 2, 7) from N (private; with "
+        "sensitivity=corrected ε^(m) is scaled to the thesis's MSE under the true Δ of the sums or "
+        "centroids) "
+        "or 7 (non-private)",
+        at_least=1,
     )
     rho: float = option(
         dplloyd.RHO,

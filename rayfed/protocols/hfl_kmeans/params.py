@@ -220,11 +220,7 @@ def derive_setup(cfg: HflKmeansConfig, n: int, d: int) -> Setup:
     fixed = None if cfg.iterations == "auto" else cfg.iterations
     if cfg.noise == "none":
         return Setup(**common, t_max=fixed or dplloyd.NON_PRIVATE_ITERATIONS)
-    constrained = cfg.assignment != "unconstrained"
-    if nma:
-        eps_m = dplloyd.nma_epsilon_m(n, k, d, e, cfg.rho)
-    else:
-        eps_m = dplloyd.amn_epsilon_m(bounds.c_min if constrained else 0, k, d, e)
+    eps_m = epsilon_m(cfg, n, d, e, bounds)
     t_max = fixed or dplloyd.iterations(cfg.epsilon, eps_m)
     plan = _nma_noise(cfg, d, e, t_max) if nma else _amn_noise(cfg, d, e, t_max, bounds)
     honest = _honest(cfg)
@@ -240,6 +236,37 @@ def derive_setup(cfg: HflKmeansConfig, n: int, d: int) -> Setup:
         claimed_epsilon=claimed,
         **plan,
     )
+
+
+def epsilon_m(cfg: HflKmeansConfig, n: int, d: int, e: int, bounds: dplloyd.SizeBounds) -> float:
+    """ε^(m) of the iteration rule t_max = clip(ε/ε^(m), 2, 7): the thesis's (§3.5.5, §3.6.4),
+    which keeps one iteration's centroid MSE under 1/500 with the thesis's noise. With
+    ``sensitivity=corrected`` a block's noise is r = true Δ / thesis Δ times the thesis's, and
+    ε^(m) grows by the factor that restores the thesis's MSE. AMN: its MSE is the centroids'
+    noise alone, so the factor is r (≈ 2k constrained). NMA: the sums' r (2k - 1 constrained at
+    E = 1, 2k at E > 1, 2 non-exclusive, 1 unconstrained) and the counts' r_C (1: their Δ is the
+    thesis's) enter the model (6.1) with the split fixed (ε^Σ = ε^(t)/(d + c), ε^C =
+    c·ε^(t)/(d + c), c = ∛(4dρ²)) as MSE ∝ (d + c)²(r²d + r_C²c)/ε^(t)² against the thesis's
+    (d + c)³/ε^(t)², so the factor is √((r²d + r_C²c)/(d + c)) (12.8 for r = 15, d = 2). All
+    public (N, k, d, E, M, the sizes); the factor is 1 where the Δ agree (unconstrained NMA)."""
+    k = cfg.k
+    constrained = cfg.assignment != "unconstrained"
+    if cfg.aggregation == "nma":
+        eps_m = dplloyd.nma_epsilon_m(n, k, d, e, cfg.rho)
+        sums = dplloyd.sums_sensitivity(cfg.assignment, k, e) / e
+        counts = dplloyd.counts_sensitivity(cfg.assignment, k, e) / e
+        c = dplloyd.split_constant(d, cfg.rho)
+        ratio = math.sqrt((sums**2 * d + counts**2 * c) / (d + c))
+    else:
+        eps_m = dplloyd.amn_epsilon_m(bounds.c_min if constrained else 0, k, d, e)
+        scale = 1 << cfg.frac_bits
+        true = dplloyd.centroid_sensitivity_grid(
+            cfg.assignment, k, d, e, cfg.clients, bounds.client_min, scale
+        )
+        ratio = true / (
+            d * dplloyd.centroid_sensitivity_thesis(bounds.c_min, e, constrained) * scale
+        )
+    return eps_m if cfg.sensitivity == "thesis" else eps_m * max(ratio, 1.0)
 
 
 @dataclass(frozen=True)
