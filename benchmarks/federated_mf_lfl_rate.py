@@ -248,10 +248,10 @@ def main(argv: list[str] | None = None) -> int:
             for eps in EPSILONS:
                 unit = scale(users, density, eps, seed)
                 grid = [run(users, density, eps, seed, k * kappa * unit) for k in NEAR]
-                rule = run(users, density, eps, seed, min(gamma_max, kappa * unit))
-                held.append(_held_out_row(rule, grid))
+                # the rule itself (lr not given), the code's κ_L and γ_max
+                held.append(_held_out_row(run(users, density, eps, seed, None), grid))
             grid = [run(users, density, NOISE_FREE, seed, g * gamma_max) for g in NEAR]
-            held.append(_held_out_row(run(users, density, NOISE_FREE, seed, gamma_max), grid))
+            held.append(_held_out_row(run(users, density, NOISE_FREE, seed, None), grid))
     main_job = [_main_job(seed) for seed in range(5)]
     record = {
         "rule": "γ = min(γ_max, κ_L·t·√(R/p)/(σ_S·√T))",
