@@ -111,14 +111,26 @@ def size_options(cfg) -> dict[str, float]:
     }
 
 
+def default_size(cfg, name: str) -> float:
+    """The value option ``name`` takes when not given, in ``cfg``'s own setting: an option whose
+    default is None resolves through the config's ``resolved_<name>()`` (federated-mf's users
+    and density depend on the setting), else the field's default."""
+    import dataclasses
+
+    field = {f.name: f for f in dataclasses.fields(cfg)}[name]
+    default = field.default if field.default is not dataclasses.MISSING else field.default_factory()
+    if default is None and hasattr(cfg, f"resolved_{name}"):
+        return getattr(dataclasses.replace(cfg, **{name: None}), f"resolved_{name}")()
+    return default or 1
+
+
 def check_data_size(need: int, cfg, where: str, have: int) -> None:
     """ConfigError before any data is built when the protocol's estimate of the data it would
     build (``need`` bytes) exceeds ``have``; names the size option furthest above its default."""
     if not have or need <= have:
         return
-    default = type(cfg)()
     sizes = size_options(cfg)
-    grown = {k: v / max(getattr(default, k) or 1, 1) for k, v in sizes.items()}
+    grown = {k: v / max(default_size(cfg, k), 1) for k, v in sizes.items()}
     name = max(grown, key=grown.get) if grown else "data"
     value = sizes.get(name)
     raise ConfigError(

@@ -113,3 +113,30 @@ def test_the_main_job_learns_at_its_defaults():
     assert m["users"] == 2500 and len(curve) == 5
     assert all(b <= a for a, b in zip(curve, curve[1:], strict=False)), curve
     assert m["central_test_mse"] < curve[-1] < m["stage1_test_mse"] - 0.1
+
+
+def test_the_rule_for_the_ldp_baseline_counts_every_users_full_noise():
+    """method=ldp: each of the t users adds the full σ² = (zΔ)² and nothing is replaced, so
+    σ_S = zΔ·√t (F = t), not LFL's shares' F."""
+    p = lfl_plan.plan(FederatedMFConfig(method="ldp", users=300, items=40, iterations=3), 0)
+    params = p.params
+    n, bound, rank = params.n, 5.0, 10
+    t = math.ceil(round(0.7 * n, 9))
+    sigma = params.z * 2 * bound**1.5 * math.sqrt(t)
+    want = lfl_plan.SERVER_LR_KAPPA * t * math.sqrt(bound / rank) / (sigma * math.sqrt(3))
+    assert want < lfl_plan.SERVER_LR_MAX  # the formula, not the cap
+    assert params.server_lr == pytest.approx(want, rel=1e-12)
+
+
+def test_the_rule_for_skellam_shares_reads_the_runs_share_variance():
+    """dp_mechanism=skellam: t Skellam shares of the run's share variance each, in integer units
+    scaled by the pipeline's γ, so σ_S = √(t·share_variance)/γ_pipeline."""
+    cfg = FederatedMFConfig(dp_mechanism="skellam", users=300, items=40, iterations=3)
+    params = lfl_plan.plan(cfg, 0).params
+    n, bound, rank = params.n, 5.0, 10
+    t = math.ceil(round(0.7 * n, 9))
+    share_variance = params.releases.round1.mechanism.variance
+    sigma = math.sqrt(t * share_variance) / params.ddp.gamma
+    want = lfl_plan.SERVER_LR_KAPPA * t * math.sqrt(bound / rank) / (sigma * math.sqrt(3))
+    assert want < lfl_plan.SERVER_LR_MAX
+    assert params.server_lr == pytest.approx(want, rel=1e-12)

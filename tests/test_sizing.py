@@ -46,3 +46,21 @@ def test_a_run_too_large_for_the_cluster_is_refused_before_it_starts(ray_cluster
     with pytest.raises(ConfigError) as err:
         rayfed.run("square-wave", users=5000, cohort_memory_mb=0, out_dir=None)
     assert err.value.field == "cohort_memory_mb"
+
+
+def test_a_refusal_names_the_option_grown_past_its_resolved_default():
+    """federated-mf's ``users`` defaults to None (2,500 for LFL, 1,500 for VFL/HFL): an explicit
+    users=2500 has not grown, so a run too large because of items=20000 names ``items``."""
+    from rayfed.protocols.federated_mf.config import FederatedMFConfig
+    from rayfed.sizing import check_data_size, default_size
+
+    cfg = FederatedMFConfig(users=2500, items=20000)
+    assert default_size(cfg, "users") == 2500 and default_size(cfg, "items") == 100
+    assert default_size(FederatedMFConfig(setting="vfl", users=3000), "users") == 1500
+    with pytest.raises(ConfigError) as err:
+        check_data_size(2**40, cfg, "this machine", 2**30)
+    assert err.value.field == "items" and "items=20,000" in str(err.value)
+    # 3x the users beat 2x the items
+    with pytest.raises(ConfigError) as err:
+        check_data_size(2**40, FederatedMFConfig(users=7500, items=200), "this machine", 2**30)
+    assert err.value.field == "users"

@@ -438,9 +438,9 @@ def server_lr(
     (:func:`summed_noise_std`); over T iterations its random walk has sd γ·σ_S·√T/|U1|. The rule
     holds that walk at κ_L·√(R/p) (a coordinate's scale: ‖v_j‖² <= R over p coordinates) at the
     smallest accepted |U1|, the threshold t = ``quorum``, and caps γ at γ_max, the noise-free
-    best. Nothing private enters: σ_S follows from z, Δ, n, ω and the mode; R, p, T are options."""
-    if noise_std <= 0:
-        return cap
+    best. Nothing private enters: σ_S follows from z, Δ, n, ω and the mode; R, p, T are options.
+    σ_S > 0 always: ε <= 10⁴ (the config's bound) gives z > 0, and Skellam shares have variance
+    > 0 (noise=none is VFL/HFL's only)."""
     walk = noise_std * math.sqrt(iterations) / quorum  # per unit γ
     return min(cap, kappa * math.sqrt(bound / rank) / walk)
 
