@@ -1,7 +1,7 @@
 """The default learning rate of VFL's and HFL's DP-SGD: a public rule of the noise (issue 30).
 
 The best rate grows as the noise shrinks (benchmarks/federated_mf_lr_rule.py: on ML-100K, from
-about 0.15 at ε = 0.5 to about 20 without noise), so no constant serves every ε. The rule reads
+about 0.15 at ε = 0.5 to about 50 without noise), so no constant serves every ε. The rule reads
 only what the run already publishes or takes as public — the noise multiplier z, the sensitivity
 Δ, the sampling rate η, the batch normalisers b_k = η·|Ω_k| and the averaging weights w_k, the
 T·T' steps, the bound R, the rank p and the shape (n, m) — never a rating.
@@ -16,7 +16,8 @@ T·T' steps, the bound R, the rank p and the shape (n, m) — never a rating.
 - γ0 = min(γ_noise, γ_signal), decaying linearly to γ0/10 over 80 % of the steps (spec §5.3).
 
 κ and c are fitted once on ML-100K, public data (benchmarks/federated_mf_lr_rule.py), and checked
-there on data the fit never saw (benchmarks/README.md, "Learning-rate rule")."""
+there on data the fit never saw (docs/protocols/federated-mf.md, "Learning rates: a public rule
+of the noise"; benchmarks/README.md, "federated-mf: the learning-rate rule")."""
 
 from __future__ import annotations
 
