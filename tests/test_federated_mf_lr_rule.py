@@ -48,14 +48,17 @@ def _plan(**options):
 
 def _expected(plan, cfg: FederatedMFConfig, sensitivity: float, theta: int | None) -> float:
     """γ0 from the formula and the plan's parties: σ = zΔ·√(Σ(w_k/b_k)²), b_k = η·|Ω_k| (each
-    user's training ratings at k capped at θ), γ0 = min(κ√(R/p)/(σ√(T·T')), c·min(n, m)/R)."""
+    user's training ratings at k capped at θ), γ0 = min(κ√(R/p)/(σ√(T·T')), c·min(n, m)/R); for
+    VFL's local-only baseline, which averages nothing, σ = zΔ·√(mean_k b_k⁻²)."""
     params = plan.params
+    local = cfg.method == "local"
     terms = []
     for name, (table, _meta) in plan.parties.items():
         train = table.filter(np.asarray(table.column("split").to_pylist()) == "train")
         users = train.column("user_id").to_numpy()
         count = np.minimum(np.unique(users, return_counts=True)[1], theta or 10**9).sum()
-        terms.append((params.shares[name] / max(cfg.sampling_rate * count, 1.0)) ** 2)
+        weight = 1 / math.sqrt(len(plan.parties)) if local else params.shares[name]
+        terms.append((weight / max(cfg.sampling_rate * count, 1.0)) ** 2)
     signal = C * min(params.n, params.m) / cfg.bound
     if params.z is None:
         return signal
@@ -72,6 +75,8 @@ def _expected(plan, cfg: FederatedMFConfig, sensitivity: float, theta: int | Non
         ({"setting": "hfl", "parties": 3, "epsilon": 2.0}, 10),
         ({"setting": "hfl", "parties": 2, "epsilon": 4.0, "privacy_unit": "rating"}, None),
         ({"setting": "vfl", "parties": 2, "noise": "none"}, None),
+        ({"setting": "vfl", "method": "local", "parties": 3, "epsilon": 1.0}, None),
+        ({"setting": "vfl", "method": "local", "parties": 2, "privacy_unit": "user"}, 5),
     ],
 )
 def test_the_default_rate_is_the_rule_of_the_public_fields(tmp_path, options, theta):
@@ -111,6 +116,17 @@ def test_a_given_rate_wins(tmp_path):
     assert (decay.lr, decay.lr_end, decay.lr_source) == (0.3, 0.1, "given")
     end_only = _plan(setting="vfl", epsilon=1.0, vfl_lr_end=0.01, data=path).params
     assert end_only.lr_source == "rule" and end_only.lr_end == 0.01
+
+
+def test_hfl_local_only_reports_no_rate(tmp_path):
+    """HFL's local-only baseline runs no DP-SGD: no learning rate is reported."""
+    import rayfed
+
+    path = {"path": _ratings_file(tmp_path / "r.csv", 1)}
+    kw = dict(backend="local", out_dir=None, iterations=1, local_steps=1, accountant="rdp")
+    local = rayfed.run("federated-mf", setting="hfl", method="local", data=path, **kw).metrics
+    hfl = rayfed.run("federated-mf", setting="hfl", data=path, **kw).metrics
+    assert "learning_rate" not in local and hfl["learning_rate"]["source"] == "rule"
 
 
 @pytest.mark.parametrize("field", ["vfl_lr", "vfl_lr_end"])

@@ -443,10 +443,12 @@ def _objpert_release(
 #: what the runs use without noise, stated rather than hidden (a next step: a public constant
 #: for the initial scale)
 TAKEN_AS_PUBLIC = (
-    "; taken as public, not covered: the number of ratings (the batch normaliser q·|Ω_k| and the "
-    "default δ = 1/|ratings|), the number of users n and the number of items m (the shapes of U "
-    "and V, and each party's share of them: the server's averaging weights) and the training "
-    "mean rating that scales the initial embeddings"
+    "; taken as public, not covered: the number of ratings (the default δ = 1/|ratings|) and each "
+    "party's number of training ratings after trimming each user to θ, Σ_i min(n_ik, θ) (its batch "
+    "normaliser q·|Ω_k| and, through all parties' normalisers, the default learning rate the run "
+    "uses and reports), the number of users n and the number of items m (the shapes of U and V, "
+    "and each party's share of them: the server's averaging weights) and the training mean rating "
+    "that scales the initial embeddings"
 )
 
 

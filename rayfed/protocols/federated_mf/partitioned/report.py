@@ -166,8 +166,8 @@ def outcome(
         "items": params.m,
     }
     private = params.z is not None or params.baseline is not None
-    if params.baseline is None:
-        metrics["learning_rate"] = {
+    if params.baseline is None and (cfg.setting == "vfl" or params.method == "hfl"):
+        metrics["learning_rate"] = {  # (HFL's local-only baseline runs no DP-SGD)
             "start": params.lr,
             "end": params.lr if params.lr_end is None else params.lr_end,
             "source": params.lr_source,
